@@ -37,8 +37,7 @@ from typing import Any, Iterable, Mapping
 
 from env_servers.webshop import reward
 from env_servers.webshop.vocabulary import (BRANDS, PRODUCT_TYPES, TITLE_ADJECTIVES,
-                                            TITLE_FORMATS, TYPES_BY_NAME, ProductType,
-                                            normalize_color)
+                                            TITLE_FORMATS, TYPES_BY_NAME, ProductType)
 
 NEAR_MISS_KINDS = ("attribute", "option", "price", "type")
 
@@ -97,7 +96,7 @@ def forbidden_phrases(product: Mapping[str, Any], ptype: ProductType,
   values = [v for _, vals in ptype.options for v in vals]
   values += [v for vals in product["options"].values() for v in vals]
   # The option fallback tests the color-normalised value ("sky blue" -> "blue").
-  phrases += values + [normalize_color(v) for v in values]
+  phrases += values + [reward.normalize_color(v) for v in values]
   return sorted(set(phrases))
 
 

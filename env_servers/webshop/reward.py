@@ -35,8 +35,6 @@ from typing import Any, Mapping, Sequence
 from rapidfuzz import fuzz
 from rapidfuzz import utils as fuzz_utils
 
-from env_servers.webshop.vocabulary import normalize_color
-
 FUZZY_THRESHOLD = 85
 EXACT_MATCH_OPTIONS = ("size",)
 
@@ -45,6 +43,22 @@ _WORD = re.compile(r"[a-z][a-z'-]+")
 _NON_NOUNS = frozenset(
     "a an and by for from in of on or the to with without pack set count oz fl ounce ounces "
     "inch inches size color new men women mens womens kids".split())
+
+
+# The color words of the generated catalog's option values, with WebShop's normalisation
+# rule (`normalize_color`: the first listed color word contained in the value replaces
+# it). Kept in alphabetical order.
+COLOR_WORDS = ("beige", "berry", "black", "blue", "burgundy", "caramel", "coral", "espresso",
+               "gold", "green", "grey", "honey", "ivory", "khaki", "mauve", "navy", "oak",
+               "olive", "pink", "plum", "porcelain", "red", "silver", "teal", "walnut", "white")
+
+
+def normalize_color(value: str) -> str:
+  """WebShop's `normalize_color`: the first color word contained in `value`, else `value`."""
+  for color in COLOR_WORDS:
+    if color in value:
+      return color
+  return value
 
 
 def fuzzy_score(a: str, b: str) -> int:

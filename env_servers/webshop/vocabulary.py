@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from env_servers.webshop import reward
+
 CATEGORIES = ("beauty", "food", "fashion", "furniture", "electronics")
 
 
@@ -255,25 +257,8 @@ TITLE_FORMATS = (
     "{adj} {noun} by {brand} | {a1} | {a2}",
 )
 
-# A small color vocabulary with WebShop's normalisation rule (`normalize_color`: the first
-# listed color word contained in the value replaces it). Kept in alphabetical order.
-COLOR_WORDS = ("beige", "berry", "black", "blue", "burgundy", "caramel", "coral", "espresso",
-               "gold", "green", "grey", "honey", "ivory", "khaki", "mauve", "navy", "oak",
-               "olive", "pink", "plum", "porcelain", "red", "silver", "teal", "walnut", "white")
-
-
-def normalize_color(value: str) -> str:
-  """WebShop's `normalize_color`: the first color word contained in `value`, else `value`."""
-  for color in COLOR_WORDS:
-    if color in value:
-      return color
-  return value
-
-
 def vocabulary_conflicts() -> list[str]:
   """Pairs of vocabulary entries the reward could not tell apart (must be empty)."""
-  from env_servers.webshop import reward  # local: reward imports this module
-
   problems = []
   for ptype in PRODUCT_TYPES:
     groups = [("attribute", list(ptype.attributes), False)]
@@ -286,7 +271,8 @@ def vocabulary_conflicts() -> list[str]:
           # Exact-match groups ("size") only need distinct values.
           if not exact and (a in b or b in a):
             problems.append(f"{ptype.name}: {label} {a!r} / {b!r} substring")
-          elif not exact and reward.fuzzy_match(normalize_color(a), normalize_color(b)):
+          elif not exact and reward.fuzzy_match(reward.normalize_color(a),
+                                                reward.normalize_color(b)):
             problems.append(f"{ptype.name}: {label} {a!r} / {b!r} fuzzy-match")
     option_values = [v for _, vals in ptype.options for v in vals]
     if len(set(option_values)) != len(option_values):

@@ -1,27 +1,12 @@
 """Imports every estimator module so that their @register decorators run.
 
-A module that does not exist yet (the estimators are written in parallel) is
-reported with a warning naming it and its estimators stay unregistered; any other
-import error propagates.
+`registry.get` and `registry.names` import this module on first use; an estimator
+module that fails to import is an error (it propagates), never a silently missing
+estimator.
 """
 
-import importlib
-import warnings
-
-_MODULES = (
-    "episode",  # grpo, rloo
-    "gigpo",
-    "hgpo",
-    "gae",
-    "hae",
-)
-
-for _name in _MODULES:
-  _full = f"hgpo_jax.advantages.{_name}"
-  try:
-    importlib.import_module(_full)
-  except ModuleNotFoundError as e:
-    if e.name != _full:
-      raise
-    warnings.warn(f"estimator module {_full} is missing: its estimators are not registered",
-                  stacklevel=2)
+from hgpo_jax.advantages import episode  # noqa: F401  grpo, rloo
+from hgpo_jax.advantages import gae  # noqa: F401
+from hgpo_jax.advantages import gigpo  # noqa: F401
+from hgpo_jax.advantages import hae  # noqa: F401
+from hgpo_jax.advantages import hgpo  # noqa: F401

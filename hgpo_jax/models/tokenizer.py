@@ -1,31 +1,41 @@
-"""Tokenizers (through the `tokenizers` library) and the ChatML chat template.
+"""Tokenizers (through the `tokenizers` library) and chat templates (through `jinja2`).
 
 Three sources build the same `Tokenizer` wrapper:
   * `Tokenizer.from_hf_dir`: a Hugging Face `tokenizer.json` (+ `tokenizer_config.json`,
-    `generation_config.json` for special ids and the chat template's system prompt);
-  * `tokenizer_from_gguf_vocab`: the vocabulary and merges embedded in a GGUF file
-    (byte-level BPE, `tokenizer.ggml.model == "gpt2"`);
+    `generation_config.json` for special ids and the chat template);
+  * `tokenizer_from_gguf_vocab`: the vocabulary, merges and chat template embedded in a
+    GGUF file (byte-level BPE, `tokenizer.ggml.model == "gpt2"`);
   * `tiny_tokenizer`: a 512-id byte-level BPE learned in code from a fixed corpus, for tests.
 
-Chat templates: the checkpoints this project runs (SmolLM2, Qwen2.5) use ChatML. Rather
-than execute their Jinja templates (no jinja dependency), `apply_chat_template` renders
-ChatML itself and only takes the default system prompt from the checkpoint's template;
-tool-call and multimodal branches of those templates are therefore not supported.
+Chat templates: `apply_chat_template` executes the checkpoint's own Jinja template in the
+sandboxed environment `transformers` uses (trim_blocks, lstrip_blocks, loop controls,
+`tojson`, `raise_exception`, `strftime_now`), so the prompt equals
+`transformers`' `apply_chat_template(..., tokenize=False)`, ChatML or not (checked for the
+SmolLM2, Qwen2.5 and a Zephyr-style template in tests/models/test_tokenizer.py). Only text
+messages are passed; multimodal content blocks and assistant-token masks are not supported.
 """
 
 import collections
+import datetime
 import functools
 import json
 import os
-import re
 
+import gguf
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
-SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-QWEN25_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-_KNOWN_SYSTEM_PROMPTS = (SMOLLM2_SYSTEM_PROMPT, QWEN25_SYSTEM_PROMPT)
+# Plain ChatML without a default system prompt: the template of the tiny test tokenizer,
+# and of a checkpoint that ships none but has the ChatML tokens (what transformers used as
+# its default template before 4.43).
+CHATML_TEMPLATE = ("{% for message in messages %}"
+                   "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+                   "{% endfor %}"
+                   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 # Qwen2's pre-tokenizer split (tokenizer.json of Qwen2/Qwen2.5); GGUF calls it pre="qwen2".
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -40,20 +50,23 @@ class Tokenizer:
     pad_id: id used for padding (never attended to: masks decide).
     bos_id: declared beginning-of-sequence id, or None. `encode` never adds it.
     vocab_size: number of ids the tokenizer knows (can be below the model's vocab_size).
-    default_system_prompt: system message prepended by `apply_chat_template` when the
-      conversation has none, or None.
+    chat_template: the Jinja source `apply_chat_template` executes, or None when the
+      checkpoint has none (then `CHATML_TEMPLATE` if the vocabulary has the ChatML tokens).
   """
 
   def __init__(self, tokenizer: tokenizers.Tokenizer, *, eos_ids, pad_id: int,
-               bos_id: int | None = None, default_system_prompt: str | None = None):
+               bos_id: int | None = None, chat_template: str | None = None):
     self._tok = tokenizer
     self.eos_ids = tuple(dict.fromkeys(int(i) for i in eos_ids))
     if not self.eos_ids:
       raise ValueError("Tokenizer: no end-of-sequence id found (expected <|im_end|> or an eos token).")
     self.pad_id = int(pad_id)
     self.bos_id = None if bos_id is None else int(bos_id)
-    self.default_system_prompt = default_system_prompt
     self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if not chat_template and tokenizer.token_to_id(IM_START) is not None \
+        and tokenizer.token_to_id(IM_END) is not None:
+      chat_template = CHATML_TEMPLATE
+    self.chat_template = chat_template or None
 
   @property
   def backend(self) -> tokenizers.Tokenizer:
@@ -74,24 +87,21 @@ class Tokenizer:
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
   def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """ChatML text of `messages` ([{"role": ..., "content": ...}, ...]).
-
-    Renders `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, preceded by the
-    default system prompt when the first message is not a system message, and followed by
-    `<|im_start|>assistant\\n` when add_generation_prompt. This equals the SmolLM2 and
-    Qwen2.5 Jinja templates for plain text conversations.
-    """
-    if self.token_to_id(IM_START) is None or self.token_to_id(IM_END) is None:
-      raise ValueError("apply_chat_template: this tokenizer has no <|im_start|>/<|im_end|> tokens, "
-                       "so it is not a ChatML model.")
-    parts = []
-    if self.default_system_prompt is not None and (not messages or messages[0]["role"] != "system"):
-      parts.append(f"{IM_START}system\n{self.default_system_prompt}{IM_END}\n")
-    for message in messages:
-      parts.append(f"{IM_START}{message['role']}\n{message['content']}{IM_END}\n")
-    if add_generation_prompt:
-      parts.append(f"{IM_START}assistant\n")
-    return "".join(parts)
+    """The prompt text of `messages` ([{"role": ..., "content": ...}, ...]): the checkpoint's
+    chat template executed with the variables transformers passes (`messages`,
+    `add_generation_prompt`, `tools=None`, `documents=None` and the special-token strings
+    `bos_token`, `eos_token`, `pad_token`)."""
+    if self.chat_template is None:
+      raise ValueError("apply_chat_template: this tokenizer has no chat template; add "
+                       "`chat_template` to tokenizer_config.json (or use a chat/instruct checkpoint).")
+    token = lambda i: None if i is None else self._tok.id_to_token(i)
+    try:
+      return _compile_chat_template(self.chat_template).render(
+          messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+          tools=None, documents=None, bos_token=token(self.bos_id), eos_token=token(self.eos_ids[0]),
+          pad_token=token(self.pad_id))
+    except jinja2.TemplateError as e:
+      raise ValueError(f"apply_chat_template: the chat template failed: {e}") from None
 
   def token_strings(self, size: int | None = None) -> list[str]:
     """Decoded text of every token id 0..vocab_size-1 (special tokens as written).
@@ -127,8 +137,51 @@ class Tokenizer:
     template = tok_cfg.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
       template = next((t["template"] for t in template if t.get("name") == "default"), "")
-    return cls(tok, eos_ids=eos, pad_id=pad, bos_id=token_id("bos_token"),
-               default_system_prompt=system_prompt_of_template(template or ""))
+    jinja_path = os.path.join(directory, "chat_template.jinja")  # transformers >= 4.50 layout
+    if not template and os.path.isfile(jinja_path):
+      with open(jinja_path) as f:
+        template = f.read()
+    return cls(tok, eos_ids=eos, pad_id=pad, bos_id=token_id("bos_token"), chat_template=template)
+
+
+class _GenerationTag(jinja2.ext.Extension):
+  """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask marker): the body
+  is rendered as is, since this project never asks for assistant masks."""
+  tags = {"generation"}
+
+  def parse(self, parser):
+    lineno = next(parser.stream).lineno
+    body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+    return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+  def _render(self, caller):
+    return caller()
+
+
+def _raise_exception(message):
+  raise jinja2.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+  # transformers' filter: Jinja's own tojson escapes HTML characters.
+  return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                    sort_keys=sort_keys)
+
+
+@functools.lru_cache(maxsize=8)
+def _compile_chat_template(source: str) -> jinja2.Template:
+  """A chat template compiled in transformers' sandboxed environment (checkpoint
+  templates are untrusted code)."""
+  env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+      trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+  env.filters["tojson"] = _tojson
+  env.globals["raise_exception"] = _raise_exception
+  env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+  try:
+    return env.from_string(source)
+  except jinja2.TemplateSyntaxError as e:
+    raise ValueError(f"chat template does not compile (line {e.lineno}: {e.message}); "
+                     "fix chat_template in the checkpoint's tokenizer config.") from None
 
 
 def _read_json(path: str) -> dict:
@@ -143,15 +196,6 @@ def _special_id(tok: tokenizers.Tokenizer, token) -> int | None:
   if isinstance(token, dict):
     token = token.get("content")
   return None if token is None else tok.token_to_id(token)
-
-
-def system_prompt_of_template(template: str) -> str | None:
-  """The default system prompt a ChatML Jinja template inserts, or None if it has none."""
-  for prompt in _KNOWN_SYSTEM_PROMPTS:
-    if prompt in template:
-      return prompt
-  match = re.search(r"<\|im_start\|>system(?:\\n|\n)([^'\"{}<]+)<\|im_end\|>", template)
-  return match.group(1) if match else None
 
 
 def byte_level_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
@@ -187,13 +231,13 @@ def tokenizer_from_gguf_vocab(tokens: list[str], merges: list[str], token_types:
   if model != "gpt2":
     raise ValueError(f"GGUF tokenizer model {model!r} is not implemented (only byte-level BPE, "
                      "'gpt2'); use a Hugging Face directory with tokenizer.json instead.")
-  control = 3
+  control = int(gguf.TokenType.CONTROL)
   specials = [t for t, kind in zip(tokens, token_types) if kind == control]
   tok = byte_level_bpe(tokens, merges, specials, pre)
   eos = [eos_id, tok.token_to_id(IM_END), tok.token_to_id(END_OF_TEXT)]
   eos = [i for i in eos if i is not None]
   return Tokenizer(tok, eos_ids=eos, pad_id=pad_id if pad_id is not None else eos[0],
-                   bos_id=bos_id, default_system_prompt=system_prompt_of_template(chat_template))
+                   bos_id=bos_id, chat_template=chat_template)
 
 
 # -------------------------------------------------------------------- tiny tokenizer
@@ -291,4 +335,4 @@ def tiny_tokenizer() -> Tokenizer:
   assert len(set(vocab)) == TINY_VOCAB_SIZE, len(set(vocab))  # ids must be unique strings
   tok = byte_level_bpe(vocab, merges, list(TINY_SPECIALS), pre)
   return Tokenizer(tok, eos_ids=[vocab.index(IM_END), vocab.index(END_OF_TEXT)],
-                   pad_id=vocab.index(END_OF_TEXT), bos_id=None, default_system_prompt=None)
+                   pad_id=vocab.index(END_OF_TEXT), bos_id=None, chat_template=CHATML_TEMPLATE)

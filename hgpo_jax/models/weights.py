@@ -1,6 +1,6 @@
 """Checkpoint tensors -> the Decoder's stacked parameters, and the Hugging Face reader.
 
-Both checkpoint formats (HF safetensors here, GGUF in `hgpo_jax.models.gguf`) expose
+Both checkpoint formats (HF safetensors here, GGUF in `hgpo_jax.models.gguf_file`) expose
 tensors in the Hugging Face / PyTorch `nn.Linear` layout, weight [out, in]. They differ
 only in names, so each reader supplies a `TensorSource` and `assemble_params` does the
 shared work: shape checks (one-line errors naming file, tensor, expected vs found shape),
@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
+import safetensors
 
 from hgpo_jax.models.config import ModelConfig
 
@@ -103,40 +104,28 @@ def assemble_params(cfg: ModelConfig, source: TensorSource) -> dict[str, np.ndar
 
 
 # --------------------------------------------------------------- safetensors reader
-_SAFETENSORS_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-    "BOOL": np.bool_,
-}
-
-
 class SafetensorsFile:
-  """Lazy, memory-mapped reader of one .safetensors file (8-byte header length, JSON
-  header, raw little-endian data). numpy has no bfloat16, so ml_dtypes provides it."""
+  """One .safetensors file read with `safetensors.safe_open(framework="numpy")`.
+
+  numpy has no bfloat16; importing ml_dtypes (above) registers it, so BF16 tensors come
+  back as ml_dtypes.bfloat16 arrays. A truncated or corrupt file is a one-line ValueError.
+  """
 
   def __init__(self, path: str):
     self.path = path
-    with open(path, "rb") as f:
-      header_len = int.from_bytes(f.read(8), "little")
-      header = json.loads(f.read(header_len))
-    header.pop("__metadata__", None)
-    self.header = header
-    self._data_start = 8 + header_len
-    self._mmap = None
-
-  def keys(self):
-    return self.header.keys()
+    try:
+      self._file = safetensors.safe_open(path, framework="numpy")
+    except (safetensors.SafetensorError, OSError) as e:
+      raise ValueError(f"{path}: not a readable safetensors file ({e}); download it again.") from None
+    self.names = frozenset(self._file.keys())
 
   def get(self, name: str) -> np.ndarray:
-    """The tensor `name` (a read-only view into the mapped file)."""
-    entry = self.header[name]
-    if entry["dtype"] not in _SAFETENSORS_DTYPES:
-      raise ValueError(f"{self.path}: tensor {name} has unsupported dtype {entry['dtype']}.")
-    if self._mmap is None:
-      self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
-    start, end = entry["data_offsets"]
-    raw = self._mmap[self._data_start + start:self._data_start + end]
-    return raw.view(_SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+    """The tensor `name` as a numpy array."""
+    try:
+      return self._file.get_tensor(name)
+    except (safetensors.SafetensorError, TypeError, ValueError) as e:
+      raise ValueError(f"{self.path}: tensor {name} cannot be read ({e}); "
+                       "download the file again.") from None
 
 
 def hf_tensor_source(directory: str) -> TensorSource:
@@ -162,7 +151,7 @@ def hf_tensor_source(directory: str) -> TensorSource:
                               "model.safetensors.index.json found; save the model with "
                               "save_pretrained(safe_serialization=True).")
     st = SafetensorsFile(single)
-    locate = lambda name: st if name in st.header else None
+    locate = lambda name: st if name in st.names else None
     missing_where = single
 
   def source(kind, layer):

@@ -2,15 +2,14 @@
 
   python -m launch.benchmarks.hae [--trajs 128] [--turns 50] [--tokens 512] [--reps 10] [--ref-reps 3]
 
-Run from the repository root (the reference lives in tests/advantages). One batch
-of HiPER/PPO scale (research/algorithms.md §5.4: 128 tasks per iteration, 50
+One batch of HiPER/PPO scale (docs/algorithms.md §12: 128 tasks per iteration, 50
 turns, 512 response tokens): every trajectory has `--turns` turns and every
 response `--tokens` tokens, random subgoal switches (p = 0.3), 60% of the
 trajectories end done (the rest are truncated), 15% invalid turns, random
 switch/subgoal/action spans. Reported, medians over repetitions:
   * jit: the registered estimator on a device-resident batch, after compilation,
     until the result is ready (compilation time printed separately);
-  * reference: `tests/advantages/hae_reference.py` (plain Python loops).
+  * reference: `hgpo_jax/advantages/hae_reference.py` (plain Python loops).
 The outputs are checked against each other before timing. The last line is the
 HAE speed-up of the jit estimator over the reference.
 """
@@ -25,8 +24,8 @@ import jax
 import numpy as np
 
 from hgpo_jax.advantages.gae import GaeOptions, gae
+from hgpo_jax.advantages import hae_reference as ref
 from hgpo_jax.advantages.hae import HaeOptions, hae
-from tests.advantages import hae_reference as ref
 
 
 def _median_seconds(fn, reps: int) -> float:

@@ -10,7 +10,7 @@ from hgpo_jax.models.tokenizer import tiny_tokenizer
 
 def hf_config(arch: str):
   """A random-init-sized Llama or Qwen2 transformers config on the tiny tokenizer's vocab."""
-  import transformers  # pylint: disable=import-outside-toplevel
+  import transformers
   common = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                 rms_norm_eps=1e-6, rope_theta=10000.0, eos_token_id=2, bos_token_id=None,
@@ -28,8 +28,8 @@ def write_hf_dir(directory: str, arch: str, *, seed: int = 0, max_shard_size=Non
 
   Returns the torch model (eval mode, eager attention) for reference logits.
   """
-  import torch  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
+  import torch
+  import transformers
   torch.manual_seed(seed)
   cfg = hf_config(arch)
   cls = transformers.LlamaForCausalLM if arch == "llama" else transformers.Qwen2ForCausalLM
@@ -40,7 +40,7 @@ def write_hf_dir(directory: str, arch: str, *, seed: int = 0, max_shard_size=Non
         p.copy_(1.0 + 0.2 * torch.randn_like(p))
       elif name.endswith(".bias"):
         p.copy_(0.5 * torch.randn_like(p))
-  model.config._attn_implementation = "eager"  # pylint: disable=protected-access
+  model.config._attn_implementation = "eager"
   kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
   model.save_pretrained(directory, safe_serialization=True, **kwargs)
   tiny_tokenizer().backend.save(os.path.join(directory, "tokenizer.json"))
@@ -63,7 +63,7 @@ def left_padded_batch(seed: int = 0, batch: int = 3, length: int = 10, pads=(0, 
 
 def torch_logits(model, tokens, mask, positions) -> np.ndarray:
   """f32[B, T, V] logits of the transformers reference model."""
-  import torch  # pylint: disable=import-outside-toplevel
+  import torch
   with torch.no_grad():
     out = model(input_ids=torch.tensor(tokens, dtype=torch.long),
                 attention_mask=torch.tensor(mask, dtype=torch.long),

@@ -67,7 +67,7 @@ def test_kv_cache_decoding_equals_full_forward(tiny):
     outs.append(np.asarray(logits))
   cached = np.concatenate(outs, axis=1)
   np.testing.assert_allclose(cached[mask], full[mask], atol=1e-5)
-  assert step._cache_size() == 2  # prefill shape + decode shape  # pylint: disable=protected-access
+  assert step._cache_size() == 2  # prefill shape + decode shape
 
 
 def test_hidden_and_logits_compose(tiny):

