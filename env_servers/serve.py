@@ -2,22 +2,29 @@
 
   python -m env_servers.serve --env sokoban --port 0 --slots 32 [--host 127.0.0.1]
       [--env-arg key=value ...] [--parent-pid PID]
+      [--token-file FILE] [--tls-cert CERT.pem --tls-key KEY.pem]
 
 Prints `PORT <n>` on stdout once it serves (port 0 = pick a free one), logs to stderr,
 and stops cleanly on SIGTERM/SIGINT, or when `--parent-pid` is no longer its parent
 (the launcher passes it so a crashed trainer leaves no orphan servers).
 
 It never imports JAX: a server must not initialise the accelerator its trainer owns
-(research/anchors.md §A.4, sglang-jax #857), so importing `jax` here fails with a
+(cf. sglang-jax issue #857), so importing `jax` here fails with a
 clear error. Slots of one call are stepped one after the other (envs are Python);
 parallelism comes from running several servers.
 
-Robustness (research/anchors.md §A.4/B.9): a request is validated as a whole before
+Robustness (the error model of env.proto; docs/architecture.md): a request is validated as a whole before
 any env is touched and rejected with INVALID_ARGUMENT / FAILED_PRECONDITION naming
 the slot; an exception inside one env becomes that slot's result (done, info["error"])
 and the slot must be reset; over-long actions are truncated; messages are capped by
 `--max-message-mb`; when the client's deadline passes mid-call the server stops
 stepping and marks the call's slots stale (they must be reset before the next step).
+
+Exposure: the server binds loopback by default. For servers reached over a network,
+`--token-file` (or the environment variable HGPO_ENV_TOKEN) makes every call, health
+checks included, carry `authorization: Bearer <token>` metadata (else UNAUTHENTICATED),
+and `--tls-cert/--tls-key` serve TLS (`grpc.ssl_server_credentials`); the client side
+is `EnvPool(..., token=..., tls_root_cert=...)`.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import hmac
 import importlib.abc
 import json
 import logging
@@ -46,6 +54,7 @@ from env_servers import registry
 from env_servers.protos import env_pb2
 
 log = logging.getLogger("env_servers.serve")
+TOKEN_ENV = "HGPO_ENV_TOKEN"
 
 
 
@@ -251,6 +260,15 @@ class SlotServer:
       result.info[base.TRUNCATED] = "true"
     return result
 
+  def to_proto(self, slot: int, r: base.StepResult, what: str) -> env_pb2.SlotResult:
+    """The slot's result as a message; an env output that cannot be converted (e.g. an
+    observation whose `__str__` raises) becomes that slot's env error."""
+    try:
+      return _to_proto(slot, r)
+    except Exception as e:  # pylint: disable=broad-except
+      with self._lock:
+        return _to_proto(slot, self._env_error(slot, what, e))
+
   def _env_error(self, slot: int, what: str, e: Exception) -> base.StepResult:
     log.exception("slot %d: env %s raised; the slot must be reset", slot, what)
     # A fresh instance on the next reset: the raising one may be half-updated (slot 0's
@@ -273,8 +291,14 @@ def _to_proto(slot: int, r: base.StepResult) -> env_pb2.SlotResult:
       info={_clean_text(k, 256): _clean_text(v) for k, v in r.info.items()})
 
 
-def _handler(request_cls, fn):
-  """A unary handler that parses the request itself, so garbage bytes get a clear status."""
+def _handler(method: str, request_cls, fn):
+  """A unary handler that parses the request itself, so garbage bytes get a clear status.
+
+  An exception that escapes `fn` (an env raising outside a slot's reset/step, e.g. in
+  `task_ids`) is answered with INTERNAL and the trailing metadata
+  `protos.ENV_ERROR_METADATA`, so the client tells it from a transport failure and
+  raises at once instead of restarting the server.
+  """
 
   def handle(raw: bytes, context: grpc.ServicerContext):
     try:
@@ -288,15 +312,60 @@ def _handler(request_cls, fn):
     except RequestError as e:
       log.warning("%s rejected: %s", request_cls.__name__, e)
       context.abort(e.code, str(e))
+    except Exception as e:  # pylint: disable=broad-except  (reported to the client)
+      log.exception("%s: the env raised", method)
+      context.set_trailing_metadata(((protos.ENV_ERROR_METADATA, "1"),))
+      context.abort(grpc.StatusCode.INTERNAL,
+                    f"env error in {method}: {type(e).__name__}: {_clean_text(e, 2000)}")
     log.debug("%s served in %.1f ms", request_cls.__name__, 1e3 * (time.perf_counter() - start))
     return reply
 
   return handle
 
 
+class TokenInterceptor(grpc.ServerInterceptor):
+  """Rejects every call without `authorization: Bearer <token>` metadata (UNAUTHENTICATED)."""
+
+  def __init__(self, token: str):
+    if not token:
+      raise ValueError("the env server token is empty; write a non-empty secret to the token file")
+    self._expected = f"Bearer {token}".encode()
+
+    def deny(request, context):
+      del request
+      context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                    "missing or wrong env server token; pass the token the server was started "
+                    "with (EnvPool(..., token=...) or --config.env.token_file=FILE)")
+
+    self._deny = grpc.unary_unary_rpc_method_handler(deny)
+
+  def intercept_service(self, continuation, handler_call_details):
+    for key, value in handler_call_details.invocation_metadata or ():
+      if key == "authorization" and hmac.compare_digest(
+          value.encode() if isinstance(value, str) else value, self._expected):
+        return continuation(handler_call_details)
+    return self._deny
+
+
+def read_token(token_file: str | None) -> str | None:
+  """The shared secret from `token_file` (stripped) or $HGPO_ENV_TOKEN; None: no token."""
+  if token_file:
+    with open(token_file, encoding="utf-8") as f:
+      token = f.read().strip()
+    if not token:
+      raise ValueError(f"token file {token_file} is empty; write the shared secret into it")
+    return token
+  return os.environ.get(TOKEN_ENV) or None
+
+
 def make_grpc_server(core: SlotServer, host: str, port: int, workers: int,
-                     max_message_bytes: int) -> tuple[grpc.Server, int, Any]:
-  """Builds and starts the gRPC server; returns (server, bound port, health servicer)."""
+                     max_message_bytes: int, *, token: str | None = None,
+                     tls: tuple[bytes, bytes] | None = None) -> tuple[grpc.Server, int, Any]:
+  """Builds and starts the gRPC server; returns (server, bound port, health servicer).
+
+  `token`: shared secret every call must carry (see `TokenInterceptor`); `tls`: PEM
+  (certificate chain, private key) to serve TLS instead of plaintext.
+  """
 
   def describe(request, context):
     del request, context
@@ -314,12 +383,14 @@ def make_grpc_server(core: SlotServer, host: str, port: int, workers: int,
     slots = list(request.slots)
     results = core.reset(slots, list(request.task_ids), list(request.seeds), request.split,
                          context.is_active)
-    return env_pb2.BatchReply(results=[_to_proto(s, r) for s, r in zip(slots, results)])
+    return env_pb2.BatchReply(results=[core.to_proto(s, r, "reset")
+                                       for s, r in zip(slots, results)])
 
   def step(request, context):
     slots = list(request.slots)
     results = core.step(slots, list(request.actions), context.is_active)
-    return env_pb2.BatchReply(results=[_to_proto(s, r) for s, r in zip(slots, results)])
+    return env_pb2.BatchReply(results=[core.to_proto(s, r, "step")
+                                       for s, r in zip(slots, results)])
 
   def close(request, context):
     del context
@@ -335,7 +406,7 @@ def make_grpc_server(core: SlotServer, host: str, port: int, workers: int,
   }
   handlers = {
       name: grpc.unary_unary_rpc_method_handler(
-          _handler(req_cls, fn), request_deserializer=None,
+          _handler(name, req_cls, fn), request_deserializer=None,
           response_serializer=lambda m: m.SerializeToString())
       for name, (req_cls, fn) in methods.items()
   }
@@ -343,12 +414,17 @@ def make_grpc_server(core: SlotServer, host: str, port: int, workers: int,
              ("grpc.max_send_message_length", max_message_bytes),
              ("grpc.so_reuseport", 0)]
   server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=workers),
-                       options=options)
+                       options=options,
+                       interceptors=[TokenInterceptor(token)] if token is not None else None)
   server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(protos.SERVICE_NAME,
                                                                         handlers),))
   health_servicer = health.HealthServicer()
   health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-  bound = server.add_insecure_port(f"{host}:{port}")
+  if tls is not None:
+    credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])  # [(key, chain)]
+    bound = server.add_secure_port(f"{host}:{port}", credentials)
+  else:
+    bound = server.add_insecure_port(f"{host}:{port}")
   if bound == 0:
     raise OSError(f"could not bind {host}:{port}; pick another --port (0 = any free port)")
   server.start()
@@ -372,6 +448,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="cap on request and reply size")
   parser.add_argument("--parent-pid", type=int, default=0,
                       help="exit when this process is no longer our parent (0 = off)")
+  parser.add_argument("--token-file", default="",
+                      help=f"file holding a shared secret every call must carry (else "
+                           f"${TOKEN_ENV} if set; none by default)")
+  parser.add_argument("--tls-cert", default="", help="PEM certificate chain: serve TLS")
+  parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
   parser.add_argument("--log-level", default="INFO")
   args = parser.parse_args(argv)
   logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -379,9 +460,17 @@ def main(argv: Sequence[str] | None = None) -> int:
   sys.meta_path.insert(0, _NoJaxFinder())
 
   try:
+    if bool(args.tls_cert) != bool(args.tls_key):
+      raise ValueError("--tls-cert and --tls-key go together; pass both or neither")
+    tls = None
+    if args.tls_cert:
+      with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
+        tls = (cert.read(), key.read())
+    token = read_token(args.token_file)
     core = SlotServer(args.env, args.slots, parse_env_args(args.env_arg))
     server, port, health_servicer = make_grpc_server(
-        core, args.host, args.port, args.workers, int(args.max_message_mb * 2**20))
+        core, args.host, args.port, args.workers, int(args.max_message_mb * 2**20),
+        token=token, tls=tls)
   except (ValueError, ImportError, OSError) as e:
     print(f"env server: {e}", file=sys.stderr, flush=True)
     return 2
@@ -396,7 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   signal.signal(signal.SIGTERM, on_signal)
   signal.signal(signal.SIGINT, on_signal)
-  log.info("serving env %r with %d slots on %s:%d", args.env, args.slots, args.host, port)
+  log.info("serving env %r with %d slots on %s:%d (%s, %s)", args.env, args.slots, args.host,
+           port, "TLS" if tls else "plaintext", "token" if token else "no token")
   print(f"PORT {port}", flush=True)
   while not stop.wait(0.5):
     if args.parent_pid and os.getppid() != args.parent_pid:

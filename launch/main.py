@@ -9,7 +9,18 @@ Kept deliberately thin (flax examples style): everything testable lives in
 Multi-process (TPU pod slices, GPU clusters): set --num_processes/--process_id/
 --coordinator_address (or let `jax.distributed.initialize()` auto-detect on TPU/SLURM
 with --distributed=auto); each process then drives its share of the env groups.
+
+Bad input (an unknown config argument or field, an ill-typed override, an unknown
+estimator, a missing or wrong model, an unwritable workdir) ends the run before any
+work with one line on stderr, `launch.main: error: ...`, and exit code 2; `--verbose`
+adds the traceback.
 """
+
+import difflib
+import os
+import re
+import sys
+import traceback
 
 from absl import app
 from absl import flags
@@ -28,13 +39,146 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Total number of pr
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _LOCAL_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "If > 0, fake this many CPU devices (testing sharding on one machine).")
+_VERBOSE = flags.DEFINE_bool("verbose", False,
+                             "Print the traceback of bad-input errors (else one line).")
+
+EXIT_BAD_INPUT = 2
 
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+class BadInput(Exception):
+  """A user error: reported as one line and exit code 2."""
+
+
+def _fail(message: str, verbose: bool) -> None:
+  if verbose:
+    traceback.print_exc()
+  hint = "" if verbose else " (--verbose prints the traceback)"
+  print(f"launch.main: error: {message}{hint}", file=sys.stderr, flush=True)
+  sys.exit(EXIT_BAD_INPUT)
+
+
+def _last_line(text: str) -> str:
+  """The exception line at the end of a message that embeds a traceback, without the
+  exception type and the quotes a KeyError adds."""
+  lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+  if any(l.startswith("Traceback (most recent call last)") for l in lines):
+    lines = [re.sub(r"^[A-Za-z_.]*(Error|Exception): ", "", lines[-1])]
+  line = " ".join(lines)
+  if len(line) > 1 and line[0] == line[-1] and line[0] in "\"'":
+    line = line[1:-1]
+  return line
+
+
+def _config_fields(config, prefix: str = "") -> list[str]:
+  out = []
+  for key, value in config.items():
+    out.append(prefix + key)
+    if hasattr(value, "items"):
+      out += _config_fields(value, f"{prefix}{key}.")
+  return out
+
+
+def _override_error(argv, message: str) -> str | None:
+  """For an unknown `--config.a.b` field: which one, and the nearest real field names."""
+  names = [m.group(1) for a in argv for m in [re.match(r"--config\.([^=]+)", a)] if m]
+  files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+  try:  # the config without the overrides (the flag holds none after a failed parse)
+    path, _, arg = files[-1].partition(":")
+    namespace = {"__file__": path}
+    sys.path.insert(0, os.getcwd())
+    with open(path, encoding="utf-8") as f:
+      exec(compile(f.read(), path, "exec"), namespace)  # pylint: disable=exec-used
+    fields = _config_fields(namespace["get_config"](arg or None))
+  except Exception:  # pylint: disable=broad-except  (the config itself fails: reported as is)
+    fields = []
+  for name in names:
+    if fields and name not in fields:
+      near = difflib.get_close_matches(name, fields, n=3)
+      hint = f"did you mean {' or '.join('--config.' + n for n in near)}?" if near else (
+          "the fields are in the config file and configs/common.py")
+      return f"unknown config field --config.{name}; {hint}"
+  if "Unknown command line flag 'config." in message:
+    name = message.split("'")[1]
+    return f"unknown config field --{name}; the fields are in the config file and configs/common.py"
+  return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing with bad-input errors as one line and exit code 2."""
+  verbose = any(a in ("--verbose", "--verbose=true", "--verbose=1") for a in argv)
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except  (flags.Error, config file errors)
+    message = _override_error(argv, str(e))
+    if message is None:
+      message = _last_line(str(e))
+      if "could not convert" in message or "Could not parse" in message:
+        message += "; give the override a value of the field's type"
+      elif "Failed loading config file" in str(e):
+        path = ([a.split("=", 1)[1].partition(":")[0] for a in argv
+                 if a.startswith("--config=")] or ["?"])[-1]
+        message = (f"config file {path} could not be loaded; pass --config=configs/<env>.py"
+                   "[:args] (run from the repository root)")
+      elif "unknown config argument" in message:
+        message += "; fix the --config=FILE:ARGS string"
+    _fail(message, verbose)
+    raise  # unreachable (sys.exit)
+
+
+def _check_workdir(workdir: str) -> None:
+  """Creates `workdir` and writes a probe file, so an unwritable one fails before any work."""
+  probe = os.path.join(workdir, ".write_probe")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    with open(probe, "w", encoding="utf-8") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise BadInput(f"workdir {workdir} is not writable ({e.strerror or e}); pass a --workdir "
+                   "you can write to") from e
+
+
 def main(argv):
+  try:
+    _main(argv)
+  except (BadInput, app.UsageError) as e:
+    _fail(str(e), _VERBOSE.value)
+  except Exception as e:  # pylint: disable=broad-except
+    from hgpo_jax import train  # pylint: disable=g-import-not-at-top
+    from hgpo_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+    user_error = isinstance(e, (train.ConfigError, checkpoint.CheckpointError))
+    # ValueError/KeyError/OSError are bad input only where inputs are read (the config,
+    # the model files, the checkpoint to resume); elsewhere they are bugs: traceback.
+    if isinstance(e, (ValueError, KeyError, OSError)):
+      frames = {f.name for f in traceback.extract_tb(e.__traceback__)}
+      user_error |= bool(frames & _INPUT_READERS)
+    if user_error:
+      message = _last_line(str(e.args[0] if isinstance(e, KeyError) and e.args else e))
+      if "no bundled weights" in message:
+        message += " From the command line: --config.model.path=DIR."
+      _fail(message, _VERBOSE.value)
+    raise
+
+
+# Functions that read user input; a ValueError/KeyError/OSError raised under them is a
+# bad-input error (one line, exit 2).
+_INPUT_READERS = frozenset({"validate", "estimator_and_options", "load_model", "resume",
+                            "_make_mesh", "_make_pool"})
+
+
+def _main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  config = _CONFIG.value
+  try:
+    config.keys()  # a file that failed to load raises on first access
+  except OSError as e:
+    why = re.findall(r"\[Errno \d+\] (.*)", str(e))
+    raise BadInput(f"config file could not be loaded ({why[-1] if why else _last_line(str(e))}); "
+                   "pass --config=configs/<env>.py[:args] (run from the repository root)") from e
+  _check_workdir(_WORKDIR.value)
   if not flags.FLAGS["verbosity"].present:
     # Orbax and JAX log every checkpoint file operation at INFO; keep the console to
     # the per-iteration summaries unless --verbosity is given.
@@ -56,8 +200,8 @@ def main(argv):
   runtime.enable_compilation_cache()
   logging.info("process %d/%d, %d local / %d global devices", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  train.train_and_evaluate(config, _WORKDIR.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

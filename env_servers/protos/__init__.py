@@ -14,3 +14,6 @@ _codegen.ensure_generated()
 # Describe and the client pool refuses a server with another major version.
 PROTOCOL_VERSION = "1.0"
 SERVICE_NAME = "hgpo_jax.env.v1.Env"
+# Trailing-metadata key a server sets when the env itself raised outside a slot's
+# reset/step (status INTERNAL): the client raises at once instead of restarting it.
+ENV_ERROR_METADATA = "hgpo-env-error"

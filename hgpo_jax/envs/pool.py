@@ -5,9 +5,13 @@ sizes differing by at most one), calls all servers of a batch concurrently (one 
 per server) with a per-call deadline, and hides server failures:
 
 * a call that fails with UNAVAILABLE / DEADLINE_EXCEEDED / FAILED_PRECONDITION
-  (server dead, hung, or restarted and lost its slots) triggers recovery of that
-  server: a server the pool started is killed and restarted; an endpoint it does not
-  own is waited for with exponential backoff;
+  (server dead, hung, or restarted and lost its slots), or any failure of a server
+  process the pool owns that has died, triggers recovery of that server: a server the
+  pool started is killed and restarted; an endpoint it does not own is waited for
+  with exponential backoff;
+* an exception inside an env is not a server failure and is never retried: it raises
+  `EnvError` at once, naming the slot, its task and the exception (the server's log
+  has the traceback); so does any other status (INVALID_ARGUMENT, ...);
 * every unfinished episode of that server is then re-run from its reset and its
   actions replayed (envs are deterministic per (task, seed)); the replayed final
   observation must equal the one the caller saw, else the pool raises;
@@ -25,6 +29,9 @@ Usage:
 
 or `EnvPool(["10.0.0.5:50051", "10.0.0.6:50051"], 32)` for servers started elsewhere
 (`python -m env_servers.serve --env alfworld --host 0.0.0.0 --port 50051 --slots 16`).
+Servers reached over a network should be started with `--token-file` and
+`--tls-cert/--tls-key`; the pool then passes `token=` (sent with every call) and
+`tls_root_cert=` (PEM of the CA that signed the servers' certificates).
 
 This module does not import JAX: the pool may run in a process of its own.
 """
@@ -49,16 +56,22 @@ from env_servers.protos import env_pb2
 from env_servers.protos import env_pb2_grpc
 from hgpo_jax.envs import launcher
 
-# Status codes after which re-running the server's episodes can fix things. Others
-# (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...) are the caller's bug and raise at once.
+# Status codes of transport failures and hangs, after which restarting (or waiting for)
+# the server and re-running its episodes can fix things. Others (INVALID_ARGUMENT,
+# RESOURCE_EXHAUSTED, an env's own exception as INTERNAL, ...) raise at once.
 _RECOVERABLE = frozenset({
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED})
+    grpc.StatusCode.FAILED_PRECONDITION})
+# gRPC reports a connection torn down mid-call with these details under UNKNOWN/INTERNAL.
+_TRANSPORT_DETAILS = ("Stream removed", "Socket closed", "Connection reset", "RST_STREAM")
 
 
 class EnvPoolError(RuntimeError):
   """An env server call failed and could not be recovered."""
+
+
+class EnvError(EnvPoolError):
+  """An env raised inside its server (a bug or bad data in the env, not a server failure)."""
 
 
 @dataclasses.dataclass
@@ -75,20 +88,40 @@ class _Server:
   """One env server: endpoint, stub, the pool slots it hosts, its process if owned."""
 
   def __init__(self, endpoint: str, slots: range, process: launcher.ServerProcess | None,
-               channel_options: list):
+               channel_options: list, token: str | None = None,
+               tls_root_cert: bytes | None = None):
     self.slots = slots  # pool slot ids; the server's own slot id is `pool slot - slots.start`
     self.process = process
     self._channel_options = channel_options
+    self._tls_root_cert = tls_root_cert
+    self.metadata = (("authorization", f"Bearer {token}"),) if token else None
     self.connect(endpoint)
 
   def connect(self, endpoint: str) -> None:
     self.endpoint = endpoint
-    self.channel = grpc.insecure_channel(endpoint, options=self._channel_options)
+    if self._tls_root_cert is not None:
+      credentials = grpc.ssl_channel_credentials(root_certificates=self._tls_root_cert)
+      self.channel = grpc.secure_channel(endpoint, credentials, options=self._channel_options)
+    else:
+      self.channel = grpc.insecure_channel(endpoint, options=self._channel_options)
     self.stub = env_pb2_grpc.EnvStub(self.channel)
     self.health = health_pb2_grpc.HealthStub(self.channel)
 
+  def call(self, method: str, request, timeout: float):
+    """One Env RPC with this server's credentials metadata."""
+    return getattr(self.stub, method)(request, timeout=timeout, metadata=self.metadata)
+
   def close_channel(self) -> None:
     self.channel.close()
+
+
+def _env_raised(e: grpc.RpcError) -> bool:
+  """True when the server marked the failure as the env's own exception."""
+  try:
+    metadata = e.trailing_metadata() or ()
+  except Exception:  # pylint: disable=broad-except  (not a call error: no metadata)
+    return False
+  return any(k == protos.ENV_ERROR_METADATA for k, _ in metadata)
 
 
 def _from_proto(r: env_pb2.SlotResult) -> base.StepResult:
@@ -108,18 +141,28 @@ class EnvPool:
     max_retries: recovery attempts per call before `EnvPoolError`.
     backoff_s: first wait before re-trying an endpoint the pool does not own (doubles).
     max_message_mb: gRPC message-size cap, the same as the servers' default.
+    token: shared secret of endpoint servers started with `--token-file` (sent as
+      `authorization: Bearer <token>` metadata with every call).
+    tls_root_cert: PEM root certificate(s) to verify endpoint servers started with
+      `--tls-cert/--tls-key`; None: plaintext.
   """
 
   def __init__(self, servers: launcher.LocalServers | Sequence[str], num_slots: int, *,
                deadline_s: float = 120.0, max_retries: int = 3, backoff_s: float = 0.5,
-               max_message_mb: float = 16.0):
+               max_message_mb: float = 16.0, token: str | None = None,
+               tls_root_cert: bytes | None = None):
     if num_slots < 1:
       raise ValueError(f"num_slots must be >= 1, got {num_slots}")
     self.num_slots = num_slots
     self.deadline_s, self.max_retries, self.backoff_s = deadline_s, max_retries, backoff_s
     if isinstance(servers, str):
-      raise TypeError(f"servers={servers!r}: pass a list of endpoints, e.g. [{servers!r}]")
+      raise TypeError(f"servers={servers!r}: pass a list of endpoints, e.g. [{servers!r}] "
+                        f"(command line: --config.env.endpoints=\"('{servers}',)\")")
     self._local = servers if isinstance(servers, launcher.LocalServers) else None
+    if self._local and (token or tls_root_cert):
+      raise ValueError("token/tls_root_cert apply to endpoints started elsewhere; local "
+                       "servers bind loopback and take neither (command line: --config.env.token_file and "
+                       "--config.env.tls_root_cert need --config.env.endpoints)")
     n = self._local.num_servers if self._local else len(servers)
     if n < 1 or n > num_slots:
       raise ValueError(f"need 1..num_slots ({num_slots}) env servers, got {n}")
@@ -143,7 +186,8 @@ class EnvPool:
           self._servers.append(_Server(proc.endpoint, range(start, start + size), proc, options))
       else:
         for endpoint, start, size in zip(servers, starts, sizes):
-          self._servers.append(_Server(endpoint, range(start, start + size), None, options))
+          self._servers.append(_Server(endpoint, range(start, start + size), None, options,
+                                       token, tls_root_cert))
       self._executor = concurrent.futures.ThreadPoolExecutor(
           max_workers=len(self._servers), thread_name_prefix="envpool")
       self.describe = self._check_servers()
@@ -171,12 +215,10 @@ class EnvPool:
 
     results = self._map(call, self._servers)
     flat = [r for rs in results for r in rs]
-    for g, (episode, result) in enumerate(zip(episodes, flat)):
-      if base.ERROR in result.info:
-        raise EnvPoolError(f"slot {g}: reset of task {episode.task_id!r} (split {split!r}) "
-                           f"failed in the env: {result.info[base.ERROR]}")
+    for episode, result in zip(episodes, flat):
       episode.last = result
     self._episodes = episodes
+    self._raise_env_errors({g: r for g, r in enumerate(flat)}, "reset")
     return flat
 
   def step(self, actions: Sequence[str | None]) -> list[base.StepResult | None]:
@@ -213,8 +255,7 @@ class EnvPool:
         episode.actions.append(actions[g])
         episode.last = result
         out[g] = result
-        if base.ERROR in result.info:
-          self._count("env_errors")
+    self._raise_env_errors({g: r for g, r in enumerate(out) if r is not None}, "step")
     return out
 
   def list_tasks(self, split: str) -> list[str]:
@@ -253,7 +294,7 @@ class EnvPool:
     self._closed = True
     for server in self._servers:
       try:
-        server.stub.Close(env_pb2.CloseRequest(), timeout=2.0)
+        server.call("Close", env_pb2.CloseRequest(), 2.0)
       except grpc.RpcError:
         pass  # best effort: the server may be gone already
       server.close_channel()
@@ -269,6 +310,34 @@ class EnvPool:
     self.close()
 
   # ---------------------------------------------------------------- internals
+
+  def _raise_env_errors(self, results: dict[int, base.StepResult], what: str) -> None:
+    """Raises `EnvError` for the first slot whose env raised (all of them are counted)."""
+    failed = [g for g, r in results.items() if base.ERROR in r.info]
+    if not failed:
+      return
+    self._count("env_errors", len(failed))
+    g = failed[0]
+    e = self._episodes[g]
+    others = f" (and {len(failed) - 1} more slots)" if len(failed) > 1 else ""
+    where = {"step": f"step {len(e.actions)} (action {e.actions[-1][:80]!r})" if e.actions
+                     else "step", "reset": "reset"}.get(what, f"the {what} after a server failure")
+    raise EnvError(
+        f"slot {g}{others}: the env raised in {where} of task {e.task_id!r} (split "
+        f"{e.split!r}, seed {e.seed}): {results[g].info[base.ERROR]}; fix the env (the "
+        "server log has the traceback)")
+
+  def _recoverable(self, server: _Server, e: grpc.RpcError) -> bool:
+    """Transport failures and hangs are; an env's exception and bad requests are not."""
+    if _env_raised(e):
+      return False
+    if e.code() in _RECOVERABLE:
+      return True
+    if server.process is not None and not server.process.alive():
+      return True  # the owned process died, whatever status the broken call got
+    return (e.code() in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
+                         grpc.StatusCode.CANCELLED)
+            and any(d in (e.details() or "") for d in _TRANSPORT_DETAILS))
 
   def _count(self, key: str, n: int = 1) -> None:
     with self._lock:
@@ -311,13 +380,16 @@ class EnvPool:
         if attempt:
           self._recover(server, attempt, replay)
         self._count("calls")
-        reply = getattr(server.stub, method)(request, timeout=self.deadline_s)
+        reply = server.call(method, request, self.deadline_s)
         with self._lock:
           self._latency_ms[method].append(1e3 * (time.perf_counter() - start))
         return reply
       except grpc.RpcError as e:
         self._count("failed_calls")
-        if e.code() not in _RECOVERABLE:
+        if not self._recoverable(server, e):
+          if _env_raised(e):
+            raise EnvError(f"env server {server.endpoint}: {e.details()}; fix the env (the "
+                           "server log has the traceback)") from None
           raise EnvPoolError(f"env server {server.endpoint}: {method} failed with "
                              f"{e.code().name}: {e.details()}") from None
         error = e
@@ -342,7 +414,8 @@ class EnvPool:
       self._count("restarts")
     else:
       time.sleep(self.backoff_s * 2**(attempt - 1))
-      server.health.Check(health_pb2.HealthCheckRequest(), timeout=self.deadline_s)
+      server.health.Check(health_pb2.HealthCheckRequest(), timeout=self.deadline_s,
+                          metadata=server.metadata)
     if replay:
       self._replay(server)
 
@@ -360,15 +433,16 @@ class EnvPool:
       request = env_pb2.ResetRequest(slots=[g - server.slots.start for g in slots],
                                      task_ids=[self._episodes[g].task_id for g in slots],
                                      seeds=[self._episodes[g].seed for g in slots], split=split)
-      for g, r in zip(slots, server.stub.Reset(request, timeout=self.deadline_s).results):
+      for g, r in zip(slots, server.call("Reset", request, self.deadline_s).results):
         last[g] = r
     for t in range(max(len(self._episodes[g].actions) for g in live)):
       slots = [g for g in live if len(self._episodes[g].actions) > t]
       request = env_pb2.StepRequest(
           slots=[g - server.slots.start for g in slots],
           actions=[self._episodes[g].actions[t].encode("utf-8") for g in slots])
-      for g, r in zip(slots, server.stub.Step(request, timeout=self.deadline_s).results):
+      for g, r in zip(slots, server.call("Step", request, self.deadline_s).results):
         last[g] = r
+    self._raise_env_errors({g: _from_proto(last[g]) for g in live}, "replay")
     for g in live:
       seen, replayed = self._episodes[g].last, _from_proto(last[g])
       if (replayed.observation, replayed.reward, replayed.done) != (seen.observation, seen.reward,

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from env_servers import base
+from env_servers import protos
 from env_servers import serve
 from env_servers.protos import env_pb2
 from env_servers.protos import env_pb2_grpc
@@ -224,3 +225,22 @@ def test_env_args_parse_as_json_or_text():
                                                 "data_dir": "/x/y", "r": 0.5, "name": "a=b"}
   with pytest.raises(ValueError, match="--env-arg 'max_steps' is not key=value"):
     serve.parse_env_args(["max_steps"])
+
+
+def test_env_exception_outside_a_slot_is_internal_and_marked(flaky_path):
+  # The env's task list raises: INTERNAL with the env-error trailing metadata, which the
+  # client pool reads as "do not restart, raise" (tests/envs/test_pool.py).
+  del flaky_path
+  proc = launcher.start_servers("flaky_envs:BrokenCatalogEnv", [1])[0]
+  try:
+    with grpc.insecure_channel(proc.endpoint) as channel:
+      stub = env_pb2_grpc.EnvStub(channel)
+      with pytest.raises(grpc.RpcError) as e:
+        stub.ListTasks(env_pb2.ListTasksRequest(split="test"), timeout=10)
+      assert e.value.code() == grpc.StatusCode.INTERNAL
+      assert e.value.details() == ("env error in ListTasks: OSError: task file test.json is "
+                                   "missing")
+      assert (protos.ENV_ERROR_METADATA, "1") in tuple(e.value.trailing_metadata())
+      assert len(stub.ListTasks(env_pb2.ListTasksRequest(split="train"), timeout=10).task_ids)
+  finally:
+    proc.stop()

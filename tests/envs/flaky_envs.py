@@ -25,3 +25,27 @@ class DriftingEnv(sokoban.SokobanEnv):
   def step(self, action):
     obs, reward, terminated, truncated, info = super().step(action)
     return f"{obs}\nserved by pid {os.getpid()}", reward, terminated, truncated, info
+
+
+class BrokenCatalogEnv(sokoban.SokobanEnv):
+  """Its task list of the "test" split raises (an exception outside any slot's step)."""
+
+  @staticmethod
+  def task_ids(split):
+    if split == "test":
+      raise OSError("task file test.json is missing")
+    return sokoban.SokobanEnv.task_ids(split)
+
+
+class _Unprintable:
+  def __str__(self):
+    raise ValueError("observation cannot be rendered")
+
+
+class UnprintableEnv(sokoban.SokobanEnv):
+  """step("render") returns an observation whose str() raises (fails in the server's
+  reply conversion, after the env's step returned)."""
+
+  def step(self, action):
+    out = super().step(action)
+    return (_Unprintable(),) + tuple(out[1:]) if action == "render" else out

@@ -5,6 +5,7 @@ duplicated steps, endpoints the pool does not own, and no orphan processes."""
 import os
 import pathlib
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -191,13 +192,41 @@ def test_endpoint_restarted_by_someone_else_is_replayed():
       proc.stop()
 
 
-def test_env_errors_and_non_deterministic_envs(monkeypatch):
+def test_env_exceptions_fail_fast_without_restarts(monkeypatch):
+  # An exception inside an env is the env's bug, not a server failure: one clear error
+  # naming slot, task and exception; the server is neither restarted nor replayed.
   monkeypatch.setenv("PYTHONPATH", TEST_ENVS_DIR)
-  with pool_lib.EnvPool(launcher.LocalServers("flaky_envs:FlakyEnv"), 2) as pool:
+  with pool_lib.EnvPool(launcher.LocalServers("flaky_envs:FlakyEnv", num_servers=2), 4) as pool:
+    pool.reset(["train-00001", "train-00002", "train-00003", "train-00004"], [5] * 4, "train")
+    pool.step(["down"] * 4)
+    pids = pool.server_pids
+    with pytest.raises(pool_lib.EnvError, match=re.escape(
+        "slot 2: the env raised in step 2 (action 'explode') of task 'train-00003' (split "
+        "'train', seed 5): RuntimeError: boom; fix the env (the server log has the traceback)")):
+      pool.step(["up", None, "explode", "up"])
+    m = pool.metrics()
+    assert (m["restarts"], m["failed_calls"], m["replayed_episodes"], m["env_errors"]) == (
+        0, 0, 0, 1)
+    assert pool.server_pids == pids
+  # Raising outside any slot (the env's task list): INTERNAL marked as the env's error.
+  with pool_lib.EnvPool(launcher.LocalServers("flaky_envs:BrokenCatalogEnv"), 2) as pool:
+    assert len(pool.list_tasks("train")) == 1000
+    with pytest.raises(pool_lib.EnvError, match=r"127.0.0.1:\d+: env error in ListTasks: "
+                       r"OSError: task file test.json is missing; fix the env"):
+      pool.list_tasks("test")
+    m = pool.metrics()
+    assert (m["restarts"], m["failed_calls"]) == (0, 1)
+  # An env output the server cannot convert becomes that slot's env error.
+  with pool_lib.EnvPool(launcher.LocalServers("flaky_envs:UnprintableEnv"), 2) as pool:
     pool.reset(["train-00001"] * 2, [0, 0], "train")
-    bad, good = pool.step(["explode", "down"])
-    assert bad.done and bad.info[base.ERROR] == "RuntimeError: boom"
-    assert base.ERROR not in good.info and pool.metrics()["env_errors"] == 1
+    with pytest.raises(pool_lib.EnvError, match=r"slot 1: the env raised in step 1 \(action "
+                       r"'render'\).*ValueError: observation cannot be rendered"):
+      pool.step(["down", "render"])
+    assert pool.metrics()["restarts"] == 0
+
+
+def test_non_deterministic_envs_are_not_replayed(monkeypatch):
+  monkeypatch.setenv("PYTHONPATH", TEST_ENVS_DIR)
   with pool_lib.EnvPool(launcher.LocalServers("flaky_envs:DriftingEnv"), 2) as pool:
     pool.reset(["train-00001"] * 2, [0, 0], "train")
     pool.step(["down", "down"])
