@@ -10,9 +10,9 @@
 Actions are WebShop's: `search[keywords]` (only on the search page, non-empty) and
 `click[name]` with `name` one of the page's clickables (case-insensitive, as WebShop
 lower-cases the argument). Anything else (unknown verb, unbalanced brackets, empty
-search, a click on a name not on the page, a string longer than MAX_TEXT_CHARS) is an
-invalid action: the page does not change, the step still counts towards `max_steps`,
-and info["action_valid"] is False.
+search, the listed template `search[<your query>]` itself, a click on a name not on the
+page, a string longer than MAX_TEXT_CHARS) is an invalid action: the page does not
+change, the step still counts towards `max_steps`, and info["action_valid"] is False.
 
 An episode ends with `Buy Now` (terminated) or after `max_steps` steps (truncated).
 Reward: 10 on the `Buy Now` step if the task score is exactly 1, else 0 (the papers'
@@ -36,7 +36,8 @@ from env_servers.base import ADMISSIBLE, ANCHOR_OBS, MAX_TEXT_CHARS, SCORE, TASK
 from env_servers.webshop import pages, reward
 from env_servers.webshop.dataset import Shop
 
-SEARCH_TEMPLATE = "search[<your query>]"
+SEARCH_PLACEHOLDER = "<your query>"
+SEARCH_TEMPLATE = f"search[{SEARCH_PLACEHOLDER}]"
 WIN_REWARD = 10.0
 ACTION_VALID = "action_valid"
 
@@ -141,7 +142,8 @@ class WebShopEnv(gym.Env):
     verb, arg = match.group(1), match.group(2).strip().lower()
     browser = self._browser
     if verb == "search":
-      if not arg or not browser.has_search_bar:
+      # The listed template `search[<your query>]` is not a query: refused like an empty one.
+      if not arg or not browser.has_search_bar or arg == SEARCH_PLACEHOLDER:
         return False, False
       browser.search(arg)
       return True, False

@@ -1,6 +1,6 @@
 """Action projection: model response text -> (env action string, validity flag).
 
-Follows the published verl-agent projection (spec §1, "Action parsing"):
+Follows the published verl-agent projection (docs/algorithms.md §1; verl-agent's ALFWorld/WebShop projection functions):
   * the response is lower-cased;
   * the action is the text between the first `<action>` and the next `</action>`;
   * valid iff both action tags exist, both `<think>` and `</think>` exist, and the
@@ -15,8 +15,17 @@ from __future__ import annotations
 
 import re
 
+from hgpo_jax.sampling import constrained
+
 ALFWORLD_FALLBACK_CHARS = 30
 WEBSHOP_FALLBACK_CHARS = 20
+
+QUERY_PLACEHOLDER = "<your query>"
+"""WebShop lists its search action as `search[<your query>]`: a template, not an action.
+The WebShop env refuses it (an invalid action); constrained decoding replaces the
+placeholder by a free span (`free_query_actions`)."""
+QUERY_FORBIDDEN = "[]<>"
+"""Characters a constrained free query may not contain (it ends at "]")."""
 
 # CJK Unified Ideographs (+ extension A), CJK symbols/punctuation, Hiragana/Katakana,
 # Hangul, full-width forms: the published check rejects responses that drift into them.
@@ -25,7 +34,7 @@ _CJK = re.compile(r"[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-
 
 def project_action(response: str, fallback_chars: int = ALFWORLD_FALLBACK_CHARS,
                    require_think: bool = True) -> tuple[str, bool]:
-  """Returns (action, valid) for one model response (spec §1).
+  """Returns (action, valid) for one model response (docs/algorithms.md §1).
 
   `require_think=False` drops the think-tag rule: with constrained decoding the sampler
   emits only `<action>...</action>`, so the format signal is the action tags alone.
@@ -39,3 +48,11 @@ def project_action(response: str, fallback_chars: int = ALFWORLD_FALLBACK_CHARS,
   has_think = "<think>" in text and "</think>" in text
   valid = (has_think or not require_think) and not _CJK.search(text)
   return action, valid
+
+
+def free_query_actions(admissible, max_tokens: int = 8) -> list:
+  """Admissible actions for constrained decoding: an action holding `QUERY_PLACEHOLDER`
+  becomes pieces with a free span of at most `max_tokens` tokens in its place, e.g.
+  `("search[", FreeSpan(8, "[]<>"), "]")`; other actions stay strings."""
+  span = constrained.FreeSpan(max_tokens, QUERY_FORBIDDEN)
+  return [constrained.split_placeholder(a, QUERY_PLACEHOLDER, span) for a in admissible]

@@ -1,6 +1,6 @@
 """Per-step prompts: the published verl-agent templates and the memory window.
 
-The step-wise framework (spec §1) builds a fresh single-turn prompt at every env
+The step-wise framework (docs/algorithms.md §1) builds a fresh single-turn prompt at every env
 step from the task, the last `H` (observation, action) records, the current
 observation and the admissible actions; the context does not grow with the episode.
 Template wording follows verl-agent's ALFWorld / WebShop prompts so that published

@@ -3,12 +3,24 @@
 For t = 1..T_max, every still-active slot gets a fresh single-turn prompt (memory
 window, current observation, admissible actions), the jit sampler answers all
 active slots in one batched call, the projection extracts the action, and the pool
-steps all slots in one batched call. Every executed step becomes one row (spec §1),
+steps all slots in one batched call. Every executed step becomes one row (docs/algorithms.md §1),
 recorded with the anchor observation the action was taken at.
 
 Strings stay on the host; `rows_for_advantages` hands the estimator only what the
 grouping needs (`advantage_columns`), and `StepRow.dump_record` is the JSONL format of
 `python -m hgpo_jax.advantages`.
+
+Response formats: "react" (verl-agent's `<think>` + `<action>` prompt and projection) and
+"hiper" (HiPER's `<switch>`/`<subgoal>`/`<action>` blocks, `hgpo_jax.rollout.hiper`): its
+rows also carry the parsed switch and subgoal and one span tag per response token, which
+the `hae` estimator reads (`hae_fields_from_dump`), and the parsed subgoal becomes the
+current subgoal of the trajectory's next prompt.
+
+Constrained decoding (`constrained=True`): the response must pick an admissible action; an
+action with WebShop's `<your query>` placeholder becomes a free query of at most
+`free_query_tokens` tokens, so the policy writes its own search (the placeholder itself is
+never sent); with "hiper" the whole three-block response is constrained
+(`hiper.constrained_responses`).
 """
 
 from __future__ import annotations
@@ -16,11 +28,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
+from hgpo_jax.rollout import hiper
 from hgpo_jax.rollout import projection
 from hgpo_jax.rollout import prompts
 from hgpo_jax.rollout.tasks import Task
@@ -45,13 +58,21 @@ class StepRow:
   reward: float = 0.0
   done: bool = False  # terminated (success/failure), not truncation by a step limit
   won: bool = False
+  # HiPER rows only (response_format="hiper"); None for "react" rows.
+  switch: str | None = None  # parsed <switch> content (stripped, upper-cased); None = missing
+  subgoal: str | None = None  # parsed <subgoal> content (stripped); None = missing
+  token_tags: list[int] | None = None  # one hae.TAG_* code per response token
 
   def dump_record(self) -> dict[str, Any]:
-    """The JSONL record (`python -m hgpo_jax.advantages` format + extras)."""
-    return {"group": self.group, "traj": self.traj, "step": self.step,
-            "anchor_obs": self.anchor_obs, "reward": self.reward, "valid": self.valid,
-            "done": self.done, "won": self.won, "task_id": self.task_id,
-            "task_type": self.task_type, "response": self.response, "action": self.action}
+    """The JSONL record (`python -m hgpo_jax.advantages` format + extras); HiPER rows add
+    `switch`, `subgoal` and `token_tags` as `hae.hae_fields_from_dump` reads them."""
+    record = {"group": self.group, "traj": self.traj, "step": self.step,
+              "anchor_obs": self.anchor_obs, "reward": self.reward, "valid": self.valid,
+              "done": self.done, "won": self.won, "task_id": self.task_id,
+              "task_type": self.task_type, "response": self.response, "action": self.action}
+    if self.token_tags is not None:
+      record.update(switch=self.switch, subgoal=self.subgoal, token_tags=list(self.token_tags))
+    return record
 
 
 @dataclasses.dataclass
@@ -78,6 +99,12 @@ class Rollout:
 def _task_description(env_name: str, first: Any) -> str:
   if "task" in first.info:
     return first.info["task"]
+  if env_name == "webshop":
+    # "WebShop [SEP] Instruction: [SEP] <instruction> [SEP] Search" (the released
+    # `extract_task` takes the part after "Instruction:").
+    parts = first.observation.split(" [SEP] ")
+    if "Instruction:" in parts[:-1]:
+      return parts[parts.index("Instruction:") + 1]
   try:
     return prompts.task_from_observation(first.observation)
   except ValueError:
@@ -93,12 +120,24 @@ def _encode_prompt(tokenizer, text: str, max_tokens: int) -> list[int]:
 
 def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *, env_name: str,
             max_steps: int, history_length: int, sampling, rng: jax.Array,
-            max_prompt_tokens: int, constrained: bool = False, fallback_chars: int = 30) -> Rollout:
+            max_prompt_tokens: int, constrained: bool = False, fallback_chars: int = 30,
+            response_format: str = "react", free_query_tokens: int = 8, subgoal_tokens: int = 12,
+            on_step: Callable[[int, int, int], None] | None = None) -> Rollout:
   """Plays `len(tasks) * group_size` trajectories to the end or `max_steps` steps.
 
   Slot `g * group_size + i` plays trajectory i of group g; all `group_size` slots of
   a group are reset with the group's task and env seed (same initial state).
+
+  Args (beyond the obvious):
+    constrained: constrained decoding (see the module docstring).
+    response_format: "react" or "hiper".
+    free_query_tokens: cap of a constrained free WebShop query.
+    subgoal_tokens: cap of a constrained free HiPER subgoal.
+    on_step: called as on_step(t, max_steps, active_slots) before each step's generation.
   """
+  if response_format not in ("react", "hiper"):
+    raise ValueError(f"collect: response_format={response_format!r}; use 'react' or 'hiper'")
+  is_hiper = response_format == "hiper"
   t_env = t_gen = 0.0
   num = len(tasks) * group_size
   task_ids = [t.task_id for t in tasks for _ in range(group_size)]
@@ -110,6 +149,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     raise RuntimeError(f"env pool returned {len(current)} results for {num} slots")
   current = list(current[:num])
   memories = [prompts.EpisodeMemory(_task_description(env_name, r)) for r in current]
+  subgoals = [hiper.NO_SUBGOAL] * num  # HiPER: current subgoal of each slot
   task_types = [r.info.get("task_type", "") for r in current]
   active = [not r.done for r in current]
   rows: list[StepRow] = []
@@ -121,25 +161,49 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     slots = [i for i in range(num) if active[i]]
     if not slots:
       break
-    texts = [prompts.render_prompt(env_name, memories[i], current[i].observation,
-                                   current[i].admissible_actions, history_length) for i in slots]
+    if on_step is not None:
+      on_step(t, max_steps, len(slots))
+    if is_hiper:
+      shown = {i: hiper.observation_text(env_name, current[i]) for i in slots}
+      texts = [hiper.render_prompt(env_name, memories[i], shown[i], current[i].admissible_actions,
+                                   history_length, subgoals[i]) for i in slots]
+    else:
+      shown = {i: current[i].observation for i in slots}
+      texts = [prompts.render_prompt(env_name, memories[i], current[i].observation,
+                                     current[i].admissible_actions, history_length) for i in slots]
     prompt_ids = [_encode_prompt(tokenizer, x, max_prompt_tokens) for x in texts]
-    allowed = [list(current[i].admissible_actions) for i in slots] if constrained else None
+    allowed, extra = None, {}
+    if constrained:
+      allowed = [projection.free_query_actions(current[i].admissible_actions, free_query_tokens)
+                 for i in slots]
+      if is_hiper:
+        allowed = [hiper.constrained_responses(a, subgoals[i], t == 0, subgoal_tokens)
+                   for a, i in zip(allowed, slots)]
+        extra = {"constraint": hiper.RESPONSE_CONSTRAINT}
     start = time.perf_counter()
-    out = sampler.generate(prompt_ids, sampling, jax.random.fold_in(rng, t), allowed=allowed)
+    out = sampler.generate(prompt_ids, sampling, jax.random.fold_in(rng, t), allowed=allowed,
+                           **extra)
     t_gen += time.perf_counter() - start
 
     actions: list[str | None] = [None] * num
     step_rows = {}
     for j, i in enumerate(slots):
-      action, valid = projection.project_action(out.texts[j], fallback_chars,
-                                                require_think=not constrained)
+      hiper_fields = {}
+      if is_hiper:
+        parsed = hiper.parse_response(out.texts[j], fallback_chars)
+        action, valid = parsed.action, parsed.valid
+        tags = hiper.token_tags(hiper.token_texts(tokenizer, out.tokens[j]))
+        hiper_fields = dict(switch=parsed.switch, subgoal=parsed.subgoal, token_tags=tags)
+        subgoals[i] = parsed.subgoal if parsed.subgoal is not None else hiper.NO_SUBGOAL
+      else:
+        action, valid = projection.project_action(out.texts[j], fallback_chars,
+                                                  require_think=not constrained)
       actions[i] = action
       step_rows[i] = StepRow(
           group=i // group_size, traj=i, step=t, task_id=task_ids[i], task_type=task_types[i],
           anchor_obs=current[i].anchor_obs, prompt_ids=prompt_ids[j],
           response_ids=list(out.tokens[j]), sample_logprobs=np.asarray(out.logprobs[j]),
-          response=out.texts[j], action=action, valid=valid)
+          response=out.texts[j], action=action, valid=valid, **hiper_fields)
     start = time.perf_counter()
     results = pool.step(actions)
     t_env += time.perf_counter() - start
@@ -153,7 +217,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
       row.reward, row.won = float(res.reward), bool(res.won)
       row.done = bool(res.done) and not truncated
       rows.append(row)
-      memories[i].add(current[i].observation, row.action)
+      memories[i].add(shown[i], row.action)
       current[i] = res
       returns[i] += row.reward
       won[i] |= row.won

@@ -28,6 +28,21 @@ Supported constraint modes (`ActionConstraint`):
     "<think>" section); once the decoded text ends with `prefix` the response is forced to
     continue with `a + suffix` for one allowed `a`. A token that would complete `prefix`
     and continue past it is masked, so the constraint always starts at a token boundary.
+
+Free spans (`FreeSpan`). An allowed entry may be a tuple of pieces instead of a string:
+fixed text and free spans, e.g. `("search[", FreeSpan(8, "[]<>"), "]")` for a WebShop query
+or HiPER's `("<switch>SWITCH</switch><subgoal>", FreeSpan(12, "<>"), "</subgoal><action>go
+to desk 1</action>")`. The fixed text between free spans is tokenized as one string (with
+the prefix/suffix of the constraint); a free span becomes a *free node* of the trie. At a
+free node the model may write between `min_tokens` and `max_tokens` free tokens (any token
+whose text is non-empty, printable (no newline or control character), not whitespace
+only, not special, not a partial UTF-8 character and holds no character of `forbidden`), then it must take one of the node's edges, i.e.
+start the fixed text that follows (earlier when the shortest completion would otherwise no
+longer fit in `max_new_tokens`; then also before `min_tokens`). That text must begin with a forbidden character, so a
+free token can never be mistaken for the start of the terminator, and the free text never
+contains the terminator. Several allowed entries sharing a fixed prefix share the free node
+(one free span, then a choice among the continuations: a choice among alternatives is the
+same trie as without free spans).
 """
 
 import dataclasses
@@ -159,6 +174,54 @@ class ActionConstraint:
 
 
 @dataclasses.dataclass(frozen=True)
+class FreeSpan:
+  """A free part of an allowed response (see the module docstring); its tokens are the ones
+  `free_token_mask` allows.
+
+  Attributes:
+    max_tokens: most free tokens (the length cap); then the fixed text must follow.
+    forbidden: characters no free token may contain; must include the first character
+      of the fixed text that ends the span (its terminator).
+    min_tokens: fewest free tokens before the terminator may start.
+  """
+  max_tokens: int
+  forbidden: str
+  min_tokens: int = 1
+
+  def __post_init__(self):
+    if not 0 <= self.min_tokens <= self.max_tokens or self.max_tokens < 1:
+      raise ValueError(f"FreeSpan(max_tokens={self.max_tokens}, min_tokens={self.min_tokens}): "
+                       "need 0 <= min_tokens <= max_tokens and max_tokens >= 1.")
+    if not self.forbidden:
+      raise ValueError("FreeSpan.forbidden must name at least the terminator's first character.")
+
+
+def split_placeholder(text: str, placeholder: str, span: FreeSpan):
+  """`text` with every `placeholder` replaced by the free `span` (a tuple of pieces), or
+  `text` unchanged when it does not contain the placeholder.
+
+  >>> split_placeholder("search[<your query>]", "<your query>", FreeSpan(8, "[]"))
+  ('search[', FreeSpan(max_tokens=8, forbidden='[]', min_tokens=1), ']')
+  """
+  if placeholder not in text:
+    return text
+  parts = text.split(placeholder)
+  pieces = [parts[0]]
+  for part in parts[1:]:
+    pieces += [span, part]
+  return tuple(p for p in pieces if not isinstance(p, str) or p)
+
+
+def free_token_mask(token_strings: Sequence[str], forbidden: str, special_ids=()) -> np.ndarray:
+  """bool[V]: the tokens a free span with these forbidden characters may write."""
+  mask = np.array([bool(t) and t.isprintable() and not t.isspace() and "\ufffd" not in t
+                   and not any(ch in t for ch in forbidden) for t in token_strings], bool)
+  special = [i for i in special_ids if 0 <= i < len(mask)]
+  mask[special] = False
+  return mask
+
+
+@dataclasses.dataclass(frozen=True)
 class ConstraintTries:
   """Per-row token tries packed as padded edge lists.
 
@@ -171,6 +234,12 @@ class ConstraintTries:
     terminal: bool[B, N] node ends an allowed sequence.
     has_children: bool[B, N] node has at least one outgoing edge.
     active: bool[B] the row is constrained (rows given no allowed strings are free).
+    free_class: i32[B, N] index into `free_forbidden` of a free node's span, -1 elsewhere.
+    free_min: i32[B, N] FreeSpan.min_tokens of a free node (0 elsewhere).
+    free_max: i32[B, N] FreeSpan.max_tokens of a free node (0 elsewhere).
+    to_leaf: i32[B, N] fewest tokens from the node to the end of an allowed sequence (the
+      sampler stops a free span early when the rest would not fit in max_new_tokens).
+    free_forbidden: the `forbidden` strings of the free-span classes, in class order.
   """
   edge_parent: np.ndarray
   edge_token: np.ndarray
@@ -178,38 +247,82 @@ class ConstraintTries:
   terminal: np.ndarray
   has_children: np.ndarray
   active: np.ndarray
+  free_class: np.ndarray = None
+  free_min: np.ndarray = None
+  free_max: np.ndarray = None
+  to_leaf: np.ndarray = None
+  free_forbidden: tuple[str, ...] = ()
 
 
-def constrained_token_sequences(allowed: Sequence[str], constraint: ActionConstraint,
-                                encode) -> list[list[int]]:
-  """Token-id sequences of the constrained part for each allowed string.
+def _chunks(entry, constraint: ActionConstraint) -> list:
+  """`prefix + entry + suffix` as alternating fixed strings and FreeSpans (checked)."""
+  pieces = (entry,) if isinstance(entry, str) else tuple(entry)
+  chunks: list = [constraint.prefix]
+  for piece in pieces + (constraint.suffix,):
+    if isinstance(piece, FreeSpan):
+      if isinstance(chunks[-1], FreeSpan):
+        raise ValueError(f"Allowed entry {entry!r}: two free spans in a row; put fixed text "
+                         "(the first span's terminator) between them.")
+      chunks.append(piece)
+    elif isinstance(piece, str):
+      if isinstance(chunks[-1], str):
+        chunks[-1] += piece
+      else:
+        chunks.append(piece)
+    else:
+      raise ValueError(f"Allowed entry {entry!r}: pieces must be str or FreeSpan, got "
+                       f"{type(piece).__name__}.")
+  for i, chunk in enumerate(chunks):
+    if isinstance(chunk, FreeSpan):
+      after = chunks[i + 1] if i + 1 < len(chunks) else ""
+      if not after or after[0] not in chunk.forbidden:
+        raise ValueError(f"Allowed entry {entry!r}: a free span must be followed by fixed text "
+                         f"whose first character is in its forbidden set {chunk.forbidden!r}.")
+  return chunks
+
+
+def constrained_token_sequences(allowed: Sequence, constraint: ActionConstraint,
+                                encode) -> list[list]:
+  """Token-id sequences of the constrained part for each allowed entry.
 
   Whole-response mode tokenizes `prefix + a + suffix` as one string. Free-prefix mode
   wants the tokens that follow `prefix`: it tokenizes `prefix + a + suffix` and drops the
   leading tokens of `prefix` when the tokenization starts with them (the in-context
-  tokenization), else tokenizes `a + suffix` alone.
+  tokenization), else tokenizes `a + suffix` alone. An entry made of pieces (see
+  `FreeSpan`) gives token ids with the FreeSpan objects in place, each fixed stretch
+  tokenized as one string.
   """
   sequences = []
   prefix_ids = list(encode(constraint.prefix)) if constraint.free_prefix else []
-  for text in allowed:
-    ids = list(encode(constraint.prefix + text + constraint.suffix))
-    if constraint.free_prefix:
-      if ids[:len(prefix_ids)] == prefix_ids:
-        ids = ids[len(prefix_ids):]
-      else:
-        ids = list(encode(text + constraint.suffix))
-    if not ids:
-      raise ValueError(f"Allowed string {text!r} with {constraint} tokenizes to nothing; "
+  for entry in allowed:
+    chunks = _chunks(entry, constraint)
+    seq: list = []
+    for i, chunk in enumerate(chunks):
+      if isinstance(chunk, FreeSpan):
+        seq.append(chunk)
+        continue
+      ids = list(encode(chunk)) if chunk else []
+      if i == 0 and constraint.free_prefix:
+        if ids[:len(prefix_ids)] == prefix_ids:
+          ids = ids[len(prefix_ids):]
+        else:
+          rest = chunk[len(constraint.prefix):]
+          ids = list(encode(rest)) if rest else []
+      seq += ids
+    if not seq:
+      raise ValueError(f"Allowed string {entry!r} with {constraint} tokenizes to nothing; "
                        "give a non-empty allowed string or a prefix/suffix.")
-    sequences.append(ids)
+    sequences.append(seq)
   return sequences
 
 
-def build_tries(sequences_per_row: Sequence[Sequence[Sequence[int]]], batch_size: int) -> ConstraintTries:
+def build_tries(sequences_per_row: Sequence[Sequence[Sequence]], batch_size: int
+                ) -> ConstraintTries:
   """Packs one token trie per row into padded edge arrays.
 
   Args:
-    sequences_per_row: for each row, the allowed token-id sequences; an empty list
+    sequences_per_row: for each row, the allowed token-id sequences (with `FreeSpan`
+      items where a free span starts, from `constrained_token_sequences`); an empty list
       leaves the row unconstrained. Rows beyond len(sequences_per_row) up to batch_size
       are unconstrained padding rows.
     batch_size: B of the packed arrays (the batch bucket).
@@ -217,12 +330,20 @@ def build_tries(sequences_per_row: Sequence[Sequence[Sequence[int]]], batch_size
     ConstraintTries with E and N padded to powers of two (>= 16).
   """
   rows = []
+  classes: dict[str, int] = {}
   for sequences in sequences_per_row:
     children: list[dict[int, int]] = [{}]
     terminal = [False]
+    free: dict[int, FreeSpan] = {}
     for seq in sequences:
       node = 0
       for token in seq:
+        if isinstance(token, FreeSpan):
+          if free.setdefault(node, token) != token:
+            raise ValueError(f"two different free spans ({free[node]}, {token}) start after the "
+                             "same fixed text; give them the same FreeSpan.")
+          classes.setdefault(token.forbidden, len(classes))
+          continue
         token = int(token)
         if token not in children[node]:
           children[node][token] = len(children)
@@ -230,8 +351,8 @@ def build_tries(sequences_per_row: Sequence[Sequence[Sequence[int]]], batch_size
           terminal.append(False)
         node = children[node][token]
       terminal[node] = True
-    rows.append((children, terminal))
-  max_nodes = max([len(t) for _, t in rows], default=1)
+    rows.append((children, terminal, free))
+  max_nodes = max([len(t) for _, t, _ in rows], default=1)
   num_nodes = _bucket(max_nodes, 16)
   num_edges = _bucket(max_nodes - 1, 16)  # a trie has nodes - 1 edges
   parent = np.full((batch_size, num_edges), -1, np.int32)
@@ -240,12 +361,27 @@ def build_tries(sequences_per_row: Sequence[Sequence[Sequence[int]]], batch_size
   term = np.zeros((batch_size, num_nodes), bool)
   has_children = np.zeros((batch_size, num_nodes), bool)
   active = np.zeros((batch_size,), bool)
-  for b, (children, terminal) in enumerate(rows):
-    if len(children) == 1:
+  free_class = np.full((batch_size, num_nodes), -1, np.int32)
+  free_min = np.zeros((batch_size, num_nodes), np.int32)
+  free_max = np.zeros((batch_size, num_nodes), np.int32)
+  to_leaf = np.zeros((batch_size, num_nodes), np.int32)
+  for b, (children, terminal, free) in enumerate(rows):
+    if len(children) == 1 and not free:
       continue
     active[b] = True
     edges = [(p, t, c) for p, kids in enumerate(children) for t, c in kids.items()]
-    parent[b, :len(edges)], token_[b, :len(edges)], child[b, :len(edges)] = np.array(edges).T
+    if edges:
+      parent[b, :len(edges)], token_[b, :len(edges)], child[b, :len(edges)] = np.array(edges).T
     term[b, :len(terminal)] = terminal
     has_children[b, :len(children)] = [bool(k) for k in children]
-  return ConstraintTries(parent, token_, child, term, has_children, active)
+    for node, span in free.items():
+      free_class[b, node] = classes[span.forbidden]
+      free_min[b, node], free_max[b, node] = span.min_tokens, span.max_tokens
+      has_children[b, node] = True  # a free node is never a leaf
+    # Children are created after their parents, so a reverse sweep sees every child first.
+    for node in range(len(children) - 1, -1, -1):
+      if not terminal[node]:
+        to_leaf[b, node] = 1 + min(to_leaf[b, c] for c in children[node].values())
+  forbidden = tuple(sorted(classes, key=classes.get))
+  return ConstraintTries(parent, token_, child, term, has_children, active, free_class, free_min,
+                         free_max, to_leaf, forbidden)

@@ -20,6 +20,11 @@ Query slot q attends key slot s iff P - n_b <= s <= q.
 Per-token randomness: token j of row b uses `fold_in(fold_in(rng, j), b)`, so a row's
 sample does not depend on the batch bucket or on how the batch is sharded.
 
+Constraints (`allowed`): per row a token trie (`hgpo_jax.sampling.constrained`), possibly
+with free spans (a free query inside `search[...]`, a HiPER subgoal): at a free node the
+row writes free tokens (a per-class token mask) up to the span's cap, and never so many that
+the shortest completion of the trie would no longer fit in max_new_tokens.
+
 Compilation: the jitted function is keyed by the shapes (Bb, P, automaton/trie sizes) and
 the static flags (max_new_tokens, greedy, top-k/top-p on, constraint mode, ignore_eos).
 Temperature, top_k and top_p values are traced scalars, so training (T = 1.0) and
@@ -41,6 +46,9 @@ from hgpo_jax.models import sharding
 from hgpo_jax.sampling import constrained
 
 STOP_REASONS = ("running", "eos", "stop_string", "constraint", "length")
+# ConstraintTries arrays passed to the jitted program, in argument order.
+_TRIE_ARRAYS = ("edge_parent", "edge_token", "edge_child", "terminal", "has_children", "active",
+                "free_class", "free_min", "free_max", "to_leaf")
 _EOS, _STOP, _CONSTRAINT, _LENGTH = 1, 2, 3, 4
 # Phases of a row under a constraint.
 _FREE, _WAIT_TRIGGER, _IN_TRIE = 0, 1, 2
@@ -176,6 +184,7 @@ class Sampler:
     self.pad_id = int(tokenizer.pad_id)
     self._token_strings = None
     self._automata: dict[tuple[str, ...], constrained.TokenAutomaton] = {}
+    self._free_masks: dict[str, np.ndarray] = {}
     self.num_compilations = 0  # traces of the jitted program (one per new bucket/flags)
     self._jit_generate = jax.jit(
         self._generate_device,
@@ -196,6 +205,17 @@ class Sampler:
     if patterns not in self._automata:
       self._automata[patterns] = constrained.build_token_automaton(patterns, self.token_strings())
     return self._automata[patterns]
+
+  def free_mask(self, forbidden: str) -> np.ndarray:
+    """bool[V]: tokens a free span may write (`constrained.free_token_mask`), built once."""
+    if forbidden not in self._free_masks:
+      special = set(self.eos_ids) | {self.pad_id}
+      backend = getattr(self.tokenizer, "backend", None)
+      if backend is not None and hasattr(backend, "get_added_tokens_decoder"):
+        special |= {int(i) for i, t in backend.get_added_tokens_decoder().items() if t.special}
+      self._free_masks[forbidden] = constrained.free_token_mask(
+          self.token_strings(), forbidden, sorted(special))
+    return self._free_masks[forbidden]
 
   def _place(self, x):
     """Puts a host array on the mesh, split over the batch axes on its leading dim."""
@@ -220,7 +240,8 @@ class Sampler:
       params: SamplingParams.
       rng: a JAX PRNG key.
       allowed: optional, per prompt, the strings the response must choose from (see
-        `hgpo_jax.sampling.constrained`); an empty list leaves that row free.
+        `hgpo_jax.sampling.constrained`); an entry may also be a tuple of pieces with free
+        spans (`constrained.FreeSpan`); an empty list leaves that row free.
       constraint: how allowed strings appear in the response.
     Returns:
       SampleOutput.
@@ -255,6 +276,7 @@ class Sampler:
 
     stop_table = (self.automaton(tuple(params.stop_strings)).table if params.stop_strings
                   else np.zeros((1, vocab), np.int32))
+    free_masks = np.zeros((2, vocab), bool)
     if mode == _NO_CONSTRAINT:
       tries = constrained.build_tries([], 1)
       trigger_table = np.zeros((1, vocab), np.int32)
@@ -265,7 +287,13 @@ class Sampler:
       tries = constrained.build_tries(sequences, batch)
       trigger_table = (self.automaton((constraint.prefix,)).table if mode == _FREE_PREFIX
                        else np.zeros((1, vocab), np.int32))
-      bad = [t for seqs in sequences for s in seqs for t in s if not 0 <= t < vocab]
+      bad = [t for seqs in sequences for s in seqs for t in s
+             if not isinstance(t, constrained.FreeSpan) and not 0 <= t < vocab]
+      # Free-span classes: [C, V] with C a power of two (>= 2), so batches with and without
+      # free spans share one program.
+      free_masks = np.zeros((constrained._bucket(len(tries.free_forbidden), 2), vocab), bool)
+      for c, forbidden in enumerate(tries.free_forbidden):
+        free_masks[c] = self.free_mask(forbidden)
       if bad:
         raise ValueError(f"Sampler.generate: allowed strings tokenize to ids {bad[:3]} outside "
                          f"the model's vocabulary of {vocab}.")
@@ -276,7 +304,8 @@ class Sampler:
         self.model, self._place(tokens_bp), self._place(lengths_b), self._place(row_valid_b),
         rng, rep(np.float32(max(params.temperature, 1e-6))), rep(np.int32(params.top_k)),
         rep(np.float32(params.top_p)), rep(stop_table), np.bool_(bool(params.stop_strings)),
-        rep(trigger_table), *(by_row(getattr(tries, f.name)) for f in dataclasses.fields(tries)),
+        rep(trigger_table), *(by_row(getattr(tries, name)) for name in _TRIE_ARRAYS),
+        rep(free_masks),
         max_new_tokens=max_new, greedy=greedy, filtered=filtered, constraint_mode=mode,
         ignore_eos=params.ignore_eos)
     out_tokens, out_logp, num_b, reason_b = jax.device_get(out)
@@ -318,7 +347,8 @@ class Sampler:
   # --------------------------------------------------------------------------- device side
   def _generate_device(self, model, tokens_bp, lengths_b, row_valid_b, rng, temperature, top_k,
                        top_p, stop_table, use_stop, trigger_table, edge_parent_be, edge_token_be,
-                       edge_child_be, terminal_bn, has_children_bn, constrained_b, *,
+                       edge_child_be, terminal_bn, has_children_bn, constrained_b, free_class_bn,
+                       free_min_bn, free_max_bn, to_leaf_bn, free_masks_cv, *,
                        max_new_tokens, greedy, filtered, constraint_mode, ignore_eos):
     """The jitted program: prefill + while_loop decode. Returns (tokens i32[B, M],
     logprobs f32[B, M], lengths i32[B], stop reasons i32[B]) (indices of STOP_REASONS)."""
@@ -364,9 +394,26 @@ class Sampler:
       at_terminal_b = jnp.take_along_axis(terminal_bn, node_b[:, None], axis=1)[:, 0]
       return allowed_bv | (at_terminal_b[:, None] & eos_v[None, :])
 
+    def at_node(table_bn, node_b):
+      return jnp.take_along_axis(table_bn, node_b[:, None], axis=1)[:, 0]
+
+    def constraint_allowed(node_b, free_count_b, step):
+      """bool[B, V] tokens allowed at a trie node; at a free node also the free tokens
+      (below the cap, and while the shortest completion still fits in max_new_tokens),
+      and its edges once `min_tokens` free tokens were written or no more may be."""
+      edges_bv = trie_allowed(node_b)
+      free_class_b = at_node(free_class_bn, node_b)
+      is_free_b = free_class_b >= 0
+      free_bv = free_masks_cv[jnp.maximum(free_class_b, 0)]
+      fits_b = step + 1 + at_node(to_leaf_bn, node_b) <= max_new_tokens
+      may_write_b = (free_count_b < at_node(free_max_bn, node_b)) & fits_b
+      may_end_b = (free_count_b >= at_node(free_min_bn, node_b)) | ~may_write_b
+      at_free_bv = (edges_bv & may_end_b[:, None]) | (free_bv & may_write_b[:, None])
+      return jnp.where(is_free_b[:, None], at_free_bv, edges_bv), is_free_b
+
     def body(carry):
       (step, cache, prev_b, toks_bm, logp_bm, done_b, reason_b, num_b, stop_state_b, phase_b,
-       trigger_state_b, node_b) = carry
+       trigger_state_b, node_b, free_count_b) = carry
       slot = plen - 1 + step
       positions_b1 = (lengths_b - 1 + step)[:, None]
       mask_b1s = ((slot_s[None, :] <= slot) & (slot_s[None, :] >= pad_b[:, None]))[:, None, :]
@@ -378,7 +425,8 @@ class Sampler:
       masked_bv = logits_bv
       if constraint_mode != _NO_CONSTRAINT:
         in_trie_b = phase_b == _IN_TRIE
-        masked_bv = jnp.where(in_trie_b[:, None] & ~trie_allowed(node_b), -jnp.inf, masked_bv)
+        allowed_bv, is_free_b = constraint_allowed(node_b, free_count_b, step)
+        masked_bv = jnp.where(in_trie_b[:, None] & ~allowed_bv, -jnp.inf, masked_bv)
         if constraint_mode == _FREE_PREFIX:
           # Tokens that would finish the trigger and run past it are banned, so the trie
           # always starts on a token boundary.
@@ -404,15 +452,20 @@ class Sampler:
         match_be = (edge_parent_be == node_b[:, None]) & (edge_token_be == token_b[:, None])
         child_b = jnp.sum(jnp.where(match_be, edge_child_be, 0), axis=1)
         child_is_leaf_b = ~jnp.take_along_axis(has_children_bn, child_b[:, None], axis=1)[:, 0]
-        finished_constraint_b = in_trie_b & jnp.any(match_be, axis=1) & child_is_leaf_b
+        took_edge_b = in_trie_b & jnp.any(match_be, axis=1)
+        finished_constraint_b = took_edge_b & child_is_leaf_b
         # Stop strings inside the forced text are the caller's own strings: not a stop.
         stop_hit_b = stop_hit_b & ~in_trie_b
-        node_b = jnp.where(in_trie_b, child_b, node_b)
+        # A token at a free node that is no edge is a free token: stay, count it.
+        wrote_free_b = in_trie_b & is_free_b & ~took_edge_b
+        node_b = jnp.where(took_edge_b, child_b, node_b)
+        free_count_b = jnp.where(took_edge_b, 0, free_count_b + wrote_free_b.astype(jnp.int32))
         if constraint_mode == _FREE_PREFIX:
           next_trigger_b = trigger_table[trigger_state_b, token_b]
           entered_b = (phase_b == _WAIT_TRIGGER) & (next_trigger_b == constrained.MATCH)
           phase_b = jnp.where(entered_b, _IN_TRIE, phase_b)
           node_b = jnp.where(entered_b, 0, node_b)
+          free_count_b = jnp.where(entered_b, 0, free_count_b)
           trigger_state_b = jnp.maximum(next_trigger_b, 0)
 
       new_reason_b = jnp.select(
@@ -421,7 +474,7 @@ class Sampler:
       reason_b = jnp.where(live_b & (new_reason_b > 0), new_reason_b, reason_b)
       done_b = done_b | (new_reason_b > 0)
       return (step + 1, cache, token_b, toks_bm, logp_bm, done_b, reason_b, num_b, stop_state_b,
-              phase_b, trigger_state_b, node_b)
+              phase_b, trigger_state_b, node_b, free_count_b)
 
     def cond(carry):
       step, done_b = carry[0], carry[5]
@@ -437,7 +490,7 @@ class Sampler:
     carry = (jnp.int32(0), cache, tokens_bp[:, -1],
              jnp.full((batch, max_new_tokens), self.pad_id, jnp.int32),
              jnp.zeros((batch, max_new_tokens), jnp.float32), ~row_valid_b, zeros_b, zeros_b,
-             zeros_b, phase_b.astype(jnp.int32), zeros_b, zeros_b)
+             zeros_b, phase_b.astype(jnp.int32), zeros_b, zeros_b, zeros_b)
     carry = jax.lax.while_loop(cond, body, carry)
     return carry[3], carry[4], carry[7], carry[6]
 

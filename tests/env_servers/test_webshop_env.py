@@ -171,3 +171,13 @@ def test_step_result_round_trip(env):
   assert result.anchor_obs == info[base.ANCHOR_OBS]
   assert result.admissible_actions == info[base.ADMISSIBLE]
   assert result.info["action_valid"] == "True" and result.info["task_type"]
+
+
+@pytest.mark.parametrize("template", ["search[<your query>]", "search[ <Your Query> ]"])
+def test_the_listed_search_template_is_not_a_query(env, template):
+  obs0, info = env.reset(options={"task_id": "train-0003"})
+  assert info[base.ADMISSIBLE] == ["search[<your query>]"]
+  obs, reward, terminated, truncated, info = env.step(template)
+  assert obs == obs0 and info["page"] == "search" and info["steps"] == 1
+  assert (reward, terminated, truncated, info["action_valid"]) == (0.0, False, False, False)
+  assert env.step("search[lamp]")[4]["action_valid"] is True  # a real query still works

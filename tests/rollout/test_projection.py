@@ -1,4 +1,4 @@
-"""Action projection (spec §1): validity rules and the fallback text."""
+"""Action projection (docs/algorithms.md §1): validity rules and the fallback text."""
 
 import pytest
 

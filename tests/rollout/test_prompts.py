@@ -1,4 +1,4 @@
-"""Prompt templates and the memory window (spec §1)."""
+"""Prompt templates and the memory window (docs/algorithms.md §1)."""
 
 from hgpo_jax.rollout import prompts
 
