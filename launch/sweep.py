@@ -1,4 +1,20 @@
-r"""Sweeps: run a grid of (config variant x seed) and regenerate a results table.
+r"""Sweeps: run a named suite (or a grid of config variants x seeds) and render its results.
+
+  # a named suite (launch/suites.py): environments x methods x seeds, resumable
+  python -m launch.sweep plan --suite mini            # the runs, their status, the workload
+  python -m launch.sweep suite --suite mini [--envs alfworld_mini] [--methods grpo gigpo] \
+      [--seeds 123] [--root workdirs/sweeps] [--print]
+  # tables and curves from the run directories: results/mini.md, .csv, _curves.png
+  python -m launch.sweep render --suite mini [--root workdirs/sweeps] [--out results]
+
+A suite run skips every finished run (its metrics.jsonl holds the final evaluation),
+re-launches unfinished ones in the same workdir, where the trainer resumes from the
+latest checkpoint, and lists cells that cannot run yet (the config or the trainer's
+validation refuses them: e.g. an estimator that is not trainable yet) as pending; the
+table keeps their rows, marked pending. Every run is a subprocess with
+PYTHONHASHSEED=0, its console output in `<workdir>/log.txt`.
+
+The older grid interface (one config file, explicit variants):
 
   # run (sequentially on this machine; on a cluster, --print emits one command per line)
   python -m launch.sweep run --name alf_k2 --root workdirs/sweeps \
@@ -25,6 +41,11 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
+from typing import Callable
+
+from launch import report
+from launch import suites as suites_lib
 
 
 def _run_dir(root: str, name: str, variant: str, seed: int) -> str:
@@ -118,9 +139,151 @@ def _has(pkg: str) -> bool:
     return False
 
 
+# ---------------------------------------------------------------------------------------
+# Named suites
+# ---------------------------------------------------------------------------------------
+Runner = Callable[[list, str], int]
+
+
+def subprocess_runner(cmd: list, workdir: str) -> int:
+  """Runs one trainer/evaluator command from the repository root; output -> log.txt."""
+  os.makedirs(workdir, exist_ok=True)
+  env = dict(os.environ, PYTHONHASHSEED="0")
+  with open(os.path.join(workdir, "log.txt"), "a", encoding="utf-8") as log:
+    log.write(f"$ {shlex.join(cmd)}\n")
+    log.flush()
+    return subprocess.call(cmd, cwd=suites_lib.REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                           env=env)
+
+
+def _select(suite: suites_lib.Suite, envs, methods, seeds):
+  envs = [suite.env(e) for e in envs] if envs else list(suite.environments)
+  methods = [suite.method(m) for m in methods] if methods else list(suite.methods)
+  seeds = list(seeds) if seeds else list(suite.seeds)
+  unknown = [s for s in seeds if s not in suite.seeds]
+  if unknown:
+    raise ValueError(f"seeds {unknown} are not seeds of suite {suite.name!r} {list(suite.seeds)}")
+  return envs, methods, seeds
+
+
+def plan_suite(suite: suites_lib.Suite, root: str, envs=None, methods=None, seeds=None,
+               pending=None, python: str = sys.executable, extra=()) -> list[dict]:
+  """One entry per run: env, method, seed, workdir, status (done|todo|pending), command.
+
+  `extra`: "a.b=value" overrides appended to every command (smoke checks of the wiring;
+  use another --root, the table of a suite is made without them)."""
+  pending = pending or suites_lib.pending_reason
+  envs, methods, seeds = _select(suite, envs, methods, seeds)
+  out = []
+  for env in envs:
+    for method in methods:
+      reason = pending(env, method)
+      for seed in seeds:
+        workdir = suites_lib.run_dir(root, suite, env.name, method.name, seed)
+        status = "pending" if reason else ("done" if report.is_finished(workdir) else "todo")
+        out.append({"env": env.name, "method": method.name, "seed": seed, "workdir": workdir,
+                    "status": status, "reason": reason or "",
+                    "command": suites_lib.command(root, suite, env, method, seed, python)
+                               + [f"--config.{o}" for o in extra]})
+  return out
+
+
+def run_suite(suite: suites_lib.Suite, root: str, envs=None, methods=None, seeds=None,
+              runner: Runner = subprocess_runner, pending=None, log=print, extra=()) -> int:
+  """Runs every unfinished, non-pending run of the selection; returns the failure count."""
+  failures = 0
+  for entry in plan_suite(suite, root, envs, methods, seeds, pending, extra=extra):
+    tag = f"{entry['env']}/{entry['method']}/seed_{entry['seed']}"
+    if entry["status"] == "pending":
+      log(f"[sweep] pending  {tag}: {entry['reason']}")
+      continue
+    if entry["status"] == "done":
+      log(f"[sweep] done     {tag} (skipped)")
+      continue
+    log(f"[sweep] run      {tag}: {shlex.join(entry['command'])}")
+    t0 = time.perf_counter()
+    rc = runner(entry["command"], entry["workdir"])
+    if rc != 0 or not report.is_finished(entry["workdir"]):
+      failures += 1
+      log(f"[sweep] FAILED   {tag} (exit code {rc}); see {entry['workdir']}/log.txt")
+    else:
+      log(f"[sweep] finished {tag} in {time.perf_counter() - t0:.0f} s")
+  return failures
+
+
+def _suite_main(args) -> int:
+  suite = suites_lib.get_suite(args.suite)
+  if args.cmd == "render":
+    command = "python -m launch.sweep render " + shlex.join(
+        ["--suite", args.suite, "--root", args.root, "--out", args.out])
+    paths = report.render(args.root, suite, args.out, command)
+    for kind in ("md", "csv", "png"):
+      print(f"wrote {paths[kind]}")
+    return 0
+  entries = plan_suite(suite, args.root, args.envs, args.methods, args.seeds, extra=args.override)
+  if args.cmd == "plan" or args.print:
+    counts = collections.Counter(e["status"] for e in entries)
+    for e in entries:
+      if args.print:
+        if e["status"] == "todo":
+          print(shlex.join(e["command"]))
+      else:
+        reason = f"  ({e['reason']})" if e["reason"] else ""
+        print(f"{e['status']:8s} {e['env']}/{e['method']}/seed_{e['seed']}{reason}")
+    if not args.print:
+      todo = [e for e in entries if e["status"] == "todo"]
+      iters = sum(_iterations(suite, e) for e in todo)
+      evals = sum(_evaluations(suite, e) for e in todo)
+      print(f"{len(entries)} runs: {dict(sorted(counts.items()))}; to run: {len(todo)} runs, "
+            f"{iters} training iterations, {evals} evaluations")
+      if args.iteration_s or args.eval_s:
+        hours = (iters * args.iteration_s + evals * args.eval_s) / 3600
+        print(f"estimated wall time: {hours:.1f} h at {args.iteration_s:g} s per iteration and "
+              f"{args.eval_s:g} s per evaluation")
+    return 0
+  failures = run_suite(suite, args.root, args.envs, args.methods, args.seeds, extra=args.override)
+  print(f"[sweep] {failures} failed run(s)" if failures else "[sweep] all selected runs finished"
+        f"; render: python -m launch.sweep render --suite {suite.name} --root {args.root}")
+  return 1 if failures else 0
+
+
+def _evaluations(suite: suites_lib.Suite, entry: dict) -> int:
+  """Periodic evaluations plus the final one (an evaluation-only run: 1)."""
+  if suite.method(entry["method"]).kind == suites_lib.PROMPTED:
+    return 1
+  o = suite.env(entry["env"]).overrides
+  every = int(o.get("eval.every", 0))
+  return (_iterations(suite, entry) // every if every else 0) + int(bool(o.get("eval.at_end", True)))
+
+
+def _iterations(suite: suites_lib.Suite, entry: dict) -> int:
+  method = suite.method(entry["method"])
+  if method.kind == suites_lib.PROMPTED:
+    return 0
+  return int(suite.env(entry["env"]).overrides.get("train.num_iterations", 0))
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = p.add_subparsers(dest="cmd", required=True)
+  for name in ("suite", "plan", "render"):
+    s = sub.add_parser(name)
+    s.add_argument("--suite", required=True, choices=sorted(suites_lib.SUITES))
+    s.add_argument("--root", default="workdirs/sweeps")
+    if name == "render":
+      s.add_argument("--out", default="results")
+    else:
+      s.add_argument("--envs", nargs="*", default=None)
+      s.add_argument("--methods", nargs="*", default=None)
+      s.add_argument("--seeds", nargs="*", type=int, default=None)
+      s.add_argument("--print", action="store_true",
+                     help="print the commands of the runs still to do instead of running them")
+      s.add_argument("--iteration-s", type=float, default=0.0,
+                     help="plan: seconds per training iteration for the wall-time estimate")
+      s.add_argument("--eval-s", type=float, default=0.0,
+                     help="plan: seconds per evaluation for the wall-time estimate")
+      s.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
+                     help="extra config overrides for every run (smoke checks; use another --root)")
   r = sub.add_parser("run")
   r.add_argument("--name", required=True)
   r.add_argument("--root", default="workdirs/sweeps")
@@ -133,6 +296,12 @@ def main(argv=None) -> int:
   t.add_argument("--root", required=True)
   t.add_argument("--out", default="-")
   args = p.parse_args(argv)
+  if args.cmd in ("suite", "plan", "render"):
+    try:
+      return _suite_main(args)
+    except ValueError as e:  # an unknown env/method/seed of the suite: one line, exit 2
+      print(f"launch.sweep: error: {e}", file=sys.stderr)
+      return 2
   if args.cmd == "run":
     return run(args)
   text = table(args)

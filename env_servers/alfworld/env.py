@@ -58,8 +58,10 @@ class AlfworldEnv(gym.Env):
   """One ALFWorld game at a time; `reset(options={"task_id": ...})` picks the game.
 
   Args (strings accepted, as the server passes command-line values):
-    data_dir: folder in ALFWorld's official layout (<split>/<task>/<trial>/game.tw-pddl);
-      None plays the shipped frozen set (train / valid_seen / valid_unseen).
+    data_dir: folder in ALFWorld's official layout (<split>/<task>/<trial>/game.tw-pddl),
+      or a folder of frozen sets (<split>.json.gz, e.g. env_servers/alfworld/data/mini_v1,
+      the ALFWorld-mini suite of env_servers/alfworld/mini.py); None plays the shipped
+      frozen set (train / valid_seen / valid_unseen).
     max_steps: actions per episode before truncation (ALFWorld agents use 50).
     speedup: memoise TextWorld's text generation (speedup.py; identical transcripts).
       The patch is process-wide: False restores the stock engine for the process.
@@ -75,7 +77,7 @@ class AlfworldEnv(gym.Env):
       speedup_lib.apply()
     else:
       speedup_lib.restore()
-    self._source = games.DataDirGames(data_dir) if data_dir else games.FrozenGames()
+    self._source = games.open_games(data_dir)
     self._engine = None
     self._task_id: str | None = None
     self._task_type = ""

@@ -312,6 +312,23 @@ class DataDirGames:
     return read_game_file(path), task_type
 
 
+def is_frozen_dir(path: str) -> bool:
+  """True if `path` is a folder of frozen sets (`<split>.json.gz`, e.g. data/mini_v1)."""
+  return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f"{s}.json.gz"))
+                                     for s in SPLITS)
+
+
+def open_games(data_dir: str | None):
+  """The game source for `data_dir`: the shipped frozen set (None or ""), a folder of
+  frozen sets (`<split>.json.gz`, e.g. `env_servers/alfworld/data/mini_v1`), or a
+  folder in ALFWorld's official layout."""
+  if not data_dir:
+    return FrozenGames()
+  if is_frozen_dir(data_dir):
+    return FrozenGames(data_dir)
+  return DataDirGames(data_dir)
+
+
 def _split_of(task_id: str) -> str:
   split = task_id.split("/", 1)[0]
   if split == task_id:

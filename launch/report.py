@@ -1,0 +1,436 @@
+r"""Results tables and curves of a suite, read from its run directories.
+
+  python -m launch.sweep render --suite mini [--root workdirs/sweeps] [--out results]
+
+writes `results/<suite>.md`, `results/<suite>.csv` and `results/<suite>_curves.png`.
+Only finished runs count (a run is finished when its metrics.jsonl holds the final
+evaluation: a line with `eval/...` keys and no `rollout/...` keys, which the trainer
+writes after its last iteration and launch.evaluate writes as its only line).
+
+Per environment and method, over the finished seeds (std = sample standard deviation):
+  * train success, last 3 iterations: per seed the mean of `rollout/success` over the
+    last 3 training iterations; mean ± std over seeds;
+  * held-out success at the end: `eval/<heldout>/success` of the final evaluation
+    (T = config.eval.temperature, 0.4); mean ± std over seeds;
+  * best held-out eval: the single largest `eval/<heldout>/success` over all seeds and
+    all evaluations of the run (periodic and final), with its seed and iteration. A
+    peak, reported as a peak: it is optimistic and is never averaged;
+  * iterations to 50 % train success: per seed the first iteration whose
+    `rollout/success` >= 0.5; mean ± std over the seeds that reached it ("k/n" when not
+    all did, "not reached" when none did);
+  * episode length and invalid-action rate of the final held-out evaluation.
+Noise marks: for each method and the reference method, the per-seed differences of
+(a) and (b) over the seeds both finished (seeds share tasks and env seeds: paired) are
+resampled 10,000 times (paired bootstrap, fixed generator seed 0); when the 95 %
+percentile interval of the mean difference contains 0, the cell is marked "≈" (within
+seed noise). With fewer than 2 paired seeds no mark is computed.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib.metadata
+import io
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from launch import suites as suites_lib
+
+LAST_K = 3  # training iterations averaged for the final train success
+THRESHOLD = 0.5  # train success for "iterations to 50 %"
+BOOTSTRAP_SAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+NOISE_MARK = "≈"
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-collections",
+            "textworld", "alfworld", "matplotlib")
+
+
+def read_metrics(path: str) -> list[dict]:
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _is_final_eval(line: dict) -> bool:
+  return (any(k.startswith("eval/") for k in line)
+          and not any(k.startswith("rollout/") for k in line))
+
+
+def is_finished(run_dir: str) -> bool:
+  """True when the run's metrics.jsonl holds its final evaluation."""
+  path = os.path.join(run_dir, "metrics.jsonl")
+  if not os.path.isfile(path):
+    return False
+  try:
+    return any(_is_final_eval(l) for l in read_metrics(path))
+  except (OSError, ValueError):
+    return False  # a line cut by a kill: not finished
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedResult:
+  """What the table reads from one finished run."""
+
+  seed: int
+  train_final: float | None  # mean rollout/success of the last LAST_K iterations
+  iters_to_threshold: int | None  # first step with rollout/success >= THRESHOLD
+  num_iterations: int
+  eval_final: float | None
+  eval_best: float | None
+  eval_best_step: int | None
+  eval_episode_length: float | None
+  eval_invalid_rate: float | None
+  train_episode_length: float | None
+  train_invalid_rate: float | None
+  curve: tuple[tuple[int, float], ...]  # (step, rollout/success)
+
+
+def _mean_last(values: Sequence[float], k: int = LAST_K) -> float | None:
+  return float(np.mean(values[-k:])) if values else None
+
+
+def summarize_run(lines: Sequence[dict], seed: int, heldout: str) -> SeedResult:
+  """Per-seed numbers from a finished run's metrics lines."""
+  train = sorted((l for l in lines if "rollout/success" in l), key=lambda l: l["step"])
+  success = [float(l["rollout/success"]) for l in train]
+  finals = [l for l in lines if _is_final_eval(l)]
+  final = finals[-1] if finals else {}
+  key = f"eval/{heldout}/success"
+  # The final evaluation (step num_iterations + 1) evaluates the weights after the last
+  # iteration: its iteration is step - 1 (0 for an evaluation-only run).
+  evals = [(float(l[key]), int(l["step"]) - (1 if train and _is_final_eval(l) else 0))
+           for l in lines if key in l]
+  best = max(evals, key=lambda e: (e[0], -e[1])) if evals else (None, None)  # earliest peak
+  reached = [int(l["step"]) for l in train if float(l["rollout/success"]) >= THRESHOLD]
+  get = lambda name: float(final[name]) if name in final else None  # noqa: E731
+  return SeedResult(
+      seed=seed,
+      train_final=_mean_last(success),
+      iters_to_threshold=reached[0] if reached else None,
+      num_iterations=int(train[-1]["step"]) if train else 0,
+      eval_final=get(key),
+      eval_best=best[0], eval_best_step=best[1],
+      eval_episode_length=get(f"eval/{heldout}/episode_length"),
+      eval_invalid_rate=get(f"eval/{heldout}/invalid_rate"),
+      train_episode_length=_mean_last([float(l["rollout/episode_length"]) for l in train
+                                       if "rollout/episode_length" in l]),
+      train_invalid_rate=_mean_last([float(l["rollout/invalid_rate"]) for l in train
+                                     if "rollout/invalid_rate" in l]),
+      curve=tuple((int(l["step"]), float(l["rollout/success"])) for l in train))
+
+
+def collect(root: str, suite: suites_lib.Suite, env: suites_lib.Environment,
+            method: suites_lib.Method) -> tuple[list[SeedResult], int]:
+  """Finished runs of one cell (in suite seed order) and the number of unfinished ones."""
+  results, unfinished = [], 0
+  for seed in suite.seeds:
+    rd = suites_lib.run_dir(root, suite, env.name, method.name, seed)
+    if is_finished(rd):
+      results.append(summarize_run(read_metrics(os.path.join(rd, "metrics.jsonl")), seed,
+                                   env.heldout_split))
+    elif os.path.isdir(rd):
+      unfinished += 1
+  return results, unfinished
+
+
+# ---------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------
+def mean_std(values: Sequence[float]) -> tuple[float, float] | None:
+  """Mean and sample standard deviation (0 for one value); None for no values."""
+  if not values:
+    return None
+  if len(values) == 1:
+    return float(values[0]), 0.0
+  return float(statistics.mean(values)), float(statistics.stdev(values))
+
+
+def paired_bootstrap(diffs: Sequence[float], samples: int = BOOTSTRAP_SAMPLES,
+                     seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+  """95 % percentile interval of the mean of `diffs` under resampling with replacement."""
+  d = np.asarray(diffs, dtype=np.float64)
+  rng = np.random.default_rng(seed)
+  idx = rng.integers(0, len(d), size=(samples, len(d)))
+  means = d[idx].mean(axis=1)
+  lo, hi = np.percentile(means, [2.5, 97.5])
+  return float(lo), float(hi)
+
+
+def within_noise(method: Sequence[SeedResult], reference: Sequence[SeedResult],
+                 field: str) -> bool | None:
+  """True if `field` differs from the reference by no more than seed noise (the paired
+  bootstrap interval of the mean difference contains 0); None with < 2 paired seeds."""
+  ref = {r.seed: getattr(r, field) for r in reference}
+  diffs = [getattr(r, field) - ref[r.seed] for r in method
+           if r.seed in ref and getattr(r, field) is not None and ref[r.seed] is not None]
+  if len(diffs) < 2:
+    return None
+  lo, hi = paired_bootstrap(diffs)
+  return lo <= 0.0 <= hi
+
+
+# ---------------------------------------------------------------------------------------
+# Table
+# ---------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Cell:
+  """One (environment, method) row of the table."""
+
+  env: suites_lib.Environment
+  method: suites_lib.Method
+  results: list[SeedResult]
+  unfinished: int = 0
+  pending: str | None = None
+  train_noise: bool | None = None
+  eval_noise: bool | None = None
+
+
+def _pct(ms: tuple[float, float] | None, n: int) -> str:
+  if ms is None:
+    return "—"
+  return f"{100 * ms[0]:.1f}" if n == 1 else f"{100 * ms[0]:.1f} ± {100 * ms[1]:.1f}"
+
+
+def _num(ms: tuple[float, float] | None, n: int, digits: int = 1) -> str:
+  if ms is None:
+    return "—"
+  return f"{ms[0]:.{digits}f}" if n == 1 else f"{ms[0]:.{digits}f} ± {ms[1]:.{digits}f}"
+
+
+def _values(results: Iterable[SeedResult], field: str) -> list[float]:
+  return [getattr(r, field) for r in results if getattr(r, field) is not None]
+
+
+def cell_columns(cell: Cell, reference: str) -> dict[str, str]:
+  """The markdown cells of one row (also the CSV's *_text columns)."""
+  m, rs = cell.method, cell.results
+  if cell.pending:
+    return {"seeds": "pending", "train": "—", "eval": "—", "best": "—", "iters": "—",
+            "length": "—", "invalid": "—", "note": cell.pending}
+  if not rs:
+    note = f"{cell.unfinished} unfinished" if cell.unfinished else "not run"
+    return {"seeds": "0", "train": "—", "eval": "—", "best": "—", "iters": "—",
+            "length": "—", "invalid": "—", "note": note}
+  n = len(rs)
+  trained = m.kind == suites_lib.TRAINED
+  ref_mark = " (ref)" if m.name == reference else ""
+  train = _pct(mean_std(_values(rs, "train_final")), n) if trained else "— (no training)"
+  if trained and cell.train_noise:
+    train += f" {NOISE_MARK}"
+  evl = _pct(mean_std(_values(rs, "eval_final")), n)
+  if cell.eval_noise:
+    evl += f" {NOISE_MARK}"
+  best_runs = [r for r in rs if r.eval_best is not None]
+  if best_runs:
+    b = max(best_runs, key=lambda r: (r.eval_best, -r.seed))
+    step = "start" if not trained else f"it. {b.eval_best_step}"
+    best = f"best {100 * b.eval_best:.1f} (seed {b.seed}, {step})"
+  else:
+    best = "—"
+  if trained:
+    reached = _values(rs, "iters_to_threshold")
+    if not reached:
+      iters = f"not reached (> {max(r.num_iterations for r in rs)})"
+    else:
+      iters = _num(mean_std(reached), len(reached))
+      if len(reached) < n:
+        iters += f" ({len(reached)}/{n} seeds)"
+  else:
+    iters = "—"
+  note = f"{cell.unfinished} unfinished" if cell.unfinished else ""
+  return {"seeds": f"{n}{ref_mark}", "train": train, "eval": evl, "best": best, "iters": iters,
+          "length": _num(mean_std(_values(rs, "eval_episode_length")), n),
+          "invalid": _pct(mean_std(_values(rs, "eval_invalid_rate")), n), "note": note}
+
+
+def build_cells(root: str, suite: suites_lib.Suite,
+                pending: Callable[[suites_lib.Environment, suites_lib.Method], str | None]
+                ) -> list[Cell]:
+  cells = []
+  for env in suite.environments:
+    by_method = {}
+    for method in suite.methods:
+      reason = pending(env, method)
+      results, unfinished = collect(root, suite, env, method)
+      by_method[method.name] = Cell(env, method, results, unfinished, reason)
+    ref = by_method.get(suite.reference)
+    for cell in by_method.values():
+      if ref is not None and cell.method.name != suite.reference and not cell.pending:
+        if cell.method.kind == suites_lib.TRAINED:
+          cell.train_noise = within_noise(cell.results, ref.results, "train_final")
+        cell.eval_noise = within_noise(cell.results, ref.results, "eval_final")
+      cells.append(cell)
+  return cells
+
+
+HEADER = ("Method", "Seeds", "Train success, last 3 it. (%)", "Held-out success at end, T=0.4 (%)",
+          "Best held-out eval (%), single peak", "Iterations to 50 % train success",
+          "Episode length (eval)", "Invalid actions (eval, %)", "Note")
+
+
+def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[str]) -> str:
+  ref_label = suite.method(suite.reference).label
+  out = [f"# Results: suite `{suite.name}` ({suite.version})", "",
+         f"{suite.description}. Mean ± std over finished seeds (seeds {list(suite.seeds)}); "
+         f"{NOISE_MARK} = within seed noise of the reference method {ref_label} (paired bootstrap "
+         "over seeds, 95 % interval of the mean difference contains 0). \"Best\" is the single "
+         "largest held-out evaluation over all seeds and evaluations: a peak, never a mean.", ""]
+  for env in suite.environments:
+    out += [f"## {env.label or env.name} (held-out split: {env.heldout_split})", "",
+            "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for cell in cells:
+      if cell.env.name != env.name:
+        continue
+      c = cell_columns(cell, suite.reference)
+      out.append("| " + " | ".join([cell.method.label, c["seeds"], c["train"], c["eval"],
+                                     c["best"], c["iters"], c["length"], c["invalid"],
+                                     c["note"].replace("|", "/")]) + " |")
+    out.append("")
+  out += ["---", ""] + [f"- {line}" for line in footer]
+  return "\n".join(out) + "\n"
+
+
+CSV_FIELDS = ("env", "method", "label", "status", "seeds", "train_final_mean", "train_final_std",
+              "train_within_noise", "eval_final_mean", "eval_final_std", "eval_within_noise",
+              "eval_best", "eval_best_seed", "eval_best_step", "iters_to_50_mean",
+              "iters_to_50_std", "iters_to_50_reached", "eval_episode_length_mean",
+              "eval_invalid_rate_mean", "train_episode_length_mean", "train_invalid_rate_mean",
+              "note")
+
+
+def _r(x: float | None) -> str:
+  return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.6g}"
+
+
+def csv_text(cells: Sequence[Cell], suite: suites_lib.Suite) -> str:
+  buf = io.StringIO()
+  w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+  w.writeheader()
+  for cell in cells:
+    rs = cell.results
+    status = "pending" if cell.pending else ("done" if rs else "not run")
+    tf, ef = mean_std(_values(rs, "train_final")), mean_std(_values(rs, "eval_final"))
+    reached = _values(rs, "iters_to_threshold")
+    it = mean_std(reached)
+    best = max((r for r in rs if r.eval_best is not None), key=lambda r: (r.eval_best, -r.seed),
+               default=None)
+    avg = lambda f: _r(mean_std(_values(rs, f))[0]) if _values(rs, f) else ""  # noqa: E731
+    trained = cell.method.kind == suites_lib.TRAINED
+    w.writerow({
+        "env": cell.env.name, "method": cell.method.name, "label": cell.method.label,
+        "status": status, "seeds": " ".join(str(r.seed) for r in rs),
+        "train_final_mean": _r(tf[0]) if tf and trained else "",
+        "train_final_std": _r(tf[1]) if tf and trained else "",
+        "train_within_noise": "" if cell.train_noise is None else str(cell.train_noise).lower(),
+        "eval_final_mean": _r(ef[0]) if ef else "", "eval_final_std": _r(ef[1]) if ef else "",
+        "eval_within_noise": "" if cell.eval_noise is None else str(cell.eval_noise).lower(),
+        "eval_best": _r(best.eval_best) if best else "",
+        "eval_best_seed": best.seed if best else "",
+        "eval_best_step": best.eval_best_step if best else "",
+        "iters_to_50_mean": _r(it[0]) if it and trained else "",
+        "iters_to_50_std": _r(it[1]) if it and trained else "",
+        "iters_to_50_reached": f"{len(reached)}/{len(rs)}" if rs and trained else "",
+        "eval_episode_length_mean": avg("eval_episode_length"),
+        "eval_invalid_rate_mean": avg("eval_invalid_rate"),
+        "train_episode_length_mean": avg("train_episode_length") if trained else "",
+        "train_invalid_rate_mean": avg("train_invalid_rate") if trained else "",
+        "note": cell.pending or (f"{cell.unfinished} unfinished" if cell.unfinished else ""),
+    })
+  return buf.getvalue()
+
+
+def plot(cells: Sequence[Cell], suite: suites_lib.Suite, path: str) -> None:
+  """Train success vs iteration, mean and ± std band over seeds, one panel per env."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  envs = suite.environments
+  fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 3.8), squeeze=False)
+  for ax, env in zip(axes[0], envs):
+    for cell in cells:
+      if cell.env.name != env.name or not cell.results:
+        continue
+      if cell.method.kind == suites_lib.PROMPTED:
+        vals = _values(cell.results, "eval_final")
+        if vals:
+          ax.axhline(float(np.mean(vals)), linestyle="--", color="gray", linewidth=1,
+                     label=f"{cell.method.label} (eval)")
+        continue
+      n = min(len(r.curve) for r in cell.results)
+      if n == 0:
+        continue
+      steps = np.array([s for s, _ in cell.results[0].curve[:n]])
+      ys = np.array([[v for _, v in r.curve[:n]] for r in cell.results])
+      mean, std = ys.mean(axis=0), ys.std(axis=0, ddof=1) if len(ys) > 1 else np.zeros(n)
+      line, = ax.plot(steps, mean, label=f"{cell.method.label} (n={len(ys)})")
+      ax.fill_between(steps, np.clip(mean - std, 0, 1), np.clip(mean + std, 0, 1),
+                      color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_title(env.label or env.name)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("train success (mean ± std over seeds)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=7, loc="upper left")
+  fig.suptitle(f"suite {suite.name} ({suite.version})")
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110, metadata={"Software": None})
+  plt.close(fig)
+
+
+def _git_sha() -> str:
+  try:
+    sha = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=suites_lib.REPO_ROOT,
+                                  text=True, stderr=subprocess.DEVNULL).strip()
+    dirty = subprocess.call(["git", "diff", "--quiet", "HEAD"], cwd=suites_lib.REPO_ROOT,
+                            stderr=subprocess.DEVNULL) != 0
+    return sha + (" (uncommitted changes)" if dirty else "")
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def _versions() -> str:
+  out = []
+  for p in PACKAGES:
+    try:
+      out.append(f"{p} {importlib.metadata.version(p)}")
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return ", ".join(out)
+
+
+def _machine() -> str:
+  return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"Python {platform.python_version()}")
+
+
+def footer(suite: suites_lib.Suite, command: str, root: str) -> list[str]:
+  return [f"command: `{command}` (runs under `{root}`)",
+          f"suite: {suite.name}, version {suite.version}",
+          f"git: {_git_sha()}", f"packages: {_versions()}", f"machine: {_machine()}"]
+
+
+def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
+           pending: Callable[[suites_lib.Environment, suites_lib.Method], str | None] | None = None
+           ) -> dict[str, str]:
+  """Writes <out_dir>/<suite>.md, .csv and _curves.png; returns their paths."""
+  cells = build_cells(root, suite, pending or suites_lib.pending_reason)
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {"md": os.path.join(out_dir, f"{suite.name}.md"),
+           "csv": os.path.join(out_dir, f"{suite.name}.csv"),
+           "png": os.path.join(out_dir, f"{suite.name}_curves.png")}
+  with open(paths["md"], "w", encoding="utf-8") as f:
+    f.write(markdown(cells, suite, footer(suite, command, root)))
+  with open(paths["csv"], "w", encoding="utf-8") as f:
+    f.write(csv_text(cells, suite))
+  plot(cells, suite, paths["png"])
+  return paths

@@ -1,0 +1,251 @@
+r"""Named benchmark suites: environments x methods x seeds, and how each run is launched.
+
+A suite fixes everything a results table depends on: the config file and variant of
+each environment with the overrides that size it for the machine, the methods (estimator
+variants, a prompted baseline), the seeds and the reference method that the table
+compares against. `launch.sweep suite --suite NAME` runs it, `launch.sweep render
+--suite NAME` turns its run directories into `results/NAME.{md,csv}` and
+`results/NAME_curves.png` (launch/report.py).
+
+Run directory of one run: `<root>/<suite>/<env>/<method>/seed_<seed>/` (the trainer's
+workdir: metrics.jsonl, checkpoints/). Seeds are shared by all methods: seed s of every
+method sees the same task order and env seeds (`hgpo_jax.rollout.tasks.group_seed`), so
+per-seed differences between methods are paired.
+
+The `mini` suite (version `mini_v1`) is the CPU-scale suite of the project: the tiny
+policy with constrained decoding on ALFWorld-mini (env_servers/alfworld/mini.py),
+Sokoban 6x6 with one box and the WebShop-compatible shop at horizon 15. Its sizes below
+are a first draft derived from the learning test (tests/test_learning.py); the
+calibration (untrained success 5-25 %, best method >= 60 % within the budget) is still
+to be measured: `python -m launch.sweep plan --suite mini` prints the runs and their
+number of training iterations.
+
+Measured cost (one smoke run of the wiring, GiGPO on ALFWorld-mini, 2 iterations, with
+`--override train.num_iterations=2 eval.num_tasks=8 eval.every=0`, prompts in the 512
+bucket, while ~7 other jobs shared the 2 cores): iteration 1 545 s (compilation
+included), iteration 2 397 s (generation 34 s, old/ref log-probs 34 s, update 324 s for
+314 rows padded to 320 x 544 tokens x 4 epochs), 17 min wall for the run including the
+final evaluation, 3.0 GB peak RSS. The update dominates: its cost is
+proportional to padded rows x (prompt bucket + 32) x ppo_epochs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from typing import Any, Mapping
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPTED = "prompted"  # Method.kind of an evaluation-only row
+TRAINED = "trained"
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+  """One environment column of a suite.
+
+  Attributes:
+    name: short name (directory and table label), e.g. "alfworld_mini".
+    config: config file relative to the repository root.
+    args: variant arguments added to every method's (e.g. "dim=6,boxes=1").
+    heldout_split: the eval split reported as held-out success (must be in
+      env.eval_splits of the resulting config).
+    overrides: config overrides ("a.b" -> value) applied after the variant.
+    num_trajectories: trajectories per iteration (groups x group size); methods without
+      env grouping (PPO, HiPER) play the same number of distinct tasks.
+    group_size: trajectories per task for the group-based estimators.
+    label: table label.
+  """
+
+  name: str
+  config: str
+  args: str
+  heldout_split: str
+  overrides: Mapping[str, Any]
+  num_trajectories: int = 16
+  group_size: int = 8
+  label: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One row of a suite's table.
+
+  Attributes:
+    name: short name (directory), e.g. "hgpo_k2".
+    label: table label, e.g. "HGPO K=2".
+    args: variant arguments of the config file (e.g. "algo=hgpo,k=2,model=tiny").
+    kind: TRAINED (launch.main) or PROMPTED (launch.evaluate: no training).
+    grouped: False for methods without env grouping (PPO, HiPER: one trajectory per task).
+    overrides: method-specific config overrides.
+  """
+
+  name: str
+  label: str
+  args: str
+  kind: str = TRAINED
+  grouped: bool = True
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+  name: str
+  version: str
+  environments: tuple[Environment, ...]
+  methods: tuple[Method, ...]
+  seeds: tuple[int, ...]
+  reference: str  # Method.name the table's noise marks compare against
+  description: str = ""
+
+  def env(self, name: str) -> Environment:
+    for e in self.environments:
+      if e.name == name:
+        return e
+    raise ValueError(f"suite {self.name!r} has no environment {name!r}; "
+                     f"choose from {[e.name for e in self.environments]}")
+
+  def method(self, name: str) -> Method:
+    for m in self.methods:
+      if m.name == name:
+        return m
+    raise ValueError(f"suite {self.name!r} has no method {name!r}; "
+                     f"choose from {[m.name for m in self.methods]}")
+
+
+def run_dir(root: str, suite: Suite, env: str, method: str, seed: int) -> str:
+  return os.path.join(root, suite.name, env, method, f"seed_{seed}")
+
+
+# ---------------------------------------------------------------------------------------
+# The mini suite (draft sizes; see the module docstring)
+# ---------------------------------------------------------------------------------------
+_TINY_RL = {  # the learning test's optimiser settings (tests/test_learning.py)
+    "train.lr": 1e-2, "train.weight_decay": 0.0, "train.kl_coef": 0.0,
+    "train.entropy_coeff": 0.0, "train.ppo_epochs": 4,
+}
+_COMMON = {
+    "env.num_servers": 1, "mesh.data": 1,
+    "rollout.constrained": True, "rollout.max_new_tokens": 32,
+    "eval.every": 5, "eval.at_end": True, "eval.temperature": 0.4,
+    "checkpoint.every": 1, "checkpoint.keep": 2, "checkpoint.keep_period": 0,
+}
+
+MINI = Suite(
+    name="mini",
+    version="mini_v1",
+    description="tiny policy, constrained decoding, 2 CPU cores",
+    environments=(
+        Environment(
+            name="alfworld_mini", label="ALFWorld-mini", config="configs/alfworld.py", args="",
+            heldout_split="valid_unseen", num_trajectories=16, group_size=8,
+            overrides={**_COMMON, **_TINY_RL,
+                       "env.args.data_dir": "env_servers/alfworld/data/mini_v1",
+                       "env.max_steps": 20,  # 2.5x the longest plan (mini_v1: 4-8 steps)
+                       "env.eval_splits": ("valid_unseen",),
+                       # left truncation keeps the current observation and the admissible
+                       # actions (the learning test's setting); 512 doubles the update
+                       "rollout.max_prompt_tokens": 256,
+                       "train.num_iterations": 20,
+                       "train.mini_batch_rows": 320, "train.micro_batch_rows": 80,
+                       "eval.num_tasks": 24}),
+        Environment(
+            name="sokoban", label="Sokoban 6x6, 1 box", config="configs/sokoban.py",
+            args="dim=6,boxes=1", heldout_split="test", num_trajectories=16, group_size=8,
+            overrides={**_COMMON, **_TINY_RL,
+                       "env.max_steps": 15,
+                       "rollout.max_prompt_tokens": 512,
+                       "train.num_iterations": 20,
+                       "train.mini_batch_rows": 240, "train.micro_batch_rows": 80,
+                       "eval.num_tasks": 24}),
+        Environment(
+            name="webshop_mini", label="WebShop-mini (h=15)", config="configs/webshop.py",
+            args="horizon=15", heldout_split="test", num_trajectories=16, group_size=8,
+            overrides={**_COMMON, **_TINY_RL,
+                       "rollout.max_prompt_tokens": 1024,
+                       "train.num_iterations": 20,
+                       "train.mini_batch_rows": 240, "train.micro_batch_rows": 80,
+                       "eval.num_tasks": 24}),
+    ),
+    methods=(
+        Method("grpo", "GRPO", "algo=grpo,k=2,model=tiny"),
+        Method("rloo", "RLOO", "algo=rloo,k=2,model=tiny"),
+        Method("gigpo", "GiGPO", "algo=gigpo,k=2,model=tiny"),
+        Method("hgpo_k2", "HGPO K=2", "algo=hgpo,k=2,model=tiny"),
+        Method("hgpo_k4", "HGPO K=4", "algo=hgpo,k=4,model=tiny"),
+        Method("ppo", "PPO (critic)", "algo=ppo,k=2,model=tiny", grouped=False),
+        Method("hiper", "HiPER", "algo=hiper,k=2,model=tiny", grouped=False),
+        Method("smollm2_prompted", "SmolLM2-135M-Instruct, prompted (no training)",
+               "algo=grpo,k=2,model=smollm2-135m", kind=PROMPTED),
+    ),
+    seeds=(123, 456, 789),
+    reference="grpo",
+)
+SUITES = {MINI.name: MINI}
+
+
+def get_suite(name: str) -> Suite:
+  if name not in SUITES:
+    raise ValueError(f"unknown suite {name!r}; known: {sorted(SUITES)}")
+  return SUITES[name]
+
+
+# ---------------------------------------------------------------------------------------
+# Configs and commands
+# ---------------------------------------------------------------------------------------
+def overrides(env: Environment, method: Method) -> dict[str, Any]:
+  """All config overrides of one (environment, method) cell, in a fixed order."""
+  out = dict(env.overrides)
+  if method.grouped:
+    out["rollout.num_groups"] = env.num_trajectories // env.group_size
+    out["rollout.group_size"] = env.group_size
+  else:
+    out["rollout.num_groups"] = env.num_trajectories
+    out["rollout.group_size"] = 1
+  out.update(method.overrides)
+  return out
+
+
+def variant(env: Environment, method: Method) -> str:
+  return ",".join(a for a in (method.args, env.args) if a)
+
+
+def format_value(value: Any) -> str:
+  """A config override value as `--config.a.b=` expects it on the command line."""
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, (tuple, list)):
+    return repr(tuple(value))
+  return str(value)
+
+
+def build_config(env: Environment, method: Method, seed: int):
+  """The locked config of one run, as launch.main would build it from the command line."""
+  module = importlib.import_module(env.config[:-len(".py")].replace("/", "."))
+  c = module.get_config(variant(env, method))
+  with c.unlocked():
+    c.seed = seed
+  c.update_from_flattened_dict(dict(overrides(env, method)))
+  return c
+
+
+def pending_reason(env: Environment, method: Method) -> str | None:
+  """Why the cell cannot run yet (the config or the trainer's validation refuses it)."""
+  from hgpo_jax import train  # pylint: disable=import-outside-toplevel
+  try:
+    config = build_config(env, method, 0)
+    train.validate(config)
+  except (train.ConfigError, ValueError, KeyError, TypeError, AttributeError) as e:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+  return None
+
+
+def command(root: str, suite: Suite, env: Environment, method: Method, seed: int,
+            python: str = "python") -> list[str]:
+  module = "launch.evaluate" if method.kind == PROMPTED else "launch.main"
+  cmd = [python, "-m", module, f"--config={env.config}:{variant(env, method)}",
+         f"--workdir={run_dir(root, suite, env.name, method.name, seed)}",
+         f"--config.seed={seed}"]
+  cmd += [f"--config.{k}={format_value(v)}" for k, v in overrides(env, method).items()]
+  return cmd

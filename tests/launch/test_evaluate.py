@@ -1,0 +1,45 @@
+"""launch/evaluate.py: the evaluation-only entry (prompted rows of the results tables)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from configs import sokoban as sokoban_config
+from launch import evaluate
+from launch import report
+
+
+@pytest.mark.slow
+def test_untrained_evaluation_writes_a_final_eval_line(tmp_path):
+  c = sokoban_config.get_config("algo=grpo,model=tiny,smoke")
+  with c.unlocked():
+    c.seed = 3
+    c.mesh.data = 1
+    c.eval.num_tasks = 2
+  workdir = str(tmp_path / "eval")
+  scalars = evaluate.evaluate_untrained(c, workdir)
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    lines = [json.loads(l) for l in f]
+  assert len(lines) == 1 and lines[0]["step"] == evaluate.EVAL_STEP
+  assert lines[0]["eval/test/num_tasks"] == 2.0
+  assert 0.0 <= lines[0]["eval/test/success"] <= 1.0
+  assert 1.0 <= lines[0]["eval/test/episode_length"] <= c.env.max_steps
+  assert not any(k.startswith("rollout/") for k in lines[0])
+  assert lines[0]["eval/test/success"] == scalars["eval/test/success"]
+  # the sweep counts it as a finished run and the table reads its held-out success
+  assert report.is_finished(workdir)
+  r = report.summarize_run(lines, 3, "test")
+  assert r.eval_final == lines[0]["eval/test/success"] and r.train_final is None
+  assert r.eval_best_step == 0
+
+
+def test_empty_eval_splits_are_refused(tmp_path):
+  from hgpo_jax import train
+  c = sokoban_config.get_config("algo=grpo,model=tiny,smoke")
+  with c.unlocked():
+    c.env.eval_splits = ()
+  with pytest.raises(train.ConfigError, match="eval_splits is empty"):
+    evaluate.evaluate_untrained(c, str(tmp_path / "e"))

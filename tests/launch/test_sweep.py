@@ -1,0 +1,279 @@
+"""The suite sweep and its results renderer (launch/sweep.py, launch/suites.py, launch/report.py).
+
+The renderer is checked on hand-written metrics.jsonl files whose table cells are
+computed by hand below; the sweep's resumability with a fake runner (no training).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import pytest
+
+from launch import report
+from launch import suites
+from launch import sweep
+
+ENV = suites.Environment(name="toy", label="Toy", config="configs/sokoban.py", args="dim=6",
+                         heldout_split="valid_unseen",
+                         overrides={"train.num_iterations": 5, "env.eval_splits": ("valid_unseen",)},
+                         num_trajectories=16, group_size=8)
+METHODS = (
+    suites.Method("a", "Method A", "algo=grpo"),
+    suites.Method("b", "Method B", "algo=gigpo"),
+    suites.Method("c", "Method C", "algo=ppo", grouped=False),
+    suites.Method("e", "Method E", "algo=rloo"),
+    suites.Method("d", "Method D", "algo=hgpo"),
+    suites.Method("p", "Prompted P", "algo=grpo,model=smollm2-135m", kind=suites.PROMPTED),
+)
+SUITE = suites.Suite(name="toy_suite", version="toy_v1", environments=(ENV,), methods=METHODS,
+                     seeds=(1, 2, 3), reference="a", description="synthetic")
+PENDING = {"c": "ConfigError: estimator 'gae' is not trainable yet"}
+
+
+def pending(env, method):
+  del env
+  return PENDING.get(method.name)
+
+
+def _write(root, method, seed, lines):
+  rd = suites.run_dir(root, SUITE, ENV.name, method, seed)
+  os.makedirs(rd, exist_ok=True)
+  with open(os.path.join(rd, "metrics.jsonl"), "w", encoding="utf-8") as f:
+    for line in lines:
+      f.write(json.dumps(line) + "\n")
+  return rd
+
+
+def _train_run(success, periodic_eval, final_eval, length=10.0, invalid=0.0):
+  """Lines as the trainer writes them: one per iteration (eval at the last one), then the
+  final evaluation at step num_iterations + 1."""
+  lines = []
+  for i, s in enumerate(success, start=1):
+    line = {"step": i, "rollout/success": s, "rollout/episode_length": 8.0,
+            "rollout/invalid_rate": 0.0}
+    if i == len(success):
+      line["eval/valid_unseen/success"] = periodic_eval
+    lines.append(line)
+  lines.append({"step": len(success) + 1, "eval/valid_unseen/success": final_eval,
+                "eval/valid_unseen/episode_length": length,
+                "eval/valid_unseen/invalid_rate": invalid})
+  return lines
+
+
+# Method A (the reference): per seed train success, periodic eval (it. 5), final eval,
+# eval episode length and invalid rate.
+A = {1: ([0.1, 0.3, 0.5, 0.6, 0.7], 0.5, 0.4, 10.0, 0.0),    # last 3: 0.6,  50 % at it. 3
+     2: ([0.2, 0.2, 0.4, 0.4, 0.55], 0.25, 0.3, 12.0, 0.1),  # last 3: 0.45, 50 % at it. 5
+     3: ([0.0, 0.6, 0.3, 0.3, 0.3], 0.75, 0.5, 14.0, 0.2)}   # last 3: 0.3,  50 % at it. 2
+# Method B: train final - A = +0.1, -0.1, +0.05 (mixed signs: within noise);
+# final eval - A = +0.1, +0.2, +0.3 (all positive: outside noise).
+B = {1: ([0.7] * 5, 0.1, 0.5), 2: ([0.35] * 5, 0.1, 0.5), 3: ([0.35] * 5, 0.1, 0.8)}
+
+
+@pytest.fixture
+def runs(tmp_path):
+  root = str(tmp_path / "runs")
+  for seed, (succ, per, fin, length, inv) in A.items():
+    _write(root, "a", seed, _train_run(succ, per, fin, length, inv))
+  for seed, (succ, per, fin) in B.items():
+    _write(root, "b", seed, _train_run(succ, per, fin))
+  for seed in (1, 2, 3):
+    _write(root, "e", seed, _train_run([0.2] * 5, 0.2, 0.2))
+    _write(root, "p", seed, [{"step": 0, "eval/valid_unseen/success": 0.1 * seed,
+                              "eval/valid_unseen/episode_length": 20.0,
+                              "eval/valid_unseen/invalid_rate": 0.0}])
+  # D: killed mid-run (no final evaluation): not counted, reported as unfinished.
+  _write(root, "d", 1, _train_run([0.9] * 3, 0.9, 0.9)[:3])
+  return root
+
+
+def _rows(md: str) -> dict[str, list[str]]:
+  out = {}
+  for line in md.splitlines():
+    if not line.startswith("| "):
+      continue
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if cells[0] != "Method":  # the header
+      out[cells[0]] = cells[1:]
+  return out
+
+
+def test_table_cells_hand_computed(runs, tmp_path):
+  paths = report.render(runs, SUITE, str(tmp_path / "results"), "CMD", pending=pending)
+  with open(paths["md"], encoding="utf-8") as f:
+    md = f.read()
+  rows = _rows(md)
+  # columns: seeds, train, eval, best, iters, length, invalid, note
+  # A train: mean(0.6, 0.45, 0.3) = 0.45, sample std 0.15; final eval 0.4 ± 0.1;
+  # best = 0.75 (seed 3, periodic eval at it. 5); 50 % at it. 3, 5, 2: mean 3.33,
+  # std sqrt(((1/3)^2 + (5/3)^2 + (4/3)^2) / 2) = 1.53; length 12 ± 2; invalid 10 ± 10 %.
+  assert rows["Method A"] == ["3 (ref)", "45.0 ± 15.0", "40.0 ± 10.0", "best 75.0 (seed 3, it. 5)",
+                              "3.3 ± 1.5", "12.0 ± 2.0", "10.0 ± 10.0", ""]
+  # B: train 0.7, 0.35, 0.35 -> 46.7 ± 20.2 within noise of A; eval 0.5, 0.5, 0.8 ->
+  # 60.0 ± 17.3 (diffs all > 0: no mark); its peak is a final evaluation (step 6 in the
+  # file: the weights after iteration 5); only seed 1 reaches 50 % (at it. 1).
+  assert rows["Method B"][:5] == ["3", "46.7 ± 20.2 ≈", "60.0 ± 17.3", "best 80.0 (seed 3, it. 5)",
+                                  "1.0 (1/3 seeds)"]
+  assert rows["Method E"][4] == "not reached (> 5)"
+  assert rows["Method E"][1:3] == ["20.0 ± 0.0", "20.0 ± 0.0"]  # diffs -0.4,-0.25,-0.1 / -0.2,-0.1,-0.3
+  assert rows["Method C"][0] == "pending" and "not trainable" in rows["Method C"][-1]
+  assert rows["Method D"][0] == "0" and rows["Method D"][-1] == "1 unfinished"
+  # Prompted: evaluation only; success 0.1, 0.2, 0.3; the peak is the start (no training).
+  assert rows["Prompted P"][:5] == ["3", "— (no training)", "20.0 ± 10.0", "best 30.0 (seed 3, start)",
+                                    "—"]
+  for key in ("command: `CMD`", "suite: toy_suite, version toy_v1", "git: ", "packages: jax ",
+              "machine: "):
+    assert key in md, key
+
+
+def test_csv_numbers(runs, tmp_path):
+  paths = report.render(runs, SUITE, str(tmp_path / "results"), "CMD", pending=pending)
+  with open(paths["csv"], encoding="utf-8") as f:
+    rows = {r["method"]: r for r in csv.DictReader(f)}
+  a, b = rows["a"], rows["b"]
+  assert float(a["train_final_mean"]) == pytest.approx(0.45, abs=1e-9)
+  assert float(a["train_final_std"]) == pytest.approx(0.15, abs=1e-9)
+  assert float(a["iters_to_50_mean"]) == pytest.approx(10 / 3, abs=1e-5)
+  assert a["iters_to_50_reached"] == "3/3"
+  assert (a["eval_best"], a["eval_best_seed"], a["eval_best_step"]) == ("0.75", "3", "5")
+  assert a["train_within_noise"] == "" and a["eval_within_noise"] == ""  # the reference
+  assert b["train_within_noise"] == "true" and b["eval_within_noise"] == "false"
+  assert rows["c"]["status"] == "pending" and rows["d"]["status"] == "not run"
+  assert rows["p"]["train_final_mean"] == "" and float(rows["p"]["eval_final_mean"]) == pytest.approx(0.2)
+
+
+def test_paired_bootstrap_marks_noise():
+  # Mean of a resample lies in [min, max] of the diffs: all-positive diffs never contain 0.
+  lo, hi = report.paired_bootstrap([0.1, 0.2, 0.3])
+  assert 0.1 - 1e-12 <= lo < hi <= 0.3 + 1e-12
+  # Mixed signs, 3 seeds: an all-(-0.1) resample has probability 1/27 = 3.7 % > 2.5 %, so
+  # the 2.5th percentile is -0.1 (and the 97.5th is 0.1 by symmetry of the counts).
+  lo, hi = report.paired_bootstrap([0.1, -0.1, 0.05])
+  assert lo == pytest.approx(-0.1) and hi == pytest.approx(0.1)
+  assert report.paired_bootstrap([0.2, 0.2]) == pytest.approx((0.2, 0.2))
+  assert report.paired_bootstrap([0.1, -0.1, 0.05]) == report.paired_bootstrap([0.1, -0.1, 0.05])
+  one = [report.SeedResult(1, 0.5, None, 5, 0.5, 0.5, 5, None, None, None, None, ())]
+  assert report.within_noise(one, one, "eval_final") is None  # < 2 paired seeds
+
+
+def test_best_eval_is_earliest_peak_and_never_a_mean():
+  lines = _train_run([0.1, 0.2, 0.3], 0.9, 0.9)
+  lines[0]["eval/valid_unseen/success"] = 0.9  # same peak at it. 1 and 3 and the final
+  r = report.summarize_run(lines, 7, "valid_unseen")
+  assert (r.eval_best, r.eval_best_step, r.iters_to_threshold) == (0.9, 1, None)
+  assert r.train_final == pytest.approx(0.2)
+
+
+def test_plot_is_written(runs, tmp_path):
+  paths = report.render(runs, SUITE, str(tmp_path / "results"), "CMD", pending=pending)
+  with open(paths["png"], "rb") as f:
+    data = f.read()
+  assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_is_finished(tmp_path):
+  rd = str(tmp_path / "r")
+  assert not report.is_finished(rd)
+  os.makedirs(rd)
+  with open(os.path.join(rd, "metrics.jsonl"), "w", encoding="utf-8") as f:
+    f.write(json.dumps({"step": 1, "rollout/success": 0.1, "eval/x/success": 0.2}) + "\n")
+  assert not report.is_finished(rd)  # a periodic evaluation is not the final one
+  with open(os.path.join(rd, "metrics.jsonl"), "a", encoding="utf-8") as f:
+    f.write('{"step": 2, "eval/x/succ')  # cut by a kill
+  assert not report.is_finished(rd)
+
+
+class FakeRunner:
+  """Records calls; writes a finished (or, for `unfinished`, a killed) run."""
+
+  def __init__(self, rc=0, unfinished=()):
+    self.calls, self.rc, self.unfinished = [], rc, set(unfinished)
+
+  def __call__(self, cmd, workdir):
+    self.calls.append(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    lines = _train_run([0.5] * 5, 0.5, 0.5)
+    if os.path.basename(os.path.dirname(workdir)) in self.unfinished:
+      lines = lines[:2]
+    with open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8") as f:
+      f.writelines(json.dumps(l) + "\n" for l in lines)
+    return self.rc
+
+
+def test_suite_runs_are_resumable(tmp_path):
+  root = str(tmp_path / "sweeps")
+  logs = []
+  first = FakeRunner(unfinished={"b"})
+  failures = sweep.run_suite(SUITE, root, runner=first, pending=pending, log=logs.append)
+  # 5 runnable methods (c is pending) x 3 seeds; b's runs end without a final evaluation.
+  assert len(first.calls) == 15 and failures == 3
+  assert not any("/c/" in w for w in first.calls)
+  assert sum("pending" in l for l in logs) == 3
+  second = FakeRunner()
+  assert sweep.run_suite(SUITE, root, runner=second, pending=pending, log=logs.append) == 0
+  # Only the unfinished runs are launched again, in their own workdirs (the trainer
+  # resumes there from the checkpoint); finished runs are skipped.
+  assert sorted(second.calls) == sorted(suites.run_dir(root, SUITE, "toy", "b", s) for s in (1, 2, 3))
+  third = FakeRunner()
+  assert sweep.run_suite(SUITE, root, runner=third, pending=pending, log=logs.append) == 0
+  assert third.calls == []
+  # a selection: one method, one seed
+  entries = sweep.plan_suite(SUITE, root, methods=["a"], seeds=[2], pending=pending)
+  assert [(e["method"], e["seed"], e["status"]) for e in entries] == [("a", 2, "done")]
+  with pytest.raises(ValueError, match="seeds \\[4\\]"):
+    sweep.plan_suite(SUITE, root, seeds=[4], pending=pending)
+
+
+def test_failed_run_is_reported_not_skipped(tmp_path):
+  root = str(tmp_path / "sweeps")
+  runner = FakeRunner(rc=1)
+  assert sweep.run_suite(SUITE, root, methods=["a"], seeds=[1], runner=runner,
+                         pending=pending, log=lambda _: None) == 1
+
+
+def test_commands_and_grouping():
+  cmd = suites.command("R", SUITE, ENV, SUITE.method("c"), 2, python="py")
+  assert cmd[:6] == ["py", "-m", "launch.main", "--config=configs/sokoban.py:algo=ppo,dim=6",
+                     "--workdir=R/toy_suite/toy/c/seed_2", "--config.seed=2"]
+  assert "--config.rollout.num_groups=16" in cmd and "--config.rollout.group_size=1" in cmd
+  assert "--config.env.eval_splits=('valid_unseen',)" in cmd
+  grouped = suites.command("R", SUITE, ENV, SUITE.method("a"), 2)
+  assert "--config.rollout.num_groups=2" in grouped and "--config.rollout.group_size=8" in grouped
+  assert suites.command("R", SUITE, ENV, SUITE.method("p"), 1)[2] == "launch.evaluate"
+
+
+def test_mini_suite_configs_build():
+  """The real suite: every ALFWorld-mini cell builds a config on the frozen mini_v1 games
+  with the suite's sizes, and GRPO passes the trainer's validation."""
+  env = suites.MINI.env("alfworld_mini")
+  for method in suites.MINI.methods:
+    c = suites.build_config(env, method, 456)
+    assert c.env.args.data_dir == "env_servers/alfworld/data/mini_v1" and c.seed == 456
+    assert tuple(c.env.eval_splits) == ("valid_unseen",) and c.env.max_steps == 20
+    assert c.rollout.num_groups * c.rollout.group_size == env.num_trajectories
+  assert suites.pending_reason(env, suites.MINI.method("grpo")) is None
+  assert os.path.isfile(os.path.join(suites.REPO_ROOT, env.overrides["env.args.data_dir"],
+                                     "valid_unseen.json.gz"))
+
+
+def test_plan_counts_iterations_and_evaluations(capsys, tmp_path):
+  entry = {"env": "alfworld_mini", "method": "gigpo"}
+  assert sweep._iterations(suites.MINI, entry) == 20  # pylint: disable=protected-access
+  assert sweep._evaluations(suites.MINI, entry) == 20 // 5 + 1  # periodic + final
+  assert sweep._evaluations(suites.MINI, dict(entry, method="smollm2_prompted")) == 1
+  assert sweep.main(["plan", "--suite", "mini", "--envs", "alfworld_mini", "--methods", "grpo",
+                     "rloo", "--root", str(tmp_path), "--iteration-s", "100", "--eval-s", "36"]) == 0
+  out = capsys.readouterr().out
+  # 2 methods x 3 seeds x 20 iterations; 6 x 5 evaluations; (120 x 100 + 30 x 36) / 3600 h
+  assert "6 runs: {'todo': 6}; to run: 6 runs, 120 training iterations, 30 evaluations" in out
+  assert "estimated wall time: 3.6 h" in out
+
+
+def test_unknown_selection_is_one_line_error(capsys, tmp_path):
+  assert sweep.main(["plan", "--suite", "mini", "--envs", "alfworld", "--root", str(tmp_path)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("launch.sweep: error: suite 'mini' has no environment 'alfworld'; choose "
+                        "from ['alfworld_mini', 'sokoban', 'webshop_mini']")
