@@ -10,7 +10,9 @@ greedy decoding and exactly `--new_tokens` new tokens (EOS ignored: `ignore_eos`
 `min_new_tokens` there). Before timing, the greedy tokens of both sides are compared on
 one prompt. Timings exclude compilation (one warm-up call per shape) and interleave the
 two implementations rep by rep; the reported number is the median. The tiny preset's
-throughput (ours only) is printed too. The last line is the batch-8 ratio.
+throughput (ours only) is printed too. Under each row: FLOPs per generate call, achieved
+FLOP/s and MFU against this CPU's detected peak (`hgpo_jax.perf`). The last line is the
+batch-8 ratio.
 """
 
 import argparse
@@ -22,6 +24,7 @@ import time
 import jax
 import numpy as np
 
+from hgpo_jax import perf
 from hgpo_jax.models import loading
 from hgpo_jax.sampling import sampler as sampler_lib
 
@@ -135,6 +138,7 @@ def main():
         f"{os.cpu_count()} CPUs; {n} new tokens, greedy, median of {args.reps}")
 
   model, tok, cfg = loading.load_model("smollm2-135m")
+  peak = perf.device_peak(dtype=cfg.dtype)
   chats = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
            for q in QUESTIONS]
   plen = max(len(c) for c in chats)
@@ -173,6 +177,11 @@ def main():
     ratios[b] = t_hf / t_ours
     print(f"{'smollm2-135m':14s} {b:5d} {b * n / t_ours:11.1f} {b * n / t_hf:9.1f} {ratios[b]:6.2f}",
           flush=True)
+    # FLOPs of one generate call: prefill + n decode steps over the dense cache bucket
+    # (perf.analytic_sampler_flops equals the compiled programs' count: tests/training/test_plan.py).
+    fl = perf.analytic_sampler_flops(cfg, batch=b, prompt=bucket, new_tokens=n)
+    print("  " + perf.format_line(f"ours batch {b} (prefill + {n} decode steps)",
+                                  fl["prefill"] + n * fl["decode_step"], t_ours, peak), flush=True)
 
   tiny, tiny_tok, _ = loading.load_model("tiny")
   tiny_prompts = [tiny_tok.encode(q) for q in QUESTIONS]

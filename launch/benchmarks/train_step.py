@@ -8,6 +8,8 @@ Each (model, device count) runs in its own subprocess, because the fake device c
 Learner, fills old log-probs once, compiles the update, then times `--steps` updates on
 the same mini-batch (one optimizer step each, `block_until_ready`) and reports the median.
 tokens/s counts every position of the [B, L] batch (prompt + response), per update.
+Each run also prints the update's FLOPs per call (from the compiled executable,
+`hgpo_jax.perf`), the achieved FLOP/s and the MFU against this CPU's detected peak.
 Fake devices share the same CPU cores, so the 8-device number measures partitioning
 overhead, not a speed-up. The last line prints the ratio 8 devices / 1 device.
 """
@@ -26,7 +28,7 @@ import time
 SETTINGS = {
     "tiny": dict(rows=8, seq=256, micro=8, mesh8=(8, 1, 1), dtype="float32"),
     # B=2, T=128, bf16: a full fine-tune step of SmolLM2-135M in f32 at B=8 needed ~9 GB
-    # RSS (research/stack.md §8); this keeps the run under ~3 GB. 9 heads do not split
+    # RSS; this keeps the run under ~3 GB. 9 heads do not split
     # over tensor=4, so attention is replicated there and the MLP / vocab are split.
     "smollm2-135m": dict(rows=2, seq=128, micro=2, mesh8=(2, 1, 4), dtype="bfloat16"),
 }
@@ -72,7 +74,12 @@ def run_one(model_name: str, devices: int, steps: int) -> dict:
     jax.block_until_ready(state)
     times.append(time.perf_counter() - t0)
   med = statistics.median(times)
-  return dict(model=model_name, devices=devices, mesh=list(shape), rows=s["rows"], seq=s["seq"],
+  from hgpo_jax import perf  # pylint: disable=import-outside-toplevel
+  # Per-device FLOPs x devices: the fake devices share one CPU, whose peak is the reference.
+  flops = perf.LearnerFlops(learner).per_call(host)["update"] * devices
+  peak = perf.device_peak(dtype=s["dtype"])
+  perf_line = perf.format_line(f"{model_name} devices={devices} update", flops, med, peak)
+  return dict(perf_line=perf_line,model=model_name, devices=devices, mesh=list(shape), rows=s["rows"], seq=s["seq"],
               dtype=s["dtype"], first_call_s=round(compile_s, 3), step_s_median=round(med, 4),
               step_s_all=[round(t, 4) for t in times], tokens_per_s=round(s["rows"] * s["seq"] / med, 1),
               loss=float(m["loss"]))
@@ -105,6 +112,7 @@ def main(argv=None):
       print(f"{m:14s} devices={n} mesh={r['mesh']} B={r['rows']} L={r['seq']} {r['dtype']}: "
             f"{r['tokens_per_s']:.1f} tokens/s (median step {r['step_s_median']} s of {r['step_s_all']}, "
             f"first call {r['first_call_s']} s)", flush=True)
+      print(r["perf_line"], flush=True)
   for m in models:
     ratio = results[(m, 8)]["tokens_per_s"] / results[(m, 1)]["tokens_per_s"]
     print(f"{m}: train tokens/s, 8 fake devices / 1 device: {ratio:.2f}")

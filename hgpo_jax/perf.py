@@ -1,0 +1,496 @@
+"""FLOP accounting, device peaks and MFU for the train step and the sampler.
+
+Three pieces:
+
+* `compiled_flops(compiled)`: FLOPs of one call of a compiled executable, read from its
+  optimised HLO. XLA's own `compiled.cost_analysis()["flops"]` counts the body of every
+  `while` loop once (a `lax.scan` over 10 matmuls reports one matmul; see
+  tests/test_perf.py), and the decoder scans its layers, the update scans micro-batches
+  and the sampler loops over tokens. So the matmul FLOPs (`dot`, `convolution`:
+  2 x output elements x contracted size, the convention of XLA's HloCostAnalysis) are
+  summed per HLO computation (cuBLAS gemm custom calls of XLA:GPU included), and each
+  `while` body is weighted by the
+  `known_trip_count` that XLA writes into the compiled loop. Elementwise ops are left out
+  (the usual MFU convention; a few percent of a transformer's FLOPs). For an SPMD
+  program the compiled module is one device's share, so the count is per device.
+* `analytic_*_flops`: the textbook count, 2 x params x tokens for a forward pass plus the
+  dense attention term, x3 for forward + backward (+1 forward with remat), used to
+  cross-check the compiled count (tests/test_perf.py) and by `launch.plan`.
+* `device_peak()`: peak FLOP/s of one device. Accelerators: a table of published dense
+  peaks by `device.device_kind`; CPU: cores x f32 vector lanes x FMA units x 2 x clock,
+  detected from /proc/cpuinfo and lscpu (`describe_cpu()` says what was found).
+  `HGPO_PEAK_FLOPS` (FLOP/s per device) overrides both.
+
+MFU here is FLOPs-of-the-executable / time / peak: with `model.remat` the recomputed
+forward pass is counted (strictly, hardware FLOPs utilisation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+from typing import Any, Optional
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------------
+# FLOPs of a compiled executable
+# ---------------------------------------------------------------------------------------
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_COMP_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
+_ARRAY_SHAPE = re.compile(r"^([a-z]\w*)\[([\d,]*)\]")
+
+
+def cost_analysis(compiled) -> dict[str, float]:
+  """XLA's cost analysis of a compiled executable as one flat dict.
+
+  Current JAX returns a dict; older versions a list with one dict per partition (summed
+  here); some backends None (an empty dict).
+  """
+  raw = compiled.cost_analysis()
+  if raw is None:
+    return {}
+  if isinstance(raw, dict):
+    return {k: float(v) for k, v in raw.items() if isinstance(v, (int, float))}
+  out: dict[str, float] = {}
+  for part in raw:
+    for k, v in (part or {}).items():
+      if isinstance(v, (int, float)):
+        out[k] = out.get(k, 0.0) + float(v)
+  return out
+
+
+def _dims(shape_text: str) -> Optional[list[int]]:
+  m = _ARRAY_SHAPE.match(shape_text.strip())
+  if not m:
+    return None
+  return [int(d) for d in m.group(2).split(",") if d]
+
+
+def _operand_names(args: str) -> list[str]:
+  """Names of the operands in the text after `op(` (up to the matching parenthesis)."""
+  depth, end = 1, len(args)
+  for i, ch in enumerate(args):
+    if ch == "(":
+      depth += 1
+    elif ch == ")":
+      depth -= 1
+      if depth == 0:
+        end = i
+        break
+  return re.findall(r"%([\w.\-]+)", args[:end])
+
+
+def _int_list(attrs: str, key: str) -> list[int]:
+  m = re.search(key + r"=\{([\d,]*)\}", attrs)
+  return [int(x) for x in m.group(1).split(",") if x] if m else []
+
+
+def _parse_hlo(text: str):
+  """{computation: (direct matmul FLOPs, [(callee, multiplier)])}, and the entry name."""
+  comps: dict[str, tuple[float, list]] = {}
+  entry = None
+  name, shapes, flops, calls = None, {}, 0.0, []
+  for line in text.splitlines():
+    if name is None:
+      m = _COMP_HEADER.match(line)
+      if m:
+        name, shapes, flops, calls = m.group(1), {}, 0.0, []
+        if line.lstrip().startswith("ENTRY"):
+          entry = name
+        # Parameters of the computation are declared again as instructions below.
+      continue
+    if line.strip() == "}":
+      comps[name] = (flops, calls)
+      name = None
+      continue
+    m = _INSTR.match(line)
+    if not m:
+      continue
+    iname, shape_text, op, rest = m.groups()
+    shapes[iname] = shape_text
+    if op in ("dot", "convolution"):
+      out = _dims(shape_text)
+      operands = _operand_names(rest)
+      lhs = _dims(shapes.get(operands[0], "")) if operands else None
+      if out is None or lhs is None:
+        continue
+      n_out = 1
+      for d in out:
+        n_out *= d
+      if op == "dot":
+        contracted = 1
+        for d in _int_list(rest, "lhs_contracting_dims"):
+          contracted *= lhs[d]
+      else:  # convolution: contracted = kernel spatial x input features
+        rhs = _dims(shapes.get(operands[1], "")) if len(operands) > 1 else None
+        if rhs is None:
+          continue
+        contracted = 1
+        for d in rhs:
+          contracted *= d
+        contracted //= max(out[-1] if out else 1, 1)
+      flops += 2.0 * n_out * contracted
+    if op == "custom-call" and re.search(r'custom_call_target="[^"]*(gemm|matmul)', rest, re.I):
+      # XLA:GPU rewrites dots into cuBLAS/cuBLASLt calls; their output is the first array
+      # of the result tuple and the contraction is in the backend config.
+      out = _dims(shape_text.lstrip("("))
+      operands = _operand_names(rest)
+      lhs = _dims(shapes.get(operands[0], "").lstrip("(")) if operands else None
+      dims = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', rest)
+      if out is not None and lhs is not None and dims:
+        contracted = 1
+        for d in re.findall(r"\d+", dims.group(1)):
+          contracted *= lhs[int(d)]
+        flops += 2.0 * float(np.prod(out)) * contracted if out else 0.0
+    # Callees: fusions/calls/maps run once, while bodies `known_trip_count` times,
+    # conditionals' branches at most once each (counted once: the largest is unknown).
+    trip = 1
+    if op == "while":
+      t = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', rest)
+      trip = int(t.group(1)) if t else 1
+      body = re.search(r"body=%?([\w.\-]+)", rest)
+      if body:
+        calls.append((body.group(1), trip))
+      continue
+    for key in ("calls", "to_apply"):
+      for callee in re.findall(key + r"=%?([\w.\-]+)", rest):
+        calls.append((callee, 1))
+    br = re.search(r"branch_computations=\{([^}]*)\}", rest)
+    if br:
+      for callee in re.findall(r"%?([\w.\-]+)", br.group(1)):
+        calls.append((callee, 1))
+  return comps, entry
+
+
+def hlo_matmul_flops(hlo_text: str) -> float:
+  """Matmul FLOPs of one run of an HLO module's entry computation, loops unrolled by
+  their known trip counts (a loop without one counts once)."""
+  comps, entry = _parse_hlo(hlo_text)
+  if entry is None:
+    raise ValueError("hlo_matmul_flops: no ENTRY computation in the HLO text.")
+  memo: dict[str, float] = {}
+
+  def total(c: str, stack=()) -> float:
+    if c in memo:
+      return memo[c]
+    if c not in comps or c in stack:
+      return 0.0
+    direct, calls = comps[c]
+    value = direct + sum(mult * total(callee, stack + (c,)) for callee, mult in calls)
+    memo[c] = value
+    return value
+
+  return total(entry)
+
+
+def compiled_flops(compiled) -> float:
+  """Per-device FLOPs of one call of `jax.jit(f).lower(...).compile()` (see module doc).
+
+  Falls back to XLA's cost analysis when the HLO holds no dot (e.g. a backend that
+  lowers matmuls to custom calls)."""
+  flops = hlo_matmul_flops(compiled.as_text())
+  if flops == 0.0:
+    flops = cost_analysis(compiled).get("flops", 0.0)
+  return flops
+
+
+def memory_bytes(compiled) -> dict[str, int]:
+  """Per-device bytes of a compiled executable (`memory_analysis()`): arguments, outputs,
+  aliased (donated arguments reused as outputs), temporaries, generated code, and peak
+  = arguments + outputs - aliased + temporaries."""
+  m = compiled.memory_analysis()
+  if m is None:
+    raise ValueError("memory_analysis() is not available on this backend.")
+  out = dict(argument=int(m.argument_size_in_bytes), output=int(m.output_size_in_bytes),
+             alias=int(m.alias_size_in_bytes), temp=int(m.temp_size_in_bytes),
+             code=int(m.generated_code_size_in_bytes))
+  out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+  return out
+
+
+# ---------------------------------------------------------------------------------------
+# Analytic FLOPs of the decoder (matmuls only, dense masked attention as implemented)
+# ---------------------------------------------------------------------------------------
+
+def layer_matmul_params(cfg) -> int:
+  """Weights of one decoder block that take part in matmuls (q, k, v, o, gate, up, down)."""
+  d, h, kv, dh, f = cfg.hidden_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
+  return d * (h + 2 * kv) * dh + h * dh * d + 3 * d * f
+
+
+def analytic_forward_flops(cfg, *, rows: int, tokens: int, keys: int, scored: int) -> float:
+  """Matmul FLOPs of one forward pass: `rows` x `tokens` new positions, each attending
+  over `keys` positions (dense: masked keys are still multiplied), and the output layer
+  on `scored` positions per row."""
+  per_token = 2 * cfg.num_layers * layer_matmul_params(cfg)
+  attention = cfg.num_layers * 2 * 2 * keys * cfg.num_heads * cfg.head_dim  # QK^T and PV
+  head = 2 * cfg.hidden_dim * cfg.vocab_size
+  return float(rows * tokens * (per_token + attention) + rows * scored * head)
+
+
+def analytic_update_flops(cfg, *, rows: int, seq: int, scored: int, remat: bool) -> float:
+  """Forward + backward of the actor update on [rows, seq]: 3x forward (+1x the
+  layers' forward with remat: the output layer is outside the rematerialised scan)."""
+  fwd = analytic_forward_flops(cfg, rows=rows, tokens=seq, keys=seq, scored=scored)
+  layers = analytic_forward_flops(cfg, rows=rows, tokens=seq, keys=seq, scored=0)
+  return 3 * fwd + (layers if remat else 0.0)
+
+
+def analytic_sampler_flops(cfg, *, batch: int, prompt: int, new_tokens: int) -> dict[str, float]:
+  """Prefill (P-1 positions) and one decode step (1 position + output layer), both
+  attending over the whole cache of P + new_tokens - 1 slots, as the sampler does."""
+  cache = prompt + new_tokens - 1
+  return dict(
+      prefill=analytic_forward_flops(cfg, rows=batch, tokens=prompt - 1, keys=cache, scored=0),
+      decode_step=analytic_forward_flops(cfg, rows=batch, tokens=1, keys=cache, scored=1))
+
+
+def param_count(cfg) -> int:
+  """Parameters of the decoder (embedding, blocks with norms/biases, final norm, head)."""
+  d, h, kv, dh = cfg.hidden_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  per_layer = layer_matmul_params(cfg) + 2 * d + ((h + 2 * kv) * dh if cfg.qkv_bias else 0)
+  head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
+  return cfg.vocab_size * d + cfg.num_layers * per_layer + d + head
+
+
+# ---------------------------------------------------------------------------------------
+# Device peaks
+# ---------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+  """Peak FLOP/s of one device for a dtype, and where the number comes from."""
+  flops_per_s: float
+  device_kind: str
+  dtype: str
+  source: str
+
+
+# Published dense peaks per chip / GPU (no sparsity), FLOP/s, and HBM per device.
+# TPU: cloud.google.com/tpu/docs/{v4,v5e,v5p,v6e}; GPU: NVIDIA A100/H100/H200 datasheets
+# (SXM parts). TPU f32 matmuls run as bf16 passes at JAX's default precision, so TPUs
+# list one peak; GPUs list f32 without TF32.
+ACCELERATORS: dict[str, dict[str, Any]] = {
+    "TPU v4": dict(bfloat16=275e12, float32=275e12, memory_gib=32),
+    "TPU v5 lite": dict(bfloat16=197e12, float32=197e12, memory_gib=16),  # v5e
+    "TPU v5e": dict(bfloat16=197e12, float32=197e12, memory_gib=16),
+    "TPU v5p": dict(bfloat16=459e12, float32=459e12, memory_gib=95),
+    "TPU v5": dict(bfloat16=459e12, float32=459e12, memory_gib=95),  # v5p's device_kind
+    "TPU v6 lite": dict(bfloat16=918e12, float32=918e12, memory_gib=32),  # v6e (Trillium)
+    "TPU v6e": dict(bfloat16=918e12, float32=918e12, memory_gib=32),
+    "NVIDIA H200": dict(bfloat16=989e12, float32=67e12, memory_gib=141),
+    "NVIDIA H100 PCIe": dict(bfloat16=756e12, float32=51e12, memory_gib=80),
+    "NVIDIA H100": dict(bfloat16=989e12, float32=67e12, memory_gib=80),  # SXM
+    "NVIDIA A100": dict(bfloat16=312e12, float32=19.5e12, memory_gib=80),
+}
+
+
+def _table_entry(kind: str) -> Optional[tuple[str, dict]]:
+  """The longest table key that `kind` starts with (e.g. "NVIDIA H100 80GB HBM3")."""
+  best = None
+  for key, row in ACCELERATORS.items():
+    if kind.lower().startswith(key.lower()) and (best is None or len(key) > len(best[0])):
+      best = (key, row)
+  return best
+
+
+def _read(path: str) -> str:
+  try:
+    with open(path) as f:
+      return f.read()
+  except OSError:
+    return ""
+
+
+def describe_cpu() -> dict[str, Any]:
+  """What the CPU peak is computed from: cores, widest f32 vector, FMA, clock."""
+  info = _read("/proc/cpuinfo")
+  flags = set()
+  model = ""
+  mhz = []
+  for line in info.splitlines():
+    key, _, value = line.partition(":")
+    key = key.strip()
+    if key == "flags" and not flags:
+      flags = set(value.split())
+    elif key == "model name" and not model:
+      model = value.strip()
+    elif key == "cpu MHz":
+      try:
+        mhz.append(float(value))
+      except ValueError:
+        pass
+  clock_hz, clock_source = 0.0, "none"
+  khz = _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").strip()
+  if khz.isdigit():
+    clock_hz, clock_source = int(khz) * 1e3, "cpufreq max"
+  elif shutil.which("lscpu"):
+    try:
+      out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+      m = re.search(r"CPU max MHz:\s*([\d.]+)", out)
+      if m and float(m.group(1)) > 0:
+        clock_hz, clock_source = float(m.group(1)) * 1e6, "lscpu max MHz"
+    except (OSError, subprocess.SubprocessError):
+      pass
+  if not clock_hz and mhz:
+    clock_hz, clock_source = max(mhz) * 1e6, "/proc/cpuinfo cpu MHz"
+  lanes = 16 if "avx512f" in flags else 8 if "avx" in flags else 4 if "sse2" in flags else 1
+  # Two FMA pipes per core on current x86 server cores (Zen 2+, Skylake-SP Gold and up);
+  # without FMA, one multiply and one add pipe (the same 2 FLOPs per lane per cycle).
+  fma_units = 2 if "fma" in flags else 1
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:
+    cores = os.cpu_count() or 1
+  return dict(model=model, cores=cores, f32_lanes=lanes, fma_units=fma_units,
+              clock_hz=clock_hz, clock_source=clock_source,
+              bf16_dot="avx512_bf16" in flags, amx="amx_bf16" in flags)
+
+
+def cpu_peak(dtype: str = "float32") -> Peak:
+  """cores x f32 lanes x FMA units x 2 FLOPs x clock (bf16: x2 with AVX512-BF16 dot
+  products; AMX tiles are not counted)."""
+  c = describe_cpu()
+  per_cycle = c["f32_lanes"] * c["fma_units"] * 2
+  if dtype == "bfloat16" and c["bf16_dot"]:
+    per_cycle *= 2
+  flops = c["cores"] * per_cycle * c["clock_hz"]
+  source = (f"detected: {c['model'] or 'cpu'}, {c['cores']} cores x {c['f32_lanes']} f32 lanes x "
+            f"{c['fma_units']} FMA x 2 x {c['clock_hz'] / 1e9:.3f} GHz ({c['clock_source']})"
+            + (", bf16 dot x2" if dtype == "bfloat16" and c["bf16_dot"] else ""))
+  return Peak(flops, "cpu", dtype, source)
+
+
+def device_peak(device=None, dtype: str = "float32") -> Peak:
+  """Peak FLOP/s of one device (default `jax.devices()[0]`) for compute dtype `dtype`."""
+  override = os.environ.get("HGPO_PEAK_FLOPS")
+  if device is None:
+    import jax  # pylint: disable=import-outside-toplevel
+    device = jax.devices()[0]
+  kind = getattr(device, "device_kind", "cpu")
+  if override:
+    return Peak(float(override), kind, dtype, "HGPO_PEAK_FLOPS")
+  if device.platform == "cpu":
+    return cpu_peak(dtype)
+  entry = _table_entry(kind)
+  if entry is None:
+    raise ValueError(f"no published peak for device kind {kind!r}; set HGPO_PEAK_FLOPS "
+                     f"(FLOP/s per device) or add it to hgpo_jax.perf.ACCELERATORS.")
+  key, row = entry
+  return Peak(row.get(dtype, row["bfloat16"]), kind, dtype, f"table: {key} {dtype}")
+
+
+def mfu(flops: float, seconds: float, peak: Peak) -> float:
+  """Achieved / peak FLOP/s (flops per device, peak per device)."""
+  return flops / seconds / peak.flops_per_s if seconds > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------
+# Per-iteration metrics of the trainer and the profiler window
+# ---------------------------------------------------------------------------------------
+
+def _abstract(x, sharding):
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+class LearnerFlops:
+  """Compiled FLOPs per call of `Learner.compute_logprobs` and `Learner.update`, one
+  AOT compile per batch shape (served by the persistent compilation cache when the
+  trainer has already compiled the same program)."""
+
+  def __init__(self, learner):
+    self.learner = learner
+    self._cache: dict[tuple, dict[str, float]] = {}
+
+  def per_call(self, batch) -> dict[str, float]:
+    """{"logprobs": FLOPs, "update": FLOPs} per device for one mini-batch of `batch`'s
+    row width (a host or device TrainBatch)."""
+    import jax  # pylint: disable=import-outside-toplevel
+    ln = self.learner
+    rows = ln.config.mini_batch_size
+    key = tuple((rows,) + tuple(x.shape[1:]) + (str(x.dtype),) for x in jax.tree.leaves(batch))
+    if key not in self._cache:
+      abstract_batch = jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct((rows,) + tuple(x.shape[1:]), x.dtype,
+                                         sharding=ln.row_sharding), batch)
+      state = ln.abstract_state()
+      params = state.params
+      self._cache[key] = dict(
+          logprobs=compiled_flops(ln.compute_logprobs.lower(params, abstract_batch).compile()),
+          update=compiled_flops(ln.update.lower(state, abstract_batch).compile()))
+    return self._cache[key]
+
+
+def iteration_metrics(counter: LearnerFlops, batch, *, with_ref: bool, logprobs_s: float,
+                      update_s: float, dtype: str = "float32",
+                      peak: Optional[Peak] = None) -> dict[str, float]:
+  """`perf/...` metrics of one trainer iteration: FLOPs per device, FLOP/s and MFU of
+  the log-prob pass (old + reference) and of the updates, from the wall times
+  (`dtype`: the model's compute dtype, which picks the peak)."""
+  ln = counter.learner
+  per_call = counter.per_call(batch)
+  chunks = batch.num_rows // ln.config.mini_batch_size
+  if peak is None:
+    peak = device_peak(dtype=dtype)
+  out = {}
+  for name, calls, seconds in (("logprobs", chunks * (2 if with_ref else 1), logprobs_s),
+                               ("update", chunks * ln.config.ppo_epochs, update_s)):
+    flops = per_call[name] * calls
+    out[f"perf/{name}_flops"] = flops
+    out[f"perf/{name}_flop_per_s"] = flops / seconds if seconds > 0 else 0.0
+    out[f"perf/{name}_mfu"] = mfu(flops, seconds, peak)
+  out["perf/peak_flop_per_s"] = peak.flops_per_s
+  return out
+
+
+class ProfileWindow:
+  """A `jax.profiler` trace of `iterations` trainer iterations, after `skip` iterations
+  of this run (the first one compiles), written to `<workdir>/profile`
+  (open with TensorBoard's profile plugin or ui.perfetto.dev)."""
+
+  def __init__(self, workdir: str, first_iteration: int, iterations: int, skip: int = 1):
+    self.dir = os.path.join(workdir, "profile")
+    self.start = first_iteration + skip
+    self.stop = self.start + iterations  # exclusive
+    self.active = False
+    self.enabled = iterations > 0
+
+  def before(self, it: int) -> None:
+    if self.enabled and it == self.start and not self.active:
+      import jax  # pylint: disable=import-outside-toplevel
+      os.makedirs(self.dir, exist_ok=True)
+      # The .xplane.pb is for TensorBoard's profile plugin; the perfetto_trace.json.gz
+      # opens in ui.perfetto.dev.
+      jax.profiler.start_trace(self.dir, create_perfetto_trace=True)
+      self.active = True
+
+  def after(self, it: int) -> None:
+    if self.active and it + 1 >= self.stop:
+      self.close()
+
+  def close(self) -> None:
+    if self.active:
+      import jax  # pylint: disable=import-outside-toplevel
+      jax.profiler.stop_trace()
+      self.active = False
+
+
+def format_line(name: str, flops: float, seconds: float, peak: Peak) -> str:
+  """One benchmark line: FLOPs per call, achieved FLOP/s and MFU against the peak."""
+  rate = flops / seconds if seconds > 0 else 0.0
+  return (f"{name}: {flops / 1e9:.3f} GFLOP per call, {rate / 1e9:.2f} GFLOP/s, "
+          f"MFU {100 * mfu(flops, seconds, peak):.2f}% of {peak.flops_per_s / 1e9:.1f} GFLOP/s "
+          f"({peak.source})")
+
+
+def to_json(peak: Peak) -> str:
+  return json.dumps(dataclasses.asdict(peak))

@@ -1,0 +1,135 @@
+"""Compiled plans: per-device memory from shardings and memory_analysis(), on the tiny model."""
+
+import jax
+import pytest
+
+from configs import alfworld
+from hgpo_jax import perf
+from hgpo_jax.training import plan as plan_lib
+from launch import plan as plan_cli
+
+GiB = plan_lib.GiB
+
+
+def _config(prompt=64, response=32, mini=16, micro=16, rollout_groups=2):
+  c = alfworld.get_config("algo=hgpo,model=tiny,smoke")
+  c.rollout.max_prompt_tokens = prompt
+  c.rollout.max_new_tokens = response
+  c.train.mini_batch_rows = mini
+  c.train.micro_batch_rows = micro
+  c.rollout.num_groups = rollout_groups
+  c.model.remat = True
+  return c
+
+
+def _devices(n):
+  if jax.device_count() < n:
+    pytest.skip(f"needs {n} (fake) devices")
+  return jax.devices()[:n]
+
+
+def test_parse_bytes_and_mesh():
+  assert plan_lib.parse_bytes("16GiB") == 16 * GiB
+  assert plan_lib.parse_bytes("80GB") == 80 * 10 ** 9
+  assert plan_lib.parse_bytes("95 GiB") == 95 * GiB
+  assert plan_lib.parse_mesh("fsdp=8") == (-1, 8, 1)
+  assert plan_lib.parse_mesh("data=2,fsdp=2,tensor=2") == (2, 2, 2)
+  with pytest.raises(ValueError, match="16GiB"):
+    plan_lib.parse_bytes("sixteen")
+  with pytest.raises(ValueError, match="fsdp=8"):
+    plan_lib.parse_mesh("fdsp=8")
+
+
+def test_candidate_meshes_prefer_data_then_fsdp_then_tensor():
+  tiny = plan_lib.shapes_from_config(_config()).model  # 2 kv heads: tensor <= 2
+  assert plan_lib.candidate_meshes(8, tiny) == [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1), (1, 4, 2)]
+
+
+def test_persistent_bytes_fall_as_one_over_fsdp():
+  """Parameters + AdamW moments per device at fsdp = 1, 2, 4, 8 are 1/fsdp of the
+  unsharded bytes within 5% (only the RMSNorm scales, 0.3% of the tiny model, and the
+  step/rng scalars are replicated)."""
+  config = _config()
+  cfg = plan_lib.shapes_from_config(config).model
+  full = 4 * perf.param_count(cfg)  # f32 params
+  for fsdp in (1, 2, 4, 8):
+    per_device = plan_lib.persistent_bytes(config, (1, fsdp, 1), devices=_devices(fsdp))
+    # params + 2 moments + reference params = 4 copies.
+    assert per_device == pytest.approx(4 * full / fsdp, rel=0.05), fsdp
+    if fsdp == 1:  # exact up to the optimizer's int32 step counters
+      assert 4 * full <= per_device <= 4 * full + 64
+
+
+@pytest.mark.slow
+def test_compiled_state_bytes_fall_as_one_over_fsdp_and_match_the_shardings():
+  """memory_analysis() of the compiled update: its arguments are the state plus the
+  batch, and the donated state comes back aliased; the state part is the sharded bytes
+  exactly and falls as 1/fsdp (within 5%)."""
+  config = _config()
+  state_bytes = {}
+  for fsdp in (1, 8):
+    plan = plan_lib.compile_plan(config, (1, fsdp, 1), phases=("update",), devices=_devices(fsdp))
+    update = plan.phases["update"]
+    rows, seq = config.train.mini_batch_rows, plan.shapes.seq
+    batch_bytes = rows * seq * (4 + 4 + 1 + 1 + 4 + 4 + 4) // fsdp  # TrainBatch fields
+    state = update.argument - batch_bytes
+    assert state == update.persistent_args  # params + moments + step + rng
+    assert plan.params + plan.opt_state <= state <= plan.params + plan.opt_state + 64
+    assert update.alias >= plan.params + plan.opt_state  # the state is donated
+    state_bytes[fsdp] = plan.params + plan.opt_state
+  assert state_bytes[8] == pytest.approx(state_bytes[1] / 8, rel=0.05)
+
+
+@pytest.mark.slow
+def test_temporaries_shrink_with_the_micro_batch():
+  """Activation/temporary bytes of the update grow with rows per micro-batch (the scan
+  holds one micro-batch's activations): strictly increasing, and at least 2x from 4 to
+  16 rows (4x the rows; fixed-size buffers such as the gradient accumulator make it
+  less than 4x)."""
+  config = _config(mini=16)
+  temps = {}
+  for micro in (4, 8, 16):
+    plan = plan_lib.compile_plan(config, (1, 2, 1), micro_batch_rows=micro, phases=("update",),
+                                 devices=_devices(2))
+    temps[micro] = plan.phases["update"].temp
+  assert temps[4] < temps[8] < temps[16]
+  assert temps[16] >= 2 * temps[4]
+
+
+@pytest.mark.slow
+def test_sampler_phases_and_flops_per_device():
+  """Prefill and decode compile with the sampler's shapes; the decode step's FLOPs per
+  device are 1/8 of the analytic count of all rows (rows split over 8 devices)."""
+  config = _config(prompt=64, response=32, rollout_groups=4)  # 4 x 2 = 8 rows
+  plan = plan_lib.compile_plan(config, (1, 8, 1), phases=("prefill", "decode"), devices=_devices(8))
+  cfg = plan.shapes.model
+  analytic = perf.analytic_sampler_flops(cfg, batch=8, prompt=64, new_tokens=32)
+  assert plan.phases["decode"].flops * 8 == pytest.approx(analytic["decode_step"], rel=1e-9)
+  assert plan.phases["prefill"].flops * 8 == pytest.approx(analytic["prefill"], rel=1e-9)
+  # The decode step donates the cache: it comes back aliased.
+  cache = 2 * cfg.num_layers * 8 * (64 + 32 - 1) * cfg.num_kv_heads * cfg.head_dim * 4 // 8
+  assert plan.phases["decode"].alias >= cache
+  assert "rows per generate call" in plan_lib.sampler_rows_line(plan, GiB)
+
+
+@pytest.mark.slow
+def test_cli_prints_the_plan_and_a_recommendation(capsys):
+  if jax.device_count() != 8:
+    pytest.skip("the CLI is run in-process with the suite's 8 fake devices")
+  rc = plan_cli.main(["--config=configs/alfworld.py:algo=hgpo,model=tiny,smoke", "--devices", "8",
+                      "--mesh", "data=1,fsdp=4,tensor=2", "--device-memory", "1GiB",
+                      "--config.rollout.max_prompt_tokens=64", "--config.rollout.max_new_tokens=16",
+                      "--config.train.micro_batch_rows=8"])
+  out = capsys.readouterr().out
+  assert rc == 0
+  assert "mesh data=1 fsdp=4 tensor=2" in out and "FITS" in out
+  # 8-row micro-batch on a 1 GiB device: pure data parallelism fits first.
+  assert "recommended: --config.mesh.data=8 --config.mesh.fsdp=1 --config.mesh.tensor=1 " \
+         "--config.train.micro_batch_rows=8" in out
+
+
+def test_cli_rejects_bad_overrides():
+  with pytest.raises(SystemExit):
+    plan_cli.load_config("configs/alfworld.py:model=tiny", ["--config.train.no_such_field=1"])
+  with pytest.raises(SystemExit, match="no config file"):
+    plan_cli.load_config("configs/nope.py", [])
