@@ -3,7 +3,7 @@
   python -m hgpo_jax.advantages DUMP.jsonl --estimator hgpo --k 2 > with_adv.jsonl
 
 Writes the input rows to stdout in input order, each with "return" (discounted,
-after the invalid-action penalty, R~_t of research/algorithms.md §1) and
+after the invalid-action penalty, R~_t of docs/algorithms.md §1) and
 "advantage" added. Estimator names come from the registry; options that the
 chosen estimator does not have are rejected. Errors print one line to stderr and
 exit with status 2.
@@ -23,7 +23,8 @@ from hgpo_jax.advantages import grouping
 from hgpo_jax.advantages import registry
 
 # CLI flag (argparse dest) -> estimator option field of the same meaning.
-_ESTIMATOR_FLAGS = ("norm", "stats", "omega", "k", "alpha", "weights", "base_group")
+_ESTIMATOR_FLAGS = ("norm", "stats", "omega", "k", "alpha", "weights", "base_group",
+                    "enable_similarity", "similarity_thresh")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,10 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--omega", type=float, default=None, help="GiGPO step-term weight")
   p.add_argument("--k", type=int, default=None, help="HGPO deepest context level K")
   p.add_argument("--alpha", type=float, default=None, help="HGPO weight exponent")
-  p.add_argument("--weights", choices=("paper", "recipe"), default=None,
-                 help="HGPO level weights (k+1)^alpha (paper) or (k+2)^alpha (recipe)")
+  p.add_argument("--weights", choices=("paper", "recipe", "inverse_variance"), default=None,
+                 help="HGPO level weights (k+1)^alpha (paper), (k+2)^alpha (recipe) or "
+                      "inverse_variance (precision of each level's group mean)")
   p.add_argument("--base-group", action="store_const", const=True, default=None,
                  help="HGPO: add the episode advantage as an extra item")
+  p.add_argument("--enable-similarity", action="store_const", const=True, default=None,
+                 help="GiGPO: group near-identical anchor observations (difflib ratio)")
+  p.add_argument("--similarity-thresh", type=float, default=None,
+                 help="GiGPO: ratio needed to join a cluster (default 0.95)")
   p.add_argument("--capacity", type=int, default=None,
                  help="padded row count (default: next power of two)")
   return p
@@ -94,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     grouped = grouping.build_row_batch(
         rows, num_levels=getattr(options, "k", 0) + 1, gamma=args.gamma,
         invalid_penalty=args.invalid_penalty, capacity=capacity,
-        extra_fields=_critic_fields(estimator, rows))
+        extra_fields=_critic_fields(estimator, rows), **grouping.grouping_options(options))
   except (_UsageError, dump.DumpError, grouping.GroupingError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -42,11 +42,11 @@ class RowBatch:
   done: jax.Array
   """bool[R]: the episode terminated at this step (not merely truncated)."""
   action_valid: jax.Array
-  """bool[R]: the response parsed into a well-formed action (spec §1 validity rules)."""
+  """bool[R]: the response parsed into a well-formed action (docs/algorithms.md §1 validity rules)."""
   returns: jax.Array
-  """f32[R]: discounted return-to-go after the invalid-action penalty, R~_t (spec §1)."""
+  """f32[R]: discounted return-to-go after the invalid-action penalty, R~_t (docs/algorithms.md §1)."""
   score: jax.Array
-  """f32[R]: row score S_t = R(tau) - eta * (1 - valid_t) (spec §1)."""
+  """f32[R]: row score S_t = R(tau) - eta * (1 - valid_t) (docs/algorithms.md §1)."""
   episode_return: jax.Array
   """f32[R]: penalty-free undiscounted episode return R(tau) of the row's trajectory."""
   traj_first: jax.Array

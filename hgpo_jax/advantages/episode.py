@@ -2,7 +2,7 @@
 
 Both compare a trajectory's outcome with the other members of its episode group
 (the N rollouts of one task) and broadcast one scalar to every step row of the
-trajectory (research/algorithms.md §2.1-2.2). The episode term of GiGPO and HGPO's
+trajectory (docs/algorithms.md §3-4). The episode term of GiGPO and HGPO's
 optional `base_group` term reuse `episode_advantage` from here.
 
 Two statistics conventions (option `stats`):
@@ -38,7 +38,7 @@ def check_choice(option: str, value, choices) -> None:
 
 def episode_advantage(batch: RowBatch, *, stats: str, use_std: bool, ddof: int, epsilon: float,
                       zero_tolerance: float = group_stats.ZERO_TOLERANCE) -> jax.Array:
-  """Group-normalised episode outcome per row, f32[R] (spec §2.1, GiGPO Eq. 3).
+  """Group-normalised episode outcome per row, f32[R] (docs/algorithms.md §3, GiGPO Eq. 3).
 
   Singleton population (one row, or one trajectory under "trajectories"): mean 0 and
   std 1 as in verl-agent, i.e. the raw value divided by (1 + eps) under `use_std`.
@@ -91,7 +91,7 @@ class GRPOOptions:
 
 @registry.register("grpo", GRPOOptions)
 def grpo(batch: RowBatch, options: GRPOOptions) -> registry.EstimatorOutput:
-  """GRPO: A = (S - mean_G S) / (std_G S + eps), broadcast to all rows (spec §2.1)."""
+  """GRPO: A = (S - mean_G S) / (std_G S + eps), broadcast to all rows (docs/algorithms.md §3)."""
   adv_r = episode_advantage(batch, stats=options.stats, use_std=options.norm == "mean_std",
                             ddof=options.ddof, epsilon=options.epsilon)
   return registry.EstimatorOutput(advantage=adv_r)
@@ -110,7 +110,7 @@ class RLOOOptions:
 
 @registry.register("rloo", RLOOOptions)
 def rloo(batch: RowBatch, options: RLOOOptions) -> registry.EstimatorOutput:
-  """RLOO: A = (x - mean_G x) * n / (n - 1) = x - mean of the others (spec §2.2).
+  """RLOO: A = (x - mean_G x) * n / (n - 1) = x - mean of the others (docs/algorithms.md §4).
 
   n counts the statistics population (rows or trajectories); n = 1 gives the raw value.
   """

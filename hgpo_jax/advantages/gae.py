@@ -1,4 +1,4 @@
-"""PPO's generalised advantage estimation (GAE) with a token-level critic (spec §2.3).
+"""PPO's generalised advantage estimation (GAE) with a token-level critic (docs/algorithms.md §7).
 
 Registered as `gae` (needs a critic). Two settings:
 
@@ -42,7 +42,7 @@ WHITEN_EPS = 1e-8
 
 @dataclasses.dataclass(frozen=True)
 class GaeOptions:
-  """Options of `gae`; defaults reproduce verl-agent's PPO scripts (spec §2.3)."""
+  """Options of `gae`; defaults reproduce verl-agent's PPO scripts (docs/algorithms.md §7)."""
 
   gamma: float = 1.0
   """Token discount; the PPO scripts leave verl's default 1.0."""
@@ -87,7 +87,7 @@ def row_gae(reward_rt: jax.Array, value_rt: jax.Array, gamma: float, lam: float)
   """GAE along the token axis of each row, with V = 0 after the last token.
 
   delta_j = r_j + gamma * V_{j+1} - V_j, A_j = delta_j + gamma * lambda * A_{j+1}
-  (spec §2.3). Padding tokens must carry r = V = 0, so they add nothing.
+  (arXiv 1506.02438; docs/algorithms.md §7). Padding tokens must carry r = V = 0, so they add nothing.
 
   Args:
     reward_rt: f32[R, T] token rewards.
@@ -152,7 +152,7 @@ def _require_token_fields(batch: RowBatch, name: str) -> None:
 
 @registry.register("gae", GaeOptions, needs_critic=True)
 def gae(batch: RowBatch, options: GaeOptions) -> registry.EstimatorOutput:
-  """PPO-GAE advantages and value targets (spec §2.3).
+  """PPO-GAE advantages and value targets (docs/algorithms.md §7).
 
   Reads `token_values` f32[R, T], `response_mask` bool[R, T], `score` (per-row
   setting) or `reward`/`action_valid`/`done`/`traj`/`step` (multi_turn).

@@ -1,6 +1,6 @@
 """GiGPO: episode-level plus anchor-state step-level advantage (jit side).
 
-research/algorithms.md §3 (arXiv 2505.10978, Eq. 3-8; verl-agent `core_gigpo`):
+docs/algorithms.md §5 (arXiv 2505.10978, Eq. 3-8; verl-agent `gigpo/core_gigpo.py`):
 
   A(a_t) = A^E(tau) + omega * A^S(a_t)                                   (Eq. 8)
 
@@ -18,6 +18,7 @@ import dataclasses
 from hgpo_jax.advantages import episode
 from hgpo_jax.advantages import group_stats
 from hgpo_jax.advantages import registry
+from hgpo_jax.advantages import similarity
 from hgpo_jax.advantages.batch import RowBatch
 
 
@@ -35,10 +36,17 @@ class GiGPOOptions:
   """Std estimator of both terms: 1 = unbiased (torch.std)."""
   epsilon: float = 1e-6
   """Added to the std before dividing."""
+  enable_similarity: bool = False
+  """Host grouping: cluster near-identical anchor observations (`enable_similarity` of the
+  released code); read by `grouping.grouping_options`, not by the kernel."""
+  similarity_thresh: float = 0.95
+  """difflib ratio a row needs with a cluster's representative to join it (released default)."""
 
   def __post_init__(self):
     episode.check_choice("norm", self.norm, episode.NORMS)
     episode.check_choice("stats", self.stats, episode.STATS)
+    if self.enable_similarity:
+      similarity.check_threshold(self.similarity_thresh)
 
 
 def step_advantage(batch: RowBatch, options: GiGPOOptions):

@@ -4,7 +4,7 @@ Every group-based estimator normalises a value inside groups given by dense int3
 ids (RowBatch conventions: ids in [0, R), so `num_segments = R` is static). This
 module owns that one computation.
 
-Exactness (research/algorithms.md §4.4 item 6, §8.5): the reference trainers
+Exactness (docs/algorithms.md §2.3, example §11.7): the reference trainers
 compute `x - mean(x)` in float32, and for a group of identical non-zero values the
 mean is often 1-2 ulp off, which divided by a ~1e-7 std gives a spurious advantage
 up to ~0.65. Here the statistics are taken on values shifted by the group minimum
@@ -98,7 +98,7 @@ def normalize_in_groups(x: jax.Array, ids: jax.Array, member: jax.Array, *,
                         zero_tolerance: float = ZERO_TOLERANCE) -> jax.Array:
   """`(x - mean) / (std + eps)` (use_std) or `x - mean` inside groups; 0 off `member`.
 
-  The spec's `mean_std_norm` / `mean_norm` (research/algorithms.md §3.2). Singleton
+  verl-agent's `mean_std_norm` / `mean_norm` (docs/algorithms.md §2). Singleton
   groups give exactly 0 (deviation 0, std 0), which is the GiGPO/HGPO step rule.
   """
   stats = group_deviation(x, ids, member, zero_tolerance)

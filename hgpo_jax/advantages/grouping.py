@@ -2,8 +2,8 @@
 
 Strings never enter jit. This module interns group / trajectory / anchor
 observation keys to integers once, sorts rows by (group, traj, step), computes the
-discounted returns and the row scores (research/algorithms.md §1), and hashes the
-k-step context windows of HGPO (§4.1-4.2) into dense int32 ids with vectorised
+discounted returns and the row scores (docs/algorithms.md §1), and hashes the
+k-step context windows of HGPO (docs/algorithms.md §6) into dense int32 ids with vectorised
 numpy (np.unique over int64 keys, one pass per level), so 1M rows take about a
 second rather than a Python loop over tuples.
 
@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from hgpo_jax.advantages import similarity
 from hgpo_jax.advantages.batch import RowBatch
 
 REQUIRED_FIELDS = ("group", "traj", "step", "anchor_obs", "reward", "valid")
@@ -57,7 +58,9 @@ class GroupedRows:
 def build_row_batch(rows: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]], *,
                     num_levels: int = 1, gamma: float = 0.95, invalid_penalty: float = 0.1,
                     capacity: int | None = None,
-                    extra_fields: Mapping[str, np.ndarray] | None = None) -> GroupedRows:
+                    extra_fields: Mapping[str, np.ndarray] | None = None,
+                    similarity_thresh: float | None = None,
+                    horizon: int | None = None, time_bucket: int = 1) -> GroupedRows:
   """Builds the padded RowBatch of a rollout.
 
   Args:
@@ -66,13 +69,22 @@ def build_row_batch(rows: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, An
       ignored. `group`/`traj` may be strings or ints; `traj` must be unique across
       groups; `step` is 0-based and gap-free per trajectory.
     num_levels: K + 1 context levels to hash (HGPO's K; GiGPO needs 1).
-    gamma: discount of the return-to-go R_t (spec Eq. 5).
+    gamma: discount of the return-to-go R_t (GiGPO Eq. 5).
     invalid_penalty: eta; subtracted from the row's own return and score only
-      (R~_t = R_t - eta(1 - v_t), S_t = R(tau) - eta(1 - v_t), spec §1).
+      (R~_t = R_t - eta(1 - v_t), S_t = R(tau) - eta(1 - v_t), docs/algorithms.md §1).
     capacity: R, the padded row count (static for jit); None means n.
     extra_fields: optional RowBatch fields (critic values, token masks, ...) as
       arrays [n, ...] aligned with `rows`; they are sorted and zero-padded like
       every other field (e.g. `gae.gae_fields_from_dump(rows)`).
+    similarity_thresh: None groups identical anchor observations (GiGPO, HGPO). A
+      value in (0, 1) is GiGPO's similarity grouping (`enable_similarity`): inside each
+      episode group, rows in input order join the first cluster whose representative
+      has difflib ratio >= the threshold (hgpo_jax.advantages.similarity); every
+      context level is then built over the cluster ids.
+    horizon, time_bucket: time-aware keys. With `horizon` (the episode step limit) the
+      anchor key also holds the remaining-step bucket (horizon - step - 1) // time_bucket,
+      so visits of one state with different time left do not share a group at any
+      level. None (default) keys on the observation only.
 
   Returns:
     GroupedRows; raises GroupingError (one line) on invalid rows.
@@ -89,7 +101,13 @@ def build_row_batch(rows: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, An
 
   group_in = _intern(cols["group"])
   traj_in = _intern(cols["traj"])
-  obs_in = _intern(cols["anchor_obs"])
+  if similarity_thresh is None:
+    obs_in = _intern(cols["anchor_obs"])
+  else:
+    try:
+      obs_in = similarity.cluster_in_groups(list(cols["anchor_obs"]), group_in, similarity_thresh)
+    except ValueError as e:
+      raise GroupingError(str(e)) from None
   step_in = _int_column(cols["step"], "step")
   if step_in.min() < 0:
     raise GroupingError(f"step must be >= 0, got {step_in.min()}")
@@ -97,6 +115,8 @@ def build_row_batch(rows: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, An
   if not np.all(np.isfinite(reward_in)):
     raise GroupingError("reward has non-finite values (nan/inf); fix the rollout dump")
   valid_in = _bool_column(cols["valid"], "valid")
+  if horizon is not None:
+    obs_in = _with_time_left(obs_in, step_in, horizon, time_bucket)
 
   order = np.lexsort((step_in, traj_in, group_in))
   group_s, traj_s, step_s, obs_s = group_in[order], traj_in[order], step_in[order], obs_in[order]
@@ -180,6 +200,30 @@ def _intern(values: Sequence[Any]) -> np.ndarray:
   # C-level dict construction and lookup: ~10x faster than a Python loop at 1M rows.
   table = {v: i for i, v in enumerate(dict.fromkeys(values))}
   return np.fromiter(map(table.__getitem__, values), np.int64, len(values))
+
+
+def grouping_options(options: Any) -> dict[str, Any]:
+  """Host-grouping keyword arguments that an estimator's options ask for.
+
+  GiGPO's `enable_similarity` / `similarity_thresh` act on the grouping, not on the
+  jit kernel; callers pass `**grouping_options(opts)` to `build_row_batch`.
+  """
+  if getattr(options, "enable_similarity", False):
+    return dict(similarity_thresh=options.similarity_thresh)
+  return {}
+
+
+def _with_time_left(obs_in: np.ndarray, step_in: np.ndarray, horizon: int,
+                    time_bucket: int) -> np.ndarray:
+  """Anchor ids that also hold the remaining-step bucket (time-aware keys)."""
+  if horizon < 1 or time_bucket < 1:
+    raise GroupingError(f"time-aware keys need horizon >= 1 and time_bucket >= 1, got "
+                        f"horizon={horizon}, time_bucket={time_bucket}")
+  if step_in.max() >= horizon:
+    raise GroupingError(f"step {step_in.max()} is beyond horizon={horizon}; pass the episode "
+                        "step limit as horizon")
+  bucket = (horizon - 1 - step_in) // time_bucket
+  return _intern(obs_in * (horizon // time_bucket + 1) + bucket)
 
 
 def _int_column(values, name: str) -> np.ndarray:

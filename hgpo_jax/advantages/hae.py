@@ -1,11 +1,11 @@
-"""HiPER's hierarchical advantage estimation (HAE), spec §5.3, registered as `hae`.
+"""HiPER's hierarchical advantage estimation (HAE), docs/algorithms.md §8, registered as `hae`.
 
 One LLM emits `<switch>KEEP|SWITCH</switch><subgoal>…</subgoal><action>…</action>`
 every turn; switches split each trajectory into subgoal segments
 sigma_m = [s_m, e_m] (`segments.py`). A three-head critic gives per turn V_low
 (executor), V_high (planner, used at segment starts) and V_term (switch).
 
-Turn reward (§5.3):
+Turn reward (HiPER-agent `hiper_hae/core_hae.py`, per-turn reward manager):
   r_t = r_t^env - eta*(1 - valid_t) + keep terms, where a KEEP turn (any turn that
   does not start a segment; turn 0 always starts one) gets `keep_penalty`
   ("fixed") or `keep_penalty / T_traj` ("normalised"), plus
@@ -26,8 +26,8 @@ High level (SMDP GAE over segment starts), d_m = e_m - s_m + 1:
   `bootstrap_truncated` else 0.
 Termination level: ret_term(t) = sum_{u=t}^{e_m} gamma^(u-t) r_u
   + gamma^(e_m-t+1) (1-done_{e_m}) B_m and A_term(t) = ret_term(t) - V_term(t).
-  (The truncated-segment bootstrap B_m is shared with the high level: INFERRED,
-  the spec names only V_high(s_{m+1}).)
+  (The truncated-segment bootstrap B_m is shared with the high level: this
+  repository's reading, docs/algorithms.md §8; the formula names only V_high(s_{m+1}).)
 Value targets: ret_low = A_low + V_low, ret_high = A_high + V_high (segment starts),
 ret_term. With `norm_adv` each level is whitened over the turns that carry its
 tokens: (A - mean) / (std_population + 1e-8).
@@ -84,13 +84,13 @@ PUBLISHED_SETTINGS = {
     "webshop": dict(keep_penalty=-3.5, keep_penalty_mode="normalised",
                     keep_consistency_penalty=-0.3, bootstrap_truncated=False),
 }
-"""Per-environment values of HiPER's scripts (spec §5.4); pass as HaeOptions(**...).
+"""Per-environment values of HiPER's scripts (docs/algorithms.md §8); pass as HaeOptions(**...).
 The ALFWorld script does not set the mode, so it is the yaml default (normalised)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class HaeOptions:
-  """Options of `hae`; defaults are HiPER's published settings (spec §5.4)."""
+  """Options of `hae`; defaults are HiPER's published settings (docs/algorithms.md §8)."""
 
   gamma: float = 1.0
   """Turn discount (yaml default, not overridden by the scripts)."""
@@ -148,11 +148,12 @@ def _check_batch(batch: RowBatch, options: HaeOptions) -> None:
     raise ValueError(f"estimator 'hae' needs RowBatch.values f32[R, 3] (heads {HEADS}); got {shape}")
   if options.keep_consistency_penalty != 0.0 and batch.subgoal_changed is None:
     raise ValueError("hae keep_consistency_penalty is set but RowBatch.subgoal_changed is missing; "
-                     "fill it from the parsed subgoals or set the penalty to 0")
+                     "fill it from the parsed subgoals or set the penalty to 0 "
+                     "(--config.algo.options.keep_consistency_penalty=0)")
 
 
 def _levels(batch: RowBatch, options: HaeOptions) -> HaeLevels:
-  """All per-turn HAE levels (spec §5.3) with fixed shapes; see the module docstring."""
+  """All per-turn HAE levels (docs/algorithms.md §8) with fixed shapes; see the module docstring."""
   gamma = options.gamma
   num_rows = batch.capacity
   lay = segments.segment_layout(batch.traj, batch.step, batch.mask, batch.segment_start)
@@ -172,7 +173,7 @@ def _levels(batch: RowBatch, options: HaeOptions) -> HaeLevels:
   alive = 1.0 - done
   start_f, end_f, cont = f32(lay.is_start), f32(lay.is_end), lay.cont
 
-  # Turn rewards (§5.3, per-turn reward manager); a KEEP turn is one that starts no segment.
+  # Turn rewards (per-turn reward manager of HiPER-agent); a KEEP turn is one that starts no segment.
   keep = mask_f * (1.0 - start_f)
   keep_each = options.keep_penalty / jnp.maximum(turns, 1.0)  # "fixed": turns == 1
   reward = (reward_env - options.invalid_penalty * (1.0 - valid) + keep * keep_each
@@ -210,7 +211,7 @@ def _levels(batch: RowBatch, options: HaeOptions) -> HaeLevels:
 
 @functools.partial(jax.jit, static_argnums=(1,))
 def hae_levels(batch: RowBatch, options: HaeOptions = HaeOptions()) -> HaeLevels:
-  """Per-turn HAE levels and value targets before whitening (spec §5.3).
+  """Per-turn HAE levels and value targets before whitening (docs/algorithms.md §8).
 
   Reads `mask`, `traj`, `step`, `reward`, `action_valid`, `done`,
   `segment_start` bool[R], `values` f32[R, 3] and, with a consistency penalty,
@@ -241,7 +242,7 @@ class TokenSpans:
 
 
 def token_spans(token_tags: jax.Array, valid_rt: jax.Array, segment_start: jax.Array) -> TokenSpans:
-  """Routes tagged response tokens to the HAE levels (spec §5.3, token assignment).
+  """Routes tagged response tokens to the HAE levels (docs/algorithms.md §8, token routing).
 
   Args:
     token_tags: int8[R, T] TAG_* codes.
@@ -258,7 +259,7 @@ def token_spans(token_tags: jax.Array, valid_rt: jax.Array, segment_start: jax.A
 
 @registry.register("hae", HaeOptions, needs_critic=True)
 def hae(batch: RowBatch, options: HaeOptions) -> registry.EstimatorOutput:
-  """HiPER HAE advantages, token routing and value targets (spec §5.3).
+  """HiPER HAE advantages, token routing and value targets (docs/algorithms.md §8).
 
   Returns:
     `advantage` f32[R]: A_low per turn (whitened if `norm_adv`);

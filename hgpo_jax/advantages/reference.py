@@ -2,13 +2,13 @@
 
 This restates the published algorithms the way their code runs them (verl-agent
 `core_gigpo` for GRPO / RLOO / GiGPO, the HGPO recipe's `core_hgpo` as written out
-in research/algorithms.md §4.2): dictionaries of groups, one numpy mean/std per
+in docs/algorithms.md §6): dictionaries of groups, one numpy mean/std per
 group. It is the baseline of the equivalence tests (tests/advantages) and of the
 benchmark (launch/benchmarks/advantages.py); it is not used in training.
 
 Two deliberate departures from the published float32 code, shared with the jit
 kernels (hgpo_jax.advantages.group_stats): a group whose values are all equal has
-advantage exactly 0 (spec §4.4 item 6, §8.5), written here as an explicit
+advantage exactly 0 (docs/algorithms.md §2.3, §11.7), written here as an explicit
 `max == min` rule; and a deviation from the group mean within ZERO_TOLERANCE of
 the group's range is exactly 0, so HGPO's zero filter sees exact-arithmetic zeros.
 
@@ -28,7 +28,7 @@ from hgpo_jax.advantages.group_stats import ZERO_TOLERANCE
 
 
 def prepare(rows: Sequence[dict], gamma: float, invalid_penalty: float) -> list[dict]:
-  """Per input row: returns R~_t, score S_t, episode return R(tau), time position (spec §1).
+  """Per input row: returns R~_t, score S_t, episode return R(tau), time position (docs/algorithms.md §1).
 
   Returns a list aligned with `rows` of dicts with keys group, traj, pos, obs,
   ret (discounted, penalised), score, episode_return.
@@ -93,7 +93,7 @@ def _trajectories(prep: list[dict], members: list[int]) -> dict[Any, list[int]]:
 
 def episode(prep: list[dict], stats: str, use_std: bool, ddof: int, epsilon: float,
             zero_tolerance: float = ZERO_TOLERANCE) -> list[float]:
-  """GRPO / GiGPO episode term (spec §2.1): one scalar per row."""
+  """GRPO / GiGPO episode term (docs/algorithms.md §3): one scalar per row."""
   out = [0.0] * len(prep)
   for members in _groups(prep).values():
     if stats == "rows":
@@ -119,7 +119,7 @@ def grpo(rows, options, gamma: float = 0.95, invalid_penalty: float = 0.1) -> li
 
 
 def rloo(rows, options, gamma: float = 0.95, invalid_penalty: float = 0.1) -> list[float]:
-  """RLOO (spec §2.2): x minus the mean of the other members of the population."""
+  """RLOO (docs/algorithms.md §4): x minus the mean of the other members of the population."""
   prep = prepare(rows, gamma, invalid_penalty)
   out = [0.0] * len(prep)
   for members in _groups(prep).values():
@@ -137,7 +137,7 @@ def rloo(rows, options, gamma: float = 0.95, invalid_penalty: float = 0.1) -> li
 
 
 def gigpo(rows, options, gamma: float = 0.95, invalid_penalty: float = 0.1) -> list[float]:
-  """GiGPO (spec §3): episode term + omega * anchor-state step term."""
+  """GiGPO (docs/algorithms.md §5): episode term + omega * anchor-state step term."""
   prep = prepare(rows, gamma, invalid_penalty)
   use_std = options.norm == "mean_std"
   out = episode(prep, options.stats, use_std, options.ddof, options.epsilon)
@@ -152,10 +152,11 @@ def gigpo(rows, options, gamma: float = 0.95, invalid_penalty: float = 0.1) -> l
 
 
 def hgpo(rows, options, gamma: float = 0.95, invalid_penalty: float = 0.1) -> list[float]:
-  """HGPO as the released recipe runs it (spec §4.2), with the paper's weights as an option."""
+  """HGPO as the released recipe runs it (docs/algorithms.md §6), with the paper's weights as an option."""
   prep = prepare(rows, gamma, invalid_penalty)
   use_std = options.norm == "mean_std"
   items = defaultdict(list)  # row -> [(n_obs, advantage)]
+  level_stats = {}  # (row, n_obs) -> (group size, sum of squared deviations)
   for members in _groups(prep).values():
     clusters = defaultdict(list)
     for traj_rows in _trajectories(prep, members).values():
@@ -166,10 +167,12 @@ def hgpo(rows, options, gamma: float = 0.95, invalid_penalty: float = 0.1) -> li
     for (n_obs, _), cluster in clusters.items():
       if len(cluster) < 2:
         continue
-      adv = normalize([prep[i]["ret"] for i in cluster], use_std, options.ddof, options.epsilon,
-                      options.zero_tolerance)
+      rets = [prep[i]["ret"] for i in cluster]
+      adv = normalize(rets, use_std, options.ddof, options.epsilon, options.zero_tolerance)
+      ss = float(np.sum(centered(rets, rets, options.zero_tolerance) ** 2))
       for i, a in zip(cluster, adv):
         items[i].append((n_obs, float(a)))
+        level_stats[i, n_obs] = (len(cluster), ss)
   if options.base_group:
     base = episode(prep, options.stats, use_std, options.base_ddof, options.epsilon,
                    options.zero_tolerance)
@@ -184,6 +187,12 @@ def hgpo(rows, options, gamma: float = 0.95, invalid_penalty: float = 0.1) -> li
     for n_obs, a in survivors:
       if n_obs == 0:
         w = 1.0
+      elif options.weights == "inverse_variance":
+        # Precision of the level's group mean, variance shrunk toward the level-0 group's.
+        n, ss = level_stats[i, n_obs]
+        n0, ss0 = level_stats[i, 1]
+        nu = options.variance_prior
+        w = n / ((ss + nu * ss0 / (n0 - 1)) / (n - 1 + nu))
       elif options.weights == "recipe":
         w = (n_obs + 1) ** options.alpha
       else:

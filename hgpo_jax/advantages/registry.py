@@ -77,7 +77,7 @@ def register(name: str, options_cls: type, *, needs_critic: bool = False):
 
 def _load_all() -> None:
   # Importing the estimator modules runs their @register decorators.
-  import hgpo_jax.advantages.estimators  # pylint: disable=g-import-not-at-top,unused-import
+  import hgpo_jax.advantages.estimators  # noqa: F401  (runs the @register decorators)
 
 
 def names() -> list[str]:

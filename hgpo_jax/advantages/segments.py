@@ -1,6 +1,6 @@
 """Trajectory and subgoal-segment structure of the row axis, and the scan over it.
 
-HiPER (spec §5.2) splits every trajectory into subgoal segments: turn 0 always
+HiPER (docs/algorithms.md §8) splits every trajectory into subgoal segments: turn 0 always
 starts a segment; a later turn starts a new one iff its parsed `<switch>` is not
 `KEEP` (a missing or empty switch counts as KEEP). The host turns switch strings
 into `RowBatch.segment_start` flags (`segment_start_flags`); inside jit,
@@ -30,14 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 
 KEEP = "KEEP"
-"""The switch content that continues the current subgoal segment (spec §5.2)."""
+"""The switch content that continues the current subgoal segment (docs/algorithms.md §8)."""
 
 
 # ---- host side ------------------------------------------------------------------
 
 
 def switch_is_keep(switch: Optional[str]) -> bool:
-  """True when a parsed `<switch>` content keeps the current subgoal (spec §5.2).
+  """True when a parsed `<switch>` content keeps the current subgoal (docs/algorithms.md §8).
 
   Missing (None) or empty switches count as KEEP; otherwise the content is
   stripped and upper-cased, and anything but `KEEP` (e.g. `SWITCH`, garbage)
@@ -67,7 +67,7 @@ def segment_start_flags(step: Sequence[int], switch: Sequence[Optional[str]]) ->
 def reverse_linear_scan(a: jax.Array, b: jax.Array, axis: int = 0) -> jax.Array:
   """Solves x_p = b_p + a_p * x_{p+1} (x beyond the end = 0) along `axis`.
 
-  This is the GAE recursion A_t = delta_t + gamma*lambda*A_{t+1} (spec §2.3, §5.3)
+  This is the GAE recursion A_t = delta_t + gamma*lambda*A_{t+1} (docs/algorithms.md §7, §8)
   in its general form; `a_p = 0` cuts the chain (trajectory or segment end).
 
   Why a reverse `lax.scan` (purejaxrl's form) and not `lax.associative_scan` or a
@@ -149,7 +149,7 @@ def segment_layout(traj: jax.Array, step: jax.Array, mask: jax.Array,
     traj: int32[R] trajectory id per row.
     step: int32[R] 0-based turn index per row.
     mask: bool[R] real rows.
-    segment_start: bool[R] HiPER switch flags (spec §5.2); None means one segment
+    segment_start: bool[R] HiPER switch flags (docs/algorithms.md §8); None means one segment
       per trajectory (plain multi-turn GAE).
 
   Returns:
@@ -202,7 +202,7 @@ class SegmentTable:
 @jax.jit
 def segment_table(traj: jax.Array, step: jax.Array, mask: jax.Array,
                   segment_start: jax.Array) -> SegmentTable:
-  """Segment id, start, end and next-segment start of every row (spec §5.2), in row order."""
+  """Segment id, start, end and next-segment start of every row (docs/algorithms.md §8), in row order."""
   lay = segment_layout(traj, step, mask, segment_start)
 
   def row_index(pos_p):

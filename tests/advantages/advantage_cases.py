@@ -1,8 +1,8 @@
-"""Shared data for the advantage tests: the spec's golden batch and random rollouts.
+"""Shared data for the advantage tests: the golden batch of docs/algorithms.md §11.1 and random rollouts.
 
 Imported by the test modules of this directory (`import advantage_cases`).
 
-The golden batch is research/algorithms.md §8.1 (gamma 0.95, eta 0.1, eps 1e-6).
+The golden batch is docs/algorithms.md §11.1 (gamma 0.95, eta 0.1, eps 1e-6).
 Random rollouts mimic the estimators' hard cases: few distinct states per group
 (revisits, loops), shared successful prefixes (equal returns), invalid steps,
 trajectories of 1-50 steps, string and int ids, rows in shuffled order.
@@ -15,7 +15,7 @@ import numpy as np
 from hgpo_jax.advantages import build_row_batch
 from hgpo_jax.advantages import registry
 
-# uid, traj, anchor observations, env rewards, action-valid flags (spec §8.1).
+# uid, traj, anchor observations, env rewards, action-valid flags (docs/algorithms.md §11.1).
 GOLDEN_TRAJS = [
     ("g1", "t1", ["A", "B", "C"], [0, 0, 10], [1, 1, 1]),
     ("g1", "t2", ["A", "D", "B", "C"], [0, 0, 0, 10], [1, 1, 1, 1]),
@@ -27,7 +27,7 @@ GOLDEN_TRAJS = [
 
 
 def golden_rows() -> list[dict]:
-  """The 19 rows of spec §8.1 in batch order (row index = table row)."""
+  """The 19 rows of docs/algorithms.md §11.1 in batch order (row index = table row)."""
   return [dict(group=g, traj=t, step=s, anchor_obs=obs[s], reward=float(rew[s]), valid=bool(val[s]))
           for g, t, obs, rew, val in GOLDEN_TRAJS for s in range(len(obs))]
 

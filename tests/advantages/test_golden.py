@@ -1,4 +1,4 @@
-"""Every golden value of research/algorithms.md §8.2, through the library and the CLI."""
+"""Every golden value of docs/algorithms.md §11.2-11.4, through the library and the CLI."""
 
 import json
 import subprocess
@@ -28,7 +28,7 @@ def _column(spec: dict) -> np.ndarray:
 _G1_OK, _G1_FAIL = tuple(G), (7, 8, 9)
 _G2_OK, _G2_FAIL = (10, 12, 13, 14, 15), (16, 17, 18)
 
-# (estimator, options, CLI flags, expected column of §8.2)
+# (estimator, options, CLI flags, expected column of docs/algorithms.md §11.2-11.4)
 CASES = {
     "grpo_traj": ("grpo", dict(stats="trajectories"), ["--stats", "trajectories"], _column(
         {_G1_OK: 0.577350, _G1_FAIL: -1.154700, _G2_OK: 0.577350, 11: 0.577350, _G2_FAIL: -1.154700})),
@@ -67,7 +67,17 @@ CASES = {
         0.714186, 0.936843, 0.621058, 0.641733, 0.621058, 0.873686, 0.621058, -1.424926,
         -1.074856, -1.149712, 0.503533, 1.079731, 0.657991, 0.669991, 0.657991, 0.669991,
         -1.593958, -0.957919, -0.915839])),
-    # §8.2: K=1 gives the same values as K=2 on this batch (level 2 is all singletons).
+    # weights="inverse_variance" (beyond the papers): values of the float64 reference
+    # (reference.hgpo); row 17 is derived by hand in tests/analysis/test_level_weights.py.
+    "hgpo_inverse_variance_std": ("hgpo", dict(weights="inverse_variance"),
+                                  ["--weights", "inverse_variance"], np.array([
+        0.760750, 1.000000, 0, 0.652071, 0, 1.000000, 0, -1.412821, -1.000000, -1.000000,
+        0.420304, 1.263590, 0.651991, 0, 0.651991, 0, -1.724285, -0.813613, -0.707107])),
+    "hgpo_inverse_variance_mean": ("hgpo", dict(weights="inverse_variance", norm="mean"),
+                                   ["--weights", "inverse_variance", "--norm", "mean"], np.array([
+        3.158750, 4.750000, 0, 2.707500, 0, 4.750000, 0, -5.866250, -4.750000, -4.750000,
+        1.680313, 5.409091, 2.606562, 0, 2.606562, 0, -6.893438, -3.515909, -2.975000])),
+    # docs/algorithms.md §11.4: K=1 gives the same values as K=2 on this batch (level 2 is all singletons).
     "hgpo_recipe_k1": ("hgpo", dict(k=1), ["--k", "1"], np.array([
         0.760749, 1.000000, 0, 0.652071, 0, 0.999999, 0, -1.412820, -1.000000, -0.999999,
         0.420304, 1.165685, 0.651990, 0, 0.651990, 0, -1.724284, -0.882842, -0.707106])),
@@ -75,7 +85,7 @@ CASES = {
 
 
 def _assert_golden(actual, expected):
-  # Six printed decimals: rtol 1e-5 as the spec says, atol for the rounding of small values.
+  # Six printed decimals: rtol 1e-5 (docs/algorithms.md §11), atol for the rounding of small values.
   np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1.5e-6)
   # A golden 0 is an exact zero (singletons, equal-return groups), not round-off.
   assert np.all(actual[expected == 0] == 0.0)

@@ -20,7 +20,7 @@ def _partition(ids, valid=None):
 
 
 def test_golden_groups_per_level():
-  """The level groups listed in spec §8.1."""
+  """The level groups listed in docs/algorithms.md §11.1."""
   grouped = build_row_batch(advantage_cases.golden_rows(), num_levels=3, capacity=19)
   ctx = [grouped.to_input_order(c) for c in grouped.batch.context_group]
   multi = lambda k: {g for g in _partition(ctx[k]) if len(g) > 1}

@@ -15,6 +15,7 @@ from hgpo_jax.advantages import registry
 ESTIMATOR_OPTIONS = [
     ("grpo", dict()), ("rloo", dict()), ("gigpo", dict()), ("gigpo", dict(stats="trajectories")),
     ("hgpo", dict(k=3)), ("hgpo", dict(k=2, base_group=True, weights="paper")),
+    ("hgpo", dict(k=3, weights="inverse_variance")),
 ]
 IDS = [f"{n}{o}" for n, o in ESTIMATOR_OPTIONS]
 
@@ -78,7 +79,7 @@ def test_hgpo_k0_equals_gigpo_step_term(norm, ddof):
 
 
 def _equal_return_rows(num_trajs):
-  """§8.5: trajectories A -> B -> goal; every row of a level group has the same return."""
+  """docs/algorithms.md §11.7: trajectories A -> B -> goal; every row of a level group has the same return."""
   return [dict(group="g", traj=t, step=s, anchor_obs=obs, reward=10.0 * (s == 2), valid=True)
           for t in range(num_trajs) for s, obs in enumerate(["A", "B", "goal"])]
 
@@ -90,7 +91,7 @@ def _equal_return_rows(num_trajs):
 def test_equal_returns_give_exact_zero_spec_8_5(name, options):
   rows = _equal_return_rows(6)
   grouped = build_row_batch(rows, num_levels=3, capacity=24)
-  # The float32 value of the spec's case: R = 9.0249996185 at step 0 of all six rows.
+  # The float32 value of the case in docs/algorithms.md §11.7: R = 9.0249996185 at step 0 of all six rows.
   np.testing.assert_array_equal(grouped.to_input_order(grouped.batch.returns)[::3],
                                 np.float32(9.0249996185))
   out = registry.get(name)(grouped.batch, registry.get(name).options(**options))

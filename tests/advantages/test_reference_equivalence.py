@@ -40,6 +40,8 @@ OPTION_SETS = [
     ("hgpo", dict(k=2, base_group=True)),
     ("hgpo", dict(k=4, base_group=True, norm="mean", stats="trajectories")),
     ("hgpo", dict(k=5, base_group=True, weights="paper")),
+    ("hgpo", dict(k=2, weights="inverse_variance")),
+    ("hgpo", dict(k=4, weights="inverse_variance", norm="mean", variance_prior=0.5)),
 ]
 
 

@@ -1,0 +1,584 @@
+"""The estimator bias study: every step estimator against exact oracle advantages.
+
+  python -m launch.studies.bias            # full study, writes results/bias_study.md + PNGs
+  python -m launch.studies.bias --quick    # small version (the slow test runs it)
+
+What it does (library: hgpo_jax.analysis): for each setting (policy family, memory
+depth k_mem, history strength beta, horizon, observation mode) and policy seed, it
+builds the exact DAG of (t, window) nodes, calibrates the policy's goal-progress
+weight to a fixed success rate, solves for Q / V / A* and the exact gradient, samples
+batches of 4 tasks x N trajectories with common random numbers, groups them with the
+project's host grouping and scores them with the registered estimators. Metrics:
+per-step bias^2 / variance / MSE against A* (units of Var(A*)), sign agreement, the
+context-inconsistency index per level, and the cosine between each batch's policy
+gradient and the exact one, with paired differences over the same batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+import numpy as np
+
+from hgpo_jax import runtime
+from hgpo_jax.analysis import metrics
+from hgpo_jax.analysis import sampling
+from hgpo_jax.analysis import testbed
+
+GAMMA = 0.95
+TARGET_SUCCESS = 0.5
+HORIZON = 100
+"""Non-binding step limit (the timeout rate is reported per setting)."""
+BINDING_HORIZON = 14
+"""A step limit that binds: the time-limit confound the time-aware keys address."""
+MAX_K = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  name: str
+  family: str
+  k_mem: int
+  beta: float
+  horizon: int = HORIZON
+  obs: str = "exact"
+  """"exact", "aliased" (cells share observations) or "noisy" (per-visit text noise)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+  label: str
+  build: str | None
+  """Which RowBatch: "plain", "time1"/"time4" (time-aware keys), "exact" (exact-context
+  keys), "sim" (similarity grouping); None = the Monte Carlo noise floor."""
+  name: str = ""
+  options: tuple = ()
+  every_n: bool = False
+  """Scored at every group size (else only at the study's main N)."""
+
+
+def _e(label, build, name, every_n=False, **options):
+  return Estimator(label, build, name, tuple(sorted(options.items())), every_n)
+
+
+ESTIMATORS = (
+    _e("GRPO", "plain", "grpo", every_n=True),
+    _e("GRPO mean", "plain", "grpo", norm="mean"),
+    _e("RLOO", "plain", "rloo"),
+    _e("GiGPO", "plain", "gigpo", every_n=True),
+    _e("GiGPO mean", "plain", "gigpo", every_n=True, norm="mean"),
+    _e("GiGPO mean, traj stats", "plain", "gigpo", norm="mean", stats="trajectories"),
+    _e("GiGPO step only, mean (= HGPO K=0 mean)", "plain", "hgpo", every_n=True, k=0, norm="mean"),
+    _e("HGPO K=0", "plain", "hgpo", k=0),
+    _e("HGPO K=1", "plain", "hgpo", k=1),
+    _e("HGPO K=2", "plain", "hgpo", every_n=True, k=2),
+    _e("HGPO K=4", "plain", "hgpo", k=4),
+    _e("HGPO K=1 mean", "plain", "hgpo", k=1, norm="mean"),
+    _e("HGPO K=2 mean", "plain", "hgpo", every_n=True, k=2, norm="mean"),
+    _e("HGPO K=4 mean", "plain", "hgpo", every_n=True, k=4, norm="mean"),
+    _e("HGPO K=2 paper", "plain", "hgpo", k=2, weights="paper"),
+    _e("HGPO K=4 mean paper", "plain", "hgpo", k=4, norm="mean", weights="paper"),
+    _e("HGPO K=4 mean alpha=0", "plain", "hgpo", k=4, norm="mean", alpha=0.0),
+    _e("HGPO K=4 mean alpha=2", "plain", "hgpo", k=4, norm="mean", alpha=2.0),
+    _e("HGPO K=2 mean inv-var", "plain", "hgpo", every_n=True, k=2, norm="mean",
+       weights="inverse_variance"),
+    _e("HGPO K=4 mean inv-var", "plain", "hgpo", every_n=True, k=4, norm="mean",
+       weights="inverse_variance"),
+    _e("HGPO K=4 inv-var", "plain", "hgpo", k=4, weights="inverse_variance"),
+    _e("GiGPO step mean, time-aware b=1", "time1", "hgpo", k=0, norm="mean"),
+    _e("GiGPO step mean, time-aware b=4", "time4", "hgpo", k=0, norm="mean"),
+    _e("HGPO K=2 mean, time-aware b=4", "time4", "hgpo", k=2, norm="mean"),
+    _e("GiGPO mean, similarity 0.95", "sim", "gigpo", norm="mean"),
+    _e("HGPO K=2 mean, similarity 0.95", "sim", "hgpo", k=2, norm="mean"),
+    _e("Exact-window groups, mean", "exact", "hgpo", every_n=True, k=0, norm="mean"),
+    Estimator("MC: G_t - V(h_t) (noise floor)", None, every_n=True),
+)
+LABEL = {e.label: e for e in ESTIMATORS}
+STEP0 = "GiGPO step only, mean (= HGPO K=0 mean)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  settings: tuple[Setting, ...]
+  seeds: tuple[int, ...]
+  control_seeds: tuple[int, ...]
+  num_batches: int
+  sizes: tuple[int, ...]
+  main_n: int
+
+
+def make_plan(quick: bool) -> Plan:
+  if quick:
+    main = [Setting(f"{f}{k}-b{b:g}", f, k, b) for f, k in (("revisit", 2), ("cue", 4))
+            for b in (0.0, 8.0)]
+    betas_binding = (0.0,)
+    return Plan(tuple(main + _controls(betas_binding)), seeds=(0,), control_seeds=(0,),
+                num_batches=24, sizes=(4, 8), main_n=8)
+  main = [Setting(f"{f}{k}-b{b:g}", f, k, b) for f, k in (("revisit", 2), ("cue", 4))
+          for b in (0.0, 2.0, 4.0, 8.0)]
+  return Plan(tuple(main + _controls((0.0, 2.0))), seeds=(0, 1, 2), control_seeds=(0, 1),
+              num_batches=250, sizes=(4, 8, 16), main_n=8)
+
+
+def _controls(betas_binding) -> list[Setting]:
+  out = [Setting(f"binding-T{BINDING_HORIZON}-revisit2-b{b:g}", "revisit", 2, b,
+                 horizon=BINDING_HORIZON) for b in betas_binding]
+  out.append(Setting("aliased-cue4-b2", "cue", 4, 2.0, obs="aliased"))
+  out.append(Setting("noisy-text-cue4-b2", "cue", 4, 2.0, obs="noisy"))
+  return out
+
+
+def _is_control(s: Setting) -> bool:
+  return s.horizon != HORIZON or s.obs != "exact"
+
+
+# ---------------------------------------------------------------------------------------
+# Running one setting
+# ---------------------------------------------------------------------------------------
+def run_setting(setting: Setting, seed: int, plan: Plan, grid: testbed.Grid, dag_cache: dict):
+  key = (setting.k_mem, setting.horizon)
+  if key not in dag_cache:
+    dag_cache[key] = testbed.build_dag(grid, setting.k_mem, setting.horizon)
+  dag = dag_cache[key]
+  spec = testbed.calibrate_progress(
+      dag, testbed.PolicySpec(setting.family, beta=setting.beta, seed=seed), TARGET_SUCCESS)
+  sol = testbed.solve(dag, testbed.policy_logits(dag, spec), GAMMA)
+  g_star = testbed.policy_gradient(dag, sol, GAMMA, discount_states=False)
+  # Common random numbers: the same stream for every setting and estimator.
+  ro = sampling.sample(dag, sol, num_batches=plan.num_batches, group_size=max(plan.sizes),
+                       seed=777)
+  a_star_all, v_all = sampling.oracle_rows(dag, sol, ro)
+  if setting.obs == "noisy":
+    anchor = testbed.noisy_observation(testbed.observations(grid, "text"), ro.cell, ro.noise)
+  else:
+    anchor = testbed.observations(grid, setting.obs)[ro.cell]
+  # Exact context: the window, plus t when the step limit binds (then time left matters).
+  exact_anchor = (ro.ctx.astype(np.int64) if setting.horizon == HORIZON
+                  else ro.ctx.astype(np.int64) * setting.horizon + ro.step)
+  out = dict(setting=setting, seed=seed, success=float(sol.success.mean()),
+             timeout=float(sol.timeout.mean()), length=float(sol.expected_length.mean()),
+             progress=spec.progress, contexts=len(dag.contexts), nodes=dag.num_nodes, by_n={})
+  for n in plan.sizes:
+    rows = np.flatnonzero(ro.subset(n))
+    a_star, value = a_star_all[rows], v_all[rows]
+    var_a = float(np.var(a_star))
+    key_rows = (((ro.task[rows] * setting.horizon + ro.step[rows]) * len(dag.contexts)
+                 + ro.ctx[rows]) * testbed.NUM_ACTIONS + ro.action[rows])
+    builds = {}
+
+    def grouped(build):
+      if build not in builds:
+        common = dict(num_levels=MAX_K + 1, gamma=GAMMA)
+        if build == "plain":
+          builds[build] = sampling.build(ro, rows, anchor, **common)
+        elif build.startswith("time"):
+          builds[build] = sampling.build(ro, rows, anchor, horizon=setting.horizon,
+                                         time_bucket=int(build[4:]), **common)
+        elif build == "exact":
+          builds[build] = sampling.build(ro, rows, exact_anchor, **common)
+        elif build == "sim":
+          builds[build] = sampling.build(ro, rows, anchor, similarity_thresh=0.95, **common)
+      return builds[build]
+
+    res = {}
+    for est in ESTIMATORS:
+      if not est.every_n and n != plan.main_n:
+        continue
+      if est.build == "sim" and setting.obs != "noisy":
+        continue
+      if est.build is None:
+        returns = grouped("plain").to_input_order(grouped("plain").batch.returns)
+        adv = returns.astype(np.float64) - value
+      else:
+        adv = sampling.advantages(grouped(est.build), est.name, **dict(est.options))
+      m = metrics.step_errors(adv, a_star, key_rows)
+      m["cos"] = metrics.gradient_cosines(adv, ro.batch[rows], ro.ctx[rows], ro.action[rows],
+                                          sol.probs, g_star, plan.num_batches)
+      res[est.label] = m
+    ci = {}
+    for build in ("plain", "time4", "sim") if n == plan.main_n else ("plain",):
+      if build == "sim" and setting.obs != "noisy":
+        continue
+      g = grouped(build)
+      value_sorted = value[g.order]
+      ci[build] = metrics.inconsistency(np.asarray(g.batch.context_group)[:, :g.num_rows],
+                                        value_sorted, var_a)
+    out["by_n"][n] = dict(est=res, ci=ci, var_a=var_a, rows=len(rows))
+  return out
+
+
+# ---------------------------------------------------------------------------------------
+# Aggregation and report
+# ---------------------------------------------------------------------------------------
+class Results:
+  def __init__(self, runs, plan):
+    self.runs = runs
+    self.plan = plan
+
+  def of(self, setting_name):
+    return [r for r in self.runs if r["setting"].name == setting_name]
+
+  def mean_metric(self, setting_name, n, label, metric):
+    vals = [r["by_n"][n]["est"][label][metric] for r in self.of(setting_name)
+            if label in r["by_n"][n]["est"]]
+    if not vals:
+      return float("nan")
+    if metric == "cos":
+      return float(np.mean([v.mean() for v in vals]))
+    return float(np.mean(vals))
+
+  def paired(self, setting_name, n, label_a, label_b):
+    """Pooled over seeds: mean of per-seed paired means, SE from the within-seed SEs."""
+    means, ses = [], []
+    for r in self.of(setting_name):
+      est = r["by_n"][n]["est"]
+      if label_a in est and label_b in est:
+        m, se = metrics.paired(est[label_a]["cos"], est[label_b]["cos"])
+        means.append(m)
+        ses.append(se)
+    if not means:
+      return float("nan"), float("nan"), []
+    return float(np.mean(means)), float(np.sqrt(np.sum(np.square(ses))) / len(ses)), means
+
+  def ci(self, setting_name, n, build="plain"):
+    cis = [r["by_n"][n]["ci"][build] for r in self.of(setting_name) if build in r["by_n"][n]["ci"]]
+    return (np.mean([c[0] for c in cis], axis=0), np.mean([c[1] for c in cis], axis=0))
+
+  def info(self, setting_name, field):
+    return float(np.mean([r[field] for r in self.of(setting_name)]))
+
+
+def _fmt_pm(m, se):
+  return f"{m:+.4f} ± {se:.4f}"
+
+
+def write_report(res: Results, plan: Plan, out_dir: str, elapsed: float, quick: bool) -> str:
+  settings = plan.settings
+  main = [s for s in settings if not _is_control(s)]
+  n0 = plan.main_n
+  nmax = max(plan.sizes)
+  lines = []
+  strongest = {f: max((s for s in main if s.family == f), key=lambda s: s.beta)
+               for f in ("revisit", "cue")}
+  markov = {f: min((s for s in main if s.family == f), key=lambda s: s.beta)
+            for f in ("revisit", "cue")}
+
+  # ---- verdict numbers ------------------------------------------------------------
+  ci_strong = {f: res.ci(s.name, n0)[0] for f, s in strongest.items()}
+  ci_markov = {f: res.ci(s.name, n0)[0] for f, s in markov.items()}
+  b_step = {f: res.mean_metric(s.name, n0, STEP0, "bias2") for f, s in strongest.items()}
+  b_k4 = {f: res.mean_metric(s.name, n0, "HGPO K=4 mean", "bias2") for f, s in strongest.items()}
+  gain = {f: res.paired(s.name, nmax, "HGPO K=4 mean", STEP0) for f, s in strongest.items()}
+  gain0 = {f: res.paired(s.name, nmax, "HGPO K=4 mean", STEP0) for f, s in markov.items()}
+  iv = [res.paired(s.name, n0, "HGPO K=4 mean inv-var", "HGPO K=4 mean") for s in main]
+  iv_m = float(np.mean([x[0] for x in iv]))
+  iv_se = float(np.sqrt(np.sum([x[1]**2 for x in iv])) / len(iv))
+  iv_wins = sum(x[0] > 3 * x[1] for x in iv)
+  iv_losses = sum(x[0] < -3 * x[1] for x in iv)
+  binding = [s for s in settings if s.horizon != HORIZON]
+  ta = [res.paired(s.name, n0, "GiGPO step mean, time-aware b=4", STEP0) for s in binding]
+  ta_hg = [res.paired(s.name, n0, "HGPO K=2 mean, time-aware b=4", "HGPO K=2 mean")
+           for s in binding]
+  ta_ci = [(res.ci(s.name, n0)[0][0], res.ci(s.name, n0, "time4")[0][0]) for s in binding]
+  noisy = [s for s in settings if s.obs == "noisy"]
+  sim = [res.paired(s.name, n0, "GiGPO mean, similarity 0.95", "GiGPO mean") for s in noisy]
+  sim_alone = [(res.ci(s.name, n0)[1][0], res.ci(s.name, n0, "sim")[1][0]) for s in noisy]
+  episode_conf = {f: res.paired(s.name, n0, "HGPO K=2 mean", "GiGPO mean")
+                  for f, s in strongest.items()}
+  hier_only = {f: res.paired(s.name, n0, "HGPO K=2 mean", STEP0) for f, s in strongest.items()}
+  dominated = all(abs(episode_conf[f][0]) > 2 * abs(hier_only[f][0]) for f in strongest)
+
+  def keep(m, se, wins=0, losses=0):
+    if m > 3 * se and losses == 0:
+      return "help"
+    if m < -3 * se and wins == 0:
+      return "hurt"
+    if wins or losses:
+      return (f"give a mixed result (better by > 3 SE in {wins} settings, worse in {losses}), "
+              "i.e. no consistent gain")
+    return "make no measurable difference"
+
+  verdict = (
+      f"**Verdict.** Context inconsistency is real and measured exactly: the level-0 "
+      f"(anchor-state) index CI_0 rises from {ci_markov['revisit'][0]:.3f} / "
+      f"{ci_markov['cue'][0]:.3f} (Markov control, revisit / cue) to "
+      f"{ci_strong['revisit'][0]:.3f} / {ci_strong['cue'][0]:.3f} at beta = "
+      f"{strongest['cue'].beta:g}, and falls to {ci_strong['revisit'][-1]:.3f} / "
+      f"{ci_strong['cue'][-1]:.3f} at level {MAX_K}. HGPO's hierarchy (K=4, mean-only) "
+      f"changes the per-step bias^2 of GiGPO's step term from {b_step['revisit']:.3f} to "
+      f"{b_k4['revisit']:.3f} (revisit) and from {b_step['cue']:.3f} to {b_k4['cue']:.3f} (cue) "
+      f"(units of Var(A*), N={n0}), but what matters for learning moves little: the paired "
+      f"batch-gradient cosine gain of K=4 over K=0 at N={nmax} is "
+      f"{_fmt_pm(*gain['revisit'][:2])} (revisit, beta {strongest['revisit'].beta:g}) and "
+      f"{_fmt_pm(*gain['cue'][:2])} (cue, beta {strongest['cue'].beta:g}), against "
+      f"{_fmt_pm(*gain0['revisit'][:2])} / {_fmt_pm(*gain0['cue'][:2])} for the Markov control. "
+      f"A naive HGPO-vs-GiGPO comparison is "
+      f"{'dominated' if dominated else 'not dominated'} by GiGPO's episode term: HGPO K=2 "
+      f"(mean) minus GiGPO (mean) is {_fmt_pm(*episode_conf['revisit'][:2])} (revisit) and "
+      f"{_fmt_pm(*episode_conf['cue'][:2])} (cue) in cosine at beta "
+      f"{strongest['cue'].beta:g}, while the hierarchy itself (vs the step term alone) is "
+      f"{_fmt_pm(*hier_only['revisit'][:2])} and {_fmt_pm(*hier_only['cue'][:2])}. "
+      f"Beyond the paper: variance-aware (inverse-variance) level weights "
+      f"{keep(iv_m, iv_se, iv_wins, iv_losses)} (K=4 mean, paired cosine vs the recipe "
+      f"weights, mean over {len(iv)} settings at N={n0}: {_fmt_pm(iv_m, iv_se)})")
+  if binding:
+    verdict += (f"; time-aware keys (remaining-step bucket 4) lower CI_0 under a binding time "
+                f"limit from {ta_ci[-1][0]:.3f} to {ta_ci[-1][1]:.3f} and change the cosine of "
+                f"GiGPO's step term by {_fmt_pm(*ta[-1][:2])} and of HGPO K=2 by "
+                f"{_fmt_pm(*ta_hg[-1][:2])} (they {keep(*ta_hg[-1][:2])} at 3 SE)")
+  if noisy:
+    verdict += (f"; GiGPO's similarity grouping on per-visit-noisy text observations cuts the "
+                f"share of steps without an anchor group from {sim_alone[0][0]:.2f} to "
+                f"{sim_alone[0][1]:.2f} and changes the cosine by {_fmt_pm(*sim[0][:2])}")
+  verdict += ". All differences are paired over common random numbers; ± is one standard error."
+  if quick:
+    verdict = "(`--quick` run: 1 seed, few batches; numbers are noisy.) " + verdict
+  lines += ["# Estimator bias study", "", verdict, ""]
+  lines += [f"Command: `python -m launch.studies.bias{' --quick' if quick else ''}` "
+            f"({elapsed / 60:.1f} min on this machine). Library: `hgpo_jax/analysis/`.", ""]
+
+  # ---- setup ---------------------------------------------------------------------
+  lines += ["## Setup", "",
+            f"Deterministic gridworld ({testbed.make_grid().num_cells} open cells, walls make "
+            "moves stay in place, so revisits happen; goal reward 10 ends the episode, traps end "
+            "it with 0; 4 start cells = 4 tasks; gamma 0.95). Policies: logits = goal progress "
+            "(calibrated so that P(success) = 0.5) + fixed per-seed noise + trap attraction + "
+            "beta x history term over the last k_mem (cell, action) pairs: *revisit* (avoid "
+            "cells of the window, keep the last move; habit-like) and *cue* (a cue cell inside "
+            "the window reveals the goal direction; information-like); beta = 0 is the Markov "
+            "control. The oracle solves Q, V and A* = Q - V exactly by a backward pass over "
+            "the layered DAG of reachable (t, window) nodes; the exact gradient is "
+            "sum_t d_t(m) pi(b|m) A*_t(m, b) for context-tabular softmax logits.", "",
+            f"Batches: 4 tasks x N trajectories, {plan.num_batches} batches per setting and "
+            f"seed, N in {list(plan.sizes)} (nested subsets), policy seeds {list(plan.seeds)} "
+            f"(controls: {list(plan.control_seeds)}); common random numbers across settings and "
+            "estimators. Metrics (hgpo_jax/analysis/metrics.py): per-step bias^2 / variance / "
+            "MSE of the least-squares-scaled advantage against A*, in units of Var(A*); sign "
+            "agreement; CI_k = within-group variance of the exact context value V(h_t) inside "
+            "level-k groups / Var(A*); cosine of each batch's policy gradient with the exact "
+            "one.", ""]
+  lines += ["| setting | horizon | obs | contexts | DAG nodes | P(success) | timeout rate | "
+            "E[length] | progress weight |", "|---|---|---|---|---|---|---|---|---|"]
+  for s in settings:
+    lines.append(f"| {s.name} | {s.horizon} | {s.obs} | {res.info(s.name, 'contexts'):.0f} | "
+                 f"{res.info(s.name, 'nodes'):.0f} | {res.info(s.name, 'success'):.3f} | "
+                 f"{res.info(s.name, 'timeout'):.3f} | {res.info(s.name, 'length'):.1f} | "
+                 f"{res.info(s.name, 'progress'):.2f} |")
+  lines.append("")
+
+  # ---- CI -------------------------------------------------------------------------
+  lines += [f"## Context-inconsistency index per level (N={n0}, mean over seeds)", "",
+            "CI_k in units of Var(A*); in brackets the share of steps with no usable level-k "
+            "group (absent or singleton).", "",
+            "| setting | " + " | ".join(f"CI_{k}" for k in range(MAX_K + 1)) + " |",
+            "|---|" + "---|" * (MAX_K + 1)]
+  for s in settings:
+    ci, alone = res.ci(s.name, n0)
+    lines.append(f"| {s.name} | " + " | ".join(f"{c:.3f} [{a:.2f}]" for c, a in zip(ci, alone))
+                 + " |")
+  lines.append("")
+
+  # ---- bias / variance ------------------------------------------------------------
+  show = [STEP0, "HGPO K=1 mean", "HGPO K=2 mean", "HGPO K=4 mean", "HGPO K=4 mean inv-var",
+          "GiGPO mean", "GiGPO", "HGPO K=2", "GRPO", "Exact-window groups, mean",
+          "MC: G_t - V(h_t) (noise floor)"]
+  for metric, title in (("bias2", "bias^2"), ("var", "variance"), ("mse", "MSE")):
+    lines += [f"## Per-step {title} vs history strength (N={n0}, units of Var(A*))", "",
+              "| estimator | " + " | ".join(s.name for s in main) + " |",
+              "|---|" + "---|" * len(main)]
+    for label in show:
+      lines.append(f"| {label} | " + " | ".join(
+          f"{res.mean_metric(s.name, n0, label, metric):.3f}" for s in main) + " |")
+    lines.append("")
+  lines += [f"Sign agreement with A* (N={n0}):", "",
+            "| estimator | " + " | ".join(s.name for s in main) + " |",
+            "|---|" + "---|" * len(main)]
+  for label in show:
+    lines.append(f"| {label} | " + " | ".join(
+        f"{res.mean_metric(s.name, n0, label, 'sign'):.3f}" for s in main) + " |")
+  lines.append("")
+
+  # ---- cosine vs N ----------------------------------------------------------------
+  every = [e.label for e in ESTIMATORS if e.every_n]
+  lines += ["## Batch-gradient cosine with the exact gradient vs N (mean over seeds and batches)",
+            ""]
+  for s in [markov["revisit"], strongest["revisit"], markov["cue"], strongest["cue"]]:
+    lines += [f"**{s.name}**", "", "| estimator | " + " | ".join(f"N={n}" for n in plan.sizes)
+              + " |", "|---|" + "---|" * len(plan.sizes)]
+    for label in every:
+      lines.append(f"| {label} | " + " | ".join(
+          f"{res.mean_metric(s.name, n, label, 'cos'):.4f}" for n in plan.sizes) + " |")
+    lines.append("")
+  lines += [f"All estimators at N={n0} (cosine):", "",
+            "| estimator | " + " | ".join(s.name for s in settings) + " |",
+            "|---|" + "---|" * len(settings)]
+  for e in ESTIMATORS:
+    lines.append(f"| {e.label} | " + " | ".join(
+        f"{res.mean_metric(s.name, n0, e.label, 'cos'):.4f}" for s in settings) + " |")
+  lines.append("")
+
+  # ---- paired comparisons ---------------------------------------------------------
+  pairs = [("HGPO K=1 mean", STEP0), ("HGPO K=2 mean", STEP0), ("HGPO K=4 mean", STEP0),
+           ("HGPO K=2 mean inv-var", "HGPO K=2 mean"),
+           ("HGPO K=4 mean inv-var", "HGPO K=4 mean"),
+           ("HGPO K=2 mean", "GiGPO mean"), ("HGPO K=2", "GiGPO"),
+           ("GiGPO mean", "GRPO mean")]
+  lines += ["## Paired cosine differences (a - b), mean ± SE, pooled over seeds", "",
+            "Per seed in brackets. The SE is the within-seed standard error of the batch-paired "
+            "difference, combined over seeds; the spread between seeds is visible in the "
+            "brackets.", ""]
+  for n in plan.sizes:
+    lines += [f"**N={n}**", "", "| a - b | " + " | ".join(s.name for s in main) + " |",
+              "|---|" + "---|" * len(main)]
+    for a, b in pairs:
+      if not (LABEL[a].every_n and LABEL[b].every_n) and n != n0:
+        continue
+      cells = []
+      for s in main:
+        m, se, per = res.paired(s.name, n, a, b)
+        cells.append(f"{_fmt_pm(m, se)} [{', '.join(f'{x:+.3f}' for x in per)}]")
+      lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
+    lines.append("")
+  alpha_pairs = [("HGPO K=4 mean alpha=0", "HGPO K=4 mean"),
+                 ("HGPO K=4 mean alpha=2", "HGPO K=4 mean"),
+                 ("HGPO K=4 mean paper", "HGPO K=4 mean"), ("HGPO K=2 paper", "HGPO K=2"),
+                 ("HGPO K=4 inv-var", "HGPO K=4"), ("HGPO K=2", "HGPO K=0"),
+                 ("GiGPO mean, traj stats", "GiGPO mean"), ("RLOO", "GRPO mean")]
+  lines += [f"Weight conventions, alpha, normalisation and statistics (N={n0}):", "",
+            "| a - b | " + " | ".join(s.name for s in main) + " |", "|---|" + "---|" * len(main)]
+  for a, b in alpha_pairs:
+    lines.append(f"| {a} - {b} | " + " | ".join(
+        _fmt_pm(*res.paired(s.name, n0, a, b)[:2]) for s in main) + " |")
+  lines.append("")
+
+  # ---- controls -------------------------------------------------------------------
+  controls = [s for s in settings if _is_control(s)]
+  lines += ["## Controls: binding time limit, observation aliasing, similarity grouping", "",
+            "| setting | comparison (a - b, cosine) | paired difference | CI_0 of a's keys | "
+            "CI_0 of b's keys |", "|---|---|---|---|---|"]
+  for s in controls:
+    comps = [("HGPO K=2 mean", STEP0, "plain", "plain"),
+             ("HGPO K=4 mean", STEP0, "plain", "plain")]
+    if s.horizon != HORIZON:
+      comps += [("GiGPO step mean, time-aware b=1", STEP0, None, "plain"),
+                ("GiGPO step mean, time-aware b=4", STEP0, "time4", "plain"),
+                ("HGPO K=2 mean, time-aware b=4", "HGPO K=2 mean", "time4", "plain")]
+    if s.obs == "noisy":
+      comps += [("GiGPO mean, similarity 0.95", "GiGPO mean", "sim", "plain"),
+                ("HGPO K=2 mean, similarity 0.95", "HGPO K=2 mean", "sim", "plain")]
+    for a, b, ba, bb in comps:
+      ca = f"{res.ci(s.name, n0, ba)[0][0]:.3f}" if ba else "-"
+      cb = f"{res.ci(s.name, n0, bb)[0][0]:.3f}" if bb else "-"
+      lines.append(f"| {s.name} | {a} - {b} | {_fmt_pm(*res.paired(s.name, n0, a, b)[:2])} | "
+                   f"{ca} | {cb} |")
+  lines.append("")
+  lines += ["## Plots", "", "![bias](bias_study_bias.png)", "",
+            "![cosine](bias_study_cosine.png)", "", "![ci](bias_study_ci.png)", ""]
+  lines += ["## Reading the numbers", "",
+            "* The per-step MSE of every group estimator is dominated by return noise (compare "
+            "the MC noise floor G_t - V(h_t), whose bias is 0 by construction): a mean-centred "
+            "group estimator is about (1 - 1/n) A* + b(h) with b independent of the action, so "
+            "context mixing acts like a per-context baseline error: it adds per-step bias and "
+            "gradient variance but little gradient bias.",
+            "* Standardised (mean_std) estimators are compared after least-squares scaling; "
+            "their per-step 'bias' includes the distortion of dividing by a per-group std, "
+            "which is present even for the Markov control.",
+            "* Exact-window groups (same memory window, the policy's whole input) are the "
+            "bias-free best case only where a group exists: at N <= 16 most windows are seen "
+            "once per episode group, those rows get 0, and the estimator loses most of its "
+            "signal (see its sign agreement).",
+            "* The cosine is measured in the tabular policy's own parameter space (one row of "
+            "logits per memory window), so settings with k_mem = 2 and k_mem = 4 are not "
+            "comparable in absolute cosine even when the policy is the same (beta = 0).",
+            "* The Monte Carlo check of the oracle, the hand-solved cases and the "
+            "finite-difference gradient check are unit tests (tests/analysis).",
+            "* Not done here: learning curves of exact J under each estimator (the prototype's "
+            "criterion (c)); real-rollout inconsistency needs a dump of a trained ALFWorld-mini "
+            "policy (`python -m launch.studies.consistency DUMP.jsonl`).", ""]
+  text = "\n".join(lines)
+  with open(os.path.join(out_dir, "bias_study.md"), "w", encoding="utf-8") as f:
+    f.write(text)
+  _plots(res, plan, out_dir, main, strongest, markov)
+  return text
+
+
+def _plots(res, plan, out_dir, main, strongest, markov):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  n0 = plan.main_n
+  labels = [STEP0, "HGPO K=2 mean", "HGPO K=4 mean", "HGPO K=4 mean inv-var",
+            "Exact-window groups, mean"]
+  fig, axes = plt.subplots(2, 3, figsize=(13, 7), squeeze=False)
+  for row, fam in enumerate(("revisit", "cue")):
+    ss = sorted((s for s in main if s.family == fam), key=lambda s: s.beta)
+    for col, metric in enumerate(("bias2", "var", "mse")):
+      ax = axes[row, col]
+      for label in labels:
+        ax.plot([s.beta for s in ss], [res.mean_metric(s.name, n0, label, metric) for s in ss],
+                marker="o", label=label.split(" (")[0])
+      ax.set_title(f"{fam}: {metric} (N={n0})")
+      ax.set_xlabel("history strength beta")
+  axes[0, 0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "bias_study_bias.png"), dpi=80)
+  plt.close(fig)
+  fig, axes = plt.subplots(1, 4, figsize=(15, 3.8), squeeze=False)
+  every = [e.label for e in ESTIMATORS if e.every_n]
+  colors = plt.get_cmap("tab20").colors
+  for ax, s in zip(axes[0], [markov["revisit"], strongest["revisit"], markov["cue"],
+                             strongest["cue"]]):
+    ax.set_prop_cycle(color=colors[:len(every)])
+    for label in every:
+      ax.plot(plan.sizes, [res.mean_metric(s.name, n, label, "cos") for n in plan.sizes],
+              marker="o", label=label.split(" (")[0])
+    ax.set_title(s.name)
+    ax.set_xlabel("N")
+    ax.set_xscale("log", base=2)
+  axes[0, 0].set_ylabel("gradient cosine")
+  axes[0, 0].legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "bias_study_cosine.png"), dpi=80)
+  plt.close(fig)
+  fig, ax = plt.subplots(figsize=(7, 4))
+  ax.set_prop_cycle(color=plt.get_cmap("tab20").colors[:len(plan.settings)])
+  for s in plan.settings:
+    ax.plot(range(MAX_K + 1), res.ci(s.name, n0)[0], marker="o", label=s.name)
+  ax.set_xlabel("level k")
+  ax.set_ylabel("CI_k / Var(A*)")
+  ax.legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "bias_study_ci.png"), dpi=80)
+  plt.close(fig)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m launch.studies.bias", description=__doc__.split(
+      "\n")[0])
+  p.add_argument("--quick", action="store_true", help="1 seed, few batches (< 2 min)")
+  p.add_argument("--out", default="results", help="directory of bias_study.md and the plots")
+  args = p.parse_args(argv)
+  os.makedirs(args.out, exist_ok=True)
+  runtime.enable_compilation_cache()
+  plan = make_plan(args.quick)
+  grid = testbed.make_grid()
+  start = time.time()
+  runs, dags = [], {}
+  for s in plan.settings:
+    for seed in (plan.control_seeds if _is_control(s) else plan.seeds):
+      t0 = time.time()
+      runs.append(run_setting(s, seed, plan, grid, dags))
+      print(f"{s.name} seed {seed}: {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+  elapsed = time.time() - start
+  text = write_report(Results(runs, plan), plan, args.out, elapsed, args.quick)
+  print(text.split("\n\n")[1])
+  print(f"wrote {os.path.join(args.out, 'bias_study.md')} in {elapsed:.0f} s")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
