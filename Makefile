@@ -6,7 +6,7 @@ REQS := requirements.txt env_servers/requirements-nodeps.txt tests/requirements.
 # pytest-xdist workers: 2 cores here; tests are dominated by compilation and subprocesses.
 TEST_WORKERS ?= 2
 
-.PHONY: venv run test test-fast bench clean
+.PHONY: venv run test test-fast bench docs clean
 
 venv: .venv/.stamp
 
@@ -33,6 +33,10 @@ test-fast: venv
 
 bench: venv
 	$(PY) -m launch.benchmarks.advantages
+
+# Browsable API reference (pdoc HTML, not committed): build/api/index.html.
+docs: venv
+	$(PY) -m launch.api_docs --out build/api
 
 clean:
 	rm -rf .venv .pytest_cache

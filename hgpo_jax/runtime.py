@@ -11,7 +11,7 @@ def enable_compilation_cache(cache_dir: str | None = None) -> str:
   """Turns on JAX's persistent compilation cache (CPU included).
 
   Why: compiling the sampler and the train step dominates short runs and the test
-  suite; a warm cache cuts first-call latency several-fold (research/stack.md §1).
+  suite; a warm cache cuts first-call latency several-fold.
   Thresholds are zeroed because the defaults skip small and fast-compiling entries.
   """
   cache_dir = cache_dir or os.environ.get("HGPO_JAX_COMPILE_CACHE", DEFAULT_CACHE_DIR)

@@ -18,7 +18,7 @@ GOALS_VALID, TRAIN/TEST_SCENE_NUMBERS), and the goal formulas and sentence templ
 Everything is drawn from `random.Random(f"alfworld/{split}/{seed}/{index}")`, so a
 (split, seed, index) triple gives a byte-identical problem in any process, and the train
 and valid_seen streams (same rooms) are independent draws. What differs from the released
-ALFWorld games (research/environments.md §1.6): placements and counts are sampled, not
+ALFWorld games (docs/environments.md, "What is and is not comparable"): placements and counts are sampled, not
 taken from ALFRED's THOR trajectories; receptacles that a room lists in objects.json but
 not in openable.json get one instance; there are no human-written goal sentences. Scores
 on these games are not comparable to published ALFWorld numbers.

@@ -1,7 +1,7 @@
 """Generates the Python gRPC stubs of `env.proto` (CLI: `python -m env_servers.protos.build`).
 
 The stubs are generated, never checked in: generated code pins the protobuf/grpcio
-runtime it was made with (`ValidateProtobufRuntimeVersion`, research/stack.md §7), so
+runtime it was made with (`ValidateProtobufRuntimeVersion` at the top of `env_pb2.py`), so
 generating from the installed grpcio-tools keeps stubs and runtime in lock-step. The
 proto is compiled relative to the repository root so the stubs import each other as
 `from env_servers.protos import env_pb2`.

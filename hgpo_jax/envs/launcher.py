@@ -1,8 +1,8 @@
 """Starts env server processes on this machine and makes sure none outlives its owner.
 
 Each server is `sys.executable -m env_servers.serve ...` in its own process group with
-`JAX_PLATFORMS=cpu` (a server must never grab the accelerator, research/anchors.md
-§A.4). `start_servers` reads each server's `PORT <n>` line, waits for the gRPC health
+`JAX_PLATFORMS=cpu` (a server must never grab the accelerator; see env_servers/serve.py).
+`start_servers` reads each server's `PORT <n>` line, waits for the gRPC health
 service to report SERVING, and on failure raises with the tail of the server's stderr.
 
 No orphans: `ServerProcess.stop` kills the whole process group; an `atexit` hook stops

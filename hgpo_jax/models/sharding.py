@@ -43,17 +43,19 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> j
 
   data=-1 takes all devices left over by fsdp and tensor. Auto (not Explicit, which
   `jax.make_mesh` now defaults to) keeps GSPMD propagation and `with_sharding_constraint`
-  working on plain arrays (research/stack.md §3).
+  working on plain arrays.
   """
   devices = list(jax.devices() if devices is None else devices)
   n = len(devices)
   if data == -1:
     if n % (fsdp * tensor):
-      raise ValueError(f"make_mesh: {n} devices are not divisible by fsdp*tensor={fsdp * tensor}.")
+      raise ValueError(f"make_mesh: {n} devices are not divisible by fsdp*tensor={fsdp * tensor} "
+                       "(command line: --config.mesh.fsdp, --config.mesh.tensor).")
     data = n // (fsdp * tensor)
   if data * fsdp * tensor != n:
     raise ValueError(f"make_mesh: data*fsdp*tensor = {data}*{fsdp}*{tensor} = {data * fsdp * tensor} "
-                     f"but {n} devices were given; make the product equal the device count.")
+                     f"but {n} devices were given; make the product equal the device count "
+                     "(command line: --config.mesh.data/fsdp/tensor; -1 = the rest).")
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   return jax.make_mesh((data, fsdp, tensor), MESH_AXES, axis_types=auto, devices=devices)
 

@@ -2,7 +2,7 @@
 
   python -m launch.benchmarks.advantages [--reps 20] [--sizes 6400,100000,1000000]
 
-Batches mimic paper-scale rollouts (research/algorithms.md §1, §4.3): groups of 8
+Batches mimic paper-scale rollouts (docs/algorithms.md §12): groups of 8
 trajectories of 50 steps (6,400 rows = 16 groups, as in one HGPO iteration;
 100k and 1M rows scale the group count), random walks over a per-group room graph
 with loops (revisits), 50% successes (reward 10 at the last step), 10% invalid

@@ -1,0 +1,233 @@
+"""The repository explains itself: no references to documents users cannot see, docs
+links that resolve, docstring references that import, and an API reference that builds.
+"""
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Built by concatenation so that this file does not match itself.
+FORBIDDEN = ("spec " + "\u00a7", "research" + "/")
+
+# Modules rendered by `make docs`; the generated protobuf code is left out there too.
+API_PACKAGES = ("hgpo_jax", "env_servers", "configs", "launch")
+API_EXCLUDED = ("env_servers.protos.env_pb2", "env_servers.protos.env_pb2_grpc")
+
+
+def tracked_files() -> list[str]:
+  """Files git tracks, plus new files not ignored yet (so a check runs before the commit)."""
+  out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                       cwd=ROOT, capture_output=True, check=False)
+  if out.returncode != 0:
+    pytest.skip("not a git checkout: the tracked-file checks need `git ls-files`")
+  return [p for p in out.stdout.decode().split("\0") if p and os.path.isfile(os.path.join(ROOT, p))]
+
+
+def tracked_text(suffixes=None) -> dict[str, str]:
+  """Text of every tracked file (binary files skipped), optionally only some suffixes."""
+  texts = {}
+  for path in tracked_files():
+    if suffixes and not path.endswith(suffixes):
+      continue
+    with open(os.path.join(ROOT, path), "rb") as f:
+      data = f.read()
+    if b"\0" in data[:8192]:
+      continue
+    try:
+      texts[path] = data.decode("utf-8")
+    except UnicodeDecodeError:
+      continue
+  return texts
+
+
+def test_no_reference_to_documents_outside_the_repository():
+  hits = []
+  for path, text in tracked_text().items():
+    for lineno, line in enumerate(text.splitlines(), 1):
+      if any(s in line for s in FORBIDDEN):
+        hits.append(f"{path}:{lineno}: {line.strip()[:100]}")
+  assert not hits, ("point these at docs/ or at the paper instead:\n" + "\n".join(hits))
+
+
+def test_the_documentation_pages_exist():
+  for name in ("algorithms", "architecture", "environments", "scaling"):
+    path = os.path.join(ROOT, "docs", f"{name}.md")
+    assert os.path.isfile(path), f"docs/{name}.md is missing"
+    with open(path, encoding="utf-8") as f:
+      assert len(f.read()) > 2000, f"docs/{name}.md is nearly empty"
+
+
+_DOCS_PATH = re.compile(r"docs/[\w./-]+?\.md")
+_SECTION_REF = re.compile(r"(docs/[\w-]+\.md)[,:]?\s*\u00a7\s*(\d+(?:\.\d+)*)")
+_MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$", re.M)
+
+
+def _headings(path: str) -> list[str]:
+  with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+    return _HEADING.findall(f.read())
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor of a Markdown heading."""
+  text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+  return text.replace(" ", "-")
+
+
+def test_docs_paths_sections_and_links_resolve():
+  problems = []
+  for path, text in tracked_text((".md", ".py")).items():
+    for ref in set(_DOCS_PATH.findall(text)):
+      if not os.path.isfile(os.path.join(ROOT, ref)):
+        problems.append(f"{path}: mentions {ref}, which does not exist")
+    for ref, section in set(_SECTION_REF.findall(text)):
+      if not os.path.isfile(os.path.join(ROOT, ref)):
+        continue  # reported above
+      numbers = {h.split()[0].rstrip(".") for h in _headings(ref) if h[:1].isdigit()}
+      if section not in numbers:
+        problems.append(f"{path}: cites {ref} \u00a7{section}, which has no such section")
+    if not path.endswith(".md"):
+      continue
+    for target in _MD_LINK.findall(text):
+      if re.match(r"[a-z]+:", target):
+        continue  # http(s), mailto
+      file_part, _, anchor = target.partition("#")
+      dest = os.path.normpath(os.path.join(ROOT, os.path.dirname(path), file_part)) if file_part \
+          else os.path.join(ROOT, path)
+      if not os.path.exists(dest):
+        problems.append(f"{path}: link ({target}) points at a missing file")
+      elif anchor and dest.endswith(".md"):
+        if anchor not in {_slug(h) for h in _headings(os.path.relpath(dest, ROOT))}:
+          problems.append(f"{path}: link ({target}) names a missing heading")
+  assert not problems, "\n".join(problems)
+
+
+_CODE_REF = re.compile(r"`((?:hgpo_jax|env_servers|configs|launch)(?:\.[A-Za-z_]\w*)+)`")
+
+
+def _resolve(dotted: str) -> bool:
+  parts = dotted.split(".")
+  for cut in range(len(parts), 0, -1):
+    try:
+      obj = importlib.import_module(".".join(parts[:cut]))
+    except ImportError:
+      continue
+    try:
+      for attr in parts[cut:]:
+        obj = getattr(obj, attr)
+    except AttributeError:
+      return False
+    return True
+  return False
+
+
+def test_backquoted_code_references_resolve():
+  """A back-quoted dotted name under hgpo_jax/env_servers/configs/launch in docs and
+  docstrings names a module or attribute that exists."""
+  refs = {}
+  for path, text in tracked_text((".md", ".py")).items():
+    for ref in _CODE_REF.findall(text):
+      refs.setdefault(ref, path)
+  assert len(refs) > 10  # the check sees the references it is meant to check
+  broken = [f"{path}: `{ref}`" for ref, path in sorted(refs.items())
+            if not ref.startswith(API_EXCLUDED) and not _resolve(ref)]
+  assert not broken, "references to names that do not exist:\n" + "\n".join(broken)
+
+
+@pytest.mark.slow
+def test_api_reference_builds_without_warnings(tmp_path):
+  """`make docs` into a temporary directory: exit 0, no warning, a page per module."""
+  proc = subprocess.run([sys.executable, "-m", "launch.api_docs", "--out", str(tmp_path)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "warning" not in proc.stderr, proc.stderr[-3000:]
+  missing = []
+  for path in tracked_files():
+    if not path.endswith(".py") or not path.startswith(tuple(p + "/" for p in API_PACKAGES)):
+      continue
+    module = path[:-3].replace("/", ".").removesuffix(".__init__")
+    if module.endswith("__main__") or module.startswith(API_EXCLUDED):
+      continue
+    if not (tmp_path / (module.replace(".", "/") + ".html")).is_file():
+      missing.append(module)
+  assert not missing, f"modules without an API page: {missing}"
+  page = (tmp_path / "hgpo_jax" / "advantages" / "hgpo.html").read_text()
+  assert "HGPOOptions" in page and "zero_tolerance" in page
+
+
+def test_api_reference_gate_fails_on_bad_modules(tmp_path):
+  """The build reports what it must: an import error stops it, a repeated module warns."""
+  api_docs = importlib.import_module("launch.api_docs")
+  pkg = tmp_path / "src" / "docs_probe_pkg"
+  pkg.mkdir(parents=True)
+  (pkg / "__init__.py").write_text('"""Probe package."""\n')
+  (pkg / "fine.py").write_text('"""Fine."""\nX = 1\n')
+  (pkg / "broken.py").write_text('raise ImportError("missing dependency")\n')
+  sys.path.insert(0, str(tmp_path / "src"))
+  try:
+    with pytest.raises(RuntimeError, match="docs_probe_pkg.broken"):
+      api_docs.build(str(tmp_path / "out1"), ["docs_probe_pkg.broken"])
+    warnings = api_docs.build(str(tmp_path / "out2"), ["docs_probe_pkg.fine", "docs_probe_pkg.fine"])
+    assert warnings and "docs_probe_pkg.fine" in warnings[0]
+    assert api_docs.build(str(tmp_path / "out3"), ["docs_probe_pkg.fine"]) == []
+    assert (tmp_path / "out3" / "docs_probe_pkg" / "fine.html").is_file()
+  finally:
+    sys.path.remove(str(tmp_path / "src"))
+
+
+def test_api_docs_finds_modules_hidden_from_pdocs_walk():
+  names = importlib.import_module("launch.api_docs").module_names()
+  assert "hgpo_jax.advantages.hgpo" in names  # not in hgpo_jax.advantages.__all__
+  assert "hgpo_jax.rollout.rollout" in names  # namespace package (no __init__.py)
+  assert "hgpo_jax.training.progress" in names
+  assert not any(n.startswith(API_EXCLUDED) or n.endswith("__main__") for n in names)
+
+
+def test_documented_env_data_overrides_are_accepted():
+  """docs/environments.md tells users to plug data in with --config.env.args.*: it works."""
+  with open(os.path.join(ROOT, "docs", "environments.md"), encoding="utf-8") as f:
+    text = f.read()
+  documented = set(re.findall(r"--config\.env\.args\.(\w+)=", text))
+  assert documented == {"data_dir", "real_data_dir"}
+  alfworld = importlib.import_module("configs.alfworld").get_config("model=tiny")
+  webshop = importlib.import_module("configs.webshop").get_config("model=tiny")
+  alfworld.update_from_flattened_dict({"env.args.data_dir": "/data/alfworld/json_2.1.1"})
+  webshop.update_from_flattened_dict({"env.args.data_dir": "/d", "env.args.real_data_dir": "/r"})
+  assert alfworld.env.args.data_dir == "/data/alfworld/json_2.1.1"
+  assert (webshop.env.args.data_dir, webshop.env.args.real_data_dir) == ("/d", "/r")
+  # The defaults select the shipped data: empty strings the env constructors read as unset.
+  assert importlib.import_module("configs.alfworld").get_config("").env.args.to_dict() == {"data_dir": ""}
+
+
+def _algorithms_sections() -> dict[str, str]:
+  """'## N. Title' sections of docs/algorithms.md: title line -> section text."""
+  with open(os.path.join(ROOT, "docs", "algorithms.md"), encoding="utf-8") as f:
+    text = f.read()
+  parts = re.split(r"^## ", text, flags=re.M)[1:]
+  return {p.splitlines()[0]: p for p in parts}
+
+
+def test_every_estimator_option_is_documented():
+  """Each registered estimator has a section in docs/algorithms.md ('(`name`)' in its
+  title) naming every field of its options dataclass; likewise the loss options."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from hgpo_jax.advantages import registry  # pylint: disable=import-outside-toplevel
+  from hgpo_jax.training import losses  # pylint: disable=import-outside-toplevel
+  sections = _algorithms_sections()
+  missing = []
+  targets = [(f"(`{n}`)", registry.get(n).options_cls) for n in registry.names()]
+  targets.append(("PPO actor loss", losses.LossConfig))
+  for marker, options_cls in targets:
+    found = [text for title, text in sections.items() if marker in title]
+    if len(found) != 1:
+      missing.append(f"no single section of docs/algorithms.md has {marker} in its title")
+      continue
+    missing += [f"{options_cls.__name__}.{f.name} is not named in the section {marker}"
+                for f in dataclasses.fields(options_cls) if f"`{f.name}`" not in found[0]]
+  assert not missing, "\n".join(missing)
