@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 
 from absl import app
-from absl import flags
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file[:variant args].", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics.jsonl.")
-flags.mark_flags_as_required(["config", "workdir"])
+# The trainer's entry point owns the flags (--config, --workdir, ...): one definition, so
+# both entry points can be imported into one process (tests, the API reference).
+from launch import main as main_lib
+
+_CONFIG = main_lib._CONFIG  # pylint: disable=protected-access
+_WORKDIR = main_lib._WORKDIR  # pylint: disable=protected-access
 
 EVAL_STEP = 0  # the `step` of the single metrics line
 
