@@ -2,12 +2,13 @@ r"""ALFWorld (generated ALFWorld-format games on the real alfworld/textworld eng
 
 Variants (argument string after the colon):
   algo=grpo|rloo|gigpo|hgpo|...   estimator (any name in the advantage registry)
+  algo=ppo|hiper                   PPO with a critic (estimator gae) / HiPER (estimator hae)
   k=2                              HGPO depth K (also the memory window H, as the paper)
   model=tiny|smollm2-135m|qwen2.5-1.5b|qwen2.5-7b
   smoke                            seconds-scale run for tests (tiny model, 2 groups, 3 steps)
   local                            the README main job, sized for a 2-core CPU (common.apply_local)
 
-Paper setting (HGPO Table 1, spec §4.3), e.g. Qwen2.5-1.5B-Instruct, K=2, on a pod:
+Paper setting (HGPO arXiv 2602.22817, Table 1; settings in docs/algorithms.md §12), e.g. Qwen2.5-1.5B-Instruct, K=2, on a pod:
   python -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=qwen2.5-1.5b \
       --config.model.path=/models/Qwen2.5-1.5B-Instruct --workdir=gs://bucket/hgpo_k2
   16 groups x 8 trajectories, 50 steps, lr 1e-6, mini-batch 256 rows, 160 iterations,
@@ -15,6 +16,19 @@ Paper setting (HGPO Table 1, spec §4.3), e.g. Qwen2.5-1.5B-Instruct, K=2, on a 
   ALFWorld games, 1.5B, K=2): 92.77 in-distribution / 90.16 out-of-distribution
   success. Our games are *generated* ALFWorld-format games on ALFRED rooms, not the
   released split: numbers from this config are not comparable to the paper's.
+
+PPO with a critic and HiPER (algo=ppo / algo=hiper): a separate critic initialised from
+the policy (1 value head / 3: low, high, term), critic lr 1e-5, cliprange_value 0.5, no
+env grouping (128 tasks x 1 trajectory per iteration), gamma = lambda = 1; HiPER adds the
+switch/subgoal/action format, lambda_seg 0.95, keep penalty -0.3 (normalised by the
+trajectory length), consistency penalty -0.3, bootstrap_truncated, mini-batch 256
+(PPO 128). On a pod:
+  python -m launch.main --config=configs/alfworld.py:algo=hiper,model=qwen2.5-1.5b \
+      --config.model.path=/models/Qwen2.5-1.5B-Instruct --workdir=gs://bucket/hiper
+  Published ALFWorld success (all tasks, released games): PPO (with critic) 54.4 +- 3.1
+  (1.5B) / 80.4 +- 2.7 (7B) (GiGPO arXiv 2505.10978, Table 1); HiPER 95.3 (1.5B) / 97.4
+  (7B) (arXiv 2602.16165; JonP07/HiPER-agent README). Not comparable to our games.
+  Smoke: python -m launch.main --config=configs/alfworld.py:algo=hiper,model=tiny,smoke --workdir=/tmp/x
 
 Main job (README), 2-core CPU:
   make run   # = python -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local
@@ -35,6 +49,8 @@ def get_config(arg: str | None = None):
   c.model.name = a.model
 
   c.env.name = "alfworld"
+  # Games in ALFWorld's folder layout (e.g. the official json_2.1.1); "" = the shipped generated set.
+  c.env.args = common.ml_collections.ConfigDict({"data_dir": ""})
   c.env.max_steps = 50
   c.env.train_split = "train"
   c.env.eval_splits = ("valid_seen", "valid_unseen")
@@ -42,17 +58,21 @@ def get_config(arg: str | None = None):
   c.rollout.fallback_chars = 30
   c.rollout.max_prompt_tokens = 4096  # HGPO scripts: 4096, truncation=left
 
-  c.algo.name = a.algo
-  # ALFWorld scripts use std normalisation for GiGPO and HGPO (spec §3.3, §4.3).
-  c.algo.options = common.estimator_options(a.algo, k=a.k, norm="mean_std")
+  c.algo.name = a.algo  # algo=ppo / algo=hiper: replaced by common.apply_critic_algo below
+  # ALFWorld scripts use std normalisation for GiGPO and HGPO (docs/algorithms.md §12).
+  c.algo.options = common.estimator_options(common.CRITIC_ALGOS.get(a.algo, a.algo), k=a.k, norm="mean_std")
 
   c.train.mini_batch_rows = 256
   c.train.micro_batch_rows = 16
 
+  if a.algo in common.CRITIC_ALGOS:
+    common.apply_critic_algo(c, a.algo, "alfworld")
   if a.local:
     common.apply_local(c)
   if a.smoke:
     common.apply_smoke(c)
+  if a.algo in common.CRITIC_ALGOS:
+    common.finish_critic_algo(c, a.algo)
 
   c.lock()
   return c

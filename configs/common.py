@@ -14,7 +14,7 @@ import ml_collections  # re-exported for the config files
 
 from hgpo_jax.advantages import registry
 
-MODELS = ("tiny", "smollm2-135m", "qwen2.5-1.5b", "qwen2.5-7b")
+from hgpo_jax.models.config import PRESET_NAMES as MODELS  # noqa: F401  (re-exported)
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
@@ -46,6 +46,46 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return out
 
 
+CRITIC_ALGOS = {"ppo": "gae", "hiper": "hae"}
+"""Algorithm names of the configs that are not estimator names: PPO with a critic
+(estimator `gae`) and HiPER (estimator `hae`)."""
+
+
+def apply_critic_algo(c: ml_collections.ConfigDict, algo: str, env: str) -> None:
+  """`algo=ppo` / `algo=hiper`: the published settings of the PPO and HiPER scripts.
+
+  No env grouping (group_size 1; the paper setting plays 128 distinct tasks per
+  iteration), critic lr 1e-5, cliprange_value 0.5. PPO: gamma = lambda = 1 (verl
+  defaults), per-row GAE, mini-batch 128 rows ALFWorld / 64 WebShop. HiPER: the
+  switch/subgoal/action format, lambda_seg 0.95, gamma = lambda_turn = 1, keep and
+  consistency penalties and bootstrap_truncated per environment, mini-batch 256.
+  """
+  from hgpo_jax.advantages import hae  # pylint: disable=import-outside-toplevel
+  c.algo.name = CRITIC_ALGOS[algo]
+  c.rollout.num_groups = 128
+  c.rollout.group_size = 1
+  eta = c.rollout.invalid_penalty
+  if algo == "ppo":
+    c.algo.options = estimator_options("gae", invalid_penalty=eta)
+    c.train.mini_batch_rows = 128 if env == "alfworld" else 64
+  else:
+    c.rollout.response_format = "hiper"
+    c.algo.options = estimator_options("hae", invalid_penalty=eta, **hae.PUBLISHED_SETTINGS[env])
+    c.train.mini_batch_rows = 256
+
+
+def finish_critic_algo(c: ml_collections.ConfigDict, algo: str) -> None:
+  """After the smoke/local variants of `algo=ppo|hiper`: no env grouping (the same
+  number of trajectories, one per task) and, for HiPER's three blocks, room for
+  `<switch>..</switch><subgoal>..</subgoal><action>..</action>` (about 90 tokens of the
+  tiny byte-level tokenizer with a 12-token subgoal; 16 tokens cut every response
+  inside the switch block)."""
+  c.rollout.num_groups *= c.rollout.group_size
+  c.rollout.group_size = 1
+  if algo == "hiper":
+    c.rollout.max_new_tokens = max(c.rollout.max_new_tokens, 128)
+
+
 def estimator_options(name: str, **overrides) -> ml_collections.ConfigDict:
   """The estimator's options with their published defaults, read from the registry.
 
@@ -75,6 +115,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.env.name = ""  # env server name (env_servers/registry.py)
   c.env.args = ml_collections.ConfigDict()  # constructor args of the env on the server
   c.env.endpoints = ()  # host:port of running servers; empty = start local servers
+  c.env.token_file = ""  # file with the endpoints' shared secret (serve --token-file)
+  c.env.tls_root_cert = ""  # PEM root certificate of endpoints serving TLS; "" = plaintext
   c.env.num_servers = 2  # local server processes when no endpoints are given
   c.env.deadline_s = 120.0  # per-call deadline of Reset/Step
   c.env.train_split = "train"
@@ -91,9 +133,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.max_new_tokens = 512
   c.rollout.max_prompt_tokens = 2048  # longer prompts are truncated on the left
   c.rollout.constrained = False  # restrict actions to the admissible set (small models)
-  c.rollout.invalid_penalty = 0.1  # eta, spec §1
+  c.rollout.invalid_penalty = 0.1  # eta, docs/algorithms.md §1
   c.rollout.fallback_chars = 30  # projection fallback (ALFWorld 30, WebShop 20)
   c.rollout.dump = False  # write every rollout as JSONL (advantage-tool format)
+  c.rollout.response_format = "react"  # "react" (<think>/<action>) | "hiper" (switch/subgoal/action)
 
   c.algo = ml_collections.ConfigDict()
   c.algo.name = "hgpo"  # a registered estimator: hgpo_jax.advantages.registry.names()
@@ -115,6 +158,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.entropy_coeff = 0.001
   c.train.loss_agg = "token-mean"
 
+  # Value model of critic-based estimators (algo=ppo -> gae, algo=hiper -> hae): a
+  # separate copy of the policy's backbone with 1 (PPO) or 3 (HiPER) value heads; it
+  # uses the actor's mini/micro-batch sizes (published scripts). Unused otherwise.
+  c.critic = ml_collections.ConfigDict()
+  c.critic.lr = 1e-5  # PPO and HiPER scripts
+  c.critic.weight_decay = 0.01  # verl critic optim default
+  c.critic.grad_clip = 1.0
+  c.critic.cliprange_value = 0.5  # clipped value loss
+  c.critic.loss_scale = 0.5  # verl compute_value_loss: 0.5 * agg(max(...))
+
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # -1: all remaining devices
   c.mesh.fsdp = 1
@@ -132,6 +185,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.keep_period = 50  # steps kept forever (0: none)
   c.checkpoint.resume_from = ""  # explicit checkpoint directory (after the workdir's own)
   c.checkpoint.init_weights = ""  # params-only initialisation (after resume_from)
+
+  c.profile = ml_collections.ConfigDict()
+  c.profile.iterations = 0  # > 0: jax.profiler trace of this many iterations -> <workdir>/profile
+  c.profile.skip = 1  # iterations of this run before the trace starts (the first compiles)
   return c
 
 

@@ -2,18 +2,29 @@ r"""WebShop-compatible shopping (the project's own catalog and goals; see env_se
 
 Variants (argument string after the colon):
   algo=grpo|rloo|gigpo|hgpo|...   estimator (any name in the advantage registry)
+  algo=ppo|hiper                   PPO with a critic (estimator gae) / HiPER (estimator hae)
   k=2                              HGPO depth K (also the memory window H)
   model=tiny|smollm2-135m|qwen2.5-1.5b|qwen2.5-7b
   horizon=15                       max env steps: 15 (GiGPO paper) or 30 (HGPO paper)
   smoke                            seconds-scale run for tests
   local                            sized for a 2-core CPU
 
-Paper setting (spec §3.3 / §4.3): 16 x 8 trajectories, lr 1e-6, mini-batch 64 rows,
+Paper setting (docs/algorithms.md §12): 16 x 8 trajectories, lr 1e-6, mini-batch 64 rows,
 mean-only normalisation, WebShop horizon 15 (GiGPO) or 30 (HGPO), e.g.
   python -m launch.main --config=configs/webshop.py:algo=hgpo,k=4,horizon=30,model=qwen2.5-1.5b \
       --config.model.path=/models/Qwen2.5-1.5B-Instruct --workdir=/tmp/ws_hgpo_k4
 Published (real WebShop, 1.5B, K=4): HGPO 90.64 score / 78.12 success. The environment
 here is WebShop-*compatible* (own generated catalog): numbers are not comparable.
+
+PPO with a critic and HiPER (algo=ppo / algo=hiper): separate critic (critic lr 1e-5,
+cliprange_value 0.5), 128 ungrouped tasks per iteration, gamma = lambda = 1; PPO mini-batch
+64 rows; HiPER: keep penalty -3.5 normalised, consistency -0.3, bootstrap_truncated off,
+lambda_seg 0.95, mini-batch 256. On a pod:
+  python -m launch.main --config=configs/webshop.py:algo=ppo,model=qwen2.5-1.5b \
+      --config.model.path=/models/Qwen2.5-1.5B-Instruct --workdir=/tmp/ws_ppo
+Published (real WebShop): PPO (with critic) score / success 73.8 +- 3.0 / 51.5 +- 2.9 (1.5B),
+81.4 +- 3.1 / 68.7 +- 5.1 (7B) (GiGPO arXiv 2505.10978, Table 1); HiPER success 71.4 (1.5B)
+/ 83.3 (7B) (arXiv 2602.16165; JonP07/HiPER-agent README).
 """
 
 from configs import common
@@ -30,6 +41,9 @@ def get_config(arg: str | None = None):
   c.model.name = a.model
 
   c.env.name = "webshop"
+  # A generated shop (`python -m env_servers.webshop.generate`) or WebShop's own data files;
+  # "" = the shipped generated shop (docs/environments.md).
+  c.env.args = common.ml_collections.ConfigDict({"data_dir": "", "real_data_dir": ""})
   c.env.max_steps = a.horizon
   c.env.train_split = "train"
   c.env.eval_splits = ("test",)
@@ -37,17 +51,21 @@ def get_config(arg: str | None = None):
   c.rollout.fallback_chars = 20
   c.rollout.max_prompt_tokens = 4096
 
-  c.algo.name = a.algo
-  # WebShop scripts use mean-only normalisation for GiGPO and HGPO (spec §3.3, §4.3).
-  c.algo.options = common.estimator_options(a.algo, k=a.k, norm="mean")
+  c.algo.name = a.algo  # algo=ppo / algo=hiper: replaced by common.apply_critic_algo below
+  # WebShop scripts use mean-only normalisation for GiGPO and HGPO (docs/algorithms.md §12).
+  c.algo.options = common.estimator_options(common.CRITIC_ALGOS.get(a.algo, a.algo), k=a.k, norm="mean")
 
   c.train.mini_batch_rows = 64
   c.train.micro_batch_rows = 8
 
+  if a.algo in common.CRITIC_ALGOS:
+    common.apply_critic_algo(c, a.algo, "webshop")
   if a.local:
     common.apply_local(c)
   if a.smoke:
     common.apply_smoke(c)
+  if a.algo in common.CRITIC_ALGOS:
+    common.finish_critic_algo(c, a.algo)
 
   c.lock()
   return c

@@ -29,25 +29,31 @@ import numpy as np
 import tqdm
 from flax import nnx
 
+from hgpo_jax import perf
 from hgpo_jax.advantages import dump as dump_lib
 from hgpo_jax.advantages import grouping
 from hgpo_jax.advantages import registry
 from hgpo_jax.envs import launcher
 from hgpo_jax.envs import pool as pool_lib
+from hgpo_jax.models import critic as critic_lib
 from hgpo_jax.models import loading
 from hgpo_jax.models import sharding
 from hgpo_jax.rollout import rollout as rollout_lib
 from hgpo_jax.rollout import tasks as tasks_lib
 from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.training import checkpoint as checkpoint_lib
+from hgpo_jax.training import critic_step
 from hgpo_jax.training import losses
 from hgpo_jax.training import metrics as metrics_lib
 from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
+from hgpo_jax.training import value_targets
 
+# Critic-based estimators the trainer supports -> number of value heads.
+CRITIC_HEADS = {"gae": 1, "hae": 3}
 PROMPT_BUCKETS = (128, 256, 512, 640, 768, 1024, 1536, 2048, 3072, 4096)
 # Presets whose weights live in a user directory (config.model.path).
-MODELS_WITH_PATH = ("qwen2.5-1.5b", "qwen2.5-7b")
+MODELS_WITH_PATH = loading.PRESETS_WITH_PATH  # presets whose weights are a local directory
 
 
 class ConfigError(ValueError):
@@ -63,11 +69,12 @@ def estimator_and_options(config: ml_collections.ConfigDict):
     est = registry.get(config.algo.name)
   except KeyError as e:
     raise ConfigError(str(e.args[0])) from None
-  if est.needs_critic:
-    raise ConfigError(
-        f"estimator {config.algo.name!r} needs critic values; the trainer has no critic model "
-        f"yet (it is computable offline: python -m hgpo_jax.advantages DUMP --estimator "
-        f"{config.algo.name}). Use grpo, rloo, gigpo or hgpo for training.")
+  if est.needs_critic and est.name not in CRITIC_HEADS:
+    raise ConfigError(f"estimator {config.algo.name!r} needs a critic but the trainer reads "
+                      f"critic values only for {sorted(CRITIC_HEADS)}")
+  if est.name == "hae" and config.rollout.response_format != "hiper":
+    raise ConfigError("estimator 'hae' needs the HiPER response format: set "
+                      "config.rollout.response_format='hiper' (configs: algo=hiper)")
   try:
     opts = est.options(**config.algo.options.to_dict())
   except (TypeError, ValueError) as e:
@@ -99,6 +106,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("config.env.num_servers must be >= 1 when no env.endpoints are given")
 
 
+def critic_update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:
+  """The critic's optimizer and batching: its own lr, the actor's mini/micro-batches."""
+  t, c = config.train, config.critic
+  return train_step.UpdateConfig(
+      learning_rate=c.lr, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
+      mini_batch_size=t.mini_batch_rows, micro_batch_size=t.micro_batch_rows,
+      ppo_epochs=t.ppo_epochs)
+
+
 def update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:
   t = config.train
   return train_step.UpdateConfig(
@@ -118,7 +134,7 @@ def compute_advantages(rows, est, opts, *, gamma: float, invalid_penalty: float,
   num_levels = getattr(opts, "k", 0) + 1
   grouped = grouping.build_row_batch(rollout_lib.advantage_columns(rows), num_levels=num_levels,
                                      gamma=gamma, invalid_penalty=invalid_penalty,
-                                     capacity=capacity)
+                                     capacity=capacity, **grouping.grouping_options(opts))
   out = est(jax.device_put(grouped.batch), opts)
   adv = grouped.to_input_order(np.asarray(out.advantage))
   ret = grouped.to_input_order(np.asarray(grouped.batch.returns))
@@ -180,6 +196,76 @@ def _mean_over_processes(metrics: dict[str, float]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------
+# Critic (estimators with needs_critic: gae = PPO, hae = HiPER)
+# ---------------------------------------------------------------------------------------
+def make_critic(config, est, model, policy_params, mesh, rng: jax.Array):
+  """(CriticLearner, TrainState): a separate value model initialised from the policy's
+  weights (the published PPO and HiPER scripts' critic), its own optimizer."""
+  num_heads = CRITIC_HEADS[est.name]
+  learner = critic_step.CriticLearner(
+      critic_lib.abstract_critic(model.cfg, num_heads), mesh, critic_update_config(config),
+      critic_step.ValueLossConfig(cliprange_value=config.critic.cliprange_value,
+                                  loss_scale=config.critic.loss_scale))
+  params = critic_lib.params_from_policy(policy_params, model.cfg, num_heads, config.seed)
+  return learner, learner.init_state(params, rng)
+
+
+def checkpoint_tree(state, critic_state) -> dict:
+  """The `state` item of a checkpoint: the actor's TrainState (+ the critic's)."""
+  tree = state.to_checkpoint()
+  if critic_state is not None:
+    tree["critic"] = critic_state.to_checkpoint()
+  return tree
+
+
+def critic_advantages(rows, est, opts, critic_learner, critic_params, buckets, config,
+                      pad_id: int, capacity: int):
+  """Critic values -> estimator -> the actor's token batch and the critic's value batch.
+
+  Every process computes the values of the global batch (identical on all), reads its
+  own rows' block, runs the estimator locally (trajectories never cross processes) and
+  shares the resulting token arrays.
+
+  Returns:
+    (TrainBatch with token advantages and the estimator's loss mask as response_mask,
+     ValueBatch, CriticTargets of the local rows).
+  """
+  num_heads = CRITIC_HEADS[est.name]
+  batch = _global_train_batch(rows, np.zeros(len(rows), np.float32), buckets, config, pad_id)
+  values = critic_step.compute_values(critic_learner, critic_params,
+                                      critic_step.token_layout_batch(batch, num_heads))
+  local_rows = batch.num_rows // jax.process_count()
+  lo = jax.process_index() * local_rows
+  num_tokens = config.rollout.max_new_tokens
+  p = batch.seq_len - num_tokens
+  targets = value_targets.critic_targets(
+      rows, rollout_lib.advantage_columns(rows), est, opts, values[lo:lo + len(rows)],
+      prompt_len=p, num_tokens=num_tokens, gamma=config.algo.gamma,
+      invalid_penalty=config.rollout.invalid_penalty, capacity=capacity)
+  n, seq = len(rows), batch.seq_len
+  adv = np.zeros((local_rows, seq), np.float32)
+  loss_mask = np.zeros((local_rows, seq), bool)
+  value_mask = np.zeros((local_rows, seq, num_heads), bool)
+  returns = np.zeros((local_rows, seq, num_heads), np.float32)
+  adv[:n, p:] = targets.token_advantage
+  loss_mask[:n, p:] = targets.loss_mask
+  value_mask[:n, p:] = targets.value_mask
+  returns[:n, p:] = targets.returns
+  adv, loss_mask, value_mask, returns = (_allgather(x) for x in (adv, loss_mask, value_mask, returns))
+  batch = batch.replace(advantages=adv, response_mask=loss_mask)
+  return batch, critic_step.value_batch(batch, value_mask, returns, values), targets
+
+
+def critic_dump_fields(est_name: str, fields: dict, i: int, num_tokens: int) -> dict:
+  """The dump-format critic fields of row i (`python -m hgpo_jax.advantages` reads them)."""
+  if est_name == "gae":
+    return {"token_values": [float(v) for v in fields["token_values"][i][fields["response_mask"][i]]]}
+  del num_tokens  # HiPER rows dump their switch, subgoal and token_tags themselves
+  return {"values": {"low": float(fields["values"][i][0]), "high": float(fields["values"][i][1]),
+                     "term": float(fields["values"][i][2])}}
+
+
+# ---------------------------------------------------------------------------------------
 # Evaluation
 # ---------------------------------------------------------------------------------------
 def evaluate(pool, sampler, tokenizer, task_sampler, config, rng) -> dict[str, float]:
@@ -199,7 +285,8 @@ def evaluate(pool, sampler, tokenizer, task_sampler, config, rng) -> dict[str, f
         max_steps=config.env.max_steps, history_length=config.rollout.history_length,
         sampling=params, rng=jax.random.fold_in(rng, start),
         max_prompt_tokens=config.rollout.max_prompt_tokens,
-        constrained=config.rollout.constrained, fallback_chars=config.rollout.fallback_chars)
+        constrained=config.rollout.constrained, fallback_chars=config.rollout.fallback_chars,
+        response_format=config.rollout.response_format)
     n = len(chunk)
     won += list(ro.won[:n])
     returns += list(ro.returns[:n])
@@ -305,7 +392,15 @@ def _make_pool(config, num_slots: int) -> pool_lib.EnvPool:
     servers = launcher.LocalServers(env=config.env.name,
                                     num_servers=min(config.env.num_servers, num_slots),
                                     env_args=args)
-  return pool_lib.EnvPool(servers, num_slots, deadline_s=config.env.deadline_s)
+  token = tls_root_cert = None
+  if config.env.endpoints and config.env.get("token_file"):
+    with open(config.env.token_file, encoding="utf-8") as f:
+      token = f.read().strip()
+  if config.env.endpoints and config.env.get("tls_root_cert"):
+    with open(config.env.tls_root_cert, "rb") as f:
+      tls_root_cert = f.read()
+  return pool_lib.EnvPool(servers, num_slots, deadline_s=config.env.deadline_s, token=token,
+                          tls_root_cert=tls_root_cert)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -329,17 +424,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   init_params = nnx.state(model, nnx.Param)
   state = learner.init_state(init_params, streams.train)
   ref_params = learner.reference_params(state)  # the frozen initial policy (KL anchor)
+  critic_learner = critic_state = None
+  if est.needs_critic:
+    critic_learner, critic_state = make_critic(config, est, model, init_params, mesh,
+                                               jax.random.fold_in(streams.train, 1))
   del model, init_params
 
   # ---- Resume: workdir > explicit path > init weights > scratch ------------------------
   ckpt_dir = os.path.join(workdir, "checkpoints")
+  target = learner.abstract_state(state.params).to_checkpoint()
+  if critic_learner is not None:
+    target["critic"] = critic_learner.abstract_state(critic_state.params).to_checkpoint()
   resumed = checkpoint_lib.resume(
-      ckpt_dir, learner.abstract_state(state.params).to_checkpoint(),
+      ckpt_dir, target,
       resume_path=config.checkpoint.resume_from or None,
       init_weights=config.checkpoint.init_weights or None)
   start = 0
   if resumed.restored is not None:
     state = train_step.TrainState.from_checkpoint(resumed.restored.state)
+    if critic_learner is not None:
+      critic_state = train_step.TrainState.from_checkpoint(resumed.restored.state["critic"])
     start = int(resumed.restored.cursor["iteration"])
     if resumed.source == "workdir":
       _set_aside_unreadable_steps(ckpt_dir, resumed.restored.step)
@@ -384,10 +488,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       return out
 
     last: dict[str, Any] = {}
+    flops = perf.LearnerFlops(learner)  # compiled FLOPs per call, per batch shape
+    profile = perf.ProfileWindow(workdir, start, config.profile.iterations, config.profile.skip)
     progress = tqdm.tqdm(range(start, config.train.num_iterations), initial=start,
                          total=config.train.num_iterations, desc="iterations", unit="it",
                          disable=pid != 0, dynamic_ncols=True)
     for it in progress:
+      profile.before(it)
       t0 = time.perf_counter()
       # -- rollout
       groups = train_tasks.groups(it, config.rollout.num_groups)
@@ -396,29 +503,49 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           max_steps=config.env.max_steps, history_length=config.rollout.history_length,
           sampling=sampling, rng=jax.random.fold_in(streams.sampler, it),
           max_prompt_tokens=max_prompt, constrained=config.rollout.constrained,
-          fallback_chars=config.rollout.fallback_chars)
+          fallback_chars=config.rollout.fallback_chars,
+          response_format=config.rollout.response_format)
       # -- advantages
       t1 = time.perf_counter()
-      adv, ret, group_stats = compute_advantages(
-          ro.rows, est, opts, gamma=config.algo.gamma,
-          invalid_penalty=config.rollout.invalid_penalty, capacity=capacity)
+      critic_metrics, extra = {}, [{} for _ in ro.rows]
+      if critic_learner is None:
+        adv, ret, group_stats = compute_advantages(
+            ro.rows, est, opts, gamma=config.algo.gamma,
+            invalid_penalty=config.rollout.invalid_penalty, capacity=capacity)
+      else:
+        batch, value_batch, targets = critic_advantages(
+            ro.rows, est, opts, critic_learner, critic_state.params, buckets, config,
+            tokenizer.pad_id, capacity)
+        adv = targets.advantage
+        ret = targets.grouped.to_input_order(np.asarray(targets.grouped.batch.returns))
+        group_stats = {}
+        critic_metrics = value_targets.metrics(targets, critic_lib.LEVELS[CRITIC_HEADS[est.name]])
+        if config.rollout.dump:
+          extra = [critic_dump_fields(est.name, targets.fields, i, config.rollout.max_new_tokens)
+                   for i in range(len(ro.rows))]
       if config.rollout.dump:
         os.makedirs(os.path.join(workdir, "rollouts"), exist_ok=True)
         dump_lib.write_rows(os.path.join(workdir, "rollouts", f"iter_{it:06d}.jsonl"),
-                            [dict(r.dump_record(), **{"return": float(x), "advantage": float(a)})
-                             for r, x, a in zip(ro.rows, ret, adv)])
+                            [dict(r.dump_record(), **e, **{"return": float(x), "advantage": float(a)})
+                             for r, e, x, a in zip(ro.rows, extra, ret, adv)])
       # -- update
       t2 = time.perf_counter()
-      batch = _global_train_batch(ro.rows, adv, buckets, config, tokenizer.pad_id)
+      if critic_learner is None:
+        batch = _global_train_batch(ro.rows, adv, buckets, config, tokenizer.pad_id)
       batch = train_step.fill_logprobs(learner, state.params, ref_params, batch)
       t3 = time.perf_counter()
       state, update_metrics = train_step.train_iteration(learner, state, batch)
       sampler.model = nnx.merge(learner.graphdef, state.params)  # donated: rebind
       t4 = time.perf_counter()
+      if critic_learner is not None:  # independent of the actor's update (same targets)
+        critic_state, cm = train_step.train_iteration(critic_learner, critic_state, value_batch)
+        critic_metrics.update({f"critic/{k}": v for k, v in cm.items()})
+        critic_metrics["time/critic_update_s"] = time.perf_counter() - t4
 
       metrics = {f"rollout/{k}": v for k, v in _mean_over_processes(ro.metrics()).items()}
       metrics.update({f"train/{k}": v for k, v in update_metrics.items()})
       metrics.update(group_stats)
+      metrics.update(_mean_over_processes(critic_metrics))
       metrics["advantage/mean"] = float(np.mean(adv))
       metrics["advantage/std"] = float(np.std(adv))
       metrics["advantage/zero_frac"] = float(np.mean(adv == 0))
@@ -428,6 +555,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                       "time/env_s": ro.timings["env_s"], "time/advantages_s": t2 - t1,
                       "time/logprobs_s": t3 - t2, "time/update_s": t4 - t3,
                       "time/iteration_s": time.perf_counter() - t0})
+      metrics.update(perf.iteration_metrics(flops, batch, with_ref=ref_params is not None,
+                                            logprobs_s=t3 - t2, update_s=t4 - t3,
+                                            dtype=config.model.dtype))
       metrics.update({f"env/{k}": v for k, v in pool.metrics().items()
                       if k in ("restarts", "replayed_episodes", "failed_calls")})
       scalars = writer.write(it + 1, metrics)
@@ -436,9 +566,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           "rollout/episode_length", "train/pg_loss", "train/kl", "groups/level0_mean_size",
           "time/generation_s", "time/env_s", "time/advantages_s", "time/update_s")))
       if (it + 1) % config.checkpoint.every == 0 or it + 1 == config.train.num_iterations:
-        ckpt.save(it + 1, state.to_checkpoint(), cursor={"iteration": it + 1},
+        ckpt.save(it + 1, checkpoint_tree(state, critic_state), cursor={"iteration": it + 1},
                   config=json.loads(config.to_json()), metrics=scalars)
       last = scalars
+      profile.after(it)
+    profile.close()
 
     final = {}
     if config.eval.at_end:

@@ -68,7 +68,7 @@ def test_bad_variant_arguments(arg, match):
     ("train.loss_agg", "token-max", "loss_agg"),
     ("rollout.group_size", 0, "group_size must be >= 1"),
     ("env.name", "minecraft", "unknown env 'minecraft'"),
-    ("algo.name", "hae", "needs critic values"),
+    ("algo.name", "hae", "needs the HiPER response format"),
 ])
 def test_validation_errors_before_any_work(key, value, match):
   c = _sokoban(**{key: value})

@@ -9,11 +9,10 @@ One checkpoint step holds four items:
   * `metrics`: JSON, the last iteration's metrics.
 
 Retention: the last `max_to_keep` steps plus every step divisible by `keep_period`,
-which are never deleted (a long run always keeps milestones, see research/anchors.md
-B.9 item 12). Saves are asynchronous by default: `save` returns once the arrays are
+which are never deleted (a long run always keeps milestones). Saves are asynchronous by default: `save` returns once the arrays are
 copied off the devices and the files are written in the background; `wait` blocks.
 
-Trap avoided (research/stack.md §5): shardings built under `jax.set_mesh` by
+Trap avoided (current JAX + Orbax): shardings built under `jax.set_mesh` by
 `eval_shape` sit on an AbstractMesh and Orbax cannot restore onto them. The
 abstract targets here are rebuilt with `NamedSharding(mesh, spec)` on the concrete mesh
 (`abstract_state`).
@@ -146,7 +145,7 @@ class Checkpointer:
       except Exception as e:  # pylint: disable=broad-except  (any unreadable step falls back)
         _LOG.warning("checkpoint step %d in %s is unreadable (%s: %s); trying the previous step.",
                         s, self.directory, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
-    raise CheckpointError(f"none of the checkpoint steps {steps} in {self.directory} is readable; delete the directory or resume from another path.")
+    raise CheckpointError(f"none of the checkpoint steps {steps} in {self.directory} is readable; delete the directory or resume from another path (--config.checkpoint.resume_from=DIR).")
 
   def close(self) -> None:
     self._mngr.wait_until_finished()
@@ -217,7 +216,7 @@ def resume(checkpoint_dir: str, target: Any, *, resume_path: Optional[str] = Non
       return Resume("workdir", ckpt.directory, ckpt.restore(target))
   if resume_path:
     if not has_checkpoint(resume_path):
-      raise CheckpointError(f"resume path {resume_path} holds no checkpoint; fix the path or drop it.")
+      raise CheckpointError(f"resume path {resume_path} holds no checkpoint; fix the path or drop it (--config.checkpoint.resume_from=DIR).")
     with Checkpointer(resume_path, async_save=False, read_only=True) as ckpt:
       return Resume("resume_path", ckpt.directory, ckpt.restore(target))
   if init_weights:

@@ -2,7 +2,7 @@
 
 Everything here is a pure function over f32 arrays with a boolean mask of the tokens
 that are scored; the model, the batch layout and the micro-batching live in
-`hgpo_jax.training.train_step`. Formulas follow research/algorithms.md §6:
+`hgpo_jax.training.train_step`. Formulas follow docs/algorithms.md §9:
 
     rho_j = exp(logp_j - old_logp_j)
     L1 = -A_j rho_j ;  L2 = -A_j clip(rho_j, 1 - eps_low, 1 + eps_high) ;  Lc = max(L1, L2)
@@ -41,7 +41,7 @@ KL_CLAMP = 10.0
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-  """Actor-loss options; the defaults are verl-agent's (research/algorithms.md §6)."""
+  """Actor-loss options; the defaults are verl-agent's (docs/algorithms.md §9)."""
 
   clip_ratio_low: float = 0.2
   """eps_low: the ratio is clipped below at 1 - eps_low."""
@@ -112,7 +112,7 @@ def ppo_clip_token_losses(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Per-token PPO-clip loss with dual clip (research/algorithms.md §6).
+  """Per-token PPO-clip loss with dual clip (docs/algorithms.md §9).
 
   Args:
     logp_bt: f32[B, T] log pi_theta of the taken tokens.
@@ -214,3 +214,35 @@ def actor_loss(
     metrics["kl"] = kl
   metrics["loss"] = loss
   return loss, metrics
+
+
+def value_loss(values_bt: jax.Array, old_values_bt: jax.Array, returns_bt: jax.Array,
+               mask_bt: jax.Array, cliprange_value: float = 0.5, loss_scale: float = 0.5,
+               loss_agg_mode: str = "token-mean") -> tuple[jax.Array, jax.Array]:
+  """Clipped value loss of verl's critic (docs/algorithms.md §9, critic loss).
+
+    V_clip = clip(V, V_old - c, V_old + c)
+    vf_loss = loss_scale * agg(max((V - R)^2, (V_clip - R)^2))
+    vf_clipfrac = token-mean of [(V_clip - R)^2 > (V - R)^2]
+
+  `loss_scale` 0.5 is verl's `compute_value_loss` (verl/trainer/ppo/core_algos.py:
+  `vf_loss = 0.5 * masked_mean(max(...))`); the plain clipped squared error is loss_scale=1.
+
+  Args:
+    values_bt: f32[...] current critic values V.
+    old_values_bt: f32[...] values of the critic that produced the targets (V_old).
+    returns_bt: f32[...] value targets R.
+    mask_bt: bool[...] entries that count (tokens, or read-out positions x heads).
+    cliprange_value: c.
+    loss_scale: multiplier of the aggregate.
+    loss_agg_mode: one of LOSS_AGG_MODES (the last axis is the token axis).
+
+  Returns:
+    (vf_loss f32[], vf_clipfrac f32[]).
+  """
+  clipped = jnp.clip(values_bt, old_values_bt - cliprange_value, old_values_bt + cliprange_value)
+  l1 = jnp.square(values_bt - returns_bt)
+  l2 = jnp.square(clipped - returns_bt)
+  loss = loss_scale * aggregate(jnp.maximum(l1, l2), mask_bt, loss_agg_mode)
+  clipfrac = aggregate((l2 > l1).astype(jnp.float32), mask_bt, "token-mean")
+  return loss, clipfrac

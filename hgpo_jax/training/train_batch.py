@@ -15,8 +15,8 @@ Row padding: rows are padded up to a multiple of `row_multiple` (the mini-batch 
 itself a multiple of the micro-batch size x the data-parallel size) by *copying real
 rows with an all-False response mask and zero advantages*. verl's `adjust_batch`
 duplicates rows with their masks, which double-counts those rows in the loss; here the
-copies exist only so that every shape divides evenly (spec §1: the padding is for
-divisibility), and they contribute nothing to the loss or the gradient. Copies rather
+copies exist only so that every shape divides evenly (docs/algorithms.md §1: the padding is
+for divisibility), and they contribute nothing to the loss or the gradient. Copies rather
 than pad-token rows keep every attention row non-empty.
 """
 

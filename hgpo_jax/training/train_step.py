@@ -1,6 +1,6 @@
 """The sharded PPO actor update: train state, old/reference log-probs, donated jitted step.
 
-Flow of one iteration (research/algorithms.md §6):
+Flow of one iteration (docs/algorithms.md §9):
   1. `fill_logprobs`: log pi_old (current params) and log pi_ref (frozen initial params)
      of every scored token, computed in micro-batches, before any update.
   2. For each PPO epoch and each mini-batch (in order: verl `shuffle=False`), `update`:
@@ -49,7 +49,7 @@ from hgpo_jax.training import train_batch as train_batch_lib
 
 @dataclasses.dataclass(frozen=True)
 class UpdateConfig:
-  """Optimizer, batching and loss options of the actor update (defaults: spec §6)."""
+  """Optimizer, batching and loss options of the actor update (defaults: docs/algorithms.md §9)."""
 
   learning_rate: float = 1e-6
   """Peak (and, after warmup, constant) learning rate of AdamW."""
@@ -190,7 +190,7 @@ class Learner:
     row_axes = () if row_spec[0] is None else ((row_spec[0],) if isinstance(row_spec[0], str) else tuple(row_spec[0]))
     self.data_parallel = int(np.prod([mesh.shape[a] for a in row_axes]))
     if config.micro_batch_size % self.data_parallel:
-      raise ValueError(f"micro_batch_size={config.micro_batch_size} is not a multiple of the data-parallel size {self.data_parallel} (mesh {dict(mesh.shape)}).")
+      raise ValueError(f"micro_batch_size={config.micro_batch_size} is not a multiple of the data-parallel size {self.data_parallel} (mesh {dict(mesh.shape)}); command line: --config.train.micro_batch_rows or --config.mesh.*.")
     self.row_sharding = NamedSharding(mesh, P(row_spec[0]))
     self._micro_sharding = NamedSharding(mesh, P(None, row_spec[0]))
     self._abstract = jax.eval_shape(self._init, _pure(params_state), jax.random.key(0))
@@ -279,6 +279,13 @@ class Learner:
     return logp_kml.reshape(batch.num_rows, -1)
 
   # ---- update -----------------------------------------------------------------------
+  def _loss(self, params, x: train_batch_lib.TrainBatch):
+    """(loss, metrics) of one micro-batch; `critic_step.CriticLearner` replaces it."""
+    logp, entropy = token_logprobs(self._model(params), x.tokens, x.positions, x.input_mask,
+                                   scored_tail=self.config.scored_tail)
+    return losses.actor_loss(logp, entropy, x.old_logprobs, x.ref_logprobs, x.advantages,
+                             x.response_mask, self.config.loss)
+
   def _update(self, state: TrainState, batch: train_batch_lib.TrainBatch):
     """One optimizer step on a mini-batch [M, L]; returns (new state, f32[] metrics)."""
     cfg = self.config
@@ -286,15 +293,9 @@ class Learner:
     active_k = jnp.any(micro.response_mask, axis=(1, 2))
     n_active = jnp.maximum(jnp.sum(active_k), 1).astype(jnp.float32)
 
-    def loss_fn(params, x):
-      logp, entropy = token_logprobs(self._model(params), x.tokens, x.positions, x.input_mask,
-                                     scored_tail=cfg.scored_tail)
-      return losses.actor_loss(logp, entropy, x.old_logprobs, x.ref_logprobs, x.advantages,
-                               x.response_mask, cfg.loss)
-
     def micro_step(grads, xs):
       x, active = xs
-      (_, metrics), g = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x)
+      (_, metrics), g = jax.value_and_grad(self._loss, has_aux=True)(state.params, x)
       scale = jnp.where(active, 1.0 / n_active, 0.0)
       grads = jax.tree.map(lambda a, b: a + scale * b, grads, g)
       return grads, metrics

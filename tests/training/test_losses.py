@@ -1,4 +1,4 @@
-"""Actor-loss tests: the spec §8.4 micro-examples and numpy references for every mode."""
+"""Actor-loss tests: the docs/algorithms.md §11.6 micro-examples and numpy references for every mode."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +9,7 @@ from hgpo_jax.training import losses
 
 
 def test_ppo_dual_clip_micro_example():
-  # research/algorithms.md §8.4: (A, rho) = (+1, 1.3), (-1, 0.7), (-1, 5.0).
+  # docs/algorithms.md §11.6: (A, rho) = (+1, 1.3), (-1, 0.7), (-1, 5.0).
   adv = jnp.array([[1.0, -1.0, -1.0]])
   logp = jnp.log(jnp.array([[1.3, 0.7, 5.0]]))
   old = jnp.zeros_like(logp)

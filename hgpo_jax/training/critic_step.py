@@ -1,0 +1,143 @@
+"""The sharded critic update: value batch, value read-out, donated clipped-value-loss step.
+
+The critic (`hgpo_jax.models.critic.Critic`) is trained like the actor
+(`train_step.Learner`, which this class extends): its own TrainState (params + AdamW
+moments, critic lr 1e-5 in the published PPO and HiPER scripts), the same logical-axis
+shardings, row sharding over the data-parallel axes, donated state, mini-batches in row
+order and micro-batch gradient accumulation where each micro-batch loss is divided by
+the number of active micro-batches (verl's `loss / gradient_accumulation`).
+
+Value entries: a `ValueBatch` carries per column l and head h a mask, the value target
+R and the old value V_old (the critic's values before this iteration's updates, which
+also fed the advantage estimator). PPO scores every response token with head 0 (verl
+`compute_value_loss` over the response mask); HiPER scores one column per head and turn
+(the read-out positions of `critic.hiper_readout`; the high head only on turns that
+start a subgoal segment). The loss is one token-mean over all scored (column, head)
+entries of the micro-batch (`losses.value_loss`; INFERRED for HiPER, whose value-loss
+reduction over the three heads was not available).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import flax.struct
+import jax
+import numpy as np
+from flax import nnx
+
+from hgpo_jax.training import losses
+from hgpo_jax.training import train_batch as train_batch_lib
+from hgpo_jax.training import train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueLossConfig:
+  """Critic-loss options (published PPO / HiPER scripts)."""
+
+  cliprange_value: float = 0.5
+  """c of the clipped value loss (verl `critic.cliprange_value`)."""
+  loss_scale: float = 0.5
+  """verl's `0.5 *` in `compute_value_loss`."""
+
+  def __post_init__(self):
+    if self.cliprange_value <= 0:
+      raise ValueError(f"cliprange_value={self.cliprange_value} must be > 0 "
+                       "(command line: --config.critic.cliprange_value)")
+
+
+@flax.struct.dataclass
+class ValueBatch:
+  """Token rows of the critic update. `B` rows, `L` columns, `H` value heads."""
+
+  tokens: jax.Array
+  """int32[B, L] (as `TrainBatch.tokens`)."""
+  positions: jax.Array
+  """int32[B, L]."""
+  input_mask: jax.Array
+  """bool[B, L]."""
+  response_mask: jax.Array
+  """bool[B, L]: columns with at least one scored head (marks active micro-batches)."""
+  value_mask: jax.Array
+  """bool[B, L, H]: scored (column, head) entries."""
+  returns: jax.Array
+  """f32[B, L, H]: value targets R (0 where not scored)."""
+  old_values: jax.Array
+  """f32[B, L, H]: V_old, the clip anchor (0 where not scored)."""
+
+  @property
+  def num_rows(self) -> int:
+    return self.tokens.shape[0]
+
+
+def value_batch(batch: train_batch_lib.TrainBatch, value_mask: np.ndarray, returns: np.ndarray,
+                old_values: np.ndarray) -> ValueBatch:
+  """The critic's host batch on the token layout of the actor's `batch`."""
+  value_mask = np.asarray(value_mask, bool)
+  return ValueBatch(
+      tokens=np.asarray(batch.tokens), positions=np.asarray(batch.positions),
+      input_mask=np.asarray(batch.input_mask), response_mask=value_mask.any(axis=-1),
+      value_mask=value_mask, returns=np.where(value_mask, returns, 0.0).astype(np.float32),
+      old_values=np.where(value_mask, old_values, 0.0).astype(np.float32))
+
+
+class CriticLearner(train_step.Learner):
+  """The critic's update on one mesh: state init (from `Learner`), values, jitted update.
+
+  Args:
+    model: a `Critic` (or its `critic.abstract_critic` structure).
+    mesh: the training mesh.
+    config: UpdateConfig of the critic (its lr, mini/micro-batch sizes, grad clip);
+      `config.loss` (the actor's) is unused.
+    value_config: ValueLossConfig.
+    rules: logical-axis rules.
+  """
+
+  def __init__(self, model: nnx.Module, mesh: jax.sharding.Mesh, config: train_step.UpdateConfig,
+               value_config: ValueLossConfig = ValueLossConfig(), rules: Optional[Sequence] = None):
+    self.value_config = value_config
+    super().__init__(model, mesh, config, rules)
+    self.compute_values = jax.jit(self._compute_values,
+                                  in_shardings=(self.param_shardings, self.row_sharding),
+                                  out_shardings=self.row_sharding)
+
+  def _compute_values(self, params: Any, batch: ValueBatch) -> jax.Array:
+    """f32[M, L, H] values of every column, micro-batch by micro-batch."""
+    model = self._model(params)
+    micro = self._micro(batch)
+    values_kmlh = jax.lax.map(lambda x: model.values(x.tokens, x.positions, x.input_mask), micro)
+    return values_kmlh.reshape(batch.num_rows, *values_kmlh.shape[2:])
+
+  def _loss(self, params, x: ValueBatch):
+    values_blh = self._model(params).values(x.tokens, x.positions, x.input_mask)
+    flat = lambda a: a.reshape(a.shape[0], -1)  # heads join the token axis of the token-mean
+    vf_loss, clipfrac = losses.value_loss(
+        flat(values_blh), flat(x.old_values), flat(x.returns), flat(x.value_mask),
+        self.value_config.cliprange_value, self.value_config.loss_scale)
+    return vf_loss, {"value_loss": vf_loss, "value_clipfrac": clipfrac}
+
+
+def compute_values(learner: CriticLearner, params: Any, batch: ValueBatch) -> np.ndarray:
+  """f32[B, L, H] host values of a host batch, one compiled [mini_batch, L] shape."""
+  out = []
+  for chunk in train_step._rows(batch, learner.config.mini_batch_size):  # pylint: disable=protected-access
+    out.append(train_step._to_host(learner.compute_values(params, learner.put_batch(chunk))))  # pylint: disable=protected-access
+  return np.concatenate(out)
+
+
+def token_layout_batch(batch: train_batch_lib.TrainBatch, num_heads: int) -> ValueBatch:
+  """A ValueBatch with nothing scored, for computing values before targets exist."""
+  shape = batch.tokens.shape + (num_heads,)
+  zeros = np.zeros(shape, np.float32)
+  return value_batch(batch, np.zeros(shape, bool), zeros, zeros)
+
+
+def explained_variance(values: np.ndarray, returns: np.ndarray, mask: np.ndarray) -> float:
+  """1 - Var(R - V) / (Var(R) + 1e-5) over the masked entries, unbiased variances in
+  float64 (verl `critic/vf_explained_var`); 0 with fewer than two entries."""
+  v = np.asarray(values, np.float64)[np.asarray(mask, bool)]
+  r = np.asarray(returns, np.float64)[np.asarray(mask, bool)]
+  if r.size < 2:
+    return 0.0
+  return float(1.0 - np.var(r - v, ddof=1) / (np.var(r, ddof=1) + 1e-5))
