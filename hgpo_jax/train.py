@@ -45,6 +45,7 @@ from hgpo_jax.training import checkpoint as checkpoint_lib
 from hgpo_jax.training import critic_step
 from hgpo_jax.training import losses
 from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import progress as phases
 from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
 from hgpo_jax.training import value_targets
@@ -286,7 +287,9 @@ def evaluate(pool, sampler, tokenizer, task_sampler, config, rng) -> dict[str, f
         sampling=params, rng=jax.random.fold_in(rng, start),
         max_prompt_tokens=config.rollout.max_prompt_tokens,
         constrained=config.rollout.constrained, fallback_chars=config.rollout.fallback_chars,
-        response_format=config.rollout.response_format)
+        response_format=config.rollout.response_format,
+        on_step=lambda t, T, n: phases.phase(
+            "evaluation", f"{task_sampler.split} tasks {start + 1}-{start + len(chunk)}: step {t + 1}/{T}"))
     n = len(chunk)
     won += list(ro.won[:n])
     returns += list(ro.returns[:n])
@@ -458,6 +461,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer = metrics_lib.MetricsWriter(workdir)
   num_slots = config.rollout.num_groups * config.rollout.group_size
   pool = _make_pool(config, num_slots)
+  # A second live line naming the phase of the iteration (rollout step t/T, log-probs,
+  # update mini-batch i/n, checkpoint, evaluation): drawn on a terminal only, so CI logs
+  # get nothing extra. Library code reports through `phases.phase(...)`.
+  reporter = phases.PhaseReporter(enabled=None if pid == 0 else False).__enter__()
   try:
     # ---- Tasks ---------------------------------------------------------------------------
     splits = (config.env.train_split,) + tuple(config.env.eval_splits)
@@ -494,6 +501,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                          total=config.train.num_iterations, desc="iterations", unit="it",
                          disable=pid != 0, dynamic_ncols=True)
     for it in progress:
+      reporter.start_iteration()
       profile.before(it)
       t0 = time.perf_counter()
       # -- rollout
@@ -504,9 +512,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           sampling=sampling, rng=jax.random.fold_in(streams.sampler, it),
           max_prompt_tokens=max_prompt, constrained=config.rollout.constrained,
           fallback_chars=config.rollout.fallback_chars,
-          response_format=config.rollout.response_format)
+          response_format=config.rollout.response_format,
+          on_step=lambda t, T, n: phases.phase("rollout", f"step {t + 1}/{T} ({n} slots active)"))
       # -- advantages
       t1 = time.perf_counter()
+      phases.phase("advantages")
       critic_metrics, extra = {}, [{} for _ in ro.rows]
       if critic_learner is None:
         adv, ret, group_stats = compute_advantages(
@@ -532,6 +542,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       t2 = time.perf_counter()
       if critic_learner is None:
         batch = _global_train_batch(ro.rows, adv, buckets, config, tokenizer.pad_id)
+      phases.phase("log-probs")
       batch = train_step.fill_logprobs(learner, state.params, ref_params, batch)
       t3 = time.perf_counter()
       state, update_metrics = train_step.train_iteration(learner, state, batch)
@@ -566,6 +577,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           "rollout/episode_length", "train/pg_loss", "train/kl", "groups/level0_mean_size",
           "time/generation_s", "time/env_s", "time/advantages_s", "time/update_s")))
       if (it + 1) % config.checkpoint.every == 0 or it + 1 == config.train.num_iterations:
+        phases.phase("checkpoint")
         ckpt.save(it + 1, checkpoint_tree(state, critic_state), cursor={"iteration": it + 1},
                   config=json.loads(config.to_json()), metrics=scalars)
       last = scalars
@@ -577,11 +589,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       final = run_eval(config.train.num_iterations)
       writer.write(config.train.num_iterations + 1, final)
     ckpt.wait()
+    reporter.__exit__(None, None, None)  # removes the phase line before the summary
     if pid == 0:
       print(_summary(config, workdir, final), flush=True)
     return {"last": last, "final_eval": final, "resume_source": resumed.source,
             "start_iteration": start}
   finally:
+    reporter.__exit__(None, None, None)  # idempotent
     pool.close()
     writer.close()
     ckpt.close()

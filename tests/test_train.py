@@ -193,3 +193,19 @@ def test_alfworld_smoke_with_real_engine(tmp_path):
   assert [r["advantage"] for r in recomputed] == pytest.approx(
       [r["advantage"] for r in trained], abs=1e-5)
   assert [r["return"] for r in recomputed] == pytest.approx([r["return"] for r in trained], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_phases_are_reported_in_order(tmp_path, monkeypatch):
+  """The live progress line gets every phase of an iteration, in the order they run."""
+  from hgpo_jax.training import progress  # pylint: disable=import-outside-toplevel
+  seen = []
+  monkeypatch.setattr(progress, "phase", lambda name, detail="": seen.append((name, detail)))
+  train.train_and_evaluate(_sokoban(**{"train.num_iterations": 1}), str(tmp_path / "run"))
+  names = [n for i, (n, _) in enumerate(seen) if i == 0 or seen[i - 1][0] != n]
+  assert names == ["rollout", "advantages", "log-probs", "update", "checkpoint", "evaluation"]
+  rollout = [d for n, d in seen if n == "rollout"]
+  assert rollout[0] == "step 1/3 (4 slots active)"  # 2 groups x 2 trajectories, horizon 3
+  updates = [d for n, d in seen if n == "update"]
+  assert updates and updates[-1] == f"mini-batch {len(updates)}/{len(updates)}"
+  assert [d for n, d in seen if n == "evaluation"][0] == "test tasks 1-2: step 1/3"

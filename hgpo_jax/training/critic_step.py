@@ -94,6 +94,8 @@ class CriticLearner(train_step.Learner):
     rules: logical-axis rules.
   """
 
+  PHASE = "critic update"  # the name `train_iteration` reports to the progress line
+
   def __init__(self, model: nnx.Module, mesh: jax.sharding.Mesh, config: train_step.UpdateConfig,
                value_config: ValueLossConfig = ValueLossConfig(), rules: Optional[Sequence] = None):
     self.value_config = value_config

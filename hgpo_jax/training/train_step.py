@@ -45,6 +45,7 @@ from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import losses
+from hgpo_jax.training import progress
 from hgpo_jax.training import train_batch as train_batch_lib
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +176,8 @@ class Learner:
     config: UpdateConfig.
     rules: logical-axis rules (default `sharding.DEFAULT_RULES`).
   """
+
+  PHASE = "update"  # the name `train_iteration` reports to the progress line
 
   def __init__(self, model: nnx.Module, mesh: jax.sharding.Mesh, config: UpdateConfig,
                rules: Optional[Sequence] = None):
@@ -363,8 +366,11 @@ def train_iteration(learner: Learner, state: TrainState, batch: train_batch_lib.
     (state, metrics): metrics are the means over the optimizer steps, plus `num_updates`.
   """
   history = []
+  per_epoch = -(-batch.num_rows // learner.config.mini_batch_size)
+  total = learner.config.ppo_epochs * per_epoch
   for _ in range(learner.config.ppo_epochs):
     for chunk in _rows(batch, learner.config.mini_batch_size):
+      progress.phase(learner.PHASE, f"mini-batch {len(history) + 1}/{total}")
       state, metrics = learner.update(state, learner.put_batch(chunk))
       history.append(metrics)
   host = jax.device_get(history)
