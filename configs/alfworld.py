@@ -49,8 +49,11 @@ def get_config(arg: str | None = None):
   c.model.name = a.model
 
   c.env.name = "alfworld"
-  # Games in ALFWorld's folder layout (e.g. the official json_2.1.1); "" = the shipped generated set.
-  c.env.args = common.ml_collections.ConfigDict({"data_dir": ""})
+  # data_dir: games in ALFWorld's folder layout (e.g. the official json_2.1.1) or a frozen
+  # set (env_servers/alfworld/data/mini_v2); "" = the shipped generated set.
+  # hide_actions: command prefixes left out of the admissible list (the CPU suite hides
+  # "look,inventory,examine"; env_servers/alfworld/env.py); "" = ALFWorld's full list.
+  c.env.args = common.ml_collections.ConfigDict({"data_dir": "", "hide_actions": ""})
   c.env.max_steps = 50
   c.env.train_split = "train"
   c.env.eval_splits = ("valid_seen", "valid_unseen")

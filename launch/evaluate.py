@@ -82,6 +82,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   from hgpo_jax import runtime  # pylint: disable=import-outside-toplevel
+  runtime.pin_cpu_isa()
   runtime.enable_compilation_cache()
   evaluate_untrained(_CONFIG.value, _WORKDIR.value)
 

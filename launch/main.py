@@ -187,6 +187,8 @@ def _main(argv):
   if _LOCAL_DEVICES.value > 0:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={_LOCAL_DEVICES.value}")
+  from hgpo_jax import runtime  # pylint: disable=g-import-not-at-top
+  runtime.pin_cpu_isa()  # before JAX creates its CPU backend
   import jax  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS on purpose)
   if _DISTRIBUTED.value == "auto":
     jax.distributed.initialize()
@@ -195,7 +197,6 @@ def _main(argv):
       raise app.UsageError("--distributed=explicit needs --coordinator_address, "
                            "--num_processes and --process_id")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  from hgpo_jax import runtime  # pylint: disable=g-import-not-at-top
   from hgpo_jax import train  # pylint: disable=g-import-not-at-top
   runtime.enable_compilation_cache()
   logging.info("process %d/%d, %d local / %d global devices", jax.process_index(),

@@ -420,14 +420,16 @@ def footer(suite: suites_lib.Suite, command: str, root: str) -> list[str]:
 
 
 def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
-           pending: Callable[[suites_lib.Environment, suites_lib.Method], str | None] | None = None
-           ) -> dict[str, str]:
-  """Writes <out_dir>/<suite>.md, .csv and _curves.png; returns their paths."""
+           pending: Callable[[suites_lib.Environment, suites_lib.Method], str | None] | None = None,
+           stem: str | None = None) -> dict[str, str]:
+  """Writes <out_dir>/<stem>.md, .csv and _curves.png (stem: the suite's name by
+  default); returns their paths."""
   cells = build_cells(root, suite, pending or suites_lib.pending_reason)
   os.makedirs(out_dir, exist_ok=True)
-  paths = {"md": os.path.join(out_dir, f"{suite.name}.md"),
-           "csv": os.path.join(out_dir, f"{suite.name}.csv"),
-           "png": os.path.join(out_dir, f"{suite.name}_curves.png")}
+  stem = stem or suite.name
+  paths = {"md": os.path.join(out_dir, f"{stem}.md"),
+           "csv": os.path.join(out_dir, f"{stem}.csv"),
+           "png": os.path.join(out_dir, f"{stem}_curves.png")}
   with open(paths["md"], "w", encoding="utf-8") as f:
     f.write(markdown(cells, suite, footer(suite, command, root)))
   with open(paths["csv"], "w", encoding="utf-8") as f:

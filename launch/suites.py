@@ -141,15 +141,16 @@ MINI = Suite(
             name="alfworld_mini", label="ALFWorld-mini", config="configs/alfworld.py", args="",
             heldout_split="valid_unseen", num_trajectories=16, group_size=8,
             overrides={**_COMMON, **_TINY_RL,
-                       "env.args.data_dir": "env_servers/alfworld/data/mini_v1",
-                       "env.max_steps": 20,  # 2.5x the longest plan (mini_v1: 4-8 steps)
+                       "env.args.data_dir": "env_servers/alfworld/data/mini_v2",
+                       "env.args.hide_actions": "look,inventory,examine",
+                       "env.max_steps": 12,  # 2x the longest plan (mini_v2: 4-6 steps)
                        "env.eval_splits": ("valid_unseen",),
                        # left truncation keeps the current observation and the admissible
                        # actions (the learning test's setting); 512 doubles the update
                        "rollout.max_prompt_tokens": 256,
-                       "train.num_iterations": 20,
-                       "train.mini_batch_rows": 320, "train.micro_batch_rows": 80,
-                       "eval.num_tasks": 24}),
+                       "train.num_iterations": 16,
+                       "train.mini_batch_rows": 192, "train.micro_batch_rows": 96,
+                       "eval.every": 0, "eval.num_tasks": 12}),
         Environment(
             name="sokoban", label="Sokoban 6x6, 1 box", config="configs/sokoban.py",
             args="dim=6,boxes=1", heldout_split="test", num_trajectories=16, group_size=8,
@@ -183,6 +184,20 @@ MINI = Suite(
     reference="grpo",
 )
 SUITES = {MINI.name: MINI}
+
+# The main job (`make run`, `python -m launch.sweep quick`): GRPO vs GiGPO vs HGPO K=2 on
+# ALFWorld-mini, the suite's first seed. These are the very runs (same commands, same
+# directories) of those cells of the full `mini` table, so the full sweep reuses them.
+QUICK_ENVS = ("alfworld_mini",)
+QUICK_METHODS = ("grpo", "gigpo", "hgpo_k2")
+
+
+def quick_suite(suite: Suite = MINI) -> Suite:
+  """`suite` cut down to the main job's cells (its name stays: the run directories)."""
+  return dataclasses.replace(
+      suite, environments=tuple(suite.env(e) for e in QUICK_ENVS),
+      methods=tuple(suite.method(m) for m in QUICK_METHODS), seeds=suite.seeds[:1],
+      description=suite.description + "; quick version: one seed, three methods")
 
 
 def get_suite(name: str) -> Suite:

@@ -1,5 +1,8 @@
 r"""Sweeps: run a named suite (or a grid of config variants x seeds) and render its results.
 
+  # the main job (`make run`): GRPO vs GiGPO vs HGPO K=2 on ALFWorld-mini, first seed;
+  # prints the table, writes workdirs/quick.{md,csv} and workdirs/quick_curves.png
+  python -m launch.sweep quick [--root workdirs/sweeps] [--out workdirs]
   # a named suite (launch/suites.py): environments x methods x seeds, resumable
   python -m launch.sweep plan --suite mini            # the runs, their status, the workload
   python -m launch.sweep suite --suite mini [--envs alfworld_mini] [--methods grpo gigpo] \
@@ -211,6 +214,24 @@ def run_suite(suite: suites_lib.Suite, root: str, envs=None, methods=None, seeds
   return failures
 
 
+def quick_main(args) -> int:
+  """The main job: the quick cells of the mini suite, then their table and curves."""
+  suite = suites_lib.quick_suite(suites_lib.get_suite(args.suite))
+  t0 = time.perf_counter()
+  failures = run_suite(suite, args.root, extra=args.override)
+  if failures:
+    print(f"[sweep] {failures} failed run(s); see the log.txt of each run under {args.root}")
+    return 1
+  command = "python -m launch.sweep quick " + shlex.join(["--root", args.root, "--out", args.out])
+  paths = report.render(args.root, suite, args.out, command, stem="quick")
+  with open(paths["md"], encoding="utf-8") as f:
+    print(f.read())
+  print(f"[sweep] quick table in {time.perf_counter() - t0:.0f} s")
+  print(f"table:  {paths['md']} (and {paths['csv']})")
+  print(f"curves: {paths['png']}")
+  return 0
+
+
 def _suite_main(args) -> int:
   suite = suites_lib.get_suite(args.suite)
   if args.cmd == "render":
@@ -284,6 +305,13 @@ def main(argv=None) -> int:
                      help="plan: seconds per evaluation for the wall-time estimate")
       s.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
                      help="extra config overrides for every run (smoke checks; use another --root)")
+  q = sub.add_parser("quick", help="the main job: GRPO vs GiGPO vs HGPO on ALFWorld-mini, "
+                                    "one seed, then its table and curves")
+  q.add_argument("--suite", default="mini", choices=sorted(suites_lib.SUITES))
+  q.add_argument("--root", default="workdirs/sweeps")
+  q.add_argument("--out", default="workdirs")
+  q.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
+                 help="extra config overrides for every run (smoke checks; use another --root)")
   r = sub.add_parser("run")
   r.add_argument("--name", required=True)
   r.add_argument("--root", default="workdirs/sweeps")
@@ -300,6 +328,12 @@ def main(argv=None) -> int:
     try:
       return _suite_main(args)
     except ValueError as e:  # an unknown env/method/seed of the suite: one line, exit 2
+      print(f"launch.sweep: error: {e}", file=sys.stderr)
+      return 2
+  if args.cmd == "quick":
+    try:
+      return quick_main(args)
+    except ValueError as e:
       print(f"launch.sweep: error: {e}", file=sys.stderr)
       return 2
   if args.cmd == "run":

@@ -1,4 +1,4 @@
-"""Test-suite set-up: 8 fake CPU devices and JAX's persistent compilation cache.
+"""Test-suite set-up: 8 fake CPU devices, the CPU ISA pin and JAX's persistent compilation cache.
 
 The environment variables must be set before JAX initialises its backends, so this
 file sets them at import time (pytest imports conftest before any test module).
@@ -13,4 +13,5 @@ if "xla_force_host_platform_device_count" not in _flags:
 
 from hgpo_jax import runtime  # noqa: E402  (after the env vars on purpose)
 
+runtime.pin_cpu_isa()  # the same CPU programs on every x86 machine (see runtime.py)
 runtime.enable_compilation_cache()

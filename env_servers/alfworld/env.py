@@ -65,14 +65,22 @@ class AlfworldEnv(gym.Env):
     max_steps: actions per episode before truncation (ALFWorld agents use 50).
     speedup: memoise TextWorld's text generation (speedup.py; identical transcripts).
       The patch is process-wide: False restores the stock engine for the process.
+    hide_actions: comma-separated command prefixes left out of the admissible list (they
+      stay playable). The CPU suite hides ALFWorld's informational commands ("look",
+      "inventory", "examine"), which change no state: an untrained policy that decodes
+      token by token through the admissible list spends most of its mass on them
+      (one first token each, against one "go" shared by every receptacle).
   """
 
   metadata = {"render_modes": []}
 
   def __init__(self, data_dir: str | None = None, max_steps: int | str = 50,
-               speedup: bool | str = True):
+               speedup: bool | str = True, hide_actions: str | tuple[str, ...] = ()):
     super().__init__()
     self.max_steps = _parse_int(max_steps, "max_steps", 1)
+    if isinstance(hide_actions, str):
+      hide_actions = tuple(p.strip() for p in hide_actions.split(",") if p.strip())
+    self.hide_actions = ("help",) + tuple(hide_actions)
     if _parse_bool(speedup, "speedup"):
       speedup_lib.apply()
     else:
@@ -162,7 +170,8 @@ class AlfworldEnv(gym.Env):
   def _info(self, state) -> dict[str, Any]:
     return {
         base.ANCHOR_OBS: state.feedback,
-        base.ADMISSIBLE: [c for c in state["admissible_commands"] if c != "help"],
+        base.ADMISSIBLE: [c for c in state["admissible_commands"]
+                          if not any(c == p or c.startswith(p + " ") for p in self.hide_actions)],
         base.WON: bool(state["won"]),
         base.TASK_TYPE: self._task_type,
         "task_id": self._task_id,

@@ -80,7 +80,24 @@ SUITE = Suite(
     distractor_classes=(1, 2),
     plan_steps=(4, 10),
 )
-SUITES = {SUITE.version: SUITE}
+MINI_V1 = SUITE
+# mini_v2: sized for the CPU suite's budget (launch/suites.py). Fewer, smaller games than
+# mini_v1 so that one iteration is 16 trajectories x at most 12 steps and a tiny policy
+# can learn within ~15 iterations: 3 receptacles, 1 distractor class, plans of 4-6 steps
+# (the 12-step horizon is 2x the longest plan). Uniform-random play,
+# `python -m env_servers.alfworld.mini --suite mini_v2 --random-play 16 --split train`:
+#   RANDOM_PLAY_V2
+MINI_V2 = Suite(
+    version="mini_v2",
+    task_types=("pick_and_place_simple", "look_at_obj_in_light",
+                "pick_clean_then_place_in_recep"),
+    counts=(("train", 9), ("valid_seen", 6), ("valid_unseen", 12)),
+    receptacles=(3, 3),
+    distractor_classes=(1, 1),
+    plan_steps=(4, 6),
+)
+SUITE = MINI_V2  # the newest version: the default of the command line
+SUITES = {s.version: s for s in (MINI_V1, MINI_V2)}
 # The receptacle a state-change task needs (the PDDL domain's Clean/Heat/CoolObject).
 _TOOL = {"pick_clean_then_place_in_recep": "SinkBasin",
          "pick_heat_then_place_in_recep": "Microwave",
@@ -230,11 +247,12 @@ def check(version: str = SUITE.version, committed_dir: str | None = None) -> lis
 
 
 def random_play(data_dir: str, split: str, episodes: int,
-                horizons: tuple[int, ...] = (10, 14, 20, 30)) -> dict[int, float]:
+                horizons: tuple[int, ...] = (10, 12, 15, 20, 30), hide_actions: str = ""
+                ) -> dict[int, float]:
   """Success rate of uniform-random play over the admissible actions within each horizon
   (`episodes` per game, seeded by task id and episode: deterministic)."""
   from env_servers.alfworld import env as env_lib  # pylint: disable=import-outside-toplevel
-  env = env_lib.AlfworldEnv(data_dir=data_dir, max_steps=max(horizons))
+  env = env_lib.AlfworldEnv(data_dir=data_dir, max_steps=max(horizons), hide_actions=hide_actions)
   wins = {h: 0 for h in horizons}
   n = 0
   try:
@@ -265,12 +283,16 @@ def main(argv: list[str] | None = None) -> int:
                            "files (exit 1 if any byte differs)")
   parser.add_argument("--random-play", type=int, default=0, metavar="EPISODES",
                       help="instead: success of uniform-random play (EPISODES per game) on "
-                           "--split of the committed files, within 10/14/20/30 steps")
+                           "--split of the committed files, within 10/12/15/20/30 steps")
   parser.add_argument("--split", default="train", choices=games.SPLITS)
+  parser.add_argument("--hide-actions", default="",
+                      help="with --random-play: command prefixes left out of the admissible "
+                           "list (AlfworldEnv hide_actions), e.g. look,inventory,examine")
   args = parser.parse_args(argv)
   if args.random_play:
     t0 = time.perf_counter()
-    rates = random_play(args.out or suite_dir(args.suite), args.split, args.random_play)
+    rates = random_play(args.out or suite_dir(args.suite), args.split, args.random_play,
+                        hide_actions=args.hide_actions)
     print(f"{args.suite} {args.split}, uniform-random play, {args.random_play} episodes/game: "
           + ", ".join(f"{100 * r:.1f} % within {h}" for h, r in rates.items())
           + f" ({time.perf_counter() - t0:.0f} s)")

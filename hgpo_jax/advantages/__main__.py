@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
   except (_UsageError, dump.DumpError, grouping.GroupingError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  runtime.pin_cpu_isa()
   runtime.enable_compilation_cache()
   out = estimator(grouped.batch, options)
   returns = grouped.to_input_order(grouped.batch.returns)

@@ -16,38 +16,42 @@ from env_servers.alfworld import games
 from env_servers.alfworld import generator
 from env_servers.alfworld import mini
 
-SUITE_DIR = mini.suite_dir("mini_v1")
+VERSIONS = sorted(mini.SUITES)  # every published version stays regenerable
 
 
-def _committed(split: str) -> list[games.GameRecord]:
-  return games.load_frozen(os.path.join(SUITE_DIR, f"{split}.json.gz"))
+def _committed(split: str, version: str = mini.SUITE.version) -> list[games.GameRecord]:
+  return games.load_frozen(os.path.join(mini.suite_dir(version), f"{split}.json.gz"))
 
 
 def _bytes(record: games.GameRecord) -> bytes:
   return json.dumps(record.to_json(), sort_keys=True).encode("utf-8")
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("split", ["train", "valid_seen", "valid_unseen"])
-def test_first_games_regenerate_byte_identical(split):
+def test_first_games_regenerate_byte_identical(split, version):
   from env_servers.alfworld import speedup
   speedup.apply()
-  committed = _committed(split)
+  committed = _committed(split, version)
   for index in range(2):
-    assert _bytes(mini.generate_game(split, index)) == _bytes(committed[index]), (split, index)
+    game = mini.generate_game(split, index, mini.SUITES[version])
+    assert _bytes(game) == _bytes(committed[index]), (version, split, index)
 
 
 @pytest.mark.slow
-def test_split_file_regenerates_byte_identical(tmp_path):
-  mini.write_suite(str(tmp_path), splits=("valid_seen",), log=lambda _: None)
-  assert filecmp.cmp(tmp_path / "valid_seen.json.gz", os.path.join(SUITE_DIR, "valid_seen.json.gz"),
-                     shallow=False)
+@pytest.mark.parametrize("version", VERSIONS)
+def test_split_file_regenerates_byte_identical(tmp_path, version):
+  mini.write_suite(str(tmp_path), mini.SUITES[version], splits=("valid_seen",), log=lambda _: None)
+  assert filecmp.cmp(tmp_path / "valid_seen.json.gz",
+                     os.path.join(mini.suite_dir(version), "valid_seen.json.gz"), shallow=False)
 
 
-def test_suite_shape():
-  suite = mini.SUITE
+@pytest.mark.parametrize("version", VERSIONS)
+def test_suite_shape(version):
+  suite = mini.SUITES[version]
   counts = dict(suite.counts)
   c = generator._constants()  # pylint: disable=protected-access
-  by_split = {s: _committed(s) for s in counts}
+  by_split = {s: _committed(s, version) for s in counts}
   for split, records in by_split.items():
     assert len(records) == counts[split]
     rooms = set(c.TEST_SCENE_NUMBERS if split == "valid_unseen" else c.TRAIN_SCENE_NUMBERS)
@@ -73,23 +77,38 @@ def test_suite_shape():
               & {r.floorplan for r in by_split["valid_unseen"]})
   problems = [r.pddl_problem for rs in by_split.values() for r in rs]
   assert len(set(problems)) == len(problems)
-  size = sum(os.path.getsize(os.path.join(SUITE_DIR, f"{s}.json.gz")) for s in counts)
+  size = sum(os.path.getsize(os.path.join(mini.suite_dir(version), f"{s}.json.gz")) for s in counts)
   assert size < 200_000, size
 
 
-def test_env_plays_the_suite_folder():
-  env = env_lib.AlfworldEnv(data_dir=SUITE_DIR, max_steps=20)
+@pytest.mark.parametrize("version,hide", [("mini_v1", ""), ("mini_v2", "look,inventory,examine")])
+def test_env_plays_the_suite_folder(version, hide):
+  env = env_lib.AlfworldEnv(data_dir=mini.suite_dir(version), max_steps=20, hide_actions=hide)
   try:
     assert env.splits() == ["train", "valid_seen", "valid_unseen"]
     ids = env.task_ids("valid_unseen")
-    assert len(ids) == 24
-    record = {r.task_id: r for r in _committed("valid_unseen")}[ids[0]]
+    assert len(ids) == dict(mini.SUITES[version].counts)["valid_unseen"]
+    record = {r.task_id: r for r in _committed("valid_unseen", version)}[ids[0]]
     obs, info = env.reset(options={"task_id": ids[0]})
     assert "Your task is to:" in obs and len(info["admissible_actions"]) <= 40
+    hidden = [a for a in info["admissible_actions"] if a.split()[0] in ("look", "inventory", "examine")]
+    assert bool(hidden) != bool(hide), info["admissible_actions"]  # listed unless hidden
     for cmd in record.walkthrough:
       assert cmd in info["admissible_actions"], cmd
       obs, reward, terminated, truncated, info = env.step(cmd)
     assert terminated and reward == env_lib.WIN_REWARD and not truncated
+  finally:
+    env.close()
+
+
+def test_hidden_commands_stay_playable():
+  env = env_lib.AlfworldEnv(data_dir=mini.suite_dir("mini_v2"), max_steps=5,
+                            hide_actions="look,inventory,examine")
+  try:
+    obs, info = env.reset(options={"task_id": env.task_ids("train")[0]})
+    assert "inventory" not in info["admissible_actions"] and "help" not in info["admissible_actions"]
+    obs, *_ = env.step("inventory")
+    assert obs == "You are not carrying anything."
   finally:
     env.close()
 
@@ -100,7 +119,7 @@ def test_unknown_suite_is_refused():
 
 
 def test_random_play_is_deterministic_and_monotone_in_horizon(tmp_path):
-  records = _committed("valid_unseen")[:2]
+  records = _committed("valid_unseen", "mini_v1")[:2]
   games.save_frozen(records, str(tmp_path / "valid_unseen.json.gz"), split="valid_unseen")
   a = mini.random_play(str(tmp_path), "valid_unseen", 3, horizons=(5, 10, 20))
   b = mini.random_play(str(tmp_path), "valid_unseen", 3, horizons=(5, 10, 20))
