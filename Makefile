@@ -6,7 +6,7 @@ REQS := requirements.txt env_servers/requirements-nodeps.txt tests/requirements.
 # pytest-xdist workers: 2 cores here; tests are dominated by compilation and subprocesses.
 TEST_WORKERS ?= 2
 
-.PHONY: venv run test test-fast bench docs clean
+.PHONY: venv run run-llm table test test-fast bench docs clean
 
 venv: .venv/.stamp
 
@@ -21,9 +21,19 @@ venv: .venv/.stamp
 	$(PY) -m env_servers.protos.build
 	touch $@
 
-# Main job: HGPO on generated ALFWorld games with SmolLM2-135M-Instruct (see README).
+# Main job: the quick version of the results table (README): GRPO vs GiGPO vs HGPO K=2 on
+# ALFWorld-mini with the tiny policy, one seed; prints the table, writes workdirs/quick.*.
 run: venv
+	$(PY) -m launch.sweep quick
+
+# The pretrained-LLM job: HGPO on generated ALFWorld games with SmolLM2-135M-Instruct.
+run-llm: venv
 	$(PY) -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local --workdir=workdirs/alfworld_hgpo_smollm2
+
+# The full CPU table (results/mini.md, .csv, _curves.png); resumable, see launch/sweep.py.
+table: venv
+	$(PY) -m launch.sweep suite --suite mini
+	$(PY) -m launch.sweep render --suite mini
 
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) tests

@@ -176,7 +176,9 @@ MINI = Suite(
         Method("hgpo_k2", "HGPO K=2", "algo=hgpo,k=2,model=tiny"),
         Method("hgpo_k4", "HGPO K=4", "algo=hgpo,k=4,model=tiny"),
         Method("ppo", "PPO (critic)", "algo=ppo,k=2,model=tiny", grouped=False),
-        Method("hiper", "HiPER", "algo=hiper,k=2,model=tiny", grouped=False),
+        # the three blocks need ~90 tiny-tokenizer tokens (configs/common.finish_critic_algo)
+        Method("hiper", "HiPER", "algo=hiper,k=2,model=tiny", grouped=False,
+               overrides={"rollout.max_new_tokens": 128}),
         Method("smollm2_prompted", "SmolLM2-135M-Instruct, prompted (no training)",
                "algo=grpo,k=2,model=smollm2-135m", kind=PROMPTED),
     ),
