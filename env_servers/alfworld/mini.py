@@ -89,9 +89,9 @@ MINI_V1 = SUITE
 #   RANDOM_PLAY_V2
 MINI_V2 = Suite(
     version="mini_v2",
-    task_types=("pick_and_place_simple", "look_at_obj_in_light",
+    task_types=("pick_and_place_simple", "look_at_obj_in_light", "pick_and_place_simple",
                 "pick_clean_then_place_in_recep"),
-    counts=(("train", 9), ("valid_seen", 6), ("valid_unseen", 12)),
+    counts=(("train", 4), ("valid_seen", 4), ("valid_unseen", 12)),
     receptacles=(3, 3),
     distractor_classes=(1, 1),
     plan_steps=(4, 6),
