@@ -92,7 +92,7 @@ MINI_V2 = Suite(
     task_types=("pick_and_place_simple", "look_at_obj_in_light", "pick_and_place_simple",
                 "pick_clean_then_place_in_recep"),
     counts=(("train", 4), ("valid_seen", 4), ("valid_unseen", 12)),
-    receptacles=(3, 3),
+    receptacles=(2, 3),
     distractor_classes=(1, 1),
     plan_steps=(4, 6),
 )
@@ -155,7 +155,7 @@ def sample_small_room(task_type: str, room: generator.Room, suite: Suite, rng: r
   required.append(rng.choice(sources))
   required = list(dict.fromkeys(required))
   lo, hi = suite.receptacles
-  n = rng.randint(max(lo, len(required)), hi)
+  n = rng.randint(max(lo, len(required)), max(hi, len(required)))
   others = sorted(set(by_class) - set(required))
   extra = rng.sample(others, min(len(others), n - len(required)))
   keep = [by_class[c] for c in required + extra]
