@@ -93,7 +93,7 @@ MINI_V2 = Suite(
                 "pick_clean_then_place_in_recep"),
     counts=(("train", 4), ("valid_seen", 4), ("valid_unseen", 12)),
     receptacles=(2, 3),
-    distractor_classes=(1, 1),
+    distractor_classes=(0, 0),
     plan_steps=(4, 6),
 )
 SUITE = MINI_V2  # the newest version: the default of the command line
