@@ -148,7 +148,7 @@ MINI = Suite(
                        # left truncation keeps the current observation and the admissible
                        # actions (the learning test's setting); 512 doubles the update
                        "rollout.max_prompt_tokens": 256,
-                       "train.num_iterations": 16,
+                       "train.num_iterations": 14,
                        "train.mini_batch_rows": 192, "train.micro_batch_rows": 96,
                        "eval.every": 0, "eval.num_tasks": 12}),
         Environment(

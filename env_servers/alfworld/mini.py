@@ -91,7 +91,7 @@ MINI_V2 = Suite(
     version="mini_v2",
     task_types=("pick_and_place_simple", "look_at_obj_in_light", "pick_and_place_simple",
                 "pick_clean_then_place_in_recep"),
-    counts=(("train", 4), ("valid_seen", 4), ("valid_unseen", 12)),
+    counts=(("train", 2), ("valid_seen", 2), ("valid_unseen", 12)),
     receptacles=(2, 3),
     distractor_classes=(0, 0),
     plan_steps=(4, 6),
