@@ -13,10 +13,10 @@ def pin_cpu_isa(isa: str = CPU_ISA) -> str:
   """Caps the instruction set of XLA's CPU code generation at `isa` (XLA_FLAGS).
 
   Why: XLA compiles CPU kernels for the host's vector extensions, and the extension set
-  changes float results: a jitted matmul + softmax gives other bits with
+  changes float results: jitted `exp` and `tanh` give other bits with
   `--xla_cpu_max_isa=AVX` (no FMA) than with AVX2 on the same machine
-  (tests/test_reproducibility.py), so an AVX-512 machine would not reproduce the
-  metrics of an AVX2 one bit for bit. Capping at AVX2 (every x86 server since 2013) makes
+  (tests/test_reproducibility.py; docs/reproducibility.md lists what was measured), so
+  an AVX-512 machine would not reproduce the metrics of an AVX2 one bit for bit. Capping at AVX2 (every x86 server since 2013) makes
   the CPU programs the same on all of them. A `--xla_cpu_max_isa` already in XLA_FLAGS
   wins (set it to use AVX-512, at the price of cross-machine equality). Accelerator
   programs are unaffected. Must run before JAX creates its CPU backend (the first

@@ -9,7 +9,7 @@ Three sources build the same `Tokenizer` wrapper:
 
 Chat templates: `apply_chat_template` executes the checkpoint's own Jinja template in the
 sandboxed environment `transformers` uses (trim_blocks, lstrip_blocks, loop controls,
-`tojson`, `raise_exception`, `strftime_now`), so the prompt equals
+`tojson`, `raise_exception`, `strftime_now` pinned to `TEMPLATE_DATE`), so the prompt equals
 `transformers`' `apply_chat_template(..., tokenize=False)`, ChatML or not (checked for the
 SmolLM2, Qwen2.5 and a Zephyr-style template in tests/models/test_tokenizer.py). Only text
 messages are passed; multimodal content blocks and assistant-token masks are not supported.
@@ -158,6 +158,11 @@ class _GenerationTag(jinja2.ext.Extension):
     return caller()
 
 
+# The date `strftime_now` returns in chat templates (the fallback date of the Llama 3.1
+# template, which it uses when `strftime_now` is undefined).
+TEMPLATE_DATE = datetime.datetime(2024, 7, 26)
+
+
 def _raise_exception(message):
   raise jinja2.TemplateError(message)
 
@@ -176,7 +181,9 @@ def _compile_chat_template(source: str) -> jinja2.Template:
       trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
   env.filters["tojson"] = _tojson
   env.globals["raise_exception"] = _raise_exception
-  env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+  # transformers passes today's date; a fixed one keeps prompts (Llama 3.x templates
+  # write "Today Date: ...") and so runs identical on any day (docs/reproducibility.md).
+  env.globals["strftime_now"] = lambda fmt: TEMPLATE_DATE.strftime(fmt)
   try:
     return env.from_string(source)
   except jinja2.TemplateSyntaxError as e:

@@ -1,0 +1,186 @@
+"""The reproducibility contract (docs/reproducibility.md), checked on the real trainer.
+
+Same command, same machine, same versions: bit-identical metrics with a cold or a warm
+JAX compilation cache, with one or two env server processes and with any Python hash
+seed. Each run is `python -m launch.main` in a subprocess (its own JAX backend and hash
+seed; the compilation cache in a directory the test creates empty), 2 iterations + the final evaluation of the Sokoban
+smoke config with the tiny model; seed 1 because its groups have non-zero advantages
+(seed 0's are all zero), so grouping and the estimator reach the compared numbers.
+One cold run and one warm run are shared: the hash-seed and env-server runs are warm
+runs compared with the cold one.
+
+Across machines the CPU's instruction set changes XLA's CPU code (`hgpo_jax.runtime.
+pin_cpu_isa` caps it at AVX2); the last tests show the cap is effective and is a no-op on
+an AVX2 machine.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hgpo_jax.models import tokenizer
+from hgpo_jax.training import metrics as metrics_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = [sys.executable, "-m", "launch.main", "--config=configs/sokoban.py:algo=hgpo,k=2,smoke",
+       "--config.mesh.data=1", "--config.seed=1"]
+
+
+def _deterministic(record):
+  """All metrics but wall-clock times, env fault counters and wall-clock FLOP rates
+  (as in tests/test_train.py)."""
+  return {k: v for k, v in record.items()
+          if not k.startswith(("time/", "env/")) and not k.endswith(("_flop_per_s", "_mfu"))}
+
+
+def _launch(workdir, cache_dir, hash_seed, num_servers=1):
+  """One trainer run in a fresh process; its deterministic metrics, one dict per line."""
+  env = dict(os.environ, HGPO_JAX_COMPILE_CACHE=str(cache_dir), PYTHONHASHSEED=str(hash_seed),
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([*RUN, f"--config.env.num_servers={num_servers}", f"--workdir={workdir}"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME))
+  return [_deterministic(l) for l in lines]
+
+
+def _same(a, b):
+  """Bit equality of two metric sequences (via JSON, where a NaN equals a NaN)."""
+  return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _differences(a, b):
+  """The (step, key) pairs where two metric sequences differ (for the failure message)."""
+  out = [(x.get("step"), k, x.get(k), y.get(k)) for x, y in zip(a, b)
+         for k in sorted(set(x) | set(y)) if not _same(x.get(k), y.get(k))]
+  return out[:10] if len(a) == len(b) else [("lines", len(a), len(b))]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+  """A cold run into a fresh, empty cache directory, then a warm run on the same cache."""
+  base = tmp_path_factory.mktemp("repro")
+  cache = base / "jax_cache"
+  cache.mkdir()
+  cold = _launch(base / "cold", cache, hash_seed=1)
+  after_cold = sorted(os.listdir(cache))
+  warm = _launch(base / "warm", cache, hash_seed=1)
+  after_warm = sorted(os.listdir(cache))
+  return {"base": base, "cache": cache, "cold": cold, "warm": warm,
+          "after_cold": after_cold, "after_warm": after_warm}
+
+
+@pytest.mark.slow
+def test_cold_and_warm_compilation_cache_give_identical_metrics(shared):
+  cold, warm = shared["cold"], shared["warm"]
+  assert [l["step"] for l in cold] == [1, 2, 3]  # 2 iterations + the final evaluation
+  # The compared numbers include non-zero advantages (not an all-zero estimator output).
+  assert min(l["advantage/zero_frac"] for l in cold[:2]) < 1.0
+  # Not vacuous: the cold run filled the cache and the warm run compiled nothing new,
+  # i.e. every program of the warm run was loaded from the cache.
+  assert any(name.startswith("jit__update") for name in shared["after_cold"]), shared["after_cold"]
+  assert shared["after_warm"] == shared["after_cold"]
+  assert _same(warm, cold), _differences(cold, warm)
+
+
+@pytest.mark.slow
+def test_python_hash_seed_does_not_change_metrics(shared):
+  other = _launch(shared["base"] / "hash_seed_2", shared["cache"], hash_seed=2)
+  assert _same(other, shared["cold"]), _differences(shared["cold"], other)
+  # Nor the compiled programs: no set or dict order reaches a traced function.
+  assert sorted(os.listdir(shared["cache"])) == shared["after_cold"]
+
+
+@pytest.mark.slow
+def test_two_env_servers_give_the_metrics_of_one(shared):
+  two = _launch(shared["base"] / "servers_2", shared["cache"], hash_seed=1, num_servers=2)
+  assert _same(two, shared["cold"]), _differences(shared["cold"], two)
+
+
+# --------------------------------------------------------------------- CPU instruction set
+_WITNESS = """
+import hashlib, sys
+if sys.argv[1] == "pin":
+  from hgpo_jax import runtime
+  runtime.pin_cpu_isa()
+import jax, jax.numpy as jnp, numpy as np
+x = np.random.default_rng(0).standard_normal((64, 1000)).astype(np.float32)
+w = np.random.default_rng(1).standard_normal((1000, 256)).astype(np.float32)
+f = jax.jit(lambda x, w: (jnp.exp(x), jnp.tanh(x), jax.nn.softmax(x @ w, axis=-1)))
+print(hashlib.sha256(b"".join(np.asarray(y).tobytes() for y in f(x, w))).hexdigest())
+"""
+
+
+def _witness_digest(mode):
+  """sha256 of the witness outputs in a fresh process. mode: "default" (no ISA flag),
+  "pin" (hgpo_jax.runtime.pin_cpu_isa) or an ISA name given as --xla_cpu_max_isa."""
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_cpu_max_isa" not in f]
+  if mode not in ("default", "pin"):
+    flags.append(f"--xla_cpu_max_isa={mode}")
+  env = dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", _WITNESS, mode], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  digest = proc.stdout.split()[-1]
+  assert len(digest) == 64, proc.stdout  # a sha256, not an error message
+  return digest
+
+
+def _cpu_flags():
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("flags"):
+          return set(line.split(":", 1)[1].split())
+  except OSError:
+    pass
+  return set()
+
+
+@pytest.fixture(scope="module")
+def digests():
+  if "avx2" not in _cpu_flags():
+    pytest.skip("needs an x86 CPU with AVX2 (read from /proc/cpuinfo); the pin is AVX2")
+  return {mode: _witness_digest(mode) for mode in ("default", "pin", "AVX2", "AVX")}
+
+
+@pytest.mark.slow  # four fresh JAX processes
+def test_isa_pin_is_the_avx2_program(digests):
+  """runtime.pin_cpu_isa gives exactly the program that --xla_cpu_max_isa=AVX2 gives (any
+  x86 machine with AVX2, AVX-512 ones included)."""
+  assert digests["pin"] == digests["AVX2"]
+
+
+@pytest.mark.slow  # four fresh JAX processes
+def test_isa_flag_changes_float_bits(digests):
+  """Witness that the flag is effective: without FMA (AVX) exp/tanh round differently."""
+  if digests["AVX"] == digests["AVX2"]:
+    pytest.skip("--xla_cpu_max_isa=AVX gives the AVX2 bits with this XLA on this CPU; the "
+                "witness cannot show the flag acting here")
+  assert digests["AVX"] != digests["AVX2"]
+
+
+@pytest.mark.slow  # four fresh JAX processes
+def test_isa_pin_changes_nothing_on_an_avx2_machine(digests):
+  """On a CPU whose widest extension is AVX2 (this project's reference machine) the pin
+  is a no-op: the default program is the AVX2 one."""
+  if "avx512f" in _cpu_flags():
+    pytest.skip("this CPU has AVX-512: its default program may differ from the pinned one "
+                "(that is what the pin is for)")
+  assert digests["default"] == digests["AVX2"]
+
+
+# --------------------------------------------------------------------- time-dependent input
+def test_chat_template_date_does_not_depend_on_today():
+  """Llama 3.x chat templates write `strftime_now("%d %b %Y")` into the system prompt;
+  transformers passes today's date, which would change prompts from day to day."""
+  tiny = tokenizer.tiny_tokenizer()
+  template = ('{%- if strftime_now is defined %}Today Date: {{ strftime_now("%d %b %Y") }} '
+              '{% endif %}{{ messages[0]["content"] }}')
+  llama_like = tokenizer.Tokenizer(tiny.backend, eos_ids=tiny.eos_ids, pad_id=tiny.pad_id,
+                                   chat_template=template)
+  prompt = llama_like.apply_chat_template([{"role": "user", "content": "hi"}])
+  assert prompt == "Today Date: 26 Jul 2024 hi"
