@@ -151,7 +151,7 @@ _COMMON = {
 
 MINI = Suite(
     name="mini",
-    version="mini_v1",
+    version="mini_v2",
     description="tiny policy, constrained decoding, 2 CPU cores",
     environments=(
         Environment(

@@ -246,14 +246,18 @@ def test_commands_and_grouping():
 
 
 def test_mini_suite_configs_build():
-  """The real suite: every ALFWorld-mini cell builds a config on the frozen mini_v1 games
+  """The real suite: every ALFWorld-mini cell builds a config on the frozen mini_v2 games
   with the suite's sizes, and GRPO passes the trainer's validation."""
   env = suites.MINI.env("alfworld_mini")
+  assert suites.MINI.version == "mini_v2"
   for method in suites.MINI.methods:
     c = suites.build_config(env, method, 456)
-    assert c.env.args.data_dir == "env_servers/alfworld/data/mini_v1" and c.seed == 456
-    assert tuple(c.env.eval_splits) == ("valid_unseen",) and c.env.max_steps == 20
+    assert c.env.args.data_dir == "env_servers/alfworld/data/mini_v2" and c.seed == 456
+    assert c.env.args.hide_actions == "look,inventory,examine"
+    assert tuple(c.env.eval_splits) == ("valid_unseen",) and c.env.max_steps == 12
     assert c.rollout.num_groups * c.rollout.group_size == env.num_trajectories
+    # the three HiPER blocks need room (configs/common.finish_critic_algo)
+    assert c.rollout.max_new_tokens == (128 if method.name == "hiper" else 32)
   assert suites.pending_reason(env, suites.MINI.method("grpo")) is None
   assert os.path.isfile(os.path.join(suites.REPO_ROOT, env.overrides["env.args.data_dir"],
                                      "valid_unseen.json.gz"))
@@ -261,15 +265,26 @@ def test_mini_suite_configs_build():
 
 def test_plan_counts_iterations_and_evaluations(capsys, tmp_path):
   entry = {"env": "alfworld_mini", "method": "gigpo"}
-  assert sweep._iterations(suites.MINI, entry) == 20  # pylint: disable=protected-access
-  assert sweep._evaluations(suites.MINI, entry) == 20 // 5 + 1  # periodic + final
+  assert sweep._iterations(suites.MINI, entry) == 14  # pylint: disable=protected-access
+  assert sweep._evaluations(suites.MINI, entry) == 1  # the final evaluation only
   assert sweep._evaluations(suites.MINI, dict(entry, method="smollm2_prompted")) == 1
   assert sweep.main(["plan", "--suite", "mini", "--envs", "alfworld_mini", "--methods", "grpo",
                      "rloo", "--root", str(tmp_path), "--iteration-s", "100", "--eval-s", "36"]) == 0
   out = capsys.readouterr().out
-  # 2 methods x 3 seeds x 20 iterations; 6 x 5 evaluations; (120 x 100 + 30 x 36) / 3600 h
-  assert "6 runs: {'todo': 6}; to run: 6 runs, 120 training iterations, 30 evaluations" in out
-  assert "estimated wall time: 3.6 h" in out
+  # 2 methods x 3 seeds x 14 iterations; 6 final evaluations; (84 x 100 + 6 x 36) / 3600 h
+  assert "6 runs: {'todo': 6}; to run: 6 runs, 84 training iterations, 6 evaluations" in out
+  assert "estimated wall time: 2.4 h" in out
+
+
+def test_quick_suite_is_the_main_jobs_cells_of_the_table():
+  quick = suites.quick_suite()
+  assert quick.name == suites.MINI.name and quick.version == suites.MINI.version  # same run dirs
+  assert [e.name for e in quick.environments] == ["alfworld_mini"]
+  assert [m.name for m in quick.methods] == ["grpo", "gigpo", "hgpo_k2"]
+  assert quick.seeds == suites.MINI.seeds[:1]
+  env, method = quick.env("alfworld_mini"), quick.method("gigpo")
+  assert (suites.command("R", quick, env, method, quick.seeds[0])
+          == suites.command("R", suites.MINI, env, method, quick.seeds[0]))
 
 
 def test_unknown_selection_is_one_line_error(capsys, tmp_path):
