@@ -57,13 +57,14 @@ def get_config(arg: str | None = None):
   c.env.max_steps = 50
   c.env.train_split = "train"
   c.env.eval_splits = ("valid_seen", "valid_unseen")
-  c.rollout.history_length = a.k
+  history = common.history_reference(a.k)  # H = HGPO K: one value (docs/algorithms.md §6)
+  c.rollout.history_length = history
   c.rollout.fallback_chars = 30
   c.rollout.max_prompt_tokens = 4096  # HGPO scripts: 4096, truncation=left
 
   c.algo.name = a.algo  # algo=ppo / algo=hiper: replaced by common.apply_critic_algo below
   # ALFWorld scripts use std normalisation for GiGPO and HGPO (docs/algorithms.md §12).
-  c.algo.options = common.estimator_options(common.CRITIC_ALGOS.get(a.algo, a.algo), k=a.k, norm="mean_std")
+  c.algo.options = common.family_options(common.CRITIC_ALGOS.get(a.algo, a.algo), k=history, norm="mean_std")
 
   c.train.mini_batch_rows = 256
   c.train.micro_batch_rows = 16

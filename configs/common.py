@@ -90,24 +90,47 @@ def estimator_options(name: str, **overrides) -> ml_collections.ConfigDict:
   """The estimator's options with their published defaults, read from the registry.
 
   The option names come from the estimator's options dataclass, so the config never
-  keeps a second list of names; `overrides` must name real options.
+  keeps a second list of names; `overrides` must name real options (else a one-line
+  ValueError naming the valid ones). A value may be a `FieldReference` shared with
+  another field (HGPO's `k` with `rollout.history_length`).
   """
   est = registry.get(name)
   opts = {f.name: getattr(est.options_cls(), f.name) for f in dataclasses.fields(est.options_cls)}
-  for key, value in overrides.items():
-    if key in opts:
-      opts[key] = value
+  unknown = sorted(set(overrides) - set(opts))
+  if unknown:
+    raise ValueError(f"estimator {name!r} has no option {', '.join(unknown)}; its options: "
+                     f"{', '.join(sorted(opts))}")
+  opts.update(overrides)
   return ml_collections.ConfigDict(opts)
 
 
+def family_options(name: str, *, k, norm: str) -> ml_collections.ConfigDict:
+  """`estimator_options` with an environment family's two settings, each passed only to
+  the estimators that have it: HGPO's depth `k` (the caller passes the FieldReference of
+  `rollout.history_length`, so the two cannot split) and the advantage normalisation
+  `norm` of GRPO, GiGPO and HGPO (docs/algorithms.md §12)."""
+  fields = {f.name for f in dataclasses.fields(registry.get(name).options_cls)}
+  return estimator_options(name, **{key: value for key, value in (("k", k), ("norm", norm))
+                                    if key in fields})
+
+
+def history_reference(k: int) -> ml_collections.FieldReference:
+  """The memory window H as a FieldReference shared by `rollout.history_length` and HGPO's
+  `algo.options.k`: the paper and the released HGPO scripts set K = H (docs/algorithms.md
+  §6), so an override of either field sets both."""
+  return ml_collections.FieldReference(k, field_type=int)
+
+
 def base_config() -> ml_collections.ConfigDict:
-  """Fields shared by every environment family; each field documents itself."""
+  """Fields shared by every environment family, one comment each (what, unit, where the
+  default comes from; "paper" = GiGPO arXiv:2505.10978 App. E.1 and the HGPO paper's
+  settings, "verl" = verl/verl-agent defaults; docs/algorithms.md §9, §10, §12)."""
   c = ml_collections.ConfigDict()
   c.seed = 0  # split into model / sampler / task / env streams (README "Reproducibility")
 
   c.model = ml_collections.ConfigDict()
-  c.model.name = "smollm2-135m"  # one of MODELS
-  c.model.path = ""  # local HF directory or .gguf for the qwen presets
+  c.model.name = "smollm2-135m"  # one of MODELS (hgpo_jax/models/config.py presets)
+  c.model.path = ""  # local HF directory or .gguf for the presets that need one; "" = bundled
   c.model.dtype = "float32"  # parameters and activations: float32 | bfloat16
   c.model.remat = True  # recompute activations in the backward pass (memory / ~30% compute)
 
@@ -118,73 +141,74 @@ def base_config() -> ml_collections.ConfigDict:
   c.env.token_file = ""  # file with the endpoints' shared secret (serve --token-file)
   c.env.tls_root_cert = ""  # PEM root certificate of endpoints serving TLS; "" = plaintext
   c.env.num_servers = 2  # local server processes when no endpoints are given
-  c.env.deadline_s = 120.0  # per-call deadline of Reset/Step
-  c.env.train_split = "train"
-  c.env.eval_splits = ("valid_seen", "valid_unseen")
-  c.env.max_steps = 50  # episode horizon T_max
+  c.env.deadline_s = 120.0  # per-call deadline of Reset/Step, seconds
+  c.env.train_split = "train"  # task split of the training rollouts
+  c.env.eval_splits = ("valid_seen", "valid_unseen")  # splits of the periodic/final evaluation
+  c.env.max_steps = 50  # episode horizon T_max, env steps (paper: ALFWorld 50)
 
   c.rollout = ml_collections.ConfigDict()
-  c.rollout.num_groups = 16  # G tasks per iteration (per process)
-  c.rollout.group_size = 8  # N trajectories per task, same env seed
-  c.rollout.history_length = 2  # memory window H (HGPO: equal to K)
-  c.rollout.temperature = 1.0
-  c.rollout.top_p = 1.0
-  c.rollout.top_k = 0
-  c.rollout.max_new_tokens = 512
-  c.rollout.max_prompt_tokens = 2048  # longer prompts are truncated on the left
+  c.rollout.num_groups = 16  # G tasks per iteration, global over processes (paper: 16)
+  c.rollout.group_size = 8  # N trajectories per task, same env seed (paper: 8)
+  c.rollout.history_length = 2  # memory window H, (obs, action) pairs (HGPO: equal to K)
+  c.rollout.temperature = 1.0  # sampling temperature of training rollouts (paper: 1.0)
+  c.rollout.top_p = 1.0  # nucleus sampling; 1.0 = off (verl default)
+  c.rollout.top_k = 0  # top-k sampling; 0 = off (verl default)
+  c.rollout.max_new_tokens = 512  # most tokens per response (paper: 512)
+  c.rollout.max_prompt_tokens = 2048  # tokens; longer prompts are truncated on the left
   c.rollout.constrained = False  # restrict actions to the admissible set (small models)
-  c.rollout.invalid_penalty = 0.1  # eta, docs/algorithms.md §1
-  c.rollout.fallback_chars = 30  # projection fallback (ALFWorld 30, WebShop 20)
+  c.rollout.invalid_penalty = 0.1  # eta, reward units (docs/algorithms.md §1; scripts: 0.1)
+  c.rollout.fallback_chars = 30  # projection fallback, characters (ALFWorld 30, WebShop 20)
   c.rollout.dump = False  # write every rollout as JSONL (advantage-tool format)
   c.rollout.response_format = "react"  # "react" (<think>/<action>) | "hiper" (switch/subgoal/action)
+  c.rollout.free_query_tokens = 8  # constrained: cap of a free WebShop search query, tokens
+  c.rollout.subgoal_tokens = 12  # constrained "hiper": cap of a free subgoal, tokens
 
   c.algo = ml_collections.ConfigDict()
   c.algo.name = "hgpo"  # a registered estimator: hgpo_jax.advantages.registry.names()
-  c.algo.gamma = 0.95  # discount of step returns R_t
+  c.algo.gamma = 0.95  # discount of step returns R_t (GiGPO Eq. 5: 0.95)
   c.algo.options = ml_collections.ConfigDict()  # filled from the registry per variant
 
   c.train = ml_collections.ConfigDict()
-  c.train.num_iterations = 160
-  c.train.lr = 1e-6
-  c.train.weight_decay = 0.01
-  c.train.grad_clip = 1.0
-  c.train.mini_batch_rows = 256  # rows (steps) per optimiser step
+  c.train.num_iterations = 160  # policy iterations (HGPO: 160; GiGPO: 150)
+  c.train.lr = 1e-6  # actor AdamW learning rate, constant (paper: 1e-6)
+  c.train.weight_decay = 0.01  # decoupled AdamW weight decay (verl actor optim default)
+  c.train.grad_clip = 1.0  # global-norm gradient clip (verl default)
+  c.train.mini_batch_rows = 256  # rows (steps) per optimiser step (ALFWorld scripts: 256)
   c.train.micro_batch_rows = 16  # rows per forward/backward (gradient accumulation)
-  c.train.ppo_epochs = 1
-  c.train.clip_ratio_low = 0.2
-  c.train.clip_ratio_high = 0.2
-  c.train.clip_ratio_c = 3.0  # dual clip
-  c.train.kl_coef = 0.01  # low_var_kl (k3) to the frozen reference
-  c.train.entropy_coeff = 0.001
-  c.train.loss_agg = "token-mean"
+  c.train.ppo_epochs = 1  # passes over the iteration's rows (verl default)
+  c.train.clip_ratio_low = 0.2  # PPO ratio clip 1 - eps_low (verl default)
+  c.train.clip_ratio_high = 0.2  # PPO ratio clip 1 + eps_high (verl default)
+  c.train.clip_ratio_c = 3.0  # dual-clip constant c > 1 (verl default)
+  c.train.kl_coef = 0.01  # low_var_kl (k3) to the frozen reference (scripts: 0.01)
+  c.train.entropy_coeff = 0.001  # entropy bonus weight (verl-agent yaml)
+  c.train.loss_agg = "token-mean"  # token-loss reduction, losses.LOSS_AGG_MODES (scripts)
 
   # Value model of critic-based estimators (algo=ppo -> gae, algo=hiper -> hae): a
   # separate copy of the policy's backbone with 1 (PPO) or 3 (HiPER) value heads; it
   # uses the actor's mini/micro-batch sizes (published scripts). Unused otherwise.
   c.critic = ml_collections.ConfigDict()
-  c.critic.lr = 1e-5  # PPO and HiPER scripts
+  c.critic.lr = 1e-5  # critic AdamW learning rate (PPO and HiPER scripts)
   c.critic.weight_decay = 0.01  # verl critic optim default
-  c.critic.grad_clip = 1.0
-  c.critic.cliprange_value = 0.5  # clipped value loss
+  c.critic.grad_clip = 1.0  # global-norm gradient clip (verl default)
+  c.critic.cliprange_value = 0.5  # clipped value loss (PPO and HiPER scripts)
   c.critic.loss_scale = 0.5  # verl compute_value_loss: 0.5 * agg(max(...))
 
   c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = -1  # -1: all remaining devices
-  c.mesh.fsdp = 1
-  c.mesh.tensor = 1
+  c.mesh.data = -1  # data-parallel devices; -1: all remaining devices
+  c.mesh.fsdp = 1  # devices the parameters are sharded over (FSDP)
+  c.mesh.tensor = 1  # tensor-parallel devices (attention heads, MLP)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 5  # iterations; 0 disables periodic evaluation
   c.eval.num_tasks = 128  # per split (the whole split if smaller)
-  c.eval.temperature = 0.4
-  c.eval.at_end = True
+  c.eval.temperature = 0.4  # sampling temperature of evaluation (paper: 0.4)
+  c.eval.at_end = True  # evaluate once more after the last iteration
 
   c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every = 1
-  c.checkpoint.keep = 3
+  c.checkpoint.every = 1  # iterations between Orbax checkpoints (the last one always)
+  c.checkpoint.keep = 3  # most recent checkpoints kept
   c.checkpoint.keep_period = 50  # steps kept forever (0: none)
   c.checkpoint.resume_from = ""  # explicit checkpoint directory (after the workdir's own)
-  c.checkpoint.init_weights = ""  # params-only initialisation (after resume_from)
 
   c.profile = ml_collections.ConfigDict()
   c.profile.iterations = 0  # > 0: jax.profiler trace of this many iterations -> <workdir>/profile

@@ -22,13 +22,14 @@ def get_config(arg: str | None = None):
   c.env.max_steps = 20
   c.env.train_split = "train"
   c.env.eval_splits = ("test",)
-  c.rollout.history_length = a.k
+  history = common.history_reference(a.k)  # H = HGPO K: one value (docs/algorithms.md §6)
+  c.rollout.history_length = history
   c.rollout.fallback_chars = 10
   c.rollout.max_prompt_tokens = 1024
   c.rollout.max_new_tokens = 64
   c.rollout.constrained = True
   c.algo.name = a.algo
-  c.algo.options = common.estimator_options(a.algo, k=a.k, norm="mean_std")
+  c.algo.options = common.family_options(a.algo, k=history, norm="mean_std")
   c.train.lr = 1e-5
   c.train.mini_batch_rows = 32
   c.train.micro_batch_rows = 8

@@ -47,13 +47,14 @@ def get_config(arg: str | None = None):
   c.env.max_steps = a.horizon
   c.env.train_split = "train"
   c.env.eval_splits = ("test",)
-  c.rollout.history_length = a.k
+  history = common.history_reference(a.k)  # H = HGPO K: one value (docs/algorithms.md §6)
+  c.rollout.history_length = history
   c.rollout.fallback_chars = 20
   c.rollout.max_prompt_tokens = 4096
 
   c.algo.name = a.algo  # algo=ppo / algo=hiper: replaced by common.apply_critic_algo below
   # WebShop scripts use mean-only normalisation for GiGPO and HGPO (docs/algorithms.md §12).
-  c.algo.options = common.estimator_options(common.CRITIC_ALGOS.get(a.algo, a.algo), k=a.k, norm="mean")
+  c.algo.options = common.family_options(common.CRITIC_ALGOS.get(a.algo, a.algo), k=history, norm="mean")
 
   c.train.mini_batch_rows = 64
   c.train.micro_batch_rows = 8

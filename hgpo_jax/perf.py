@@ -41,8 +41,6 @@ import numpy as np
 # FLOPs of a compiled executable
 # ---------------------------------------------------------------------------------------
 
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _COMP_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
 _ARRAY_SHAPE = re.compile(r"^([a-z]\w*)\[([\d,]*)\]")
@@ -416,7 +414,7 @@ class LearnerFlops:
     row width (a host or device TrainBatch)."""
     import jax  # pylint: disable=import-outside-toplevel
     ln = self.learner
-    rows = ln.config.mini_batch_size
+    rows = ln.config.mini_batch_rows
     key = tuple((rows,) + tuple(x.shape[1:]) + (str(x.dtype),) for x in jax.tree.leaves(batch))
     if key not in self._cache:
       abstract_batch = jax.tree.map(
@@ -438,7 +436,7 @@ def iteration_metrics(counter: LearnerFlops, batch, *, with_ref: bool, logprobs_
   (`dtype`: the model's compute dtype, which picks the peak)."""
   ln = counter.learner
   per_call = counter.per_call(batch)
-  chunks = batch.num_rows // ln.config.mini_batch_size
+  chunks = batch.num_rows // ln.config.mini_batch_rows
   if peak is None:
     peak = device_peak(dtype=dtype)
   out = {}

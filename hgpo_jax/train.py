@@ -19,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
+import pickle
 import time
 from typing import Any
 
@@ -28,6 +30,7 @@ import ml_collections
 import numpy as np
 import tqdm
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from hgpo_jax import perf
 from hgpo_jax.advantages import dump as dump_lib
@@ -38,6 +41,7 @@ from hgpo_jax.envs import pool as pool_lib
 from hgpo_jax.models import critic as critic_lib
 from hgpo_jax.models import loading
 from hgpo_jax.models import sharding
+from hgpo_jax.rollout import params as rollout_params
 from hgpo_jax.rollout import rollout as rollout_lib
 from hgpo_jax.rollout import tasks as tasks_lib
 from hgpo_jax.sampling import sampler as sampler_lib
@@ -83,48 +87,100 @@ def estimator_and_options(config: ml_collections.ConfigDict):
   return est, opts
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Fails fast, with one line, on configs that cannot run."""
-  estimator_and_options(config)
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """The typed parts of a config, built and validated once by `validate`; their field
+  names are the config's (`train.lr` -> `UpdateConfig.lr`, `rollout.*` -> `RolloutParams`)."""
+
+  estimator: registry.Estimator
+  options: Any
+  """The estimator's options dataclass (`config.algo.options`)."""
+  update: train_step.UpdateConfig
+  """The actor update (`config.train`)."""
+  critic_update: train_step.UpdateConfig | None
+  """The critic update (`config.critic` lr/weight_decay/grad_clip, the actor's batching);
+  None for critic-free estimators."""
+  value_loss: critic_step.ValueLossConfig | None
+  rollout: rollout_params.RolloutParams
+  sampling: sampler_lib.SamplingParams
+  """Training rollouts (`config.rollout.temperature`)."""
+  eval_sampling: sampler_lib.SamplingParams
+  """Evaluation (`config.eval.temperature`)."""
+
+
+def _fields(cls, *sections: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The entries of the config sections that share a name with a field of `cls` (later
+  sections win)."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  return {k: v for s in sections for k, v in s.to_dict().items() if k in names}
+
+
+def _typed(section: str, build, *args, **kwargs):
+  """`build(*args, **kwargs)`; its ValueError/TypeError becomes a ConfigError naming the section."""
+  try:
+    return build(*args, **kwargs)
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"config.{section}: {e}") from None
+
+
+def validate(config: ml_collections.ConfigDict) -> RunConfig:
+  """Fails fast, with one line, on configs that cannot run; returns their typed parts.
+
+  The field checks live in the dataclasses' `__post_init__`; only the keys no dataclass
+  holds (env, iteration count, server count) and cross-section rules are checked here.
+  """
+  est, opts = estimator_and_options(config)
   from env_servers import registry as env_registry  # pylint: disable=import-outside-toplevel
   if config.env.name not in env_registry.ENVS:
     raise ConfigError(f"unknown env {config.env.name!r}; registered: {sorted(env_registry.ENVS)}")
-  r, t = config.rollout, config.train
-  for name, value in (("rollout.num_groups", r.num_groups), ("rollout.group_size", r.group_size),
-                      ("env.max_steps", config.env.max_steps),
-                      ("rollout.max_new_tokens", r.max_new_tokens),
-                      ("train.num_iterations", t.num_iterations)):
+  for name, value in (("env.max_steps", config.env.max_steps),
+                      ("train.num_iterations", config.train.num_iterations)):
     if value < 1:
       raise ConfigError(f"config.{name} must be >= 1, got {value}")
-  if t.mini_batch_rows % t.micro_batch_rows:
-    raise ConfigError(f"config.train.mini_batch_rows={t.mini_batch_rows} must be a multiple of "
-                      f"micro_batch_rows={t.micro_batch_rows}")
-  if t.loss_agg not in losses.LOSS_AGG_MODES:
-    raise ConfigError(f"config.train.loss_agg={t.loss_agg!r}; choose one of {losses.LOSS_AGG_MODES}")
-  if r.history_length < 0:
-    raise ConfigError(f"config.rollout.history_length must be >= 0, got {r.history_length}")
   if not config.env.endpoints and config.env.num_servers < 1:
     raise ConfigError("config.env.num_servers must be >= 1 when no env.endpoints are given")
+  rollout = _typed("rollout", rollout_params.RolloutParams, **config.rollout.to_dict())
+  if getattr(opts, "k", rollout.history_length) != rollout.history_length:
+    raise ConfigError(
+        f"config.algo.options.k={opts.k} differs from config.rollout.history_length="
+        f"{rollout.history_length}; HGPO's depth K is the prompt memory window H "
+        f"(docs/algorithms.md §6): set both, e.g. with the config argument k={opts.k}")
+  critic = est.needs_critic
+  return RunConfig(
+      estimator=est, options=opts, update=_typed("train", update_config, config),
+      critic_update=_typed("critic", critic_update_config, config) if critic else None,
+      value_loss=_typed("critic", critic_step.ValueLossConfig,
+                        **_fields(critic_step.ValueLossConfig, config.critic)) if critic else None,
+      rollout=rollout, sampling=_typed("rollout", rollout.sampling),
+      eval_sampling=_typed("eval.temperature", rollout.sampling, config.eval.temperature))
 
 
 def critic_update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:
-  """The critic's optimizer and batching: its own lr, the actor's mini/micro-batches."""
-  t, c = config.train, config.critic
-  return train_step.UpdateConfig(
-      learning_rate=c.lr, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
-      mini_batch_size=t.mini_batch_rows, micro_batch_size=t.micro_batch_rows,
-      ppo_epochs=t.ppo_epochs)
+  """The critic's optimizer (`config.critic`: its own lr, weight decay, clip) and the actor's
+  mini/micro-batches and epochs (`config.train`), as the published scripts."""
+  return train_step.UpdateConfig(**_fields(train_step.UpdateConfig, config.train, config.critic))
 
 
 def update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:
-  t = config.train
+  """The actor update: the fields of `config.train` named like `UpdateConfig`'s and
+  `LossConfig`'s; only the response columns are scored."""
   return train_step.UpdateConfig(
-      learning_rate=t.lr, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
-      mini_batch_size=t.mini_batch_rows, micro_batch_size=t.micro_batch_rows,
-      ppo_epochs=t.ppo_epochs, scored_tail=config.rollout.max_new_tokens,
-      loss=losses.LossConfig(clip_ratio_low=t.clip_ratio_low, clip_ratio_high=t.clip_ratio_high,
-                             clip_ratio_c=t.clip_ratio_c, kl_coef=t.kl_coef,
-                             entropy_coeff=t.entropy_coeff, loss_agg_mode=t.loss_agg))
+      **_fields(train_step.UpdateConfig, config.train), scored_tail=config.rollout.max_new_tokens,
+      loss=losses.LossConfig(**_fields(losses.LossConfig, config.train)))
+
+
+def collect(pool, sampler, tokenizer, tasks, group_size: int, config: ml_collections.ConfigDict,
+            run: RunConfig, *, sampling: sampler_lib.SamplingParams, rng: jax.Array,
+            on_step=None) -> rollout_lib.Rollout:
+  """One batched rollout with the config's env and rollout settings: the training rollout
+  (`run.sampling`) and evaluation (`run.eval_sampling`) both play through here."""
+  r = run.rollout
+  return rollout_lib.collect(
+      pool, sampler, tokenizer, tasks, group_size, env_name=config.env.name,
+      max_steps=config.env.max_steps, history_length=r.history_length, sampling=sampling, rng=rng,
+      max_prompt_tokens=r.max_prompt_tokens, constrained=r.constrained,
+      fallback_chars=r.fallback_chars, response_format=r.response_format,
+      free_query_tokens=r.free_query_tokens, subgoal_tokens=r.subgoal_tokens, on_step=on_step)
 
 
 # ---------------------------------------------------------------------------------------
@@ -137,8 +193,8 @@ def compute_advantages(rows, est, opts, *, gamma: float, invalid_penalty: float,
                                      gamma=gamma, invalid_penalty=invalid_penalty,
                                      capacity=capacity, **grouping.grouping_options(opts))
   out = est(jax.device_put(grouped.batch), opts)
-  adv = grouped.to_input_order(np.asarray(out.advantage))
-  ret = grouped.to_input_order(np.asarray(grouped.batch.returns))
+  adv = grouped.rejoin(rows, np.asarray(out.advantage))  # by (traj, step), not position
+  ret = grouped.rejoin(rows, np.asarray(grouped.batch.returns))
   return adv, ret, group_statistics(grouped)
 
 
@@ -158,57 +214,128 @@ def group_statistics(grouped) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------
-# Multi-process: every process rolls out its own groups; the update sees all of them
+# Multi-process: every process plays its own groups on its own devices and env servers;
+# then every process holds all rows, so advantages, batch and metrics are one process's
+# (docs/scaling.md "Several processes")
 # ---------------------------------------------------------------------------------------
 def _allgather(x: np.ndarray) -> np.ndarray:
   """Stacks `x` from every process along axis 0 (identity with one process)."""
   if jax.process_count() == 1:
     return np.asarray(x)
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
   return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True))
 
 
-def _global_train_batch(rows, adv, buckets, config, pad_id: int) -> train_batch_lib.TrainBatch:
-  """The token batch of all processes' rows, identical on every process.
+def _allgather_objects(obj: Any) -> list[Any]:
+  """`obj` of every process, in process order (pickled through `_allgather`)."""
+  if jax.process_count() == 1:
+    return [obj]
+  data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+  sizes = _allgather(np.array([data.size], np.int64))
+  padded = np.zeros((1, int(sizes.max())), np.uint8)
+  padded[0, :data.size] = data
+  return [pickle.loads(row[:n].tobytes()) for row, n in zip(_allgather(padded), sizes)]
 
-  Group statistics never cross processes (a group lives on one process), so advantages
-  are computed locally; only the token batch is gathered. Processes first agree on the
-  prompt bucket and row count so that their local batches have equal shapes.
+
+def _barrier(name: str) -> None:
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def _groups_per_process(config) -> int:
+  """config.rollout.num_groups is global; each process plays an equal contiguous share."""
+  nproc = jax.process_count()
+  if config.rollout.num_groups % nproc:
+    raise ConfigError(f"config.rollout.num_groups={config.rollout.num_groups} must be a multiple "
+                      f"of the number of processes ({nproc}): each process plays an equal share")
+  return config.rollout.num_groups // nproc
+
+
+def _gather_rollout(ro: rollout_lib.Rollout, groups_per_process: int,
+                    group_size: int) -> rollout_lib.Rollout:
+  """The rollout of all processes, as one process playing all groups would return it.
+
+  Process p played global groups [p * Gp, (p + 1) * Gp) (`tasks.TaskSampler.groups`) in
+  slots numbered from 0; its rows are renumbered to the global group and slot and
+  concatenated in process order, which keeps the (group, traj, step) order of one
+  process. Timings are the slowest process's (the others wait for it).
   """
+  if jax.process_count() == 1:
+    return ro
+  parts = _allgather_objects(ro)
+  rows = []
+  for p, part in enumerate(parts):
+    g0, t0 = p * groups_per_process, p * groups_per_process * group_size
+    rows += [dataclasses.replace(r, group=r.group + g0, traj=r.traj + t0) for r in part.rows]
+  return rollout_lib.Rollout(
+      rows=rows, won=np.concatenate([x.won for x in parts]),
+      returns=np.concatenate([x.returns for x in parts]),
+      lengths=np.concatenate([x.lengths for x in parts]),
+      task_types=[t for x in parts for t in x.task_types],
+      timings={k: max(x.timings[k] for x in parts) for k in ro.timings})
+
+
+def _global_train_batch(rows, adv, buckets, config, pad_id: int) -> train_batch_lib.TrainBatch:
+  """The token batch of all rows (after `_gather_rollout`: identical on every process),
+  padded to a multiple of the mini-batch."""
   mini = config.train.mini_batch_rows
-  longest = max(len(r.prompt_ids) for r in rows)
-  need = _allgather(np.array([[longest, len(rows)]], np.int64))
-  prompt_len = train_batch_lib.pick_bucket(int(need[:, 0].max()), buckets, "prompt")
-  local_rows = -(-int(need[:, 1].max()) // mini) * mini
+  prompt_len = train_batch_lib.pick_bucket(max(len(r.prompt_ids) for r in rows), buckets, "prompt")
   batch, _ = train_batch_lib.build_train_batch(
       [r.prompt_ids for r in rows], [r.response_ids for r in rows], adv.astype(np.float32),
       prompt_buckets=(prompt_len,), response_buckets=(config.rollout.max_new_tokens,),
-      row_multiple=mini, pad_id=pad_id, row_buckets=(local_rows,))
-  return jax.tree.map(_allgather, batch)
+      row_multiple=mini, pad_id=pad_id, row_buckets=(-(-len(rows) // mini) * mini,))
+  return batch
 
 
-def _mean_over_processes(metrics: dict[str, float]) -> dict[str, float]:
-  """Averages scalar metrics over processes (each process plays the same number of groups)."""
+def _sampling_mesh(config, mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+  """The sampler's mesh: the training mesh with one process; with several, a mesh over
+  this process's own devices (generation is data parallel, and each process samples
+  only its own prompts): the config's tensor size, fsdp as far as the local devices
+  allow, data the rest."""
   if jax.process_count() == 1:
-    return metrics
-  keys = sorted(metrics)
-  values = _allgather(np.array([[metrics[k] for k in keys]], np.float64)).mean(axis=0)
-  return dict(zip(keys, (float(v) for v in values)))
+    return mesh
+  local = jax.local_devices()
+  tensor = config.mesh.tensor
+  if len(local) % tensor:
+    raise ConfigError(f"config.mesh.tensor={tensor} must divide the {len(local)} devices of each "
+                      "process (the sampler runs on each process's own devices)")
+  fsdp = math.gcd(config.mesh.fsdp, len(local) // tensor)
+  return sharding.make_mesh(-1, fsdp, tensor, devices=local)
+
+
+def _sampling_model(learner, params, mesh: jax.sharding.Mesh):
+  """The policy for the sampler: the training params themselves with one process; with
+  several, a copy gathered to every process and placed on its sampling mesh."""
+  if jax.process_count() == 1:
+    return nnx.merge(learner.graphdef, params)
+  host = multihost_utils.process_allgather(params, tiled=True)
+  # The training layout's specs on the local mesh: its fsdp divides the training fsdp and
+  # its tensor size is the same, so every split dimension stays divisible.
+  local = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s.spec), learner.param_shardings)
+  return nnx.merge(learner.graphdef, jax.device_put(host, local))
+
+
+class _NullWriter:
+  """The metrics writer of processes other than 0: formats, writes nothing."""
+
+  def write(self, step: int, metrics) -> dict[str, float]:
+    del step
+    return metrics_lib.to_scalars(metrics)
+
+  def close(self) -> None:
+    pass
 
 
 # ---------------------------------------------------------------------------------------
 # Critic (estimators with needs_critic: gae = PPO, hae = HiPER)
 # ---------------------------------------------------------------------------------------
-def make_critic(config, est, model, policy_params, mesh, rng: jax.Array):
+def make_critic(config, run: RunConfig, model, policy_params, mesh):
   """(CriticLearner, TrainState): a separate value model initialised from the policy's
   weights (the published PPO and HiPER scripts' critic), its own optimizer."""
-  num_heads = CRITIC_HEADS[est.name]
+  num_heads = CRITIC_HEADS[run.estimator.name]
   learner = critic_step.CriticLearner(
-      critic_lib.abstract_critic(model.cfg, num_heads), mesh, critic_update_config(config),
-      critic_step.ValueLossConfig(cliprange_value=config.critic.cliprange_value,
-                                  loss_scale=config.critic.loss_scale))
+      critic_lib.abstract_critic(model.cfg, num_heads), mesh, run.critic_update, run.value_loss)
   params = critic_lib.params_from_policy(policy_params, model.cfg, num_heads, config.seed)
-  return learner, learner.init_state(params, rng)
+  return learner, learner.init_state(params)
 
 
 def checkpoint_tree(state, critic_state) -> dict:
@@ -223,36 +350,33 @@ def critic_advantages(rows, est, opts, critic_learner, critic_params, buckets, c
                       pad_id: int, capacity: int):
   """Critic values -> estimator -> the actor's token batch and the critic's value batch.
 
-  Every process computes the values of the global batch (identical on all), reads its
-  own rows' block, runs the estimator locally (trajectories never cross processes) and
-  shares the resulting token arrays.
+  `rows` are all processes' rows (`_gather_rollout`), so every process computes the
+  same values, targets and batches.
 
   Returns:
     (TrainBatch with token advantages and the estimator's loss mask as response_mask,
-     ValueBatch, CriticTargets of the local rows).
+     ValueBatch, CriticTargets of the rows).
   """
   num_heads = CRITIC_HEADS[est.name]
   batch = _global_train_batch(rows, np.zeros(len(rows), np.float32), buckets, config, pad_id)
   values = critic_step.compute_values(critic_learner, critic_params,
                                       critic_step.token_layout_batch(batch, num_heads))
-  local_rows = batch.num_rows // jax.process_count()
-  lo = jax.process_index() * local_rows
+  num_rows = batch.num_rows
   num_tokens = config.rollout.max_new_tokens
   p = batch.seq_len - num_tokens
   targets = value_targets.critic_targets(
-      rows, rollout_lib.advantage_columns(rows), est, opts, values[lo:lo + len(rows)],
+      rows, rollout_lib.advantage_columns(rows), est, opts, values[:len(rows)],
       prompt_len=p, num_tokens=num_tokens, gamma=config.algo.gamma,
       invalid_penalty=config.rollout.invalid_penalty, capacity=capacity)
   n, seq = len(rows), batch.seq_len
-  adv = np.zeros((local_rows, seq), np.float32)
-  loss_mask = np.zeros((local_rows, seq), bool)
-  value_mask = np.zeros((local_rows, seq, num_heads), bool)
-  returns = np.zeros((local_rows, seq, num_heads), np.float32)
+  adv = np.zeros((num_rows, seq), np.float32)
+  loss_mask = np.zeros((num_rows, seq), bool)
+  value_mask = np.zeros((num_rows, seq, num_heads), bool)
+  returns = np.zeros((num_rows, seq, num_heads), np.float32)
   adv[:n, p:] = targets.token_advantage
   loss_mask[:n, p:] = targets.loss_mask
   value_mask[:n, p:] = targets.value_mask
   returns[:n, p:] = targets.returns
-  adv, loss_mask, value_mask, returns = (_allgather(x) for x in (adv, loss_mask, value_mask, returns))
   batch = batch.replace(advantages=adv, response_mask=loss_mask)
   return batch, critic_step.value_batch(batch, value_mask, returns, values), targets
 
@@ -269,40 +393,31 @@ def critic_dump_fields(est_name: str, fields: dict, i: int, num_tokens: int) -> 
 # ---------------------------------------------------------------------------------------
 # Evaluation
 # ---------------------------------------------------------------------------------------
-def evaluate(pool, sampler, tokenizer, task_sampler, config, rng) -> dict[str, float]:
+def evaluate(pool, sampler, tokenizer, task_sampler, config, run: RunConfig,
+             rng) -> dict[str, float]:
   """Success on a fixed task set at `config.eval.temperature`, one trajectory per task."""
   eval_tasks = task_sampler.evaluation_tasks(config.eval.num_tasks)
-  params = sampler_lib.SamplingParams(
-      temperature=config.eval.temperature, top_p=config.rollout.top_p,
-      top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens,
-      stop_strings=("</action>",))
-  won, returns, lengths, invalid, types = [], [], [], [], []
+  # (global task index, won, return, length, type, invalid flags of its rows) per task
+  results = []
   slots = pool.num_slots
   for start in range(0, len(eval_tasks), slots):
     chunk = eval_tasks[start:start + slots]
     padded = chunk + [chunk[-1]] * (slots - len(chunk))  # extra slots play, are not counted
-    ro = rollout_lib.collect(
-        pool, sampler, tokenizer, padded, 1, env_name=config.env.name,
-        max_steps=config.env.max_steps, history_length=config.rollout.history_length,
-        sampling=params, rng=jax.random.fold_in(rng, start),
-        max_prompt_tokens=config.rollout.max_prompt_tokens,
-        constrained=config.rollout.constrained, fallback_chars=config.rollout.fallback_chars,
-        response_format=config.rollout.response_format,
-        on_step=lambda t, T, n: phases.phase(
+    ro = collect(
+        pool, sampler, tokenizer, padded, 1, config, run, sampling=run.eval_sampling,
+        rng=jax.random.fold_in(rng, start), on_step=lambda t, T, n: phases.phase(
             "evaluation", f"{task_sampler.split} tasks {start + 1}-{start + len(chunk)}: step {t + 1}/{T}"))
-    n = len(chunk)
-    won += list(ro.won[:n])
-    returns += list(ro.returns[:n])
-    lengths += list(ro.lengths[:n])
-    types += ro.task_types[:n]
-    invalid += [not r.valid for r in ro.rows if r.traj < n]
+    results += [(task.group_index, ro.won[j], ro.returns[j], ro.lengths[j], ro.task_types[j],
+                 [not r.valid for r in ro.rows if r.traj == j]) for j, task in enumerate(chunk)]
+  # All processes' tasks (dealt round-robin) back in task order: the metrics of one process.
+  results = sorted((r for part in _allgather_objects(results) for r in part), key=lambda r: r[0])
+  _, won, returns, lengths, types, invalid = (list(c) for c in zip(*results)) if results else ([],) * 6
+  invalid = [flag for flags in invalid for flag in flags]
   m = rollout_lib.episode_metrics([], np.array(won), np.array(returns), np.array(lengths), types)
   m["invalid_rate"] = float(np.mean(invalid)) if invalid else 0.0
   m["num_tasks"] = float(len(won))
   del m["num_rows"]
-  # per-type keys may differ between processes: average only the shared overall keys
-  shared = {k: v for k, v in m.items() if "/" not in k}
-  return {**m, **_mean_over_processes(shared)}
+  return m
 
 
 # ---------------------------------------------------------------------------------------
@@ -314,15 +429,15 @@ class _Streams:
 
   model_seed: int
   sampler: jax.Array
-  train: jax.Array
   eval: jax.Array
   task_seed: int
 
 
 def _streams(seed: int) -> _Streams:
   root = jax.random.key(seed)
-  sampler, train, evaluation = jax.random.split(jax.random.fold_in(root, 1), 3)
-  return _Streams(model_seed=seed, sampler=sampler, train=train, eval=evaluation, task_seed=seed)
+  # Three keys although two are used: the split stays the same, so do the streams.
+  sampler, _, evaluation = jax.random.split(jax.random.fold_in(root, 1), 3)
+  return _Streams(model_seed=seed, sampler=sampler, eval=evaluation, task_seed=seed)
 
 
 def _truncate_metrics(path: str, last_step: int) -> None:
@@ -388,7 +503,7 @@ def _make_mesh(config) -> jax.sharding.Mesh:
 
 def _make_pool(config, num_slots: int) -> pool_lib.EnvPool:
   if config.env.endpoints:
-    servers = list(config.env.endpoints)
+    servers = list(config.env.endpoints)  # this process's own (launch.pod.render deals them)
   else:
     args = dict(config.env.args.to_dict())
     args.setdefault("max_steps", config.env.max_steps)
@@ -408,11 +523,15 @@ def _make_pool(config, num_slots: int) -> pool_lib.EnvPool:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains, evaluates and checkpoints; returns the last iteration's and final eval metrics."""
-  validate(config)
-  est, opts = estimator_and_options(config)
+  run = validate(config)
+  est, opts = run.estimator, run.options
   os.makedirs(workdir, exist_ok=True)
   streams = _streams(config.seed)
   pid, nproc = jax.process_index(), jax.process_count()
+  groups_per_process = _groups_per_process(config)
+  # The first collective, while the processes are still in step: on CPU, gloo gives a new
+  # communicator 30 s for all processes to arrive; later collectives wait as long as needed.
+  _barrier("train_and_evaluate start")
 
   # ---- Mesh, model, learner ------------------------------------------------------------
   mesh = _make_mesh(config)
@@ -423,43 +542,41 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # Recompute each block's activations in the backward pass: the update's memory drops
   # from ~16 GB to ~3 GB for SmolLM2 at 4 x 816 tokens per micro-batch (+~30% compute).
   model.cfg = model.cfg.replace(remat=config.model.remat)
-  learner = train_step.Learner(model, mesh, update_config(config))
+  learner = train_step.Learner(model, mesh, run.update)
   init_params = nnx.state(model, nnx.Param)
-  state = learner.init_state(init_params, streams.train)
+  state = learner.init_state(init_params)
   ref_params = learner.reference_params(state)  # the frozen initial policy (KL anchor)
   critic_learner = critic_state = None
   if est.needs_critic:
-    critic_learner, critic_state = make_critic(config, est, model, init_params, mesh,
-                                               jax.random.fold_in(streams.train, 1))
+    critic_learner, critic_state = make_critic(config, run, model, init_params, mesh)
   del model, init_params
 
-  # ---- Resume: workdir > explicit path > init weights > scratch ------------------------
+  # ---- Resume: workdir > explicit path > scratch ----------------------------------------
   ckpt_dir = os.path.join(workdir, "checkpoints")
   target = learner.abstract_state(state.params).to_checkpoint()
   if critic_learner is not None:
     target["critic"] = critic_learner.abstract_state(critic_state.params).to_checkpoint()
   resumed = checkpoint_lib.resume(
       ckpt_dir, target,
-      resume_path=config.checkpoint.resume_from or None,
-      init_weights=config.checkpoint.init_weights or None)
+      resume_path=config.checkpoint.resume_from or None)
   start = 0
   if resumed.restored is not None:
     state = train_step.TrainState.from_checkpoint(resumed.restored.state)
     if critic_learner is not None:
       critic_state = train_step.TrainState.from_checkpoint(resumed.restored.state["critic"])
     start = int(resumed.restored.cursor["iteration"])
-    if resumed.source == "workdir":
-      _set_aside_unreadable_steps(ckpt_dir, resumed.restored.step)
-    _truncate_metrics(os.path.join(workdir, metrics_lib.JSONL_NAME), start)
-  elif resumed.source == "init_weights":
-    raise NotImplementedError("checkpoint.init_weights: load the weights as config.model.path")
+    if pid == 0:  # the files of a shared workdir are process 0's to change
+      if resumed.source == "workdir":
+        _set_aside_unreadable_steps(ckpt_dir, resumed.restored.step)
+      _truncate_metrics(os.path.join(workdir, metrics_lib.JSONL_NAME), start)
+    _barrier("resumed")
   logging.info("resume source: %s (%s); starting at iteration %d", resumed.source,
                resumed.path, start)
 
   ckpt = checkpoint_lib.Checkpointer(ckpt_dir, max_to_keep=config.checkpoint.keep,
                                      keep_period=config.checkpoint.keep_period or None)
-  writer = metrics_lib.MetricsWriter(workdir)
-  num_slots = config.rollout.num_groups * config.rollout.group_size
+  writer = metrics_lib.MetricsWriter(workdir) if pid == 0 else _NullWriter()
+  num_slots = groups_per_process * config.rollout.group_size  # this process's env slots
   pool = _make_pool(config, num_slots)
   # A second live line naming the phase of the iteration (rollout step t/T, log-probs,
   # update mini-batch i/n, checkpoint, evaluation): drawn on a terminal only, so CI logs
@@ -468,8 +585,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   try:
     # ---- Tasks ---------------------------------------------------------------------------
     splits = (config.env.train_split,) + tuple(config.env.eval_splits)
-    dataset_dir = tasks_lib.build_task_datasets(
-        config.env.name, {s: pool.list_tasks(s) for s in splits}, os.path.join(workdir, "tasks"))
+    task_lists = {s: pool.list_tasks(s) for s in splits}
+    for turn in ("first", "others"):  # process 0 writes a shared workdir's dataset; others reuse it
+      if (turn == "first") == (pid == 0):
+        dataset_dir = tasks_lib.build_task_datasets(config.env.name, task_lists,
+                                                    os.path.join(workdir, "tasks"))
+      _barrier(f"task dataset {turn}")
     train_tasks = tasks_lib.TaskSampler(tasks_lib.load_split(dataset_dir, config.env.train_split),
                                         config.env.train_split, streams.task_seed, pid, nproc)
     eval_tasks = {s: tasks_lib.TaskSampler(tasks_lib.load_split(dataset_dir, s), s,
@@ -479,18 +600,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     # ---- Sampler -------------------------------------------------------------------------
     max_prompt = config.rollout.max_prompt_tokens
     buckets = tuple(b for b in PROMPT_BUCKETS if b < max_prompt) + (max_prompt,)
-    sampler = sampler_lib.Sampler(nnx.merge(learner.graphdef, state.params), tokenizer,
-                                  prompt_buckets=buckets, mesh=mesh)
-    sampling = sampler_lib.SamplingParams(
-        temperature=config.rollout.temperature, top_p=config.rollout.top_p,
-        top_k=config.rollout.top_k, max_new_tokens=config.rollout.max_new_tokens,
-        stop_strings=("</action>",))
-    capacity = num_slots * config.env.max_steps  # static: no recompilation across iterations
+    sample_mesh = _sampling_mesh(config, mesh)
+    sampler = sampler_lib.Sampler(_sampling_model(learner, state.params, sample_mesh), tokenizer,
+                                  prompt_buckets=buckets, mesh=sample_mesh)
+    # static (no recompilation across iterations); the estimator sees all processes' rows
+    capacity = config.rollout.num_groups * config.rollout.group_size * config.env.max_steps
 
     def run_eval(iteration: int) -> dict[str, float]:
       out = {}
       for split, ts in eval_tasks.items():
-        m = evaluate(pool, sampler, tokenizer, ts, config, jax.random.fold_in(streams.eval, iteration))
+        m = evaluate(pool, sampler, tokenizer, ts, config, run,
+                     jax.random.fold_in(streams.eval, iteration))
         out.update({f"eval/{split}/{k}": v for k, v in m.items()})
       return out
 
@@ -505,15 +625,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       profile.before(it)
       t0 = time.perf_counter()
       # -- rollout
-      groups = train_tasks.groups(it, config.rollout.num_groups)
-      ro = rollout_lib.collect(
-          pool, sampler, tokenizer, groups, config.rollout.group_size, env_name=config.env.name,
-          max_steps=config.env.max_steps, history_length=config.rollout.history_length,
-          sampling=sampling, rng=jax.random.fold_in(streams.sampler, it),
-          max_prompt_tokens=max_prompt, constrained=config.rollout.constrained,
-          fallback_chars=config.rollout.fallback_chars,
-          response_format=config.rollout.response_format,
+      groups = train_tasks.groups(it, groups_per_process)
+      ro = collect(
+          pool, sampler, tokenizer, groups, config.rollout.group_size, config, run,
+          sampling=run.sampling, rng=jax.random.fold_in(streams.sampler, it),
           on_step=lambda t, T, n: phases.phase("rollout", f"step {t + 1}/{T} ({n} slots active)"))
+      ro = _gather_rollout(ro, groups_per_process, config.rollout.group_size)
       # -- advantages
       t1 = time.perf_counter()
       phases.phase("advantages")
@@ -527,13 +644,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             ro.rows, est, opts, critic_learner, critic_state.params, buckets, config,
             tokenizer.pad_id, capacity)
         adv = targets.advantage
-        ret = targets.grouped.to_input_order(np.asarray(targets.grouped.batch.returns))
+        ret = targets.grouped.rejoin(ro.rows, np.asarray(targets.grouped.batch.returns))
         group_stats = {}
         critic_metrics = value_targets.metrics(targets, critic_lib.LEVELS[CRITIC_HEADS[est.name]])
         if config.rollout.dump:
           extra = [critic_dump_fields(est.name, targets.fields, i, config.rollout.max_new_tokens)
                    for i in range(len(ro.rows))]
-      if config.rollout.dump:
+      if config.rollout.dump and pid == 0:
         os.makedirs(os.path.join(workdir, "rollouts"), exist_ok=True)
         dump_lib.write_rows(os.path.join(workdir, "rollouts", f"iter_{it:06d}.jsonl"),
                             [dict(r.dump_record(), **e, **{"return": float(x), "advantage": float(a)})
@@ -546,17 +663,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       batch = train_step.fill_logprobs(learner, state.params, ref_params, batch)
       t3 = time.perf_counter()
       state, update_metrics = train_step.train_iteration(learner, state, batch)
-      sampler.model = nnx.merge(learner.graphdef, state.params)  # donated: rebind
+      sampler.model = _sampling_model(learner, state.params, sample_mesh)  # donated: rebind
       t4 = time.perf_counter()
       if critic_learner is not None:  # independent of the actor's update (same targets)
         critic_state, cm = train_step.train_iteration(critic_learner, critic_state, value_batch)
         critic_metrics.update({f"critic/{k}": v for k, v in cm.items()})
         critic_metrics["time/critic_update_s"] = time.perf_counter() - t4
 
-      metrics = {f"rollout/{k}": v for k, v in _mean_over_processes(ro.metrics()).items()}
+      metrics = {f"rollout/{k}": v for k, v in ro.metrics().items()}
       metrics.update({f"train/{k}": v for k, v in update_metrics.items()})
       metrics.update(group_stats)
-      metrics.update(_mean_over_processes(critic_metrics))
+      metrics.update(critic_metrics)
       metrics["advantage/mean"] = float(np.mean(adv))
       metrics["advantage/std"] = float(np.std(adv))
       metrics["advantage/zero_frac"] = float(np.mean(adv == 0))
@@ -569,13 +686,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       metrics.update(perf.iteration_metrics(flops, batch, with_ref=ref_params is not None,
                                             logprobs_s=t3 - t2, update_s=t4 - t3,
                                             dtype=config.model.dtype))
-      metrics.update({f"env/{k}": v for k, v in pool.metrics().items()
-                      if k in ("restarts", "replayed_episodes", "failed_calls")})
+      env_keys = ("failed_calls", "replayed_episodes", "restarts")  # summed over processes
+      env_counts = _allgather(np.array([[pool.metrics()[k] for k in env_keys]])).sum(axis=0)
+      metrics.update({f"env/{k}": float(v) for k, v in zip(env_keys, env_counts)})
       scalars = writer.write(it + 1, metrics)
-      progress.write(metrics_lib.format_summary(it + 1, scalars, keys=(
-          "rollout/success", "rollout/episode_return", "rollout/invalid_rate",
-          "rollout/episode_length", "train/pg_loss", "train/kl", "groups/level0_mean_size",
-          "time/generation_s", "time/env_s", "time/advantages_s", "time/update_s")))
+      if pid == 0:
+        progress.write(metrics_lib.format_summary(it + 1, scalars, keys=(
+            "rollout/success", "rollout/episode_return", "rollout/invalid_rate",
+            "rollout/episode_length", "train/pg_loss", "train/kl", "groups/level0_mean_size",
+            "time/generation_s", "time/env_s", "time/advantages_s", "time/update_s")))
       if (it + 1) % config.checkpoint.every == 0 or it + 1 == config.train.num_iterations:
         phases.phase("checkpoint")
         ckpt.save(it + 1, checkpoint_tree(state, critic_state), cursor={"iteration": it + 1},

@@ -41,6 +41,7 @@ def evaluate_untrained(config, workdir: str) -> dict[str, float]:
 
   if not config.env.eval_splits:
     raise train.ConfigError("config.env.eval_splits is empty: nothing to evaluate")
+  run = train.validate(config)
   os.makedirs(workdir, exist_ok=True)
   streams = train._streams(config.seed)  # pylint: disable=protected-access
   mesh = train._make_mesh(config)  # pylint: disable=protected-access
@@ -63,7 +64,7 @@ def evaluate_untrained(config, workdir: str) -> dict[str, float]:
       ts = tasks_lib.TaskSampler(tasks_lib.load_split(dataset_dir, split), split,
                                  streams.task_seed, jax.process_index(), jax.process_count())
       # The same key as the trainer's final evaluation (iteration = num_iterations).
-      m = train.evaluate(pool, sampler, tokenizer, ts, config,
+      m = train.evaluate(pool, sampler, tokenizer, ts, config, run,
                          jax.random.fold_in(streams.eval, config.train.num_iterations))
       out.update({f"eval/{split}/{k}": v for k, v in m.items()})
     scalars = writer.write(EVAL_STEP, out)

@@ -110,7 +110,7 @@ def _tiny_learner(remat, scored_tail=None, mesh=None, rows=8, micro=4):
   model = decoder.Decoder(cfg, rngs=nnx.Rngs(0))
   mesh = mesh or sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   learner = train_step.Learner(model, mesh, train_step.UpdateConfig(
-      mini_batch_size=rows, micro_batch_size=micro, scored_tail=scored_tail))
+      mini_batch_rows=rows, micro_batch_rows=micro, scored_tail=scored_tail))
   rng = np.random.default_rng(0)
   batch, _ = train_batch.build_train_batch(
       [rng.integers(1, 500, 30).tolist() for _ in range(rows)],
@@ -164,7 +164,7 @@ def test_per_device_flops_of_a_data_parallel_update_are_one_eighth():
 
 
 def test_iteration_metrics_count_calls_and_divide_by_time():
-  learner = types.SimpleNamespace(config=train_step.UpdateConfig(mini_batch_size=4, micro_batch_size=2, ppo_epochs=2))
+  learner = types.SimpleNamespace(config=train_step.UpdateConfig(mini_batch_rows=4, micro_batch_rows=2, ppo_epochs=2))
   counter = perf.LearnerFlops(learner)
   counter.per_call = lambda batch: {"logprobs": 10.0, "update": 30.0}
   batch = types.SimpleNamespace(num_rows=12)

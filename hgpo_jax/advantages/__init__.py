@@ -1,10 +1,12 @@
 """Step-level advantage estimators: host grouping, jit kernels, registry, rollout dumps.
 
-Typical use (host rows -> per-row advantages in input order):
+Typical use (host rows -> per-row advantages, joined to the rows by (traj, step)):
 
   grouped = build_row_batch(rows, num_levels=3, capacity=8192)
   out = get("hgpo")(grouped.batch, get("hgpo").options(k=2))
-  advantage = grouped.to_input_order(out.advantage)
+  advantage = grouped.rejoin(rows, out.advantage)
+
+The row schema is `hgpo_jax.advantages.rows.ROW_FIELDS`.
 
 Command line: `python -m hgpo_jax.advantages DUMP.jsonl --estimator hgpo`.
 """

@@ -2,19 +2,11 @@
 
 A dump is how users debug credit assignment and how tests compare
 implementations: `python -m hgpo_jax.advantages DUMP.jsonl --estimator hgpo`
-recomputes advantages from it. Required fields per row (grouping.REQUIRED_FIELDS):
-
-  group       str | int   episode group (task) id; the N rollouts of a task share it
-  traj        str | int   trajectory id, unique in the dump
-  step        int         0-based step index in the trajectory
-  anchor_obs  str         raw environment observation the action was taken at
-  reward      float       environment reward of the step
-  valid       bool        the response parsed into a well-formed action
-
-Optional: `done` (bool; absent means the last step ended the episode), critic
-fields that a critic-based estimator reads (e.g. `token_values` for `gae`), and any
-other field, which is preserved as is. Files ending in `.gz` are gzip-compressed;
-the path "-" means stdin / stdout.
+recomputes advantages from it. The fields of a row, their JSON types and meaning are
+`hgpo_jax.advantages.rows.ROW_FIELDS` (group, traj, step, anchor_obs, reward, valid;
+optional done). Rows may also carry critic fields that a critic-based estimator reads
+(e.g. `token_values` for `gae`) and any other field, which is preserved as is. Files
+ending in `.gz` are gzip-compressed; the path "-" means stdin / stdout.
 """
 
 from __future__ import annotations
@@ -27,15 +19,7 @@ import math
 import sys
 from typing import Any, Iterable, TextIO
 
-_TYPES = {
-    "group": (str, int),
-    "traj": (str, int),
-    "step": (int,),
-    "anchor_obs": (str,),
-    "reward": (int, float),
-    "valid": (bool,),
-    "done": (bool,),
-}
+from hgpo_jax.advantages.rows import ROW_FIELDS
 
 
 class DumpError(ValueError):
@@ -54,16 +38,16 @@ def check_row(row: Any) -> None:
   """Raises ValueError (one line, no location) if `row` is not a valid step row."""
   if not isinstance(row, dict):
     raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-  for name, types in _TYPES.items():
-    if name not in row:
-      if name == "done":
+  for field in ROW_FIELDS:
+    if field.name not in row:
+      if not field.required:
         continue
-      raise ValueError(f"missing field {name!r}")
-    value = row[name]
-    # bool is an int in Python: only `valid`/`done` may be booleans.
-    if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
-      raise ValueError(f"field {name!r} has {type(value).__name__} {value!r}, expected "
-                       + " or ".join(t.__name__ for t in types))
+      raise ValueError(f"missing field {field.name!r}")
+    value = row[field.name]
+    # bool is an int in Python: only fields whose types list bool may be booleans.
+    if (isinstance(value, bool) and bool not in field.types) or not isinstance(value, field.types):
+      raise ValueError(f"field {field.name!r} has {type(value).__name__} {value!r}, expected "
+                       + " or ".join(t.__name__ for t in field.types))
   if row["step"] < 0:
     raise ValueError(f"field 'step' is {row['step']}, expected >= 0")
   if not math.isfinite(row["reward"]):

@@ -12,7 +12,9 @@ Context ids are built recursively: the level-k key of a row is the pair
 encodes (group, o_{t-k}, ..., o_t) exactly without materialising tuples.
 
 The caller gets the RowBatch in sorted order plus the permutation to answer in
-input order (`GroupedRows.to_input_order`).
+input order (`GroupedRows.to_input_order`), or joins per-row results back to rows by
+their (traj, step) key (`GroupedRows.rejoin`), which fails loudly on a row that is
+missing or repeated instead of attaching values to the wrong rows.
 """
 
 from __future__ import annotations
@@ -22,12 +24,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from hgpo_jax.advantages import rows as rows_lib
 from hgpo_jax.advantages import similarity
 from hgpo_jax.advantages.batch import RowBatch
-
-REQUIRED_FIELDS = ("group", "traj", "step", "anchor_obs", "reward", "valid")
-"""Fields every row must carry (optional `done`: absent means the last step ended the episode)."""
-
 
 
 class GroupingError(ValueError):
@@ -42,10 +41,19 @@ class GroupedRows:
   """The padded batch; pass it to an estimator as is or after `jax.device_put`."""
   order: np.ndarray
   """int64[n]: input position of sorted row i (rows [n, R) are padding)."""
+  input_traj: Sequence[Any]
+  """The `traj` column as given (input order); with `input_step` the rows' keys."""
+  input_step: np.ndarray
+  """int64[n]: the `step` column (input order)."""
 
   @property
   def num_rows(self) -> int:
     return self.order.shape[0]
+
+  @property
+  def input_keys(self) -> list[tuple[Any, int]]:
+    """The (traj, step) key of every input row, in input order (`rows.ROW_KEY`)."""
+    return list(zip(_plain(self.input_traj), self.input_step.tolist()))
 
   def to_input_order(self, values_r: Any) -> np.ndarray:
     """Maps a per-row array in batch order (shape [R, ...]) to input order ([n, ...])."""
@@ -53,6 +61,33 @@ class GroupedRows:
     out = np.empty((self.num_rows,) + values_r.shape[1:], values_r.dtype)
     out[self.order] = values_r[:self.num_rows]
     return out
+
+  def rejoin(self, rows: Sequence[Any], values_r: Any) -> np.ndarray:
+    """Per-row values in batch order ([R, ...]) -> the values of `rows` ([n, ...]), by key.
+
+    `rows` (objects with `traj`/`step` attributes such as rollout StepRows, or dicts) are
+    matched by their (traj, step) key, in any order; they must hold every row of the batch
+    exactly once, else GroupingError (one line) names the first row unknown, repeated or
+    missing. Unlike `to_input_order` this cannot attach values to the wrong rows when
+    `rows` is not in the order the batch was built from.
+    """
+    keys = rows_lib.keys(rows)
+    position = {key: i for i, key in enumerate(self.input_keys)}  # unique: build checked it
+    index = np.empty(len(keys), np.int64)
+    for j, key in enumerate(keys):
+      i = position.pop(key, None)
+      if i is None:
+        known = any(k == key for k in keys[:j])
+        raise GroupingError(
+            f"row (traj, step)={key!r} " + ("appears twice in the rows to join; each row needs "
+                                             "its own key" if known else
+                                             "is not in the grouped batch; join the rows the "
+                                             "batch was built from"))
+      index[j] = i
+    if position:
+      raise GroupingError(f"row (traj, step)={next(iter(position))!r} of the grouped batch is "
+                          f"missing from the {len(keys)} rows to join; pass every row")
+    return self.to_input_order(values_r)[index]
 
 
 def build_row_batch(rows: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]], *,
@@ -65,8 +100,8 @@ def build_row_batch(rows: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, An
 
   Args:
     rows: columns (a mapping field -> sequence of length n) or a sequence of n row
-      dicts, in any order. Fields: REQUIRED_FIELDS and optional `done`; others are
-      ignored. `group`/`traj` may be strings or ints; `traj` must be unique across
+      dicts, in any order. Fields: `rows.ROW_FIELDS` (`done` optional); others
+      are ignored. `group`/`traj` may be strings or ints; `traj` must be unique across
       groups; `step` is 0-based and gap-free per trajectory.
     num_levels: K + 1 context levels to hash (HGPO's K; GiGPO needs 1).
     gamma: discount of the return-to-go R_t (GiGPO Eq. 5).
@@ -165,7 +200,8 @@ def build_row_batch(rows: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, An
       anchor_group=pad(context_ks[0]),
       context_group=np.stack([pad(c) for c in context_ks]),
       **extra)
-  return GroupedRows(batch=batch, order=order.astype(np.int64))
+  return GroupedRows(batch=batch, order=order.astype(np.int64), input_traj=cols["traj"],
+                     input_step=step_in)
 
 
 def _as_columns(rows) -> dict[str, Sequence[Any]]:
@@ -174,8 +210,8 @@ def _as_columns(rows) -> dict[str, Sequence[Any]]:
     cols = dict(rows)
   else:
     rows = list(rows)
-    names = set(REQUIRED_FIELDS) | {"done"}
-    present = set(rows[0]) if rows else set(REQUIRED_FIELDS)
+    names = set(rows_lib.FIELD_NAMES)
+    present = set(rows[0]) if rows else set(rows_lib.REQUIRED_FIELDS)
     cols = {}
     for name in names & present:
       try:
@@ -183,14 +219,19 @@ def _as_columns(rows) -> dict[str, Sequence[Any]]:
       except KeyError:
         raise GroupingError(f"field {name!r} is in some rows but not all; "
                             "give it in every row or in none") from None
-  missing = [f for f in REQUIRED_FIELDS if f not in cols]
+  missing = [f for f in rows_lib.REQUIRED_FIELDS if f not in cols]
   if missing:
-    raise GroupingError(f"rows lack required field(s) {missing}; required: {list(REQUIRED_FIELDS)}")
+    raise GroupingError(f"rows lack required field(s) {missing}; required: {list(rows_lib.REQUIRED_FIELDS)}")
   n = len(cols["step"])
   bad = [f for f, c in cols.items() if len(c) != n]
   if bad:
     raise GroupingError(f"columns {bad} do not have the {n} rows of 'step'")
   return cols
+
+
+def _plain(values: Sequence[Any]) -> list:
+  """A column as a list of plain Python values (numpy ints hash like ints, but cheaper as ints)."""
+  return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
 def _intern(values: Sequence[Any]) -> np.ndarray:

@@ -2,5 +2,6 @@
 
 `rollout.collect` plays G tasks x N trajectories through the env pool and the sampler;
 `tasks` reads the task datasets, `prompts` builds each step's prompt, `projection` turns
-a response into an env action, `hiper` holds HiPER's response format.
+a response into an env action, `hiper` holds HiPER's response format, `params` the
+validated `config.rollout` (`RolloutParams`).
 """

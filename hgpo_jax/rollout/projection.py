@@ -18,7 +18,7 @@ import re
 from hgpo_jax.sampling import constrained
 
 ALFWORLD_FALLBACK_CHARS = 30
-WEBSHOP_FALLBACK_CHARS = 20
+"""The default fallback length (ALFWorld's); each env config sets `rollout.fallback_chars`."""
 
 QUERY_PLACEHOLDER = "<your query>"
 """WebShop lists its search action as `search[<your query>]`: a template, not an action.

@@ -6,9 +6,10 @@ active slots in one batched call, the projection extracts the action, and the po
 steps all slots in one batched call. Every executed step becomes one row (docs/algorithms.md §1),
 recorded with the anchor observation the action was taken at.
 
-Strings stay on the host; `rows_for_advantages` hands the estimator only what the
-grouping needs (`advantage_columns`), and `StepRow.dump_record` is the JSONL format of
-`python -m hgpo_jax.advantages`.
+Strings stay on the host; `advantage_columns` hands the estimator only the step-row schema
+(`hgpo_jax.advantages.rows.ROW_FIELDS`, which StepRow's field names follow), per-row results
+join back to the StepRows by their (traj, step) key (`GroupedRows.rejoin(rows, values)`), and
+`StepRow.dump_record` is the JSONL format of `python -m hgpo_jax.advantages`.
 
 Response formats: "react" (verl-agent's `<think>` + `<action>` prompt and projection) and
 "hiper" (HiPER's `<switch>`/`<subgoal>`/`<action>` blocks, `hgpo_jax.rollout.hiper`): its
@@ -33,6 +34,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from hgpo_jax.advantages import rows as rows_lib
 from hgpo_jax.rollout import hiper
 from hgpo_jax.rollout import projection
 from hgpo_jax.rollout import prompts
@@ -41,7 +43,8 @@ from hgpo_jax.rollout.tasks import Task
 
 @dataclasses.dataclass
 class StepRow:
-  """One executed env step of one trajectory."""
+  """One executed env step of one trajectory; the fields named in `rows_lib.ROW_FIELDS`
+  (group, traj, step, anchor_obs, reward, valid, done) are that schema's."""
 
   group: int  # index of the task group within the rollout
   traj: int  # trajectory index within the rollout (slot)
@@ -51,7 +54,6 @@ class StepRow:
   anchor_obs: str  # raw env observation the action was taken at (grouping key)
   prompt_ids: list[int]
   response_ids: list[int]
-  sample_logprobs: np.ndarray  # f32[len(response_ids)] from the sampler
   response: str
   action: str
   valid: bool
@@ -66,10 +68,9 @@ class StepRow:
   def dump_record(self) -> dict[str, Any]:
     """The JSONL record (`python -m hgpo_jax.advantages` format + extras); HiPER rows add
     `switch`, `subgoal` and `token_tags` as `hae.hae_fields_from_dump` reads them."""
-    record = {"group": self.group, "traj": self.traj, "step": self.step,
-              "anchor_obs": self.anchor_obs, "reward": self.reward, "valid": self.valid,
-              "done": self.done, "won": self.won, "task_id": self.task_id,
-              "task_type": self.task_type, "response": self.response, "action": self.action}
+    record = rows_lib.record(self)
+    record.update(won=self.won, task_id=self.task_id, task_type=self.task_type,
+                  response=self.response, action=self.action)
     if self.token_tags is not None:
       record.update(switch=self.switch, subgoal=self.subgoal, token_tags=list(self.token_tags))
     return record
@@ -202,8 +203,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
       step_rows[i] = StepRow(
           group=i // group_size, traj=i, step=t, task_id=task_ids[i], task_type=task_types[i],
           anchor_obs=current[i].anchor_obs, prompt_ids=prompt_ids[j],
-          response_ids=list(out.tokens[j]), sample_logprobs=np.asarray(out.logprobs[j]),
-          response=out.texts[j], action=action, valid=valid, **hiper_fields)
+          response_ids=list(out.tokens[j]), response=out.texts[j], action=action, valid=valid,
+          **hiper_fields)
     start = time.perf_counter()
     results = pool.step(actions)
     t_env += time.perf_counter() - start
@@ -250,8 +251,5 @@ def episode_metrics(rows: Sequence[StepRow], won, returns, lengths,
 
 
 def advantage_columns(rows: Sequence[StepRow]) -> dict[str, list]:
-  """The columns `hgpo_jax.advantages.grouping.build_row_batch` reads."""
-  return {"group": [r.group for r in rows], "traj": [r.traj for r in rows],
-          "step": [r.step for r in rows], "anchor_obs": [r.anchor_obs for r in rows],
-          "reward": [r.reward for r in rows], "valid": [r.valid for r in rows],
-          "done": [r.done for r in rows]}
+  """The columns `hgpo_jax.advantages.grouping.build_row_batch` reads (the row schema)."""
+  return rows_lib.columns(rows)

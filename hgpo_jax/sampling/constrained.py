@@ -4,7 +4,7 @@ Two structures, both built from strings on the host and packed into fixed-size i
 arrays so that the decode loop never sees a string:
 
 1. `TokenAutomaton`: an Aho-Corasick automaton over *characters* for a set of patterns
-   (stop strings such as "</action>", or the trigger "<action>" of a free-text prefix),
+   (stop strings such as "</action>"),
    lifted to tokens: `table[state, token]` is the state after appending the token's
    decoded text. The automaton therefore detects a pattern that is split across any
    number of tokens. Matching runs on the concatenation of the per-token decoded
@@ -19,15 +19,11 @@ arrays so that the decode loop never sees a string:
    lists `(parent, token, child)`. Inside jit the allowed next tokens at node n are the
    tokens of the edges whose parent is n.
 
-Supported constraint modes (`ActionConstraint`):
-  * whole response (default): the response is exactly `prefix + a + suffix` for one
-    allowed string `a`, tokenized as one string (the tokenization a model would produce
-    after the prompt). The row ends when the trie reaches a leaf (stop reason
-    "constraint"); no EOS token is emitted.
-  * free-text prefix (`free_prefix=True`): the model writes free text (e.g. a
-    "<think>" section); once the decoded text ends with `prefix` the response is forced to
-    continue with `a + suffix` for one allowed `a`. A token that would complete `prefix`
-    and continue past it is masked, so the constraint always starts at a token boundary.
+The constraint (`ActionConstraint`) covers the whole response: it is exactly
+`prefix + a + suffix` for one allowed string `a`, tokenized as one string (the
+tokenization a model would produce after the prompt). The row ends when the trie reaches
+a leaf (stop reason "constraint"); no EOS token is emitted. Free text inside the response
+comes from free spans (below).
 
 Free spans (`FreeSpan`). An allowed entry may be a tuple of pieces instead of a string:
 fixed text and free spans, e.g. `("search[", FreeSpan(8, "[]<>"), "]")` for a WebShop query
@@ -155,22 +151,14 @@ def build_token_automaton(patterns: Sequence[str], token_strings: Sequence[str])
 
 @dataclasses.dataclass(frozen=True)
 class ActionConstraint:
-  """How allowed strings become the constrained part of a response.
+  """How allowed strings become the response: exactly `prefix + a + suffix`.
 
   Attributes:
     prefix: text before the allowed string ("<action>").
     suffix: text after it ("</action>").
-    free_prefix: False: the whole response is `prefix + a + suffix`. True: free text
-      first; the constraint starts once the decoded text ends with `prefix`.
   """
   prefix: str = "<action>"
   suffix: str = "</action>"
-  free_prefix: bool = False
-
-  def __post_init__(self):
-    if self.free_prefix and not self.prefix:
-      raise ValueError("ActionConstraint(free_prefix=True) needs a non-empty prefix that starts "
-                       "the constrained part.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,32 +271,20 @@ def _chunks(entry, constraint: ActionConstraint) -> list:
 
 def constrained_token_sequences(allowed: Sequence, constraint: ActionConstraint,
                                 encode) -> list[list]:
-  """Token-id sequences of the constrained part for each allowed entry.
+  """Token-id sequences of the constrained response for each allowed entry.
 
-  Whole-response mode tokenizes `prefix + a + suffix` as one string. Free-prefix mode
-  wants the tokens that follow `prefix`: it tokenizes `prefix + a + suffix` and drops the
-  leading tokens of `prefix` when the tokenization starts with them (the in-context
-  tokenization), else tokenizes `a + suffix` alone. An entry made of pieces (see
+  `prefix + a + suffix` is tokenized as one string. An entry made of pieces (see
   `FreeSpan`) gives token ids with the FreeSpan objects in place, each fixed stretch
   tokenized as one string.
   """
   sequences = []
-  prefix_ids = list(encode(constraint.prefix)) if constraint.free_prefix else []
   for entry in allowed:
-    chunks = _chunks(entry, constraint)
     seq: list = []
-    for i, chunk in enumerate(chunks):
+    for chunk in _chunks(entry, constraint):
       if isinstance(chunk, FreeSpan):
         seq.append(chunk)
         continue
-      ids = list(encode(chunk)) if chunk else []
-      if i == 0 and constraint.free_prefix:
-        if ids[:len(prefix_ids)] == prefix_ids:
-          ids = ids[len(prefix_ids):]
-        else:
-          rest = chunk[len(constraint.prefix):]
-          ids = list(encode(rest)) if rest else []
-      seq += ids
+      seq += list(encode(chunk)) if chunk else []
     if not seq:
       raise ValueError(f"Allowed string {entry!r} with {constraint} tokenizes to nothing; "
                        "give a non-empty allowed string or a prefix/suffix.")

@@ -50,10 +50,10 @@ STOP_REASONS = ("running", "eos", "stop_string", "constraint", "length")
 _TRIE_ARRAYS = ("edge_parent", "edge_token", "edge_child", "terminal", "has_children", "active",
                 "free_class", "free_min", "free_max", "to_leaf")
 _EOS, _STOP, _CONSTRAINT, _LENGTH = 1, 2, 3, 4
-# Phases of a row under a constraint.
-_FREE, _WAIT_TRIGGER, _IN_TRIE = 0, 1, 2
+# Phases of a row: unconstrained, or walking its constraint trie.
+_FREE, _IN_TRIE = 0, 1
 # Constraint modes (static).
-_NO_CONSTRAINT, _WHOLE, _FREE_PREFIX = 0, 1, 2
+_NO_CONSTRAINT, _WHOLE = 0, 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +158,8 @@ class Sampler:
     prompt_buckets: allowed padded prompt lengths P (sorted ascending).
     batch_buckets: allowed padded batch sizes Bb (sorted ascending). With a mesh each is
       rounded up to a multiple of the mesh's data-parallel size.
-    mesh: optional mesh from `hgpo_jax.models.sharding.make_mesh`; prompts, outputs and
+    mesh: optional mesh from `hgpo_jax.models.sharding.make_mesh` over this process's own
+      devices (each process of a multi-process run samples its own prompts); prompts, outputs and
       the KV cache are split over the mesh axes of the logical "batch" axis (data, fsdp),
       the cache's kv-heads over "tensor"; the model keeps the shardings its parameters
       already have (`hgpo_jax.models.sharding.shard_model`).
@@ -172,6 +173,12 @@ class Sampler:
     self.mesh = mesh
     self.prompt_buckets = tuple(sorted(prompt_buckets))
     data_size = 1
+    if mesh is not None and not all(d.process_index == jax.process_index()
+                                    for d in mesh.devices.flat):
+      # Prompts are host arrays of this process only (`_place`); a mesh with other
+      # processes' devices would need every process to send the same prompts in lockstep.
+      raise ValueError("Sampler: the mesh spans devices of other processes; give each process "
+                       "a mesh over its own jax.local_devices() (docs/scaling.md).")
     if mesh is not None:
       batch_spec = sharding.logical_to_spec(("batch",), mesh)[0]
       batch_axes = () if batch_spec is None else (
@@ -269,7 +276,7 @@ class Sampler:
 
     mode = _NO_CONSTRAINT
     if allowed is not None and any(allowed):
-      mode = _FREE_PREFIX if constraint.free_prefix else _WHOLE
+      mode = _WHOLE
     greedy = params.temperature == 0.0
     filtered = not greedy and (params.top_k > 0 or params.top_p < 1.0)
     vocab = self.cfg.vocab_size
@@ -279,14 +286,11 @@ class Sampler:
     free_masks = np.zeros((2, vocab), bool)
     if mode == _NO_CONSTRAINT:
       tries = constrained.build_tries([], 1)
-      trigger_table = np.zeros((1, vocab), np.int32)
     else:
       encode = self.tokenizer.encode
       sequences = [constrained.constrained_token_sequences(a, constraint, encode) if a else []
                    for a in allowed]
       tries = constrained.build_tries(sequences, batch)
-      trigger_table = (self.automaton((constraint.prefix,)).table if mode == _FREE_PREFIX
-                       else np.zeros((1, vocab), np.int32))
       bad = [t for seqs in sequences for s in seqs for t in s
              if not isinstance(t, constrained.FreeSpan) and not 0 <= t < vocab]
       # Free-span classes: [C, V] with C a power of two (>= 2), so batches with and without
@@ -304,7 +308,7 @@ class Sampler:
         self.model, self._place(tokens_bp), self._place(lengths_b), self._place(row_valid_b),
         rng, rep(np.float32(max(params.temperature, 1e-6))), rep(np.int32(params.top_k)),
         rep(np.float32(params.top_p)), rep(stop_table), np.bool_(bool(params.stop_strings)),
-        rep(trigger_table), *(by_row(getattr(tries, name)) for name in _TRIE_ARRAYS),
+        *(by_row(getattr(tries, name)) for name in _TRIE_ARRAYS),
         rep(free_masks),
         max_new_tokens=max_new, greedy=greedy, filtered=filtered, constraint_mode=mode,
         ignore_eos=params.ignore_eos)
@@ -346,7 +350,7 @@ class Sampler:
 
   # --------------------------------------------------------------------------- device side
   def _generate_device(self, model, tokens_bp, lengths_b, row_valid_b, rng, temperature, top_k,
-                       top_p, stop_table, use_stop, trigger_table, edge_parent_be, edge_token_be,
+                       top_p, stop_table, use_stop, edge_parent_be, edge_token_be,
                        edge_child_be, terminal_bn, has_children_bn, constrained_b, free_class_bn,
                        free_min_bn, free_max_bn, to_leaf_bn, free_masks_cv, *,
                        max_new_tokens, greedy, filtered, constraint_mode, ignore_eos):
@@ -413,7 +417,7 @@ class Sampler:
 
     def body(carry):
       (step, cache, prev_b, toks_bm, logp_bm, done_b, reason_b, num_b, stop_state_b, phase_b,
-       trigger_state_b, node_b, free_count_b) = carry
+       node_b, free_count_b) = carry
       slot = plen - 1 + step
       positions_b1 = (lengths_b - 1 + step)[:, None]
       mask_b1s = ((slot_s[None, :] <= slot) & (slot_s[None, :] >= pad_b[:, None]))[:, None, :]
@@ -427,12 +431,6 @@ class Sampler:
         in_trie_b = phase_b == _IN_TRIE
         allowed_bv, is_free_b = constraint_allowed(node_b, free_count_b, step)
         masked_bv = jnp.where(in_trie_b[:, None] & ~allowed_bv, -jnp.inf, masked_bv)
-        if constraint_mode == _FREE_PREFIX:
-          # Tokens that would finish the trigger and run past it are banned, so the trie
-          # always starts on a token boundary.
-          overshoot_bv = trigger_table[trigger_state_b] == constrained.MATCH_INSIDE
-          waiting_b = phase_b == _WAIT_TRIGGER
-          masked_bv = jnp.where(waiting_b[:, None] & overshoot_bv, -jnp.inf, masked_bv)
       token_b = choose(masked_bv, step)
       token_logp_b = jnp.take_along_axis(logp_all_bv, token_b[:, None], axis=1)[:, 0]
 
@@ -460,13 +458,6 @@ class Sampler:
         wrote_free_b = in_trie_b & is_free_b & ~took_edge_b
         node_b = jnp.where(took_edge_b, child_b, node_b)
         free_count_b = jnp.where(took_edge_b, 0, free_count_b + wrote_free_b.astype(jnp.int32))
-        if constraint_mode == _FREE_PREFIX:
-          next_trigger_b = trigger_table[trigger_state_b, token_b]
-          entered_b = (phase_b == _WAIT_TRIGGER) & (next_trigger_b == constrained.MATCH)
-          phase_b = jnp.where(entered_b, _IN_TRIE, phase_b)
-          node_b = jnp.where(entered_b, 0, node_b)
-          free_count_b = jnp.where(entered_b, 0, free_count_b)
-          trigger_state_b = jnp.maximum(next_trigger_b, 0)
 
       new_reason_b = jnp.select(
           [finished_constraint_b, is_eos_b, stop_hit_b, step + 1 >= max_new_tokens],
@@ -474,7 +465,7 @@ class Sampler:
       reason_b = jnp.where(live_b & (new_reason_b > 0), new_reason_b, reason_b)
       done_b = done_b | (new_reason_b > 0)
       return (step + 1, cache, token_b, toks_bm, logp_bm, done_b, reason_b, num_b, stop_state_b,
-              phase_b, trigger_state_b, node_b, free_count_b)
+              phase_b, node_b, free_count_b)
 
     def cond(carry):
       step, done_b = carry[0], carry[5]
@@ -483,14 +474,12 @@ class Sampler:
     zeros_b = jnp.zeros((batch,), jnp.int32)
     if constraint_mode == _WHOLE:
       phase_b = jnp.where(constrained_b, _IN_TRIE, _FREE)
-    elif constraint_mode == _FREE_PREFIX:
-      phase_b = jnp.where(constrained_b, _WAIT_TRIGGER, _FREE)
     else:
       phase_b = zeros_b
     carry = (jnp.int32(0), cache, tokens_bp[:, -1],
              jnp.full((batch, max_new_tokens), self.pad_id, jnp.int32),
              jnp.zeros((batch, max_new_tokens), jnp.float32), ~row_valid_b, zeros_b, zeros_b,
-             zeros_b, phase_b.astype(jnp.int32), zeros_b, zeros_b, zeros_b)
+             zeros_b, phase_b.astype(jnp.int32), zeros_b, zeros_b)
     carry = jax.lax.while_loop(cond, body, carry)
     return carry[3], carry[4], carry[7], carry[6]
 

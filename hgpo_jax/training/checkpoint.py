@@ -183,30 +183,27 @@ class Resume:
   """Outcome of `resume`: which source was used and, for checkpoints, what was read."""
 
   source: str
-  """'workdir', 'resume_path', 'init_weights' or 'scratch'."""
+  """'workdir', 'resume_path' or 'scratch'."""
   path: Optional[str] = None
-  """The checkpoint directory or weights path used (None for scratch)."""
+  """The checkpoint directory used (None for scratch)."""
   restored: Optional[Restored] = None
-  """The restored checkpoint for 'workdir' / 'resume_path'; None otherwise (the caller
-  builds the state from `path` weights or from scratch)."""
+  """The restored checkpoint for 'workdir' / 'resume_path'; None for scratch (the caller
+  keeps its freshly initialised state; other initial weights are `config.model.path`)."""
 
 
-RESUME_SOURCES = ("workdir", "resume_path", "init_weights", "scratch")
+RESUME_SOURCES = ("workdir", "resume_path", "scratch")
 
 
-def resume(checkpoint_dir: str, target: Any, *, resume_path: Optional[str] = None,
-           init_weights: Optional[str] = None) -> Resume:
+def resume(checkpoint_dir: str, target: Any, *, resume_path: Optional[str] = None) -> Resume:
   """Picks the resume source by precedence and restores checkpoints.
 
   Order: the run's own `checkpoint_dir` (an interrupted run continues) > `resume_path`
-  (another run's checkpoint directory: full state) > `init_weights` (a weights path or
-  preset the caller loads; fresh optimizer) > scratch.
+  (another run's checkpoint directory: full state) > scratch.
 
   Args:
     checkpoint_dir: this run's checkpoint directory (may not exist yet).
     target: abstract state with target shardings (see `abstract_state`).
     resume_path: optional checkpoint directory of another run.
-    init_weights: optional weights path / preset name, returned untouched.
 
   Raises:
     CheckpointError: `resume_path` was given but holds no readable checkpoint.
@@ -219,6 +216,4 @@ def resume(checkpoint_dir: str, target: Any, *, resume_path: Optional[str] = Non
       raise CheckpointError(f"resume path {resume_path} holds no checkpoint; fix the path or drop it (--config.checkpoint.resume_from=DIR).")
     with Checkpointer(resume_path, async_save=False, read_only=True) as ckpt:
       return Resume("resume_path", ckpt.directory, ckpt.restore(target))
-  if init_weights:
-    return Resume("init_weights", init_weights)
   return Resume("scratch")

@@ -55,24 +55,19 @@ class LossConfig:
   """Add kl_coef * KL(pi || pi_ref) (k3 estimator) to the loss."""
   kl_coef: float = 0.01
   """Weight of the KL loss."""
-  loss_agg_mode: str = "token-mean"
+  loss_agg: str = "token-mean"
   """How token losses are reduced to a scalar: one of LOSS_AGG_MODES."""
   norm_length: Optional[int] = None
   """Divisor of `seq-mean-token-sum-norm` (the max response length); None: the token
   axis length T of the batch, which is constant only if the bucket is."""
 
   def __post_init__(self):
-    if self.loss_agg_mode not in LOSS_AGG_MODES:
-      raise ValueError(f"loss_agg_mode={self.loss_agg_mode!r} is unknown; use one of {LOSS_AGG_MODES}.")
+    if self.loss_agg not in LOSS_AGG_MODES:
+      raise ValueError(f"loss_agg={self.loss_agg!r} is unknown; use one of {LOSS_AGG_MODES}.")
     if self.clip_ratio_c <= 1.0:
       raise ValueError(f"clip_ratio_c={self.clip_ratio_c} must be > 1 (dual clip caps the loss at -A*c).")
     if not (0.0 <= self.clip_ratio_low < 1.0 and self.clip_ratio_high >= 0.0):
       raise ValueError(f"clip ratios (low={self.clip_ratio_low}, high={self.clip_ratio_high}) must satisfy 0 <= low < 1, high >= 0.")
-
-
-def masked_sum(x_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
-  """sum(x * mask) with `where`, so NaN/inf at masked positions cannot leak in."""
-  return jnp.sum(jnp.where(mask_bt, x_bt, 0.0))
 
 
 def aggregate(x_bt: jax.Array, mask_bt: jax.Array, mode: str, norm_length: Optional[int] = None) -> jax.Array:
@@ -194,7 +189,7 @@ def actor_loss(
     (`pg_loss`, `entropy`, `kl` use the configured mode, as the loss does;
     `pg_clipfrac`, `pg_clipfrac_lower`, `approx_kl` are token means as in verl).
   """
-  mode, norm = config.loss_agg_mode, config.norm_length
+  mode, norm = config.loss_agg, config.norm_length
   tok_loss_bt, clipped_bt, dual_bt = ppo_clip_token_losses(
       logp_bt, old_logp_bt, adv_bt, config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_c)
   pg_loss = aggregate(tok_loss_bt, mask_bt, mode, norm)

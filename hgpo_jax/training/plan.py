@@ -237,7 +237,7 @@ def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optiona
   if update_config is None:
     from hgpo_jax import train as train_lib  # pylint: disable=import-outside-toplevel
     update_config = train_lib.update_config(config)
-  update_config = dataclasses.replace(update_config, micro_batch_size=shapes.micro_batch_rows)
+  update_config = dataclasses.replace(update_config, micro_batch_rows=shapes.micro_batch_rows)
   abstract_model = nnx.eval_shape(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)))
   learner = train_step.Learner(abstract_model, mesh, update_config)
   state = learner.abstract_state()
@@ -291,7 +291,7 @@ def persistent_bytes(config, mesh_shape, devices=None) -> int:
   abstract_model = nnx.eval_shape(lambda: decoder.Decoder(shapes.model, rngs=nnx.Rngs(0)))
   dp_rows = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
   learner = train_step.Learner(abstract_model, mesh, train_step.UpdateConfig(
-      mini_batch_size=dp_rows, micro_batch_size=dp_rows))
+      mini_batch_rows=dp_rows, micro_batch_rows=dp_rows))
   state = learner.abstract_state()
   return 2 * _sharded_bytes(state.params) + _sharded_bytes(state.opt_state)
 

@@ -52,7 +52,7 @@ from hgpo_jax.training import train_batch as train_batch_lib
 class UpdateConfig:
   """Optimizer, batching and loss options of the actor update (defaults: docs/algorithms.md §9)."""
 
-  learning_rate: float = 1e-6
+  lr: float = 1e-6
   """Peak (and, after warmup, constant) learning rate of AdamW."""
   warmup_steps: int = 0
   """Linear warmup from 0 over this many optimizer steps; 0: constant from the start."""
@@ -66,9 +66,9 @@ class UpdateConfig:
   """AdamW epsilon (torch default)."""
   grad_clip: float = 1.0
   """Global-norm gradient clipping threshold; a non-finite norm skips the step (verl)."""
-  mini_batch_size: int = 256
+  mini_batch_rows: int = 256
   """Rows per optimizer step (verl `ppo_mini_batch_size`, counted in step rows)."""
-  micro_batch_size: int = 16
+  micro_batch_rows: int = 16
   """Rows per forward/backward pass, global over the data-parallel devices."""
   ppo_epochs: int = 1
   """Passes over the iteration's rows."""
@@ -79,15 +79,17 @@ class UpdateConfig:
   the output layer is skipped on prompt positions. None: every column."""
 
   def __post_init__(self):
-    if self.mini_batch_size % self.micro_batch_size:
-      raise ValueError(f"mini_batch_size={self.mini_batch_size} must be a multiple of micro_batch_size={self.micro_batch_size}.")
-    if self.ppo_epochs < 1 or self.micro_batch_size < 1:
-      raise ValueError("ppo_epochs and micro_batch_size must be >= 1.")
+    if self.ppo_epochs < 1 or self.micro_batch_rows < 1:
+      raise ValueError(f"ppo_epochs={self.ppo_epochs} and micro_batch_rows={self.micro_batch_rows} must be >= 1.")
+    if self.mini_batch_rows % self.micro_batch_rows:
+      raise ValueError(f"mini_batch_rows={self.mini_batch_rows} must be a multiple of micro_batch_rows={self.micro_batch_rows}.")
+    if not self.lr > 0 or self.weight_decay < 0 or not self.grad_clip > 0:
+      raise ValueError(f"lr={self.lr} and grad_clip={self.grad_clip} must be > 0, weight_decay={self.weight_decay} >= 0.")
 
   @property
   def grad_accum_steps(self) -> int:
     """k: micro-batches per mini-batch."""
-    return self.mini_batch_size // self.micro_batch_size
+    return self.mini_batch_rows // self.micro_batch_rows
 
 
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
@@ -100,8 +102,8 @@ def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
 
 def learning_rate_schedule(config: UpdateConfig) -> optax.Schedule:
   if config.warmup_steps > 0:
-    return optax.warmup_constant_schedule(0.0, config.learning_rate, config.warmup_steps)
-  return optax.constant_schedule(config.learning_rate)
+    return optax.warmup_constant_schedule(0.0, config.lr, config.warmup_steps)
+  return optax.constant_schedule(config.lr)
 
 
 @flax.struct.dataclass
@@ -113,17 +115,15 @@ class TrainState:
   opt_state: Any
   """optax state of `make_optimizer`."""
   step: jax.Array
-  """int32[]: optimizer steps taken."""
-  rng: jax.Array
-  """Typed PRNG key; per-step keys are `fold_in(rng, step)` (never split in place)."""
+  """int32[]: optimizer steps taken. (The update is deterministic: no PRNG key is kept.)"""
 
   def to_checkpoint(self) -> dict:
     """The pytree that `checkpoint.Checkpointer` saves."""
-    return {"params": self.params, "opt_state": self.opt_state, "step": self.step, "rng": self.rng}
+    return {"params": self.params, "opt_state": self.opt_state, "step": self.step}
 
   @classmethod
   def from_checkpoint(cls, tree: dict) -> "TrainState":
-    return cls(params=tree["params"], opt_state=tree["opt_state"], step=tree["step"], rng=tree["rng"])
+    return cls(params=tree["params"], opt_state=tree["opt_state"], step=tree["step"])
 
 
 def _pure(tree: Any) -> Any:
@@ -192,11 +192,11 @@ class Learner:
     row_spec = sharding_lib.logical_to_spec(("batch",), mesh, self.rules)
     row_axes = () if row_spec[0] is None else ((row_spec[0],) if isinstance(row_spec[0], str) else tuple(row_spec[0]))
     self.data_parallel = int(np.prod([mesh.shape[a] for a in row_axes]))
-    if config.micro_batch_size % self.data_parallel:
-      raise ValueError(f"micro_batch_size={config.micro_batch_size} is not a multiple of the data-parallel size {self.data_parallel} (mesh {dict(mesh.shape)}); command line: --config.train.micro_batch_rows or --config.mesh.*.")
+    if config.micro_batch_rows % self.data_parallel:
+      raise ValueError(f"micro_batch_rows={config.micro_batch_rows} is not a multiple of the data-parallel size {self.data_parallel} (mesh {dict(mesh.shape)}); command line: --config.train.micro_batch_rows or --config.mesh.*.")
     self.row_sharding = NamedSharding(mesh, P(row_spec[0]))
     self._micro_sharding = NamedSharding(mesh, P(None, row_spec[0]))
-    self._abstract = jax.eval_shape(self._init, _pure(params_state), jax.random.key(0))
+    self._abstract = jax.eval_shape(self._init, _pure(params_state))
     self.state_sharding = self.state_shardings(self._abstract)
     # Fixed in/out shardings: the state an update returns has exactly the layout the
     # next call expects, so a second batch of the same bucket never recompiles.
@@ -209,17 +209,15 @@ class Learner:
     self._init_jit = jax.jit(self._init, out_shardings=self.state_sharding)
 
   # ---- state ------------------------------------------------------------------------
-  def _init(self, params, rng):
-    return TrainState(params=params, opt_state=self.tx.init(params),
-                      step=jnp.zeros((), jnp.int32), rng=rng)
+  def _init(self, params):
+    return TrainState(params=params, opt_state=self.tx.init(params), step=jnp.zeros((), jnp.int32))
 
   def state_shardings(self, abstract: TrainState) -> TrainState:
     """Shardings of every TrainState leaf: optimizer moments follow their params."""
     opt = optax.tree_map_params(
         self.tx, lambda _, s: s, abstract.opt_state, self.param_shardings,
         transform_non_params=lambda _: self.replicated)
-    return TrainState(params=self.param_shardings, opt_state=opt, step=self.replicated,
-                      rng=self.replicated)
+    return TrainState(params=self.param_shardings, opt_state=opt, step=self.replicated)
 
   def abstract_state(self, params: Optional[Any] = None) -> TrainState:
     """ShapeDtypeStructs of the state with target shardings (the checkpoint restore target).
@@ -228,20 +226,19 @@ class Learner:
       params: optional params (arrays or ShapeDtypeStructs) fixing shapes and dtypes;
         default: those of the model the Learner was built from.
     """
-    abstract = self._abstract if params is None else jax.eval_shape(self._init, _pure(params), jax.random.key(0))
+    abstract = self._abstract if params is None else jax.eval_shape(self._init, _pure(params))
     return checkpoint.abstract_state(abstract, self.state_sharding)
 
-  def init_state(self, params: Any, rng: jax.Array) -> TrainState:
+  def init_state(self, params: Any) -> TrainState:
     """A sharded TrainState from (host or device) params: eval_shape -> jit(out_shardings).
 
     Args:
       params: nnx.State of Params or its pure dict (e.g. `nnx.state(model, nnx.Param)`).
-      rng: typed PRNG key (`jax.random.key(seed)`).
     """
     # Single-device / host params go through the host, so jit places them straight into
     # their target shardings; already distributed arrays are resharded by jit itself.
     to_host = lambda x: np.asarray(x) if getattr(x, "is_fully_addressable", True) else x
-    return self._init_jit(jax.tree.map(to_host, _pure(params)), rng)
+    return self._init_jit(jax.tree.map(to_host, _pure(params)))
 
   def reference_params(self, state: TrainState) -> Any:
     """A frozen copy of the current params with the same shardings (call before updating)."""
@@ -260,9 +257,9 @@ class Learner:
 
   def _micro(self, batch: train_batch_lib.TrainBatch) -> train_batch_lib.TrainBatch:
     """[M, ...] -> [k, m, ...] contiguous micro-batches, each split over the data axes."""
-    m = self.config.micro_batch_size
+    m = self.config.micro_batch_rows
     if batch.num_rows % m:
-      raise ValueError(f"batch of {batch.num_rows} rows is not a multiple of micro_batch_size={m}.")
+      raise ValueError(f"batch of {batch.num_rows} rows is not a multiple of micro_batch_rows={m}.")
     k = batch.num_rows // m
     return jax.tree.map(
         lambda x: jax.lax.with_sharding_constraint(x.reshape(k, m, *x.shape[1:]), self._micro_sharding), batch)
@@ -328,7 +325,7 @@ class Learner:
 
 def _rows(batch: train_batch_lib.TrainBatch, size: int):
   if batch.num_rows % size:
-    raise ValueError(f"batch has {batch.num_rows} rows, not a multiple of mini_batch_size={size}; build it with row_multiple=mini_batch_size.")
+    raise ValueError(f"batch has {batch.num_rows} rows, not a multiple of mini_batch_rows={size}; build it with row_multiple=mini_batch_rows.")
   for start in range(0, batch.num_rows, size):
     yield train_batch_lib.slice_rows(batch, start, start + size)
 
@@ -340,7 +337,7 @@ def fill_logprobs(learner: Learner, params: Any, ref_params: Optional[Any],
   Runs mini-batch by mini-batch so every call has the compiled [mini_batch, L] shape.
   """
   old, ref = [], []
-  for chunk in _rows(batch, learner.config.mini_batch_size):
+  for chunk in _rows(batch, learner.config.mini_batch_rows):
     dev = learner.put_batch(chunk)
     old.append(_to_host(learner.compute_logprobs(params, dev)))
     if ref_params is not None:
@@ -360,16 +357,16 @@ def _to_host(x: jax.Array) -> np.ndarray:
 
 
 def train_iteration(learner: Learner, state: TrainState, batch: train_batch_lib.TrainBatch):
-  """ppo_epochs x (rows / mini_batch_size) updates over a filled host batch, in row order.
+  """ppo_epochs x (rows / mini_batch_rows) updates over a filled host batch, in row order.
 
   Returns:
     (state, metrics): metrics are the means over the optimizer steps, plus `num_updates`.
   """
   history = []
-  per_epoch = -(-batch.num_rows // learner.config.mini_batch_size)
+  per_epoch = -(-batch.num_rows // learner.config.mini_batch_rows)
   total = learner.config.ppo_epochs * per_epoch
   for _ in range(learner.config.ppo_epochs):
-    for chunk in _rows(batch, learner.config.mini_batch_size):
+    for chunk in _rows(batch, learner.config.mini_batch_rows):
       progress.phase(learner.PHASE, f"mini-batch {len(history) + 1}/{total}")
       state, metrics = learner.update(state, learner.put_batch(chunk))
       history.append(metrics)

@@ -127,7 +127,7 @@ def critic_targets(rows: Sequence[Any], columns: dict, est, opts, values_nlh: np
                                      invalid_penalty=invalid_penalty, capacity=capacity,
                                      extra_fields=fields)
   out = est(jax.device_put(grouped.batch), opts)
-  back = lambda x: grouped.to_input_order(np.asarray(x))
+  back = lambda x: grouped.rejoin(rows, np.asarray(x))  # by (traj, step), not position
   response_mask = fields["response_mask"]
   token_adv = back(out.token_advantage)
   loss_mask = back(out.loss_mask) & response_mask

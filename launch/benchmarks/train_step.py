@@ -50,9 +50,9 @@ def run_one(model_name: str, devices: int, steps: int) -> dict:
   shape = (1, 1, 1) if devices == 1 else s["mesh8"]
   mesh = sharding.make_mesh(*shape)
   model, _, cfg = loading.load_model(model_name, dtype=s["dtype"])
-  config = train_step.UpdateConfig(learning_rate=1e-6, mini_batch_size=s["rows"], micro_batch_size=s["micro"])
+  config = train_step.UpdateConfig(lr=1e-6, mini_batch_rows=s["rows"], micro_batch_rows=s["micro"])
   learner = train_step.Learner(model, mesh, config)
-  state = learner.init_state(nnx.state(model, nnx.Param), jax.random.key(0))
+  state = learner.init_state(nnx.state(model, nnx.Param))
   del model
   rng = np.random.default_rng(0)
   half = s["seq"] // 2

@@ -10,7 +10,7 @@ from flax import nnx
 import rollout_fakes
 from env_servers.webshop.env import WebShopEnv
 from hgpo_jax.models import config, decoder, tokenizer
-from hgpo_jax.rollout import projection, rollout
+from hgpo_jax.rollout import rollout
 from hgpo_jax.rollout.tasks import Task
 from hgpo_jax.sampling import sampler
 
@@ -24,7 +24,7 @@ def _collect(model, tok, pool, *, max_steps, query_tokens, seed=0):
   return rollout.collect(pool, smp, tok, tasks, 2, env_name="webshop", max_steps=max_steps,
                          history_length=2, sampling=params, rng=jax.random.key(seed),
                          max_prompt_tokens=2048, constrained=True,
-                         fallback_chars=projection.WEBSHOP_FALLBACK_CHARS,
+                         fallback_chars=20,  # configs/webshop.py rollout.fallback_chars
                          free_query_tokens=query_tokens)
 
 

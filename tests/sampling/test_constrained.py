@@ -88,11 +88,8 @@ def test_build_tries_packs_exact_sequences():
   assert tries.has_children[0, 0] and tries.has_children[0].sum() == 3
 
 
-def test_constrained_token_sequences_free_prefix_drops_prefix_tokens():
+def test_constrained_token_sequences_tokenize_the_whole_response_as_one_string():
   vocab = {"<action>": [10], "<action>go</action>": [10, 20, 30], "go</action>": [20, 30]}
   enc = lambda s: vocab[s]
   whole = constrained.constrained_token_sequences(["go"], constrained.ActionConstraint(), enc)
   assert whole == [[10, 20, 30]]
-  free = constrained.constrained_token_sequences(
-      ["go"], constrained.ActionConstraint(free_prefix=True), enc)
-  assert free == [[20, 30]]

@@ -52,9 +52,6 @@ def test_token_sequences_with_free_spans():
   whole = constrained.ActionConstraint()
   assert constrained.constrained_token_sequences([("search[", SPAN, "]"), "look"], whole, enc) == [
       [10, 11, SPAN, 12, 13], [10, 14, 13]]
-  free_prefix = constrained.ActionConstraint(free_prefix=True)
-  assert constrained.constrained_token_sequences([("search[", SPAN, "]")], free_prefix, enc) == [
-      [11, SPAN, 12, 13]]
 
 
 @pytest.mark.parametrize("entry,match", [

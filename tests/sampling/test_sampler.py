@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from hgpo_jax.models import config, decoder, sharding, tokenizer
-from hgpo_jax.sampling import constrained, sampler
+from hgpo_jax.sampling import sampler
 
 PROMPTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
            "<|im_start|>user\nput a clean apple in the fridge<|im_end|>\n<|im_start|>assistant\n"]
@@ -238,22 +238,6 @@ def test_constrained_logprobs_are_raw_model_logprobs(smp, model, prompts):
   want = _teacher_forced_logprobs(model, prompts, out.tokens)
   for got, ref in zip(out.logprobs, want):
     np.testing.assert_allclose(got, ref, atol=1e-4)
-
-
-def test_constrained_free_prefix_starts_after_trigger(tok, prompts):
-  # The scripted model writes free text, then "<action>", then tries to write garbage:
-  # after the trigger only the trie's tokens are allowed.
-  script = ["<think>ok</think><action>zzz qqq", "no trigger here at all", "<action>zzz"]
-  smp = _scripted_sampler(tok, script, prompts)
-  allowed = [["go to cabinet 1", "look"], ["look"], ["open fridge 1"]]
-  constraint = constrained.ActionConstraint(free_prefix=True)
-  for seed in range(3):
-    out = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=30),
-                       jax.random.key(seed), allowed=allowed, constraint=constraint)
-    assert out.texts[0] in {"<think>ok</think><action>go to cabinet 1</action>",
-                            "<think>ok</think><action>look</action>"}
-    assert out.stop_reason == ["constraint", "length", "constraint"]
-    assert out.texts[2] == "<action>open fridge 1</action>"
 
 
 def test_no_recompilation_within_a_bucket(model, tok, prompts):

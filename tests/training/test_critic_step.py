@@ -210,11 +210,11 @@ def _value_batch(rows=32, heads=1, seed=0):
 
 
 def _critic_learner(mesh, heads=1, **kw):
-  cfg = train_step.UpdateConfig(**{"learning_rate": 1e-3, "mini_batch_size": 32, "micro_batch_size": 8, **kw})
+  cfg = train_step.UpdateConfig(**{"lr": 1e-3, "mini_batch_rows": 32, "micro_batch_rows": 8, **kw})
   policy = decoder.Decoder(TINY, rngs=nnx.Rngs(0))
   learner = critic_step.CriticLearner(critic.abstract_critic(TINY, heads), mesh, cfg)
   params = critic.params_from_policy(nnx.state(policy, nnx.Param), TINY, heads, seed=0)
-  return learner, learner.init_state(params, jax.random.key(0))
+  return learner, learner.init_state(params)
 
 
 def _mesh(data=1, fsdp=1, tensor=1):
@@ -222,7 +222,7 @@ def _mesh(data=1, fsdp=1, tensor=1):
 
 
 def test_update_lowers_the_value_loss_and_values_match_the_model():
-  learner, state = _critic_learner(_mesh(), heads=3, learning_rate=1e-2)
+  learner, state = _critic_learner(_mesh(), heads=3, lr=1e-2)
   batch = _value_batch(heads=3)
   v0 = critic_step.compute_values(learner, state.params, batch)
   model = nnx.merge(learner.graphdef, state.params)
@@ -249,7 +249,7 @@ def test_sharded_critic_step_equals_single_device(shape):
   batch = _value_batch(heads=3, seed=3)
   updates, metrics = {}, {}
   for name, mesh in (("single", _mesh()), ("sharded", _mesh(*shape))):
-    learner, state = _critic_learner(mesh, heads=3, eps=1.0, learning_rate=0.1)
+    learner, state = _critic_learner(mesh, heads=3, eps=1.0, lr=0.1)
     p0 = jax.device_get(state.params)
     state, metrics[name] = learner.update(state, learner.put_batch(batch))
     if name == "sharded" and shape == (2, 2, 2):

@@ -95,7 +95,7 @@ def test_actor_loss_combines_terms_and_grads_are_finite():
 
 
 def test_loss_config_rejects_bad_values():
-  with pytest.raises(ValueError, match="loss_agg_mode"):
-    losses.LossConfig(loss_agg_mode="token-sum")
+  with pytest.raises(ValueError, match="loss_agg"):
+    losses.LossConfig(loss_agg="token-sum")
   with pytest.raises(ValueError, match="clip_ratio_c"):
     losses.LossConfig(clip_ratio_c=1.0)

@@ -40,7 +40,7 @@ def _host_batch(rows=16, seed=0, row_multiple=16, per_token=False):
 
 
 def _config(**kw):
-  base = dict(learning_rate=1e-3, mini_batch_size=16, micro_batch_size=8)
+  base = dict(lr=1e-3, mini_batch_rows=16, micro_batch_rows=8)
   base.update(kw)
   return train_step.UpdateConfig(**base)
 
@@ -95,14 +95,14 @@ def test_grad_accumulation_semantics(mode):
   seq-mean-token-sum with equally sized micro-batches it equals the one-big-batch result.
   """
   mesh = _mesh()
-  loss_cfg = losses.LossConfig(loss_agg_mode=mode)
+  loss_cfg = losses.LossConfig(loss_agg=mode)
   # eps=1 makes Adam's first step ~ lr * g (not ~ lr * sign(g)), so params see gradient scale.
-  cfg_k2 = _config(loss=loss_cfg, eps=1.0, learning_rate=0.1)
-  cfg_k1 = _config(loss=loss_cfg, eps=1.0, learning_rate=0.1, micro_batch_size=16)
+  cfg_k2 = _config(loss=loss_cfg, eps=1.0, lr=0.1)
+  cfg_k1 = _config(loss=loss_cfg, eps=1.0, lr=0.1, micro_batch_rows=16)
   model = _model()
   params0 = nnx.state(model, nnx.Param)
   learner = train_step.Learner(model, mesh, cfg_k2)
-  state = learner.init_state(params0, jax.random.key(0))
+  state = learner.init_state(params0)
   host = train_step.fill_logprobs(learner, state.params, state.params, _host_batch(16, seed=3, per_token=True))
   # Perturb old log-probs so ratios differ from 1 and clipping is exercised.
   host = host.replace(old_logprobs=host.old_logprobs + 0.3 * np.sign(host.advantages) * host.response_mask)
@@ -116,7 +116,7 @@ def test_grad_accumulation_semantics(mode):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), jax.device_get(new_k2.params), ref)
 
   learner1 = train_step.Learner(_model(), mesh, cfg_k1)
-  new_k1, _ = learner1.update(learner1.init_state(params0, jax.random.key(0)), learner1.put_batch(host))
+  new_k1, _ = learner1.update(learner1.init_state(params0), learner1.put_batch(host))
   diff = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(jax.device_get(new_k1.params)), jax.tree.leaves(ref)))
   if mode == "seq-mean-token-sum":
     assert diff < 1e-7
@@ -127,7 +127,7 @@ def test_grad_accumulation_semantics(mode):
 def _run(mesh, cfg, steps_batches):
   model = _model()
   learner = train_step.Learner(model, mesh, cfg)
-  state = learner.init_state(nnx.state(model, nnx.Param), jax.random.key(0))
+  state = learner.init_state(nnx.state(model, nnx.Param))
   ref = learner.reference_params(state)
   initial = jax.device_get(state.params)
   for host in steps_batches:
@@ -167,13 +167,13 @@ def _norm(tree) -> float:
 #      all-reduce) moves them by O(1) of that distance, round-off by < 1e-3 of it.
 @pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2)])
 def test_sharded_one_step_equals_single_device(shape):
-  cfg = _config(eps=1.0, learning_rate=0.1, mini_batch_size=32)
+  cfg = _config(eps=1.0, lr=0.1, mini_batch_rows=32)
   host = _host_batch(32, seed=1, row_multiple=16)
   updates, metrics = {}, {}
   for name, mesh in (("single", _mesh()), ("sharded", _mesh(*shape))):
     model = _model()
     learner = train_step.Learner(model, mesh, cfg)
-    state = learner.init_state(nnx.state(model, nnx.Param), jax.random.key(0))
+    state = learner.init_state(nnx.state(model, nnx.Param))
     p0 = jax.device_get(state.params)
     filled = train_step.fill_logprobs(learner, state.params, learner.reference_params(state), host)
     state, metrics[name] = learner.update(state, learner.put_batch(filled))
@@ -201,7 +201,7 @@ def test_sharded_update_equals_single_device(single_device_run, shape):
   assert distance <= 1e-3 * travelled
   # Per coordinate Adam's step is at most ~lr, so no coordinate may differ by more than a
   # small part of the total step budget lr x steps.
-  assert _max_abs(jax.device_get(state.params), params1) <= 0.05 * cfg.learning_rate * 8
+  assert _max_abs(jax.device_get(state.params), params1) <= 0.05 * cfg.lr * 8
   # The metrics are means over the last mini-batch, computed from parameters that differ
   # by the round-off above: they agree to a relative 1e-4.
   for k in ("loss", "kl", "grad_norm"):
@@ -214,7 +214,7 @@ def test_donation_and_no_recompilation():
   cfg = _config()
   model = _model()
   learner = train_step.Learner(model, mesh, cfg)
-  state = learner.init_state(nnx.state(model, nnx.Param), jax.random.key(0))
+  state = learner.init_state(nnx.state(model, nnx.Param))
   b1 = learner.put_batch(_host_batch(16, seed=5))
   old_leaf = state.params["embed"]
   state, _ = learner.update(state, b1)
@@ -227,10 +227,10 @@ def test_donation_and_no_recompilation():
 
 def test_updates_raise_logprob_of_positive_advantage_tokens():
   mesh = _mesh()
-  cfg = _config(learning_rate=1e-2, loss=losses.LossConfig(use_kl_loss=False, entropy_coeff=0.0))
+  cfg = _config(lr=1e-2, loss=losses.LossConfig(use_kl_loss=False, entropy_coeff=0.0))
   model = _model()
   learner = train_step.Learner(model, mesh, cfg)
-  state = learner.init_state(nnx.state(model, nnx.Param), jax.random.key(0))
+  state = learner.init_state(nnx.state(model, nnx.Param))
   host = _host_batch(16, seed=7)
   host = host.replace(advantages=np.where(host.response_mask, 1.0, 0.0).astype(np.float32))
   before = train_step.fill_logprobs(learner, state.params, None, host).old_logprobs
@@ -243,10 +243,10 @@ def test_updates_raise_logprob_of_positive_advantage_tokens():
 
 
 def test_config_errors():
-  with pytest.raises(ValueError, match="multiple of micro_batch_size"):
-    train_step.UpdateConfig(mini_batch_size=10, micro_batch_size=4)
+  with pytest.raises(ValueError, match="multiple of micro_batch_rows"):
+    train_step.UpdateConfig(mini_batch_rows=10, micro_batch_rows=4)
   with pytest.raises(ValueError, match="data-parallel size 8"):
-    train_step.Learner(_model(), _mesh(8), _config(micro_batch_size=4, mini_batch_size=16))
+    train_step.Learner(_model(), _mesh(8), _config(micro_batch_rows=4, mini_batch_rows=16))
 
 
 def test_padding_rows_do_not_change_the_update():
@@ -259,8 +259,8 @@ def test_padding_rows_do_not_change_the_update():
   assert host16.num_rows == 16 and not host16.response_mask[8:].any()
   out = []
   for host, mini in ((host8, 8), (host16, 16)):
-    learner = train_step.Learner(model, mesh, _config(mini_batch_size=mini, micro_batch_size=4))
-    state = learner.init_state(params0, jax.random.key(0))
+    learner = train_step.Learner(model, mesh, _config(mini_batch_rows=mini, micro_batch_rows=4))
+    state = learner.init_state(params0)
     filled = train_step.fill_logprobs(learner, state.params, state.params, host)
     state, metrics = learner.update(state, learner.put_batch(filled))
     out.append((jax.device_get(state.params), metrics))

@@ -30,8 +30,8 @@ def main(out, num_processes, process_id, port, local_devices):
   cfg = model_config.get_preset("tiny").replace(num_layers=1, vocab_size=64, mlp_dim=64)
   model = decoder.Decoder(cfg, rngs=nnx.Rngs(0))
   mesh = sharding.make_mesh(data=4, fsdp=2, tensor=1)
-  learner = train_step.Learner(model, mesh, train_step.UpdateConfig(learning_rate=1e-3, mini_batch_size=16, micro_batch_size=8))
-  state = learner.init_state(nnx.state(model, nnx.Param), jax.random.key(0))
+  learner = train_step.Learner(model, mesh, train_step.UpdateConfig(lr=1e-3, mini_batch_rows=16, micro_batch_rows=8))
+  state = learner.init_state(nnx.state(model, nnx.Param))
   ref = learner.reference_params(state)
   rng = np.random.default_rng(0)
   prompts = [rng.integers(1, 64, rng.integers(1, 7)).tolist() for _ in range(16)]

@@ -1,0 +1,72 @@
+"""`config.rollout` as a typed value: `RolloutParams`, built and validated once by the trainer.
+
+The field names are the config's (`RolloutParams(**config.rollout.to_dict())`), so a field
+added to the config without a field here, or the reverse, fails at the first validation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hgpo_jax.sampling import sampler as sampler_lib
+
+RESPONSE_FORMATS = ("react", "hiper")
+"""`react`: verl-agent's `<think>`/`<action>` response; `hiper`: HiPER's
+`<switch>`/`<subgoal>`/`<action>` blocks (`hgpo_jax.rollout.hiper`)."""
+STOP_STRINGS = ("</action>",)
+"""Both response formats end with the action block."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutParams:
+  """How trajectories are played and sampled (the fields of `config.rollout`)."""
+
+  num_groups: int = 16
+  """G tasks per iteration (per process)."""
+  group_size: int = 8
+  """N trajectories per task, same env seed."""
+  history_length: int = 2
+  """Memory window H: earlier (observation, action) pairs shown in the prompt."""
+  temperature: float = 1.0
+  """Sampling temperature of training rollouts (evaluation has its own)."""
+  top_p: float = 1.0
+  """Nucleus sampling (1.0 = off)."""
+  top_k: int = 0
+  """Top-k sampling (0 = off)."""
+  max_new_tokens: int = 512
+  """Most tokens per response."""
+  max_prompt_tokens: int = 2048
+  """Longest prompt; longer prompts are truncated on the left."""
+  constrained: bool = False
+  """Constrained decoding: the response must pick an admissible action."""
+  invalid_penalty: float = 0.1
+  """eta: subtracted from the reward of a step whose action was invalid."""
+  fallback_chars: int = 30
+  """Projection fallback: a response without an action block is read as its last N chars."""
+  dump: bool = False
+  """Write every rollout as JSONL (`python -m hgpo_jax.advantages` format)."""
+  response_format: str = "react"
+  """One of RESPONSE_FORMATS."""
+  free_query_tokens: int = 8
+  """Cap of a constrained free WebShop search query (`search[<your query>]`), in tokens."""
+  subgoal_tokens: int = 12
+  """Cap of a constrained free HiPER subgoal, in tokens."""
+
+  def __post_init__(self):
+    for name in ("num_groups", "group_size", "max_new_tokens", "max_prompt_tokens",
+                 "free_query_tokens", "subgoal_tokens"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    for name in ("history_length", "fallback_chars"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+    if self.response_format not in RESPONSE_FORMATS:
+      raise ValueError(f"response_format={self.response_format!r}; use one of "
+                       f"{RESPONSE_FORMATS}")
+    self.sampling()  # validates temperature, top_p and top_k
+
+  def sampling(self, temperature: float | None = None) -> sampler_lib.SamplingParams:
+    """The sampler's parameters at the rollout temperature, or at `temperature` (evaluation)."""
+    return sampler_lib.SamplingParams(
+        temperature=self.temperature if temperature is None else temperature, top_p=self.top_p,
+        top_k=self.top_k, max_new_tokens=self.max_new_tokens, stop_strings=STOP_STRINGS)

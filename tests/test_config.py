@@ -1,0 +1,210 @@
+"""The config -> typed dataclasses step (`train.validate`) and the config helpers.
+
+`validate` builds the update, loss, critic and rollout dataclasses once, with the config's
+field names; these tests pin that the values arrive unchanged, that bad values fail with
+one line naming the config key, that the options helper rejects unknown options, and that
+HGPO's depth K and the memory window H cannot be split by an override.
+"""
+
+import dataclasses
+
+import pytest
+from ml_collections.config_flags import config_path
+
+from configs import alfworld as alfworld_config
+from configs import common
+from configs import sokoban as sokoban_config
+from configs import webshop as webshop_config
+from hgpo_jax import train
+from hgpo_jax.advantages import registry
+from hgpo_jax.rollout import params as rollout_params
+from hgpo_jax.training import checkpoint
+from hgpo_jax.training import losses
+from hgpo_jax.training import train_step
+
+
+def _override(c, key, value):
+  """What `--config.<key>=<value>` does to a loaded config."""
+  config_path.set_value(key, c, value)
+  return c
+
+
+# ------------------------------------------------------------------ estimator options
+def test_estimator_options_rejects_unknown_overrides_naming_the_valid_ones():
+  with pytest.raises(ValueError, match=r"^estimator 'grpo' has no option k; its options: "
+                                       r"ddof, epsilon, norm, stats$"):
+    common.estimator_options("grpo", k=2)
+  with pytest.raises(ValueError, match="has no option temprature, zz"):
+    common.estimator_options("hgpo", zz=1, temprature=3.0, k=2)
+  opts = common.estimator_options("hgpo", k=4, alpha=0.5)
+  defaults = registry.get("hgpo").options_cls()
+  assert opts.to_dict() == {**dataclasses.asdict(defaults), "k": 4, "alpha": 0.5}
+
+
+def test_family_options_pass_each_setting_only_to_estimators_that_have_it():
+  got = {name: common.family_options(name, k=3, norm="mean").to_dict()
+         for name in ("grpo", "rloo", "gigpo", "hgpo", "gae")}
+  assert (got["hgpo"]["k"], got["hgpo"]["norm"]) == (3, "mean")
+  assert got["grpo"]["norm"] == got["gigpo"]["norm"] == "mean"
+  assert "k" not in got["gigpo"] and got["rloo"] == {"stats": "rows"}
+  assert got["gae"] == dataclasses.asdict(registry.get("gae").options_cls())
+
+
+# ------------------------------------------------------------------ K = H
+@pytest.mark.parametrize("module,arg", [(alfworld_config, "algo=hgpo,k=2"),
+                                        (webshop_config, "algo=hgpo,k=4"),
+                                        (sokoban_config, "algo=hgpo,k=2")])
+def test_history_length_and_hgpo_depth_move_together(module, arg):
+  c = module.get_config(arg)
+  assert c.algo.options.k == c.rollout.history_length
+  _override(c, "rollout.history_length", 3)
+  assert (c.algo.options.k, c.rollout.history_length) == (3, 3)
+  _override(c, "algo.options.k", 1)
+  assert (c.algo.options.k, c.rollout.history_length) == (1, 1)
+  run = train.validate(c)
+  assert run.options.k == run.rollout.history_length == 1
+  assert c.to_dict()["rollout"]["history_length"] == 1  # saved configs hold plain values
+
+
+def test_hand_built_split_of_k_and_history_length_is_rejected():
+  c = sokoban_config.get_config("algo=hgpo,k=2,smoke")
+  with c.unlocked():
+    c.algo.options = common.estimator_options("hgpo", k=4)  # no shared reference
+  with pytest.raises(train.ConfigError, match=r"^config.algo.options.k=4 differs from "
+                                              r"config.rollout.history_length=2; .* k=4$"):
+    train.validate(c)
+
+
+def test_history_length_of_estimators_without_depth_is_free():
+  c = alfworld_config.get_config("algo=gigpo,k=2")
+  _override(c, "rollout.history_length", 0)
+  assert train.validate(c).rollout.history_length == 0
+
+
+# ------------------------------------------------------------------ typed configs
+def test_validate_builds_the_dataclasses_with_the_configs_values():
+  c = alfworld_config.get_config("algo=ppo,k=2")
+  run = train.validate(c)
+  t, r = c.train, c.rollout
+  # Every train key but the iteration count is a field of UpdateConfig or LossConfig.
+  update_fields = {f.name for f in dataclasses.fields(train_step.UpdateConfig)}
+  loss_fields = {f.name for f in dataclasses.fields(losses.LossConfig)}
+  assert set(t.keys()) - update_fields - loss_fields == {"num_iterations"}
+  for key in set(t.keys()) & update_fields:
+    assert getattr(run.update, key) == t[key], key
+  for key in set(t.keys()) & loss_fields:
+    assert getattr(run.update.loss, key) == t[key], key
+  assert run.update.scored_tail == r.max_new_tokens
+  # The critic: its own optimizer settings, the actor's batching.
+  assert (run.critic_update.lr, run.critic_update.weight_decay, run.critic_update.grad_clip) == (
+      c.critic.lr, c.critic.weight_decay, c.critic.grad_clip) == (1e-5, 0.01, 1.0)
+  assert (run.critic_update.mini_batch_rows, run.critic_update.micro_batch_rows) == (128, 16)
+  assert (run.value_loss.cliprange_value, run.value_loss.loss_scale) == (0.5, 0.5)
+  # config.rollout and RolloutParams have the same keys and values.
+  assert dataclasses.asdict(run.rollout) == r.to_dict()
+  assert (run.sampling.temperature, run.eval_sampling.temperature) == (1.0, 0.4)
+  for s in (run.sampling, run.eval_sampling):
+    assert (s.top_p, s.top_k, s.max_new_tokens, s.stop_strings) == (
+        r.top_p, r.top_k, r.max_new_tokens, ("</action>",))
+  assert train.validate(sokoban_config.get_config("algo=rloo")).critic_update is None
+
+
+def test_validate_consults_the_registry_once(monkeypatch):
+  c = sokoban_config.get_config("algo=hgpo,k=2,smoke")
+  calls = []
+  real_get = registry.get
+  monkeypatch.setattr(registry, "get", lambda name: calls.append(name) or real_get(name))
+  train.validate(c)
+  assert calls == ["hgpo"]
+
+
+def test_training_consults_the_registry_once_before_loading_the_model(monkeypatch, tmp_path):
+  c = sokoban_config.get_config("algo=hgpo,k=2,smoke")
+  with c.unlocked():
+    c.mesh.data = 1
+  calls = []
+  real_get = registry.get
+  monkeypatch.setattr(registry, "get", lambda name: calls.append(name) or real_get(name))
+
+  class Stop(Exception):
+    pass
+
+  def stop(*args, **kwargs):
+    raise Stop
+
+  monkeypatch.setattr(train.loading, "load_model", stop)
+  with pytest.raises(Stop):
+    train.train_and_evaluate(c, str(tmp_path))
+  assert calls == ["hgpo"]
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("train.ppo_epochs", 0, r"^config.train: ppo_epochs=0 and micro_batch_rows=4 must be >= 1\.$"),
+    ("train.lr", 0.0, r"^config.train: lr=0.0 and grad_clip=1.0 must be > 0"),
+    ("train.clip_ratio_c", 1.0, r"^config.train: clip_ratio_c=1.0 must be > 1"),
+    ("rollout.subgoal_tokens", 0, r"^config.rollout: subgoal_tokens must be >= 1, got 0$"),
+    ("rollout.free_query_tokens", -1, r"^config.rollout: free_query_tokens must be >= 1, got -1$"),
+    ("rollout.history_length", -1, r"^config.rollout: history_length must be >= 0, got -1$"),
+    ("rollout.response_format", "json", r"^config.rollout: response_format='json'; use one of"),
+    ("rollout.top_p", 0.0, r"^config.rollout: SamplingParams.top_p=0.0 must be in \(0, 1\]"),
+    ("eval.temperature", -1.0, r"^config.eval.temperature: SamplingParams.temperature=-1.0 "),
+])
+def test_bad_values_fail_with_one_line_naming_the_config_key(key, value, match):
+  c = sokoban_config.get_config("algo=grpo,smoke")
+  _override(c, key, value)
+  with pytest.raises(train.ConfigError, match=match) as e:
+    train.validate(c)
+  assert "\n" not in str(e.value)
+
+
+def test_bad_critic_values_name_the_critic_section():
+  c = alfworld_config.get_config("algo=ppo,k=2,smoke")
+  _override(c, "critic.lr", -1.0)
+  with pytest.raises(train.ConfigError, match=r"^config.critic: lr=-1.0 and grad_clip=1.0"):
+    train.validate(c)
+  _override(c, "critic.lr", 1e-5)
+  _override(c, "critic.cliprange_value", 0.0)
+  with pytest.raises(train.ConfigError, match=r"^config.critic: cliprange_value=0.0 must be > 0"):
+    train.validate(c)
+
+
+def test_rollout_params_fields_are_the_config_rollout_keys():
+  names = [f.name for f in dataclasses.fields(rollout_params.RolloutParams)]
+  assert sorted(names) == sorted(common.base_config().rollout.keys())
+  defaults = rollout_params.RolloutParams()
+  assert dataclasses.asdict(defaults) == common.base_config().rollout.to_dict()
+
+
+def test_training_and_evaluation_rollouts_pass_every_rollout_setting(monkeypatch):
+  """Both call sites go through `train.collect`, which hands collect() the config's values
+  (including the free-span caps, which used to be collect()'s hard-coded defaults)."""
+  seen = {}
+  monkeypatch.setattr(train.rollout_lib, "collect",
+                      lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs) or "rollout")
+  c = webshop_config.get_config("algo=grpo,smoke")
+  for key, value in (("rollout.free_query_tokens", 5), ("rollout.subgoal_tokens", 7),
+                     ("rollout.history_length", 3), ("rollout.fallback_chars", 11)):
+    _override(c, key, value)
+  run = train.validate(c)
+  on_step = lambda t, T, n: None
+  out = train.collect("pool", "sampler", "tok", ["task"], 2, c, run, sampling=run.eval_sampling,
+                      rng="rng", on_step=on_step)
+  assert out == "rollout"
+  assert seen["args"] == ("pool", "sampler", "tok", ["task"], 2)
+  assert seen["kwargs"] == dict(
+      env_name="webshop", max_steps=c.env.max_steps, history_length=3,
+      sampling=run.eval_sampling, rng="rng", max_prompt_tokens=c.rollout.max_prompt_tokens,
+      constrained=True, fallback_chars=11, response_format="react", free_query_tokens=5,
+      subgoal_tokens=7, on_step=on_step)
+
+
+# ------------------------------------------------------------------ removed options
+def test_init_weights_is_gone_and_an_override_fails_before_any_work():
+  """`checkpoint.init_weights` never ran (the trainer raised NotImplementedError after
+  loading the model); initial weights come from `model.path`, a run's state from
+  `checkpoint.resume_from`."""
+  c = sokoban_config.get_config("algo=grpo,smoke")
+  assert "init_weights" not in c.checkpoint
+  with pytest.raises(KeyError, match="init_weights"):
+    _override(c, "checkpoint.init_weights", "/some/run")
+  assert checkpoint.RESUME_SOURCES == ("workdir", "resume_path", "scratch")

@@ -1,0 +1,133 @@
+"""The real trainer in two JAX processes x 4 CPU devices == one process x 8 devices.
+
+Each process starts its own Sokoban env server and plays one of the two groups
+(docs/scaling.md "Several processes"); both runs use the same 2x2x2 mesh and greedy
+rollouts. Sampling at temperature > 0 cannot be compared: the sampler keys a row by
+its position in the step's batch, and a process's batch holds only its own slots.
+"""
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from hgpo_jax.training import metrics as metrics_lib
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_trainer_worker.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIMEOUT_S = 1200  # per run: 1.5-2 min each on a lightly loaded 2-core machine, 10+ when busy
+
+
+def _worker_config():
+  spec = importlib.util.spec_from_file_location("multiprocess_trainer_worker", WORKER)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.config()
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env():
+  env = dict(os.environ)
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  # The worker sets its own device count; other flags (e.g. eigen threading) carry over.
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                              if "xla_force_host_platform_device_count" not in f)
+  return env
+
+
+def _run(workdir: str, num_processes: int, local_devices: int, logdir) -> None:
+  """Runs the worker in `num_processes` processes; kills every process group it started
+  (workers and their env servers) on failure or timeout."""
+  port = _free_port() if num_processes > 1 else 0
+  procs, logs = [], []
+  try:
+    for i in range(num_processes):
+      log = open(logdir / f"worker_{num_processes}_{i}.log", "w+", encoding="utf-8")
+      logs.append(log)
+      procs.append(subprocess.Popen(
+          [sys.executable, WORKER, workdir, str(num_processes), str(i), str(port), str(local_devices)],
+          env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    deadline = time.monotonic() + TIMEOUT_S
+    while any(p.poll() is None for p in procs):
+      if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+        break
+      time.sleep(1)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+  for i, (p, log) in enumerate(zip(procs, logs)):
+    log.seek(0)
+    tail = log.read()[-3000:]
+    log.close()
+    assert p.returncode == 0, f"process {i}/{num_processes} (rc {p.returncode}):\n{tail}"
+
+
+def _final_state(workdir: str) -> dict[str, np.ndarray]:
+  """The last checkpoint's TrainState leaves as numpy, keyed by tree path."""
+  path = os.path.join(workdir, "checkpoints", "2", "state")
+  ckptr = ocp.PyTreeCheckpointer()
+  tree = ckptr.metadata(path).tree
+  args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  restored = ckptr.restore(path, restore_args=args)
+  return {jax.tree_util.keystr(k): np.asarray(v)
+          for k, v in jax.tree_util.tree_flatten_with_path(restored)[0]}
+
+
+@pytest.mark.slow
+def test_two_process_trainer_equals_one_process(tmp_path):
+  two, one = str(tmp_path / "two"), str(tmp_path / "one")
+  _run(two, 2, 4, tmp_path)
+  _run(one, 1, 8, tmp_path)
+
+  a = metrics_lib.read_jsonl(os.path.join(one, metrics_lib.JSONL_NAME))
+  b = metrics_lib.read_jsonl(os.path.join(two, metrics_lib.JSONL_NAME))
+  assert [l["step"] for l in a] == [l["step"] for l in b] == [1, 2]  # process 0 wrote once
+  for x, y in zip(a, b):
+    assert sorted(x) == sorted(y)
+    assert x["rollout/num_rows"] >= 4 and "groups/level0_mean_size" in x  # 4 trajectories
+    for key in x:
+      if key.startswith(("time/", "perf/")) and key.endswith(("_s", "_flop_per_s", "_mfu")):
+        continue  # wall-clock times and rates
+      if key.startswith("train/"):
+        # Cross-process gloo all-reduces sum in another order than one process: rounding
+        # of ~1e-7 relative per gradient/log-prob, amplified only in near-cancelling
+        # differences (kl ~1e-4 = a difference of log-probs) -- the tolerance of
+        # tests/test_train.py::test_sharded_equals_unsharded.
+        assert y[key] == pytest.approx(x[key], rel=1e-3, abs=1e-5), key
+      else:  # rollout/, groups/, advantage/, env/, FLOP counts: the same host computation
+        assert y[key] == x[key], key
+
+  # All rows of both processes, renumbered to global groups/slots, in one process's order.
+  for name in ("iter_000000.jsonl", "iter_000001.jsonl"):
+    with open(os.path.join(one, "rollouts", name)) as f1, open(os.path.join(two, "rollouts", name)) as f2:
+      r1, r2 = [json.loads(l) for l in f1], [json.loads(l) for l in f2]
+    assert r1 == r2 and {r["group"] for r in r1} == {0, 1}
+
+  # Final parameters and Adam moments. Adam's step per element is at most ~lr, and the
+  # gradients differ only by reduction-order rounding, so two runs cannot drift more than
+  # 2 * lr per update (a sign flip of an element whose gradient is at rounding level).
+  sa, sb = _final_state(one), _final_state(two)
+  assert sorted(sa) == sorted(sb) and any("params" in k for k in sa)
+  updates = sum(l["train/num_updates"] for l in a)
+  lr = _worker_config().train.lr
+  for k in sa:
+    if "params" in k:
+      np.testing.assert_allclose(sb[k], sa[k], rtol=0, atol=2 * lr * updates, err_msg=k)
+    elif k.endswith("['count']") or k.endswith("['step']"):
+      np.testing.assert_array_equal(sb[k], sa[k], err_msg=k)
