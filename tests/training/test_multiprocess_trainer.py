@@ -82,7 +82,9 @@ def _final_state(workdir: str) -> dict[str, np.ndarray]:
   """The last checkpoint's TrainState leaves as numpy, keyed by tree path."""
   path = os.path.join(workdir, "checkpoints", "2", "state")
   ckptr = ocp.PyTreeCheckpointer()
-  tree = ckptr.metadata(path).tree
+  meta = ckptr.metadata(path)  # orbax >= 0.11: StepMetadata(item_metadata=TreeMetadata)
+  tree = getattr(meta, "item_metadata", meta)
+  tree = getattr(tree, "tree", tree)
   args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
   restored = ckptr.restore(path, restore_args=args)
   return {jax.tree_util.keystr(k): np.asarray(v)
