@@ -60,7 +60,7 @@ def apply_critic_algo(c: ml_collections.ConfigDict, algo: str, env: str) -> None
   switch/subgoal/action format, lambda_seg 0.95, gamma = lambda_turn = 1, keep and
   consistency penalties and bootstrap_truncated per environment, mini-batch 256.
   """
-  from hgpo_jax.advantages import hae  # pylint: disable=import-outside-toplevel
+  from hgpo_jax.advantages import hae
   c.algo.name = CRITIC_ALGOS[algo]
   c.rollout.num_groups = 128
   c.rollout.group_size = 1

@@ -212,7 +212,7 @@ class SlotServer:
         if s.env is not None and s.env is not self._catalog:
           try:
             s.env.close()
-          except Exception:  # pylint: disable=broad-except
+          except Exception:
             log.exception("slot %d: env.close() raised", slot)
           s.env = None
         s.state = "idle"
@@ -238,7 +238,7 @@ class SlotServer:
       obs, info = s.env.reset(seed=int(seed), options=options)
       s.state = "active"
       return self._result(obs, 0.0, False, False, info)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       return self._env_error(slot, "reset", e)
 
   def _step_one(self, slot: int, action: str) -> base.StepResult:
@@ -246,7 +246,7 @@ class SlotServer:
     truncated_action = len(action) > base.MAX_TEXT_CHARS
     try:
       obs, reward, terminated, truncated, info = s.env.step(action[:base.MAX_TEXT_CHARS])
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       return self._env_error(slot, "step", e)
     result = self._result(obs, reward, terminated, truncated, info)
     if truncated_action:
@@ -265,7 +265,7 @@ class SlotServer:
     observation whose `__str__` raises) becomes that slot's env error."""
     try:
       return _to_proto(slot, r)
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       with self._lock:
         return _to_proto(slot, self._env_error(slot, what, e))
 
@@ -303,7 +303,7 @@ def _handler(method: str, request_cls, fn):
   def handle(raw: bytes, context: grpc.ServicerContext):
     try:
       request = request_cls.FromString(raw)
-    except Exception as e:  # pylint: disable=broad-except  (DecodeError and friends)
+    except Exception as e:  # DecodeError and friends
       context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                     f"malformed {request_cls.__name__}: {e}; use the env_servers.protos stubs")
     start = time.perf_counter()
@@ -312,7 +312,7 @@ def _handler(method: str, request_cls, fn):
     except RequestError as e:
       log.warning("%s rejected: %s", request_cls.__name__, e)
       context.abort(e.code, str(e))
-    except Exception as e:  # pylint: disable=broad-except  (reported to the client)
+    except Exception as e:  # reported to the client
       log.exception("%s: the env raised", method)
       context.set_trailing_metadata(((protos.ENV_ERROR_METADATA, "1"),))
       context.abort(grpc.StatusCode.INTERNAL,

@@ -371,7 +371,7 @@ def device_peak(device=None, dtype: str = "float32") -> Peak:
   """Peak FLOP/s of one device (default `jax.devices()[0]`) for compute dtype `dtype`."""
   override = os.environ.get("HGPO_PEAK_FLOPS")
   if device is None:
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     device = jax.devices()[0]
   kind = getattr(device, "device_kind", "cpu")
   if override:
@@ -396,7 +396,7 @@ def mfu(flops: float, seconds: float, peak: Peak) -> float:
 # ---------------------------------------------------------------------------------------
 
 def _abstract(x, sharding):
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
@@ -412,7 +412,7 @@ class LearnerFlops:
   def per_call(self, batch) -> dict[str, float]:
     """{"logprobs": FLOPs, "update": FLOPs} per device for one mini-batch of `batch`'s
     row width (a host or device TrainBatch)."""
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     ln = self.learner
     rows = ln.config.mini_batch_rows
     key = tuple((rows,) + tuple(x.shape[1:]) + (str(x.dtype),) for x in jax.tree.leaves(batch))
@@ -464,7 +464,7 @@ class ProfileWindow:
 
   def before(self, it: int) -> None:
     if self.enabled and it == self.start and not self.active:
-      import jax  # pylint: disable=import-outside-toplevel
+      import jax
       os.makedirs(self.dir, exist_ok=True)
       # The .xplane.pb is for TensorBoard's profile plugin; the perfetto_trace.json.gz
       # opens in ui.perfetto.dev.
@@ -477,7 +477,7 @@ class ProfileWindow:
 
   def close(self) -> None:
     if self.active:
-      import jax  # pylint: disable=import-outside-toplevel
+      import jax
       jax.profiler.stop_trace()
       self.active = False
 

@@ -21,7 +21,6 @@ import json
 import logging
 import math
 import os
-import pickle
 import time
 from typing import Any
 
@@ -49,6 +48,7 @@ from hgpo_jax.training import checkpoint as checkpoint_lib
 from hgpo_jax.training import critic_step
 from hgpo_jax.training import losses
 from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import processes
 from hgpo_jax.training import progress as phases
 from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
@@ -130,7 +130,7 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
   holds (env, iteration count, server count) and cross-section rules are checked here.
   """
   est, opts = estimator_and_options(config)
-  from env_servers import registry as env_registry  # pylint: disable=import-outside-toplevel
+  from env_servers import registry as env_registry
   if config.env.name not in env_registry.ENVS:
     raise ConfigError(f"unknown env {config.env.name!r}; registered: {sorted(env_registry.ENVS)}")
   for name, value in (("env.max_steps", config.env.max_steps),
@@ -218,29 +218,6 @@ def group_statistics(grouped) -> dict[str, float]:
 # then every process holds all rows, so advantages, batch and metrics are one process's
 # (docs/scaling.md "Several processes")
 # ---------------------------------------------------------------------------------------
-def _allgather(x: np.ndarray) -> np.ndarray:
-  """Stacks `x` from every process along axis 0 (identity with one process)."""
-  if jax.process_count() == 1:
-    return np.asarray(x)
-  return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True))
-
-
-def _allgather_objects(obj: Any) -> list[Any]:
-  """`obj` of every process, in process order (pickled through `_allgather`)."""
-  if jax.process_count() == 1:
-    return [obj]
-  data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-  sizes = _allgather(np.array([data.size], np.int64))
-  padded = np.zeros((1, int(sizes.max())), np.uint8)
-  padded[0, :data.size] = data
-  return [pickle.loads(row[:n].tobytes()) for row, n in zip(_allgather(padded), sizes)]
-
-
-def _barrier(name: str) -> None:
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
-
-
 def _groups_per_process(config) -> int:
   """config.rollout.num_groups is global; each process plays an equal contiguous share."""
   nproc = jax.process_count()
@@ -250,32 +227,8 @@ def _groups_per_process(config) -> int:
   return config.rollout.num_groups // nproc
 
 
-def _gather_rollout(ro: rollout_lib.Rollout, groups_per_process: int,
-                    group_size: int) -> rollout_lib.Rollout:
-  """The rollout of all processes, as one process playing all groups would return it.
-
-  Process p played global groups [p * Gp, (p + 1) * Gp) (`tasks.TaskSampler.groups`) in
-  slots numbered from 0; its rows are renumbered to the global group and slot and
-  concatenated in process order, which keeps the (group, traj, step) order of one
-  process. Timings are the slowest process's (the others wait for it).
-  """
-  if jax.process_count() == 1:
-    return ro
-  parts = _allgather_objects(ro)
-  rows = []
-  for p, part in enumerate(parts):
-    g0, t0 = p * groups_per_process, p * groups_per_process * group_size
-    rows += [dataclasses.replace(r, group=r.group + g0, traj=r.traj + t0) for r in part.rows]
-  return rollout_lib.Rollout(
-      rows=rows, won=np.concatenate([x.won for x in parts]),
-      returns=np.concatenate([x.returns for x in parts]),
-      lengths=np.concatenate([x.lengths for x in parts]),
-      task_types=[t for x in parts for t in x.task_types],
-      timings={k: max(x.timings[k] for x in parts) for k in ro.timings})
-
-
 def _global_train_batch(rows, adv, buckets, config, pad_id: int) -> train_batch_lib.TrainBatch:
-  """The token batch of all rows (after `_gather_rollout`: identical on every process),
+  """The token batch of all rows (after `processes.gather_rollout`: identical on every process),
   padded to a multiple of the mini-batch."""
   mini = config.train.mini_batch_rows
   prompt_len = train_batch_lib.pick_bucket(max(len(r.prompt_ids) for r in rows), buckets, "prompt")
@@ -314,17 +267,6 @@ def _sampling_model(learner, params, mesh: jax.sharding.Mesh):
   return nnx.merge(learner.graphdef, jax.device_put(host, local))
 
 
-class _NullWriter:
-  """The metrics writer of processes other than 0: formats, writes nothing."""
-
-  def write(self, step: int, metrics) -> dict[str, float]:
-    del step
-    return metrics_lib.to_scalars(metrics)
-
-  def close(self) -> None:
-    pass
-
-
 # ---------------------------------------------------------------------------------------
 # Critic (estimators with needs_critic: gae = PPO, hae = HiPER)
 # ---------------------------------------------------------------------------------------
@@ -350,7 +292,7 @@ def critic_advantages(rows, est, opts, critic_learner, critic_params, buckets, c
                       pad_id: int, capacity: int):
   """Critic values -> estimator -> the actor's token batch and the critic's value batch.
 
-  `rows` are all processes' rows (`_gather_rollout`), so every process computes the
+  `rows` are all processes' rows (`processes.gather_rollout`), so every process computes the
   same values, targets and batches.
 
   Returns:
@@ -410,7 +352,7 @@ def evaluate(pool, sampler, tokenizer, task_sampler, config, run: RunConfig,
     results += [(task.group_index, ro.won[j], ro.returns[j], ro.lengths[j], ro.task_types[j],
                  [not r.valid for r in ro.rows if r.traj == j]) for j, task in enumerate(chunk)]
   # All processes' tasks (dealt round-robin) back in task order: the metrics of one process.
-  results = sorted((r for part in _allgather_objects(results) for r in part), key=lambda r: r[0])
+  results = sorted((r for part in processes.allgather_objects(results) for r in part), key=lambda r: r[0])
   _, won, returns, lengths, types, invalid = (list(c) for c in zip(*results)) if results else ([],) * 6
   invalid = [flag for flags in invalid for flag in flags]
   m = rollout_lib.episode_metrics([], np.array(won), np.array(returns), np.array(lengths), types)
@@ -438,28 +380,6 @@ def _streams(seed: int) -> _Streams:
   # Three keys although two are used: the split stays the same, so do the streams.
   sampler, _, evaluation = jax.random.split(jax.random.fold_in(root, 1), 3)
   return _Streams(model_seed=seed, sampler=sampler, eval=evaluation, task_seed=seed)
-
-
-def _truncate_metrics(path: str, last_step: int) -> None:
-  """Drops metric lines past the restored step (written after the last checkpoint)."""
-  if not os.path.exists(path):
-    return
-  with open(path, encoding="utf-8") as f:
-    lines = [l for l in f if l.strip() and json.loads(l)["step"] <= last_step]
-  with open(path, "w", encoding="utf-8") as f:
-    f.writelines(lines)
-
-
-def _set_aside_unreadable_steps(ckpt_dir: str, restored_step: int) -> None:
-  """Moves checkpoint steps newer than the one restored (they were unreadable) out of the
-  way, so the resumed run can write those steps again; nothing is deleted."""
-  aside = os.path.join(os.path.dirname(ckpt_dir), "checkpoints_unreadable")
-  for name in os.listdir(ckpt_dir):
-    if name.isdigit() and int(name) > restored_step:
-      os.makedirs(aside, exist_ok=True)
-      target = os.path.join(aside, f"{name}-{int(time.time())}")
-      os.rename(os.path.join(ckpt_dir, name), target)
-      logging.warning("checkpoint step %s was unreadable; moved to %s", name, target)
 
 
 def _summary(config, workdir: str, final: dict[str, float]) -> str:
@@ -531,7 +451,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   groups_per_process = _groups_per_process(config)
   # The first collective, while the processes are still in step: on CPU, gloo gives a new
   # communicator 30 s for all processes to arrive; later collectives wait as long as needed.
-  _barrier("train_and_evaluate start")
+  processes.barrier("train_and_evaluate start")
 
   # ---- Mesh, model, learner ------------------------------------------------------------
   mesh = _make_mesh(config)
@@ -567,15 +487,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     start = int(resumed.restored.cursor["iteration"])
     if pid == 0:  # the files of a shared workdir are process 0's to change
       if resumed.source == "workdir":
-        _set_aside_unreadable_steps(ckpt_dir, resumed.restored.step)
-      _truncate_metrics(os.path.join(workdir, metrics_lib.JSONL_NAME), start)
-    _barrier("resumed")
+        checkpoint_lib.set_aside_steps_after(ckpt_dir, resumed.restored.step)
+      metrics_lib.truncate_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME), start)
+    processes.barrier("resumed")
   logging.info("resume source: %s (%s); starting at iteration %d", resumed.source,
                resumed.path, start)
 
   ckpt = checkpoint_lib.Checkpointer(ckpt_dir, max_to_keep=config.checkpoint.keep,
                                      keep_period=config.checkpoint.keep_period or None)
-  writer = metrics_lib.MetricsWriter(workdir) if pid == 0 else _NullWriter()
+  writer = metrics_lib.MetricsWriter(workdir) if pid == 0 else metrics_lib.NullWriter()
   num_slots = groups_per_process * config.rollout.group_size  # this process's env slots
   pool = _make_pool(config, num_slots)
   # A second live line naming the phase of the iteration (rollout step t/T, log-probs,
@@ -590,7 +510,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if (turn == "first") == (pid == 0):
         dataset_dir = tasks_lib.build_task_datasets(config.env.name, task_lists,
                                                     os.path.join(workdir, "tasks"))
-      _barrier(f"task dataset {turn}")
+      processes.barrier(f"task dataset {turn}")
     train_tasks = tasks_lib.TaskSampler(tasks_lib.load_split(dataset_dir, config.env.train_split),
                                         config.env.train_split, streams.task_seed, pid, nproc)
     eval_tasks = {s: tasks_lib.TaskSampler(tasks_lib.load_split(dataset_dir, s), s,
@@ -630,7 +550,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           pool, sampler, tokenizer, groups, config.rollout.group_size, config, run,
           sampling=run.sampling, rng=jax.random.fold_in(streams.sampler, it),
           on_step=lambda t, T, n: phases.phase("rollout", f"step {t + 1}/{T} ({n} slots active)"))
-      ro = _gather_rollout(ro, groups_per_process, config.rollout.group_size)
+      ro = processes.gather_rollout(ro, groups_per_process, config.rollout.group_size)
       # -- advantages
       t1 = time.perf_counter()
       phases.phase("advantages")
@@ -687,7 +607,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                             logprobs_s=t3 - t2, update_s=t4 - t3,
                                             dtype=config.model.dtype))
       env_keys = ("failed_calls", "replayed_episodes", "restarts")  # summed over processes
-      env_counts = _allgather(np.array([[pool.metrics()[k] for k in env_keys]])).sum(axis=0)
+      env_counts = processes.allgather(np.array([[pool.metrics()[k] for k in env_keys]])).sum(axis=0)
       metrics.update({f"env/{k}": float(v) for k, v in zip(env_keys, env_counts)})
       scalars = writer.write(it + 1, metrics)
       if pid == 0:

@@ -53,13 +53,13 @@ def _import_entry_points(modules: list[str]) -> None:
   each module's flags are dropped after its import (the module objects stay in
   `sys.modules`, which is what pdoc renders).
   """
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import flags
 
   for name in modules:
     before = set(flags.FLAGS)
     try:
       importlib.import_module(name)
-    except Exception as e:  # pylint: disable=broad-except  (reported like pdoc does)
+    except Exception as e:  # reported like pdoc does
       raise RuntimeError(f"Error importing {name}") from e
     for flag in set(flags.FLAGS) - before:
       if flag in flags.FLAGS:
@@ -68,9 +68,9 @@ def _import_entry_points(modules: list[str]) -> None:
 
 def build(out_dir: str, modules: list[str] | None = None) -> list[str]:
   """Renders `modules` (default: every module on disk) into `out_dir`; returns pdoc's warnings."""
-  import pathlib  # pylint: disable=g-import-not-at-top
-  import pdoc  # pylint: disable=g-import-not-at-top
-  import pdoc.extract  # pylint: disable=g-import-not-at-top
+  import pathlib
+  import pdoc
+  import pdoc.extract
 
   # pdoc hides (and warns about) any default value that equals an environment variable,
   # e.g. a repository path that happens to equal $OLDPWD; no module constant here is a

@@ -63,7 +63,7 @@ def _child(plan_path: str, argv: list[str]) -> None:
   with open(plan_path, encoding="utf-8") as f:
     plan = json.load(f)
   rng = random.Random(plan["seed"])
-  events = open(plan["events"], "a", encoding="utf-8")  # pylint: disable=consider-using-with
+  events = open(plan["events"], "a", encoding="utf-8")
 
   def event(kind: str, **info) -> None:
     events.write(json.dumps({"fault": kind, **info}) + "\n")
@@ -74,8 +74,8 @@ def _child(plan_path: str, argv: list[str]) -> None:
     event(kind, **info)
     os.kill(os.getpid(), signal.SIGKILL)
 
-  from hgpo_jax.envs import launcher  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.envs import pool as pool_lib  # pylint: disable=import-outside-toplevel
+  from hgpo_jax.envs import launcher
+  from hgpo_jax.envs import pool as pool_lib
 
   remote = {}
   if plan.get("endpoint_flap_call") is not None:
@@ -84,7 +84,7 @@ def _child(plan_path: str, argv: list[str]) -> None:
     proc = launcher.ServerProcess("sokoban", 4, {"dim": 6, "num_boxes": 1, "max_steps": 3})
     remote["proc"] = proc
     endpoint = proc.wait_ready()
-    from hgpo_jax import train  # pylint: disable=import-outside-toplevel
+    from hgpo_jax import train
     original_train = train.train_and_evaluate
 
     def train_on_endpoint(config, workdir):
@@ -101,7 +101,7 @@ def _child(plan_path: str, argv: list[str]) -> None:
     pool_lib.EnvPool.__init__ = patient_init
 
   calls = {"n": 0}
-  original_call = pool_lib.EnvPool._call  # pylint: disable=protected-access
+  original_call = pool_lib.EnvPool._call
 
   def call(self, server, method, request, replay):
     if method in ("Reset", "Step"):
@@ -123,11 +123,11 @@ def _child(plan_path: str, argv: list[str]) -> None:
         event("env_" + sig.name.lower(), call=n, method=method)
     return original_call(self, server, method, request, replay)
 
-  pool_lib.EnvPool._call = call  # pylint: disable=protected-access
+  pool_lib.EnvPool._call = call
 
-  from hgpo_jax.training import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.training import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.training import train_step  # pylint: disable=import-outside-toplevel
+  from hgpo_jax.training import checkpoint as checkpoint_lib
+  from hgpo_jax.training import metrics as metrics_lib
+  from hgpo_jax.training import train_step
 
   if plan.get("kill_update"):
     original_update = train_step.train_iteration
@@ -169,8 +169,8 @@ def _child(plan_path: str, argv: list[str]) -> None:
 
     metrics_lib.MetricsWriter.write = write
 
-  from absl import app  # pylint: disable=import-outside-toplevel
-  from launch import main as main_lib  # pylint: disable=import-outside-toplevel
+  from absl import app
+  from launch import main as main_lib
   try:
     app.run(main_lib.main, argv=[sys.argv[0]] + argv, flags_parser=main_lib.parse_flags)
   finally:
@@ -179,7 +179,7 @@ def _child(plan_path: str, argv: list[str]) -> None:
 
 
 def jax_block(tree) -> None:
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   jax.block_until_ready(tree)
 
 

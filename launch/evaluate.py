@@ -24,33 +24,33 @@ from absl import app
 # both entry points can be imported into one process (tests, the API reference).
 from launch import main as main_lib
 
-_CONFIG = main_lib._CONFIG  # pylint: disable=protected-access
-_WORKDIR = main_lib._WORKDIR  # pylint: disable=protected-access
+_CONFIG = main_lib._CONFIG
+_WORKDIR = main_lib._WORKDIR
 
 EVAL_STEP = 0  # the `step` of the single metrics line
 
 
 def evaluate_untrained(config, workdir: str) -> dict[str, float]:
   """Evaluates the config's initial model on `config.env.eval_splits`; writes metrics."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from hgpo_jax import train  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.models import loading  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.rollout import tasks as tasks_lib  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.sampling import sampler as sampler_lib  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.training import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
+  import jax
+  from hgpo_jax import train
+  from hgpo_jax.models import loading
+  from hgpo_jax.rollout import tasks as tasks_lib
+  from hgpo_jax.sampling import sampler as sampler_lib
+  from hgpo_jax.training import metrics as metrics_lib
 
   if not config.env.eval_splits:
     raise train.ConfigError("config.env.eval_splits is empty: nothing to evaluate")
   run = train.validate(config)
   os.makedirs(workdir, exist_ok=True)
-  streams = train._streams(config.seed)  # pylint: disable=protected-access
-  mesh = train._make_mesh(config)  # pylint: disable=protected-access
+  streams = train._streams(config.seed)
+  mesh = train._make_mesh(config)
   model, tokenizer, _ = loading.load_model(
       config.model.name if config.model.name in train.MODELS_WITH_PATH or not config.model.path
       else config.model.path, path=config.model.path or None, dtype=config.model.dtype,
       mesh=mesh, seed=streams.model_seed)
   slots = config.rollout.num_groups * config.rollout.group_size
-  pool = train._make_pool(config, slots)  # pylint: disable=protected-access
+  pool = train._make_pool(config, slots)
   writer = metrics_lib.MetricsWriter(workdir, tensorboard=False)
   try:
     splits = tuple(config.env.eval_splits)
@@ -82,7 +82,7 @@ def evaluate_untrained(config, workdir: str) -> dict[str, float]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from hgpo_jax import runtime  # pylint: disable=import-outside-toplevel
+  from hgpo_jax import runtime
   runtime.pin_cpu_isa()
   runtime.enable_compilation_cache()
   evaluate_untrained(_CONFIG.value, _WORKDIR.value)

@@ -89,9 +89,9 @@ def _override_error(argv, message: str) -> str | None:
     namespace = {"__file__": path}
     sys.path.insert(0, os.getcwd())
     with open(path, encoding="utf-8") as f:
-      exec(compile(f.read(), path, "exec"), namespace)  # pylint: disable=exec-used
+      exec(compile(f.read(), path, "exec"), namespace)
     fields = _config_fields(namespace["get_config"](arg or None))
-  except Exception:  # pylint: disable=broad-except  (the config itself fails: reported as is)
+  except Exception:  # the config itself fails: reported as is
     fields = []
   for name in names:
     if fields and name not in fields:
@@ -110,7 +110,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   verbose = any(a in ("--verbose", "--verbose=true", "--verbose=1") for a in argv)
   try:
     return flags.FLAGS(argv)
-  except Exception as e:  # pylint: disable=broad-except  (flags.Error, config file errors)
+  except Exception as e:  # flags.Error, config file errors
     message = _override_error(argv, str(e))
     if message is None:
       message = _last_line(str(e))
@@ -145,9 +145,9 @@ def main(argv):
     _main(argv)
   except (BadInput, app.UsageError) as e:
     _fail(str(e), _VERBOSE.value)
-  except Exception as e:  # pylint: disable=broad-except
-    from hgpo_jax import train  # pylint: disable=g-import-not-at-top
-    from hgpo_jax.training import checkpoint  # pylint: disable=g-import-not-at-top
+  except Exception as e:
+    from hgpo_jax import train
+    from hgpo_jax.training import checkpoint
     user_error = isinstance(e, (train.ConfigError, checkpoint.CheckpointError))
     # ValueError/KeyError/OSError are bad input only where inputs are read (the config,
     # the model files, the checkpoint to resume); elsewhere they are bugs: traceback.
@@ -183,13 +183,13 @@ def _main(argv):
     # Orbax and JAX log every checkpoint file operation at INFO; keep the console to
     # the per-iteration summaries unless --verbosity is given.
     logging.set_verbosity(logging.WARNING)
-  import os  # pylint: disable=g-import-not-at-top
+  import os
   if _LOCAL_DEVICES.value > 0:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={_LOCAL_DEVICES.value}")
-  from hgpo_jax import runtime  # pylint: disable=g-import-not-at-top
+  from hgpo_jax import runtime
   runtime.pin_cpu_isa()  # before JAX creates its CPU backend
-  import jax  # pylint: disable=g-import-not-at-top  (after XLA_FLAGS on purpose)
+  import jax  # after XLA_FLAGS on purpose
   if _DISTRIBUTED.value == "auto":
     jax.distributed.initialize()
   elif _DISTRIBUTED.value == "explicit":
@@ -197,7 +197,7 @@ def _main(argv):
       raise app.UsageError("--distributed=explicit needs --coordinator_address, "
                            "--num_processes and --process_id")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  from hgpo_jax import train  # pylint: disable=g-import-not-at-top
+  from hgpo_jax import train
   runtime.enable_compilation_cache()
   logging.info("process %d/%d, %d local / %d global devices", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())

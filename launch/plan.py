@@ -79,9 +79,9 @@ def main(argv=None) -> int:
                    if "xla_force_host_platform_device_count" not in f)
   os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}".strip()
   os.environ["JAX_PLATFORMS"] = "cpu"
-  import jax  # pylint: disable=import-outside-toplevel
-  from hgpo_jax import runtime  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.training import plan as plan_lib  # pylint: disable=import-outside-toplevel
+  import jax
+  from hgpo_jax import runtime
+  from hgpo_jax.training import plan as plan_lib
 
   # Candidate meshes recompile the same programs: the persistent cache makes repeats cheap.
   runtime.enable_compilation_cache()

@@ -348,9 +348,9 @@ def csv_text(cells: Sequence[Cell], suite: suites_lib.Suite) -> str:
 
 def plot(cells: Sequence[Cell], suite: suites_lib.Suite, path: str) -> None:
   """Train success vs iteration, mean and ± std band over seeds, one panel per env."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
 
   envs = suite.environments
   fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 3.8), squeeze=False)

@@ -266,7 +266,7 @@ def build_config(env: Environment, method: Method, seed: int):
 
 def pending_reason(env: Environment, method: Method) -> str | None:
   """Why the cell cannot run yet (the config or the trainer's validation refuses it)."""
-  from hgpo_jax import train  # pylint: disable=import-outside-toplevel
+  from hgpo_jax import train
   try:
     config = build_config(env, method, 0)
     train.validate(config)

@@ -289,7 +289,7 @@ def test_projection_fuzz(parts, fallback, require_think):
   else:
     assert action == text[start + 8:end].strip()
     assert valid == ((not require_think or ("<think>" in text and "</think>" in text))
-                     and not projection._CJK.search(text))  # pylint: disable=protected-access
+                     and not projection._CJK.search(text))
 
 
 # HiPER's three-block format (hgpo_jax/rollout/hiper.py): (action, valid, switch, subgoal).
@@ -315,7 +315,7 @@ HIPER_CASES = [
 
 @pytest.mark.parametrize("response,expected", HIPER_CASES)
 def test_hiper_parser_on_malformed_outputs(response, expected):
-  from hgpo_jax.rollout import hiper  # pylint: disable=import-outside-toplevel
+  from hgpo_jax.rollout import hiper
   p = hiper.parse_response(response, 30)
   assert (p.action, p.valid, p.switch, p.subgoal) == expected
 
@@ -329,7 +329,7 @@ _HIPER_PARTS = st.sampled_from(["<switch>", "</switch>", "<subgoal>", "</subgoal
 @hypothesis.given(st.lists(st.one_of(_HIPER_PARTS, st.text(max_size=8)), max_size=14),
                   st.lists(st.integers(1, 6), min_size=1, max_size=40))
 def test_hiper_parser_and_token_tags_fuzz(parts, cuts):
-  from hgpo_jax.rollout import hiper  # pylint: disable=import-outside-toplevel
+  from hgpo_jax.rollout import hiper
   response = "".join(parts)
   p = hiper.parse_response(response, 30)
   action, valid = projection.project_action(response, 30, require_think=False)
@@ -405,10 +405,10 @@ def _decodes(raw: bytes) -> bool:
 
 # ------------------------------------------------------------------------------ weight files
 def test_weight_files(tmp_path):
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
-  import gguf  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.models import load_model  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.models.tokenizer import tiny_tokenizer  # pylint: disable=import-outside-toplevel
+  from safetensors.numpy import save_file
+  import gguf
+  from hgpo_jax.models import load_model
+  from hgpo_jax.models.tokenizer import tiny_tokenizer
 
   # Truncated safetensors: one line that says to download again.
   model_dir = _hf_dir(tmp_path / "llama", _LLAMA)

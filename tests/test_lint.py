@@ -31,3 +31,13 @@ def test_ruff_reads_the_project_config():
   assert result.returncode == 1, result.stdout + result.stderr
   codes = sorted(line.split()[1] for line in result.stdout.splitlines() if "lint_probe.py:" in line)
   assert codes == ["F401", "F401", "TID251"], result.stdout
+
+
+def test_no_pylint_pragmas_remain():
+  # ruff is the one linter: a pylint pragma comment would suppress nothing and
+  # only mislead a reader about which tool runs.
+  listed = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, check=True).stdout.split()
+  offenders = [path for path in listed
+               if "pylint" + ":" in open(os.path.join(REPO_ROOT, path), encoding="utf-8").read()]
+  assert offenders == []

@@ -219,9 +219,9 @@ def _algorithms_sections() -> dict[str, str]:
 def test_every_estimator_option_is_documented():
   """Each registered estimator has a section in docs/algorithms.md ('(`name`)' in its
   title) naming every field of its options dataclass; likewise the loss options."""
-  import dataclasses  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.advantages import registry  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.training import losses  # pylint: disable=import-outside-toplevel
+  import dataclasses
+  from hgpo_jax.advantages import registry
+  from hgpo_jax.training import losses
   sections = _algorithms_sections()
   missing = []
   targets = [(f"(`{n}`)", registry.get(n).options_cls) for n in registry.names()]

@@ -112,6 +112,38 @@ def test_end_to_end_files_and_finite_losses(reference_run):
   assert out["resume_source"] == "scratch"
 
 
+# The reference run's metrics on this project's machine kind (x86, AVX2 pinned by
+# conftest; `python -m pytest tests/test_train.py -k pinned` after deliberate changes,
+# then copy the values from the failure). Counts and rates of discrete outcomes must be
+# equal; float metrics allow reduction-order differences: 1e-5 relative for iteration 1
+# (computed from the initial weights), 1e-4 after one update, and 1e-3 for the gradient
+# norm, a sum of squares of ~1e-5 gradients whose relative rounding error is largest.
+_PINNED = {
+    1: {"rollout/num_rows": 8, "rollout/success": 0.5, "rollout/episode_length": 2.0,
+        "rollout/episode_return": 5.0, "rollout/invalid_rate": 0.0, "train/scored_tokens": 74,
+        "advantage/zero_frac": 1.0, "groups/level2_mean_size": 2.0, "train/num_updates": 1,
+        "perf/update_flops": 6945767424.0,
+        "train/entropy": (6.224880218505859, 1e-5), "train/loss": (-0.0062248799949884415, 1e-5),
+        "train/grad_norm": (6.78189899190329e-05, 1e-3)},
+    2: {"rollout/num_rows": 8, "rollout/success": 0.5, "train/scored_tokens": 70,
+        "train/entropy": (6.22564697265625, 1e-4), "train/loss": (-0.006224226672202349, 1e-4),
+        "train/kl": (0.00014207711501512676, 1e-3), "train/grad_norm": (0.0009683009120635688, 1e-3)},
+    3: {"eval/test/success": 0.0, "eval/test/episode_length": 3.0, "eval/test/num_tasks": 2},
+}
+
+
+@pytest.mark.slow
+def test_reference_run_equals_pinned_metrics(reference_run):
+  workdir, _ = reference_run
+  got = {l["step"]: l for l in _metrics(workdir)}
+  for step, expected in _PINNED.items():
+    for key, value in expected.items():
+      if isinstance(value, tuple):
+        assert got[step][key] == pytest.approx(value[0], rel=value[1]), (step, key)
+      else:
+        assert got[step][key] == value, (step, key)
+
+
 @pytest.mark.slow
 def test_same_seed_gives_identical_metrics(reference_run, tmp_path):
   workdir, _ = reference_run
@@ -201,7 +233,7 @@ def test_alfworld_smoke_with_real_engine(tmp_path):
 @pytest.mark.slow
 def test_phases_are_reported_in_order(tmp_path, monkeypatch):
   """The live progress line gets every phase of an iteration, in the order they run."""
-  from hgpo_jax.training import progress  # pylint: disable=import-outside-toplevel
+  from hgpo_jax.training import progress
   seen = []
   monkeypatch.setattr(progress, "phase", lambda name, detail="": seen.append((name, detail)))
   train.train_and_evaluate(_sokoban(**{"train.num_iterations": 1}), str(tmp_path / "run"))

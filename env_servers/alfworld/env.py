@@ -146,9 +146,8 @@ class AlfworldEnv(gym.Env):
 
   def _load(self, game_json: dict[str, Any], task_id: str):
     # Imported here so that listing tasks (and the server's start-up) stays light.
-    import textworld  # pylint: disable=import-outside-toplevel
-    from textworld.envs import PddlEnv  # pylint: disable=import-outside-toplevel
-    # pylint: disable-next=import-outside-toplevel
+    import textworld
+    from textworld.envs import PddlEnv
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
 
     # One engine per env, re-loaded at every reset: each PddlEnv copies and dlopens its

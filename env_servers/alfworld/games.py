@@ -55,7 +55,7 @@ class GameFileError(ValueError):
 @functools.cache
 def _alfworld_text(name: str) -> str:
   # alfworld.info only holds the two data-file paths; importing it pulls nothing heavy.
-  from alfworld import info  # pylint: disable=import-outside-toplevel
+  from alfworld import info
   path = {"domain": info.ALFRED_PDDL_PATH, "grammar": info.ALFRED_TWL2_PATH}[name]
   with open(path, encoding="utf-8") as f:
     return f.read()

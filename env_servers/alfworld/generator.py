@@ -59,7 +59,7 @@ _MAX_ATTEMPTS = 50
 
 def _constants():
   # alfworld.gen.constants is a plain data module (no THOR, no spaCy).
-  import alfworld.gen.constants as c  # pylint: disable=import-outside-toplevel
+  import alfworld.gen.constants as c
   return c
 
 
@@ -200,14 +200,14 @@ def sample_task(task_type: str, room: Room,
 
 def _goal_pddl(task_type: str, obj: str, recep: str, toggle: str) -> str:
   """goal_library's goal formula (ALFRED writes '#' for PDDL's '-'); closes the problem."""
-  import alfworld.gen.goal_library as glib  # pylint: disable=import-outside-toplevel
+  import alfworld.gen.goal_library as glib
   text = glib.gdict[task_type]["pddl"].format(obj=obj, recep=recep, toggle=toggle, mrecep="")
   return "\n".join(line.rstrip() for line in text.replace("#", "-").strip().splitlines())
 
 
 def task_sentence(task_type: str, obj: str, recep: str, toggle: str, rng: random.Random) -> str:
   """A goal_library sentence, filled in like ALFWorld's get_templated_task_desc."""
-  import alfworld.gen.goal_library as glib  # pylint: disable=import-outside-toplevel
+  import alfworld.gen.goal_library as glib
   template = rng.choice(glib.gdict[task_type]["templates"])
   return template.format(obj=obj.lower(), recep=recep.lower(), toggle=toggle.lower(), mrecep="")
 
@@ -271,9 +271,8 @@ def plan_walkthrough(game_json: Mapping) -> list[str]:
   The plan is replayed in the engine and kept only if it wins, so a stored walkthrough
   is a checked solution, not just the planner's claim.
   """
-  import textworld  # pylint: disable=import-outside-toplevel
-  from textworld.envs import PddlEnv  # pylint: disable=import-outside-toplevel
-  # pylint: disable-next=import-outside-toplevel
+  import textworld
+  from textworld.envs import PddlEnv
   from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
 
   env = AlfredDemangler(PddlEnv(textworld.EnvInfos(admissible_commands=True, won=True,

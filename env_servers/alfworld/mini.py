@@ -183,10 +183,10 @@ def sample_small_room(task_type: str, room: generator.Room, suite: Suite, rng: r
 
 def generate_game(split: str, index: int, suite: Suite = SUITE) -> games.GameRecord:
   """The `index`-th game of `split` in `suite`; deterministic in (version, split, index)."""
-  c = generator._constants()  # pylint: disable=protected-access
+  c = generator._constants()
   task_type = suite.task_types[index % len(suite.task_types)]
   rooms = [r for r in generator.split_rooms(split)
-           if generator._room_kind(r) in c.GOALS_VALID[task_type]]  # pylint: disable=protected-access
+           if generator._room_kind(r) in c.GOALS_VALID[task_type]]
   rng = random.Random(f"alfworld-mini/{suite.version}/{split}/{index}")
   for _ in range(_MAX_ATTEMPTS):
     room = generator.load_room(rng.choice(rooms))
@@ -217,7 +217,7 @@ def write_suite(out_dir: str, suite: Suite = SUITE, splits: tuple[str, ...] | No
   Returns seconds spent per split. `limit` writes a prefix of the split (for tests: the
   committed file is compared with `write_suite(..., limit=None)` only).
   """
-  from env_servers.alfworld import speedup  # pylint: disable=import-outside-toplevel
+  from env_servers.alfworld import speedup
   speedup.apply()  # the walkthrough replay steps the engine
   seconds = {}
   for split, num in suite.counts:
@@ -254,7 +254,7 @@ def random_play(data_dir: str, split: str, episodes: int,
                 ) -> dict[int, float]:
   """Success rate of uniform-random play over the admissible actions within each horizon
   (`episodes` per game, seeded by task id and episode: deterministic)."""
-  from env_servers.alfworld import env as env_lib  # pylint: disable=import-outside-toplevel
+  from env_servers.alfworld import env as env_lib
   env = env_lib.AlfworldEnv(data_dir=data_dir, max_steps=max(horizons), hide_actions=hide_actions)
   wins = {h: 0 for h in horizons}
   n = 0

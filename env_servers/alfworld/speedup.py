@@ -48,11 +48,11 @@ def apply() -> None:
   """Installs the memoised functions into textworld (no-op when already applied)."""
   if _originals:
     return
-  import fast_downward  # pylint: disable=import-outside-toplevel
-  import textworld.envs.pddl.textgen as textgen  # pylint: disable=import-outside-toplevel
-  from textworld.logic import Rule  # pylint: disable=import-outside-toplevel
+  import fast_downward
+  import textworld.envs.pddl.textgen as textgen
+  from textworld.logic import Rule
 
-  parse = textgen._parse_and_convert  # pylint: disable=protected-access
+  parse = textgen._parse_and_convert
   query = Rule.__dict__["parse_conjunctive_query"]
   parse_query = query.__func__
 
@@ -90,7 +90,7 @@ def apply() -> None:
   _originals.update(parse=parse, copy_context=textgen.copy_context, query=query,
                     translate=translate)
   fast_downward.pddl2sas = pddl2sas
-  textgen._parse_and_convert = parse_and_convert  # pylint: disable=protected-access
+  textgen._parse_and_convert = parse_and_convert
   textgen.copy_context = copy_context
   Rule.parse_conjunctive_query = classmethod(parse_conjunctive_query)
 
@@ -99,12 +99,12 @@ def restore() -> None:
   """Puts the stock textworld functions back (no-op when not applied)."""
   if not _originals:
     return
-  import fast_downward  # pylint: disable=import-outside-toplevel
-  import textworld.envs.pddl.textgen as textgen  # pylint: disable=import-outside-toplevel
-  from textworld.logic import Rule  # pylint: disable=import-outside-toplevel
+  import fast_downward
+  import textworld.envs.pddl.textgen as textgen
+  from textworld.logic import Rule
 
   fast_downward.pddl2sas = _originals["translate"]
-  textgen._parse_and_convert = _originals["parse"]  # pylint: disable=protected-access
+  textgen._parse_and_convert = _originals["parse"]
   textgen.copy_context = _originals["copy_context"]
   Rule.parse_conjunctive_query = _originals["query"]
   _originals.clear()

@@ -45,13 +45,13 @@ def generate(out_dir: pathlib.Path | None = None) -> list[pathlib.Path]:
     The written paths.
   """
   try:
-    from grpc_tools import protoc  # pylint: disable=import-outside-toplevel
+    from grpc_tools import protoc
   except ImportError as e:
     raise RuntimeError(
         "env_servers/protos: the gRPC stubs are missing or stale and grpcio-tools is not "
         "installed; run `pip install -r requirements.txt` then "
         "`python -m env_servers.protos.build`") from e
-  import importlib.resources  # pylint: disable=import-outside-toplevel
+  import importlib.resources
 
   out_dir = pathlib.Path(out_dir) if out_dir is not None else PROTO_DIR
   out_dir.mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,7 @@ def load_shop(data_dir: str | None, real_data_dir: str | None, num_test_goals: i
     raise ValueError("give WebShopEnv either data_dir (a generated shop) or real_data_dir "
                      "(the original WebShop files), not both")
   if real_data_dir:
-    from env_servers.webshop import real_data  # pylint: disable=import-outside-toplevel
+    from env_servers.webshop import real_data
     return real_data.load_real_shop(real_data_dir, num_test_goals=num_test_goals)
   return Shop.load(data_dir)
 

@@ -26,7 +26,7 @@ def _import_bm25s():
   saved = sys.modules.get("jax")
   sys.modules["jax"] = None  # makes `import jax` raise ImportError
   try:
-    import bm25s  # pylint: disable=import-outside-toplevel
+    import bm25s
   finally:
     if saved is None:
       del sys.modules["jax"]

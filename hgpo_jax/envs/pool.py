@@ -119,7 +119,7 @@ def _env_raised(e: grpc.RpcError) -> bool:
   """True when the server marked the failure as the env's own exception."""
   try:
     metadata = e.trailing_metadata() or ()
-  except Exception:  # pylint: disable=broad-except  (not a call error: no metadata)
+  except Exception:  # not a call error: no metadata
     return False
   return any(k == protos.ENV_ERROR_METADATA for k, _ in metadata)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from typing import Any, Mapping, Optional
 
 import jax
@@ -142,7 +143,7 @@ class Checkpointer:
     for s in reversed(steps):
       try:
         return self.restore_step(s, target)
-      except Exception as e:  # pylint: disable=broad-except  (any unreadable step falls back)
+      except Exception as e:  # any unreadable step falls back
         _LOG.warning("checkpoint step %d in %s is unreadable (%s: %s); trying the previous step.",
                         s, self.directory, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
     raise CheckpointError(f"none of the checkpoint steps {steps} in {self.directory} is readable; delete the directory or resume from another path (--config.checkpoint.resume_from=DIR).")
@@ -217,3 +218,15 @@ def resume(checkpoint_dir: str, target: Any, *, resume_path: Optional[str] = Non
     with Checkpointer(resume_path, async_save=False, read_only=True) as ckpt:
       return Resume("resume_path", ckpt.directory, ckpt.restore(target))
   return Resume("scratch")
+
+
+def set_aside_steps_after(ckpt_dir: str, restored_step: int) -> None:
+  """Moves checkpoint steps newer than the one restored (they were unreadable) out of the
+  way, so the resumed run can write those steps again; nothing is deleted."""
+  aside = os.path.join(os.path.dirname(ckpt_dir), "checkpoints_unreadable")
+  for name in os.listdir(ckpt_dir):
+    if name.isdigit() and int(name) > restored_step:
+      os.makedirs(aside, exist_ok=True)
+      target = os.path.join(aside, f"{name}-{int(time.time())}")
+      os.rename(os.path.join(ckpt_dir, name), target)
+      _LOG.warning("checkpoint step %s was unreadable; moved to %s", name, target)

@@ -123,8 +123,8 @@ class CriticLearner(train_step.Learner):
 def compute_values(learner: CriticLearner, params: Any, batch: ValueBatch) -> np.ndarray:
   """f32[B, L, H] host values of a host batch, one compiled [mini_batch, L] shape."""
   out = []
-  for chunk in train_step._rows(batch, learner.config.mini_batch_rows):  # pylint: disable=protected-access
-    out.append(train_step._to_host(learner.compute_values(params, learner.put_batch(chunk))))  # pylint: disable=protected-access
+  for chunk in train_step._rows(batch, learner.config.mini_batch_rows):
+    out.append(train_step._to_host(learner.compute_values(params, learner.put_batch(chunk))))
   return np.concatenate(out)
 
 

@@ -65,7 +65,7 @@ class MetricsWriter:
     self._file = open(self.jsonl_path, "a", encoding="utf-8")
     self._tb = None
     if tensorboard:
-      import tensorboardX  # pylint: disable=import-outside-toplevel  (optional, slow import)
+      import tensorboardX  # optional, slow import
       self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
 
   def write(self, step: int, metrics: Mapping) -> dict[str, float]:
@@ -96,3 +96,24 @@ def read_jsonl(path: str) -> list[dict]:
   """All records of a metrics JSONL file, in order."""
   with open(path, encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+class NullWriter:
+  """The metrics writer of processes other than 0: formats, writes nothing."""
+
+  def write(self, step: int, metrics) -> dict[str, float]:
+    del step
+    return to_scalars(metrics)
+
+  def close(self) -> None:
+    pass
+
+
+def truncate_jsonl(path: str, last_step: int) -> None:
+  """Drops metric lines past the restored step (written after the last checkpoint)."""
+  if not os.path.exists(path):
+    return
+  with open(path, encoding="utf-8") as f:
+    lines = [l for l in f if l.strip() and json.loads(l)["step"] <= last_step]
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(lines)

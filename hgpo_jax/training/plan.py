@@ -235,7 +235,7 @@ def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optiona
   cfg = shapes.model
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
   if update_config is None:
-    from hgpo_jax import train as train_lib  # pylint: disable=import-outside-toplevel
+    from hgpo_jax import train as train_lib
     update_config = train_lib.update_config(config)
   update_config = dataclasses.replace(update_config, micro_batch_rows=shapes.micro_batch_rows)
   abstract_model = nnx.eval_shape(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)))

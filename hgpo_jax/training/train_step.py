@@ -352,7 +352,7 @@ def _to_host(x: jax.Array) -> np.ndarray:
   """A fully addressable (or replicated-across-processes) array as numpy."""
   if x.is_fully_addressable:
     return np.asarray(x)
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 

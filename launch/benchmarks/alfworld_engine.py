@@ -25,9 +25,9 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 def _worker(mode: str, n_games: int, n_steps: int) -> dict:
-  import random  # pylint: disable=import-outside-toplevel
-  from env_servers.alfworld import games  # pylint: disable=import-outside-toplevel
-  from env_servers.alfworld.env import AlfworldEnv  # pylint: disable=import-outside-toplevel
+  import random
+  from env_servers.alfworld import games
+  from env_servers.alfworld.env import AlfworldEnv
 
   env = AlfworldEnv(speedup=(mode == "patched"), max_steps=10 * n_steps)
   records = games.load_frozen(games.frozen_set_file("valid_unseen"))[:n_games]

@@ -36,13 +36,13 @@ SETTINGS = {
 
 def run_one(model_name: str, devices: int, steps: int) -> dict:
   """Child process body: times the update; returns a JSON-able result."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from flax import nnx  # pylint: disable=import-outside-toplevel
+  import jax
+  import numpy as np
+  from flax import nnx
 
-  from hgpo_jax import runtime  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.models import loading, sharding  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.training import train_batch, train_step  # pylint: disable=import-outside-toplevel
+  from hgpo_jax import runtime
+  from hgpo_jax.models import loading, sharding
+  from hgpo_jax.training import train_batch, train_step
 
   runtime.enable_compilation_cache()
   s = SETTINGS[model_name]
@@ -74,7 +74,7 @@ def run_one(model_name: str, devices: int, steps: int) -> dict:
     jax.block_until_ready(state)
     times.append(time.perf_counter() - t0)
   med = statistics.median(times)
-  from hgpo_jax import perf  # pylint: disable=import-outside-toplevel
+  from hgpo_jax import perf
   # Per-device FLOPs x devices: the fake devices share one CPU, whose peak is the reference.
   flops = perf.LearnerFlops(learner).per_call(host)["update"] * devices
   peak = perf.device_peak(dtype=s["dtype"])

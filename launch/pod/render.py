@@ -173,7 +173,7 @@ def k8s_manifests(*, name: str, image: str, num_hosts: int, env_servers: int, en
 
 
 def _yaml(docs: list[dict]) -> str:
-  import yaml  # pylint: disable=import-outside-toplevel
+  import yaml
   return "---\n".join(yaml.safe_dump(d, sort_keys=False, width=1000) for d in docs)
 
 

@@ -507,9 +507,9 @@ def write_report(res: Results, plan: Plan, out_dir: str, elapsed: float, quick: 
 
 
 def _plots(res, plan, out_dir, main, strongest, markov):
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
   n0 = plan.main_n
   labels = [STEP0, "HGPO K=2 mean", "HGPO K=4 mean", "HGPO K=4 mean inv-var",
             "Exact-window groups, mean"]

@@ -103,7 +103,7 @@ def test_dag_values_equal_brute_force_enumeration(family, beta):
     acts = 0
     for _, a in window:
       acts = acts * 4 + a
-    code = tb._encode(len(window), first, acts, grid.num_cells, k_mem)  # pylint: disable=protected-access
+    code = tb._encode(len(window), first, acts, grid.num_cells, k_mem)
     return logits[np.searchsorted(dag.contexts, code)]
 
   values = _brute_force(grid, horizon, logits_of_history)
@@ -117,10 +117,10 @@ def test_windows_decode_what_was_encoded():
     for _ in range(50):
       start = int(rng.choice(grid.starts))
       moves = rng.integers(0, 4, rng.integers(0, 6))
-      code = tb._encode(0, start, 0, grid.num_cells, k_mem)  # pylint: disable=protected-access
+      code = tb._encode(0, start, 0, grid.num_cells, k_mem)
       cells_seen = [start]
       for a in moves:
-        code = tb._advance(np.array([code]), np.array([a]), grid, k_mem)[0]  # pylint: disable=protected-access
+        code = tb._advance(np.array([code]), np.array([a]), grid, k_mem)[0]
         cells_seen.append(int(grid.step_to[cells_seen[-1], a]))
       cells, actions, length, cur = tb.decode_windows(np.array([code]), grid, k_mem)
       keep = min(k_mem, len(moves))

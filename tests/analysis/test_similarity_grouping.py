@@ -104,7 +104,7 @@ def test_row_batch_similarity_groups_within_episode_groups_only():
 
 def test_gigpo_option_reaches_the_grouping():
   est = registry.get("gigpo")
-  from hgpo_jax.advantages import grouping  # pylint: disable=g-import-not-at-top
+  from hgpo_jax.advantages import grouping
   assert grouping.grouping_options(est.options()) == {}
   assert grouping.grouping_options(est.options(enable_similarity=True)) == {
       "similarity_thresh": 0.95}
@@ -142,8 +142,8 @@ def test_cli_similarity_flags(tmp_path, capsys):
   """`python -m hgpo_jax.advantages --estimator gigpo --enable-similarity`: the two
   near-identical observations form one anchor group, so their step terms are
   +-(1 - 0) / 2 = +-0.5 (mean norm) instead of 0 for singletons."""
-  import json  # pylint: disable=g-import-not-at-top
-  from hgpo_jax.advantages import __main__ as cli  # pylint: disable=g-import-not-at-top
+  import json
+  from hgpo_jax.advantages import __main__ as cli
   rows = [dict(group="g", traj="a", step=0, anchor_obs="a red room, one door", reward=1.0,
                valid=True),
           dict(group="g", traj="b", step=0, anchor_obs="a red room, one door.", reward=0.0,

@@ -216,11 +216,11 @@ def test_one_engine_is_reused_across_resets(env):
   resets must re-load the game into the same engine (a leak filled /tmp before)."""
   ids = env.task_ids("valid_seen")[:3]
   env.reset(options={"task_id": ids[0]})
-  engine = env._engine  # pylint: disable=protected-access
+  engine = env._engine
   lib = engine.unwrapped.downward_lib if hasattr(engine, "unwrapped") else None
   for task_id in ids[1:] + ids[:1]:
     obs, info = env.reset(options={"task_id": task_id})
-    assert env._engine is engine  # pylint: disable=protected-access
+    assert env._engine is engine
     assert "Your task is to:" in obs and info["admissible_actions"]
   if lib is not None:
     assert engine.unwrapped.downward_lib is lib

@@ -50,7 +50,7 @@ def test_split_file_regenerates_byte_identical(tmp_path, version):
 def test_suite_shape(version):
   suite = mini.SUITES[version]
   counts = dict(suite.counts)
-  c = generator._constants()  # pylint: disable=protected-access
+  c = generator._constants()
   by_split = {s: _committed(s, version) for s in counts}
   for split, records in by_split.items():
     assert len(records) == counts[split]

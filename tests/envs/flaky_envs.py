@@ -10,7 +10,7 @@ class FlakyEnv(sokoban.SokobanEnv):
 
   def __init__(self, import_jax: bool = False, **kwargs):
     if import_jax:
-      import jax  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+      import jax  # noqa: F401
     super().__init__(**kwargs)
 
   def step(self, action):

@@ -142,8 +142,8 @@ def test_tls_with_a_self_signed_certificate_and_token(certificate):
 
 
 def test_trainer_config_passes_token_and_root_certificate(tmp_path, monkeypatch):
-  from configs import sokoban as sokoban_config  # pylint: disable=import-outside-toplevel
-  from hgpo_jax import train  # pylint: disable=import-outside-toplevel
+  from configs import sokoban as sokoban_config
+  from hgpo_jax import train
   (tmp_path / "token").write_text(TOKEN + "\n")
   (tmp_path / "ca.pem").write_bytes(b"PEM")
   config = sokoban_config.get_config("smoke")
@@ -153,6 +153,6 @@ def test_trainer_config_passes_token_and_root_certificate(tmp_path, monkeypatch)
   seen = {}
   monkeypatch.setattr(train.pool_lib, "EnvPool",
                       lambda servers, n, **kw: seen.update(servers=servers, n=n, **kw))
-  train._make_pool(config, 4)  # pylint: disable=protected-access
+  train._make_pool(config, 4)
   assert (seen["servers"], seen["n"], seen["token"], seen["tls_root_cert"]) == (
       ["envhost:50051"], 4, TOKEN, b"PEM")

@@ -265,7 +265,7 @@ def test_mini_suite_configs_build():
 
 def test_plan_counts_iterations_and_evaluations(capsys, tmp_path):
   entry = {"env": "alfworld_mini", "method": "gigpo"}
-  assert sweep._iterations(suites.MINI, entry) == 14  # pylint: disable=protected-access
+  assert sweep._iterations(suites.MINI, entry) == 14
   assert sweep._evaluations(suites.MINI, entry) == 1  # the final evaluation only
   assert sweep._evaluations(suites.MINI, dict(entry, method="smollm2_prompted")) == 1
   assert sweep.main(["plan", "--suite", "mini", "--envs", "alfworld_mini", "--methods", "grpo",

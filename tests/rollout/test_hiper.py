@@ -217,8 +217,8 @@ def test_missing_or_empty_switch_keeps_and_turn_one_is_a_boundary():
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer():
-  from hgpo_jax.models.gguf_file import GGUFFile  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.models.loading import smollm2_gguf_path  # pylint: disable=import-outside-toplevel
+  from hgpo_jax.models.gguf_file import GGUFFile
+  from hgpo_jax.models.loading import smollm2_gguf_path
   return GGUFFile(smollm2_gguf_path()).tokenizer()
 
 

@@ -143,8 +143,8 @@ def test_hiper_trains_a_three_head_critic(hiper_run):
 def test_hiper_dump_recomputes_the_trainers_advantages(hiper_run):
   """The dump carries switch, subgoal, token tags and the three read-out values; the
   registry estimator on the dump alone gives the trainer's advantages."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.advantages import grouping, registry  # pylint: disable=import-outside-toplevel
+  import jax
+  from hgpo_jax.advantages import grouping, registry
   workdir, _ = hiper_run
   c = _config("hiper")
   for name in ("iter_000000.jsonl", "iter_000001.jsonl"):

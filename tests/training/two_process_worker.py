@@ -12,19 +12,19 @@ import sys
 def main(out, num_processes, process_id, port, local_devices):
   os.environ["JAX_PLATFORMS"] = "cpu"
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
-  import jax  # pylint: disable=import-outside-toplevel  (after the env vars on purpose)
+  import jax  # after the env vars on purpose
   if num_processes > 1:
     # CPU collectives across processes need gloo (the default implementation is none).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=num_processes,
                                process_id=process_id, initialization_timeout=120)
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from flax import nnx  # pylint: disable=import-outside-toplevel
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  import numpy as np
+  from flax import nnx
+  from jax.experimental import multihost_utils
 
-  from hgpo_jax.models import config as model_config  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.models import decoder, sharding  # pylint: disable=import-outside-toplevel
-  from hgpo_jax.training import train_batch, train_step  # pylint: disable=import-outside-toplevel
+  from hgpo_jax.models import config as model_config
+  from hgpo_jax.models import decoder, sharding
+  from hgpo_jax.training import train_batch, train_step
 
   assert jax.device_count() == 8, jax.devices()
   cfg = model_config.get_preset("tiny").replace(num_layers=1, vocab_size=64, mlp_dim=64)
