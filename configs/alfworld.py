@@ -64,19 +64,9 @@ def get_config(arg: str | None = None):
 
   c.algo.name = a.algo  # algo=ppo / algo=hiper: replaced by common.apply_critic_algo below
   # ALFWorld scripts use std normalisation for GiGPO and HGPO (docs/algorithms.md §12).
-  c.algo.options = common.family_options(common.CRITIC_ALGOS.get(a.algo, a.algo), k=history, norm="mean_std")
+  c.algo.options = common.algo_options(a.algo, k=history, norm="mean_std")
 
   c.train.mini_batch_rows = 256
   c.train.micro_batch_rows = 16
 
-  if a.algo in common.CRITIC_ALGOS:
-    common.apply_critic_algo(c, a.algo, "alfworld")
-  if a.local:
-    common.apply_local(c)
-  if a.smoke:
-    common.apply_smoke(c)
-  if a.algo in common.CRITIC_ALGOS:
-    common.finish_critic_algo(c, a.algo)
-
-  c.lock()
-  return c
+  return common.finish(c, a, "alfworld")

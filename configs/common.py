@@ -86,6 +86,29 @@ def finish_critic_algo(c: ml_collections.ConfigDict, algo: str) -> None:
     c.rollout.max_new_tokens = max(c.rollout.max_new_tokens, 128)
 
 
+def algo_options(algo: str, *, k, norm: str) -> ml_collections.ConfigDict:
+  """`family_options` of the config's `algo` (for `algo=ppo|hiper`, of its estimator;
+  `apply_critic_algo` then sets the published options)."""
+  return family_options(CRITIC_ALGOS.get(algo, algo), k=k, norm=norm)
+
+
+def finish(c: ml_collections.ConfigDict, a: ml_collections.ConfigDict,
+           env: str) -> ml_collections.ConfigDict:
+  """The variants every environment family shares, in their one order, then `lock`:
+  `algo=ppo|hiper` (published settings), `local`, `smoke`, and last the critic
+  algorithms' no-grouping rule over what the size variants set."""
+  if a.algo in CRITIC_ALGOS:
+    apply_critic_algo(c, a.algo, env)
+  if a.get("local", False):
+    apply_local(c)
+  if a.smoke:
+    apply_smoke(c)
+  if a.algo in CRITIC_ALGOS:
+    finish_critic_algo(c, a.algo)
+  c.lock()
+  return c
+
+
 def estimator_options(name: str, **overrides) -> ml_collections.ConfigDict:
   """The estimator's options with their published defaults, read from the registry.
 
@@ -216,6 +239,23 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+# The two size variants, as `--config.a.b` overrides (flattened keys).
+_LOCAL = {
+    "env.num_servers": 1, "env.max_steps": 2,
+    "rollout.num_groups": 2, "rollout.group_size": 4, "rollout.max_new_tokens": 32,
+    "rollout.max_prompt_tokens": 640, "rollout.constrained": True,
+    "train.num_iterations": 2, "train.lr": 1e-5, "train.mini_batch_rows": 16,
+    "train.micro_batch_rows": 4, "eval.every": 0, "eval.num_tasks": 8,
+}
+_SMOKE = {
+    "env.num_servers": 1, "env.max_steps": 3,
+    "rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 16,
+    "rollout.max_prompt_tokens": 512, "rollout.constrained": True,
+    "train.num_iterations": 2, "train.lr": 1e-4, "train.mini_batch_rows": 8,
+    "train.micro_batch_rows": 4, "eval.every": 0, "eval.num_tasks": 2,
+}
+
+
 def apply_local(c: ml_collections.ConfigDict) -> None:
   """The `local` variant: the README main job, sized for a 2-core CPU with SmolLM2-135M.
 
@@ -228,37 +268,13 @@ def apply_local(c: ml_collections.ConfigDict) -> None:
   advantages are all zero and the job demonstrates the system, not learning (the
   learning test in tests/test_learning.py does that with the tiny model).
   """
-  c.env.num_servers = 1
-  c.env.max_steps = 2
-  c.env.eval_splits = ("valid_unseen",)
-  c.rollout.num_groups = 2
-  c.rollout.group_size = 4
-  c.rollout.max_new_tokens = 32
-  c.rollout.max_prompt_tokens = 640
-  c.rollout.constrained = True
-  c.train.num_iterations = 2
-  c.train.lr = 1e-5
-  c.train.mini_batch_rows = 16
-  c.train.micro_batch_rows = 4
-  c.eval.every = 0
-  c.eval.num_tasks = 8
+  c.env.eval_splits = tuple(c.env.eval_splits[-1:])  # the held-out split: unseen rooms
+  c.update_from_flattened_dict(_LOCAL)
 
 
 def apply_smoke(c: ml_collections.ConfigDict) -> None:
   """The `smoke` variant: seconds-scale runs for tests (tiny model unless one was named)."""
   if c.model.name == "smollm2-135m":
     c.model.name = "tiny"
-  c.env.num_servers = 1
-  c.env.max_steps = 3
   c.env.eval_splits = tuple(c.env.eval_splits[:1])
-  c.rollout.num_groups = 2
-  c.rollout.group_size = 2
-  c.rollout.max_new_tokens = 16
-  c.rollout.max_prompt_tokens = 512
-  c.rollout.constrained = True
-  c.train.num_iterations = 2
-  c.train.lr = 1e-4
-  c.train.mini_batch_rows = 8
-  c.train.micro_batch_rows = 4
-  c.eval.every = 0
-  c.eval.num_tasks = 2
+  c.update_from_flattened_dict(_SMOKE)

@@ -5,6 +5,10 @@ end-to-end tests; not one of the papers' benchmarks.
 
 Variants: algo=..., k=2, model=tiny|smollm2-135m|..., dim=6, boxes=1, smoke
   python -m launch.main --config=configs/sokoban.py:algo=gigpo,model=tiny,smoke --workdir=/tmp/sok
+
+algo=ppo / algo=hiper: PPO with a critic and HiPER as in configs/alfworld.py (128 ungrouped
+tasks, critic lr 1e-5, cliprange_value 0.5, PPO mini-batch 128). No HiPER script exists for
+Sokoban: HiPER uses its ALFWorld values (hgpo_jax/advantages/hae.py PUBLISHED_SETTINGS).
 """
 
 from configs import common
@@ -28,14 +32,11 @@ def get_config(arg: str | None = None):
   c.rollout.max_prompt_tokens = 1024
   c.rollout.max_new_tokens = 64
   c.rollout.constrained = True
-  c.algo.name = a.algo
-  c.algo.options = common.family_options(a.algo, k=history, norm="mean_std")
+  c.algo.name = a.algo  # algo=ppo / algo=hiper: replaced by common.apply_critic_algo
+  c.algo.options = common.algo_options(a.algo, k=history, norm="mean_std")
   c.train.lr = 1e-5
   c.train.mini_batch_rows = 32
   c.train.micro_batch_rows = 8
   c.train.num_iterations = 20
   c.eval.num_tasks = 32
-  if a.smoke:
-    common.apply_smoke(c)
-  c.lock()
-  return c
+  return common.finish(c, a, "sokoban")

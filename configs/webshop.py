@@ -54,19 +54,9 @@ def get_config(arg: str | None = None):
 
   c.algo.name = a.algo  # algo=ppo / algo=hiper: replaced by common.apply_critic_algo below
   # WebShop scripts use mean-only normalisation for GiGPO and HGPO (docs/algorithms.md §12).
-  c.algo.options = common.family_options(common.CRITIC_ALGOS.get(a.algo, a.algo), k=history, norm="mean")
+  c.algo.options = common.algo_options(a.algo, k=history, norm="mean")
 
   c.train.mini_batch_rows = 64
   c.train.micro_batch_rows = 8
 
-  if a.algo in common.CRITIC_ALGOS:
-    common.apply_critic_algo(c, a.algo, "webshop")
-  if a.local:
-    common.apply_local(c)
-  if a.smoke:
-    common.apply_smoke(c)
-  if a.algo in common.CRITIC_ALGOS:
-    common.finish_critic_algo(c, a.algo)
-
-  c.lock()
-  return c
+  return common.finish(c, a, "webshop")

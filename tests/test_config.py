@@ -208,3 +208,23 @@ def test_init_weights_is_gone_and_an_override_fails_before_any_work():
   with pytest.raises(KeyError, match="init_weights"):
     _override(c, "checkpoint.init_weights", "/some/run")
   assert checkpoint.RESUME_SOURCES == ("workdir", "resume_path", "scratch")
+
+
+@pytest.mark.parametrize("module", [alfworld_config, webshop_config, sokoban_config])
+def test_every_family_has_the_critic_algorithms(module):
+  # One variant order for all families (configs/common.finish): the published critic
+  # settings, then smoke, then no env grouping over the smoke sizes.
+  for algo, est in (("ppo", "gae"), ("hiper", "hae")):
+    c = module.get_config(f"algo={algo},model=tiny,smoke")
+    run = train.validate(c)
+    assert (c.algo.name, c.rollout.group_size, c.rollout.num_groups) == (est, 1, 4)
+    assert run.critic_update.lr == 1e-5
+  hiper = module.get_config("algo=hiper,smoke")
+  assert hiper.rollout.response_format == "hiper" and hiper.rollout.max_new_tokens == 128
+  assert hiper.algo.options.keep_penalty == (-3.5 if module is webshop_config else -0.3)
+
+
+def test_local_variant_evaluates_on_the_family_held_out_split():
+  # `local` once hard-coded ALFWorld's split name, which the shop server does not have.
+  assert alfworld_config.get_config("local").env.eval_splits == ("valid_unseen",)
+  assert webshop_config.get_config("local").env.eval_splits == ("test",)

@@ -85,7 +85,10 @@ PUBLISHED_SETTINGS = {
                     keep_consistency_penalty=-0.3, bootstrap_truncated=False),
 }
 """Per-environment values of HiPER's scripts (docs/algorithms.md §8); pass as HaeOptions(**...).
-The ALFWorld script does not set the mode, so it is the yaml default (normalised)."""
+The ALFWorld script does not set the mode, so it is the yaml default (normalised). Sokoban
+has no HiPER script; like ALFWorld it ends on success within a step budget, so it takes
+ALFWorld's values (a choice of this project, not a published setting)."""
+PUBLISHED_SETTINGS["sokoban"] = PUBLISHED_SETTINGS["alfworld"]
 
 
 @dataclasses.dataclass(frozen=True)
