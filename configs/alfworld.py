@@ -38,6 +38,8 @@ Main job (README), 2-core CPU:
   shows the system running, not learning).
 """
 
+from __future__ import annotations
+
 from configs import common
 
 

@@ -11,6 +11,8 @@ tasks, critic lr 1e-5, cliprange_value 0.5, PPO mini-batch 128). No HiPER script
 Sokoban: HiPER uses its ALFWorld values (hgpo_jax/advantages/hae.py PUBLISHED_SETTINGS).
 """
 
+from __future__ import annotations
+
 from configs import common
 
 

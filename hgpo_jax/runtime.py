@@ -1,5 +1,7 @@
 """Process-wide JAX settings shared by the trainer, the tools and the tests."""
 
+from __future__ import annotations
+
 import os
 
 import jax

@@ -16,6 +16,8 @@ work with one line on stderr, `launch.main: error: ...`, and exit code 2; `--ver
 adds the traceback.
 """
 
+from __future__ import annotations
+
 import difflib
 import os
 import re

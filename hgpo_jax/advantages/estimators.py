@@ -5,6 +5,8 @@ module that fails to import is an error (it propagates), never a silently missin
 estimator.
 """
 
+from __future__ import annotations
+
 from hgpo_jax.advantages import episode  # noqa: F401  grpo, rloo
 from hgpo_jax.advantages import gae  # noqa: F401
 from hgpo_jax.advantages import gigpo  # noqa: F401

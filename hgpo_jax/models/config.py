@@ -6,6 +6,8 @@ the architecture and where the weights come from, the weights themselves are loa
 `hgpo_jax.models.loading.load_model`.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import json
 import os

@@ -12,6 +12,8 @@ Every parameter is an `nnx.Param` carrying `logical_axes` metadata (names such a
 Softmax, RMSNorm statistics, RoPE and logits are computed in float32 whatever `cfg.dtype`.
 """
 
+from __future__ import annotations
+
 import flax
 import jax
 import jax.numpy as jnp

@@ -7,6 +7,8 @@ hence "half". A missing `output.weight` means the output layer is tied to `token
 Quantized tensors are dequantized to float32 with `gguf.quants.dequantize`.
 """
 
+from __future__ import annotations
+
 import gguf
 import numpy as np
 from gguf import Keys, MODEL_TENSOR

@@ -10,6 +10,8 @@ Accepted names and paths:
   a "*.gguf" file       GGUF weights + the tokenizer of its vocabulary.
 """
 
+from __future__ import annotations
+
 import importlib.util
 import os
 

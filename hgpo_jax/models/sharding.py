@@ -11,6 +11,8 @@ A dimension whose size is not divisible by its mesh axes is replicated instead (
 SmolLM2's 9 heads on tensor=2), so every preset shards on every mesh.
 """
 
+from __future__ import annotations
+
 import jax
 import numpy as np
 from flax import nnx

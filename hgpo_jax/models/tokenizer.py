@@ -15,6 +15,8 @@ SmolLM2, Qwen2.5 and a Zephyr-style template in tests/models/test_tokenizer.py).
 messages are passed; multimodal content blocks and assistant-token masks are not supported.
 """
 
+from __future__ import annotations
+
 import collections
 import datetime
 import functools

@@ -7,6 +7,8 @@ shared work: shape checks (one-line errors naming file, tensor, expected vs foun
 transposition into the Decoder's layout, and stacking of the L layers.
 """
 
+from __future__ import annotations
+
 import json
 import os
 from collections.abc import Callable

@@ -41,6 +41,8 @@ contains the terminator. Several allowed entries sharing a fixed prefix share th
 same trie as without free spans).
 """
 
+from __future__ import annotations
+
 import dataclasses
 from collections.abc import Sequence
 

@@ -33,6 +33,8 @@ as an argument (NNX modules are pytrees), so weight updates made in place by the
 are picked up without recompiling. `Sampler.num_compilations` counts traces.
 """
 
+from __future__ import annotations
+
 import bisect
 import dataclasses
 from collections.abc import Sequence

@@ -15,6 +15,8 @@ FLOP/s and MFU against this CPU's detected peak (`hgpo_jax.perf`). The last line
 batch-8 ratio.
 """
 
+from __future__ import annotations
+
 import argparse
 import dataclasses
 import os
