@@ -23,6 +23,7 @@ from typing import Optional
 
 import flax.struct
 import jax
+import numpy as np
 
 
 @flax.struct.dataclass
@@ -83,3 +84,20 @@ class RowBatch:
   def num_levels(self) -> int:
     """K + 1: the number of context levels the host built."""
     return self.context_group.shape[0]
+
+
+def pad_token_lists(lists, num_tokens: Optional[int], dtype, what: str):
+  """Per-row token lists of dump rows -> (array[n, T] zero-padded, bool mask[n, T]).
+
+  T = `num_tokens`, or the longest list when None; a longer list is a one-line
+  ValueError naming `what` (the dump field)."""
+  lengths = [len(x) for x in lists]
+  num_tokens = max(lengths, default=1) if num_tokens is None else num_tokens
+  if lengths and max(lengths) > num_tokens:
+    raise ValueError(f"a dump row has {max(lengths)} {what}, more than num_tokens={num_tokens}")
+  out = np.zeros((len(lists), num_tokens), dtype)
+  mask = np.zeros((len(lists), num_tokens), bool)
+  for i, x in enumerate(lists):
+    out[i, :lengths[i]] = x
+    mask[i, :lengths[i]] = True
+  return out, mask

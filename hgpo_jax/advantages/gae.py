@@ -34,7 +34,7 @@ import numpy as np
 
 from hgpo_jax.advantages import registry
 from hgpo_jax.advantages import segments
-from hgpo_jax.advantages.batch import RowBatch
+from hgpo_jax.advantages.batch import RowBatch, pad_token_lists
 
 WHITEN_EPS = 1e-8
 """verl `masked_whiten`: rsqrt(var_unbiased + 1e-8)."""
@@ -191,17 +191,9 @@ def gae_fields_from_dump(rows: Sequence[dict[str, Any]], num_tokens: Optional[in
   Returns:
     {"token_values": f32[n, T], "response_mask": bool[n, T]}.
   """
-  lengths = []
   for i, row in enumerate(rows):
     if "token_values" not in row:
       raise ValueError(f"dump row {i} has no `token_values`; estimator 'gae' needs critic values per token")
-    lengths.append(len(row["token_values"]))
-  num_tokens = max(lengths, default=1) if num_tokens is None else num_tokens
-  if lengths and max(lengths) > num_tokens:
-    raise ValueError(f"a dump row has {max(lengths)} response tokens, more than num_tokens={num_tokens}")
-  token_values = np.zeros((len(rows), num_tokens), np.float32)
-  response_mask = np.zeros((len(rows), num_tokens), bool)
-  for i, row in enumerate(rows):
-    token_values[i, :lengths[i]] = row["token_values"]
-    response_mask[i, :lengths[i]] = True
+  token_values, response_mask = pad_token_lists(
+      [row["token_values"] for row in rows], num_tokens, np.float32, "response tokens")
   return {"token_values": token_values, "response_mask": response_mask}

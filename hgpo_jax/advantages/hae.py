@@ -58,7 +58,7 @@ import numpy as np
 
 from hgpo_jax.advantages import registry
 from hgpo_jax.advantages import segments
-from hgpo_jax.advantages.batch import RowBatch
+from hgpo_jax.advantages.batch import RowBatch, pad_token_lists
 
 # int8 span tags of response tokens (RowBatch.token_tags); the tag markup itself
 # (`<switch>`, `</switch>`, ...) belongs to its span.
@@ -328,14 +328,7 @@ def hae_fields_from_dump(rows: Sequence[dict[str, Any]], num_tokens: Optional[in
                   and prev.strip() != cur.strip())
   fields = {"segment_start": start, "values": values, "subgoal_changed": changed}
   if rows and all("token_tags" in r for r in rows):
-    lengths = [len(r["token_tags"]) for r in rows]
-    num_tokens = max(lengths) if num_tokens is None else num_tokens
-    if max(lengths) > num_tokens:
-      raise ValueError(f"a dump row has {max(lengths)} token tags, more than num_tokens={num_tokens}")
-    tags = np.zeros((len(rows), num_tokens), np.int8)
-    resp = np.zeros((len(rows), num_tokens), bool)
-    for i, r in enumerate(rows):
-      tags[i, :lengths[i]] = r["token_tags"]
-      resp[i, :lengths[i]] = True
+    tags, resp = pad_token_lists([r["token_tags"] for r in rows], num_tokens, np.int8,
+                                 "token tags")
     fields["token_tags"], fields["response_mask"] = tags, resp
   return fields
