@@ -244,10 +244,15 @@ def cell_columns(cell: Cell, reference: str) -> dict[str, str]:
         iters += f" ({len(reached)}/{n} seeds)"
   else:
     iters = "—"
-  note = f"{cell.unfinished} unfinished" if cell.unfinished else ""
   return {"seeds": f"{n}{ref_mark}", "train": train, "eval": evl, "best": best, "iters": iters,
           "length": _num(mean_std(_values(rs, "eval_episode_length")), n),
-          "invalid": _pct(mean_std(_values(rs, "eval_invalid_rate")), n), "note": note}
+          "invalid": _pct(mean_std(_values(rs, "eval_invalid_rate")), n), "note": _note(cell)}
+
+
+def _note(cell: Cell) -> str:
+  """The Note column of a cell with finished runs: the method's note, unfinished runs."""
+  unfinished = f"{cell.unfinished} unfinished" if cell.unfinished else ""
+  return "; ".join(x for x in (cell.method.note, unfinished) if x)
 
 
 def build_cells(root: str, suite: suites_lib.Suite,
@@ -341,7 +346,8 @@ def csv_text(cells: Sequence[Cell], suite: suites_lib.Suite) -> str:
         "eval_invalid_rate_mean": avg("eval_invalid_rate"),
         "train_episode_length_mean": avg("train_episode_length") if trained else "",
         "train_invalid_rate_mean": avg("train_invalid_rate") if trained else "",
-        "note": cell.pending or (f"{cell.unfinished} unfinished" if cell.unfinished else ""),
+        "note": cell.pending or (_note(cell) if rs else
+                                 (f"{cell.unfinished} unfinished" if cell.unfinished else "")),
     })
   return buf.getvalue()
 

@@ -156,7 +156,7 @@ def test_per_device_flops_of_a_data_parallel_update_are_one_eighth():
   if jax.device_count() < 8:
     pytest.skip("needs 8 (fake) devices")
   _, one, batch = _tiny_learner(remat=False, rows=16, micro=8)
-  _, eight, _ = _tiny_learner(remat=False, rows=16, micro=8, mesh=sharding.make_mesh(8, 1, 1))
+  _, eight, _ = _tiny_learner(remat=False, rows=16, micro=8, mesh=sharding.make_mesh(8, 1, 1, devices=jax.devices()[:8]))
   f1 = perf.LearnerFlops(one).per_call(batch)
   f8 = perf.LearnerFlops(eight).per_call(batch)
   assert 8 * f8["update"] == f1["update"]

@@ -79,7 +79,8 @@ def test_matches_reference_on_random_trajectories(name):
 
 
 def test_sharded_equals_unsharded():
-  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  # all devices of the process (8 by default; the reduction-order variations use 4 and 16)
+  mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
   f = ref.random_fields(np.random.default_rng(2), num_traj=200, max_turns=8, num_tokens=24, capacity=1024)
   batch = ref.row_batch(f)
   opt = EQUIVALENCE_OPTIONS["multi_turn_truncated_bootstrap"]

@@ -255,15 +255,15 @@ def _shard_batch(batch, mesh):
 
 
 def test_sharded_equals_unsharded():
-  assert jax.device_count() == 8
-  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  # all devices of the process (8 by default; the reduction-order variations use 4 and 16)
+  mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
   rng = np.random.default_rng(5)
   f = ref.random_fields(rng, num_traj=30, max_turns=8, num_tokens=6, capacity=SMALL_CAPACITY)
   batch = ref.row_batch(f)
   opt = SMALL_OPTIONS
   plain = hae.hae(batch, opt)
   sharded_batch = _shard_batch(batch, mesh)
-  assert len(sharded_batch.token_tags.sharding.device_set) == 8
+  assert len(sharded_batch.token_tags.sharding.device_set) == jax.device_count() > 1
   sharded = hae.hae(sharded_batch, opt)
   for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(sharded)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)

@@ -128,7 +128,8 @@ def test_member_at_group_mean_is_exact_zero():
 
 @pytest.mark.parametrize("name,options", ESTIMATOR_OPTIONS, ids=IDS)
 def test_sharded_equals_unsharded(name, options):
-  assert jax.device_count() == 8
+  # all devices of the process (8 by default; the reduction-order variations use 4 and 16)
+  assert jax.device_count() > 1
   mesh = Mesh(np.asarray(jax.devices()), ("data",))
   rng = np.random.default_rng(6)
   rows = []
@@ -144,7 +145,7 @@ def test_sharded_equals_unsharded(name, options):
     return jax.device_put(a, NamedSharding(mesh, spec))
 
   sharded_batch = jax.tree.map(place, grouped.batch)
-  assert len(sharded_batch.returns.sharding.device_set) == 8
+  assert len(sharded_batch.returns.sharding.device_set) == jax.device_count()
   sharded = np.asarray(est(sharded_batch, opts).advantage)
   np.testing.assert_allclose(sharded, unsharded, rtol=1e-6, atol=1e-6)
   assert np.count_nonzero(unsharded) > 100

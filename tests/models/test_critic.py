@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import fake_devices
 from hgpo_jax.advantages.hae import TAG_ACTION as A
 from hgpo_jax.advantages.hae import TAG_OTHER as O
 from hgpo_jax.advantages.hae import TAG_SUBGOAL as G
@@ -106,7 +107,7 @@ def test_bad_head_count_and_params():
 
 
 def test_critic_params_follow_the_logical_axis_rules():
-  mesh = sharding.make_mesh(2, 2, 2, devices=jax.devices()[:8])
+  mesh = sharding.make_mesh(2, 2, 2, devices=fake_devices.take(8))
   abstract = critic.abstract_critic(TINY, 3)
   shardings = nnx.to_pure_dict(sharding.param_shardings(nnx.state(abstract, nnx.Param), mesh))
   assert tuple(shardings["value_head"].spec) == (None, "fsdp")  # [heads, embed]

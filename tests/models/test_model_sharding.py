@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+import fake_devices
 import model_fixtures
 from hgpo_jax.models import causal_mask, load_model, make_mesh, param_shardings, shard_model
 from hgpo_jax.models import sharding as sharding_lib
@@ -15,16 +16,16 @@ from hgpo_jax.models import sharding as sharding_lib
 
 @pytest.fixture(scope="module")
 def mesh():
-  return make_mesh(data=2, fsdp=2, tensor=2)
+  return make_mesh(data=2, fsdp=2, tensor=2, devices=fake_devices.take(8))
 
 
 def test_make_mesh_axes_and_errors():
-  mesh = make_mesh(fsdp=2)
+  mesh = make_mesh(fsdp=2, devices=fake_devices.take(8))
   assert mesh.axis_names == ("data", "fsdp", "tensor")
   assert dict(mesh.shape) == {"data": 4, "fsdp": 2, "tensor": 1}
   assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
   with pytest.raises(ValueError, match="device count"):
-    make_mesh(data=3, fsdp=2, tensor=2)
+    make_mesh(data=3, fsdp=2, tensor=2, devices=fake_devices.take(8))
 
 
 def test_logical_to_spec_rules(mesh):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import fake_devices
 from hgpo_jax.models import config, decoder, sharding, tokenizer
 from hgpo_jax.sampling import sampler
 
@@ -259,7 +260,7 @@ def test_sharded_equals_unsharded(tok, prompts):
   cfg = config.get_preset("tiny")
   plain = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
   sharded = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
-  mesh = sharding.make_mesh(data=4, fsdp=1, tensor=2)
+  mesh = sharding.make_mesh(data=4, fsdp=1, tensor=2, devices=fake_devices.take(8))
   sharding.shard_model(sharded, mesh)
   ref = sampler.Sampler(plain, tok, prompt_buckets=(32,), batch_buckets=(4,))
   dist = sampler.Sampler(sharded, tok, prompt_buckets=(32,), batch_buckets=(4,), mesh=mesh)

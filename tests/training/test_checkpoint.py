@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import fake_devices
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding
@@ -21,7 +22,7 @@ CONFIG = {"seed": 7, "algo": "hgpo", "k": 2}
 
 def _learner(shape):
   n = int(np.prod(shape))
-  mesh = sharding.make_mesh(*shape, devices=jax.devices()[:n])
+  mesh = sharding.make_mesh(*shape, devices=fake_devices.take(n))
   model = decoder.Decoder(TINY, rngs=nnx.Rngs(0))
   cfg = train_step.UpdateConfig(lr=1e-3, mini_batch_rows=8, micro_batch_rows=8)
   return train_step.Learner(model, mesh, cfg), nnx.state(model, nnx.Param)

@@ -6,6 +6,7 @@ import optax
 import pytest
 from flax import nnx
 
+import fake_devices
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding
@@ -22,7 +23,7 @@ def _model():
 
 def _mesh(data=1, fsdp=1, tensor=1):
   n = data * fsdp * tensor
-  return sharding.make_mesh(data, fsdp, tensor, devices=jax.devices()[:n])
+  return sharding.make_mesh(data, fsdp, tensor, devices=fake_devices.take(n))
 
 
 def _host_batch(rows=16, seed=0, row_multiple=16, per_token=False):
