@@ -41,9 +41,17 @@ Uniform-random play over the admissible list (`python -m env_servers.alfworld.mi
 --suite mini_v2 --random-play 32 --split train --hide-actions look,inventory,examine`):
 train 17.2 % within 12 steps.
 
-Cost: one ALFWorld-mini run (14 iterations + the final evaluation of 12 held-out tasks)
-took 7-8 min wall while three runs shared the 2 cores (logs of the sweep: "[sweep]
-finished ... in N s").
+Budget (the whole table within 4 hours on the 2-core reference machine): measured per
+iteration with one run alone on the machine (`time/iteration_s` in metrics.jsonl), an
+ALFWorld-mini iteration costs ~17 s with a critic-free estimator, ~40 s with PPO (critic
+forward and update) and ~75 s with HiPER (up to 128 new tokens, three value heads); with
+the final evaluation, 15 critic-free runs + 3 PPO + 3 HiPER + 3 prompted evaluations take
+~2.6 h. The Sokoban and WebShop-mini columns therefore run GRPO, GiGPO and HGPO K=2 (and
+the prompted row) for 14 iterations: at an assumed 20 s per iteration (not yet measured:
+their sizes are drafts that were never run) 18 runs take ~1.4 h, ~4.0 h in all.
+`python -m launch.sweep plan --suite mini --iteration-s S --eval-s E` prints the runs
+still to do and a wall-time estimate. Several runs sharing the 2 cores take about as
+long in total as the same runs one after the other.
 """
 
 from __future__ import annotations
@@ -73,6 +81,8 @@ class Environment:
       env grouping (PPO, HiPER) play the same number of distinct tasks.
     group_size: trajectories per task for the group-based estimators.
     label: table label.
+    methods: the suite's methods this column runs (empty: all); the others are listed
+      as pending with the reason (a suite sized for a time budget).
   """
 
   name: str
@@ -83,6 +93,7 @@ class Environment:
   num_trajectories: int = 16
   group_size: int = 8
   label: str = ""
+  methods: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +161,9 @@ _TINY_RL = {  # the learning test's optimiser settings (tests/test_learning.py)
 # initial output for all 14 iterations (explained variance ~0), so PPO and HiPER would
 # be compared with a critic that does not learn (measured in results/README.md).
 _TINY_CRITIC = {"critic.lr": 1e-2, "critic.weight_decay": 0.0}
+# The methods of the Sokoban and WebShop-mini columns: the whole suite must finish within
+# 4 hours on the 2-core reference machine (module docstring, "Budget").
+_SECOND_COLUMNS = ("grpo", "gigpo", "hgpo_k2", "smollm2_prompted")
 _COMMON = {
     "env.num_servers": 1, "mesh.data": 1,
     "rollout.constrained": True, "rollout.max_new_tokens": 32,
@@ -182,17 +196,19 @@ MINI = Suite(
             overrides={**_COMMON, **_TINY_RL,
                        "env.max_steps": 15,
                        "rollout.max_prompt_tokens": 512,
-                       "train.num_iterations": 20,
+                       "train.num_iterations": 14,
                        "train.mini_batch_rows": 240, "train.micro_batch_rows": 80,
-                       "eval.num_tasks": 24}),
+                       "eval.num_tasks": 24},
+            methods=_SECOND_COLUMNS),
         Environment(
             name="webshop_mini", label="WebShop-mini (h=15)", config="configs/webshop.py",
             args="horizon=15", heldout_split="test", num_trajectories=16, group_size=8,
             overrides={**_COMMON, **_TINY_RL,
                        "rollout.max_prompt_tokens": 1024,
-                       "train.num_iterations": 20,
+                       "train.num_iterations": 14,
                        "train.mini_batch_rows": 240, "train.micro_batch_rows": 80,
-                       "eval.num_tasks": 24}),
+                       "eval.num_tasks": 24},
+            methods=_SECOND_COLUMNS),
     ),
     methods=(
         Method("grpo", "GRPO", "algo=grpo,k=2,model=tiny"),
@@ -274,7 +290,10 @@ def build_config(env: Environment, method: Method, seed: int):
 
 
 def pending_reason(env: Environment, method: Method) -> str | None:
-  """Why the cell cannot run yet (the config or the trainer's validation refuses it)."""
+  """Why the cell is not run: outside the column's methods (budget), or the config or the
+  trainer's validation refuses it."""
+  if env.methods and method.name not in env.methods:
+    return f"outside this column's budget (it runs {', '.join(env.methods)})"
   from hgpo_jax import train
   try:
     config = build_config(env, method, 0)
