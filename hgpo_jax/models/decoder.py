@@ -148,12 +148,16 @@ def _project(x_bti, w_oi):
   return (x_bti @ w_2d.T).reshape(*x_bti.shape[:-1], *out_shape)
 
 
-def _block(cfg: ModelConfig, p: dict, x_btd, cos_btk, sin_btk, mask_bts, k_bshd, v_bshd, cache_index):
+def _block(cfg: ModelConfig, p: dict, x_btd, cos_btk, sin_btk, mask_bts, cache=None, layer=None,
+           cache_index=None):
   """One decoder block. p holds one layer's parameters (no leading L axis).
 
-  Without cache (k_bshd None) the block attends over its own T keys; with a cache it
-  writes its keys/values at [cache_index, cache_index + T) and attends over all S.
-  Returns (x_btd, k_bshd, v_bshd).
+  Without cache the block attends over its own T keys. With one, `cache` = (k, v) of the
+  whole model ([L, B, S, Hkv, Dh]): the block writes its T new keys/values at
+  [layer, :, cache_index : cache_index + T] and attends over that layer's S keys. Only
+  the new positions are written, in place (the cache is a loop carry), so a decode step
+  moves T positions instead of copying the cache (see `Decoder.hidden`).
+  Returns (x_btd, cache).
   """
   dt = cfg.compute_dtype
   b, t, _ = x_btd.shape
@@ -166,13 +170,17 @@ def _block(cfg: ModelConfig, p: dict, x_btd, cos_btk, sin_btk, mask_bts, k_bshd,
     q_bthk, k_bthk, v_bthk = q_bthk + w("q_bias"), k_bthk + w("k_bias"), v_bthk + w("v_bias")
   q_bthk = apply_rope(q_bthk, cos_btk, sin_btk, cfg.rope_layout)
   k_bthk = apply_rope(k_bthk, cos_btk, sin_btk, cfg.rope_layout)
-  if k_bshd is None:
+  if cache is None:
     keys, values = k_bthk, v_bthk
   else:
-    start = (0, cache_index, 0, 0)
-    k_bshd = jax.lax.dynamic_update_slice(k_bshd, k_bthk.astype(k_bshd.dtype), start)
-    v_bshd = jax.lax.dynamic_update_slice(v_bshd, v_bthk.astype(v_bshd.dtype), start)
-    keys, values = k_bshd.astype(dt), v_bshd.astype(dt)
+    k_lbshd, v_lbshd = cache
+    zero = jnp.zeros((), jnp.int32)
+    start = (layer, zero, cache_index, zero, zero)
+    k_lbshd = jax.lax.dynamic_update_slice(k_lbshd, k_bthk[None].astype(k_lbshd.dtype), start)
+    v_lbshd = jax.lax.dynamic_update_slice(v_lbshd, v_bthk[None].astype(v_lbshd.dtype), start)
+    keys = jax.lax.dynamic_index_in_dim(k_lbshd, layer, 0, keepdims=False).astype(dt)
+    values = jax.lax.dynamic_index_in_dim(v_lbshd, layer, 0, keepdims=False).astype(dt)
+    cache = (k_lbshd, v_lbshd)
   groups = cfg.num_heads // cfg.num_kv_heads
   q_btkgd = q_bthk.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim)
   scores = jnp.einsum("btkgd,bskd->bkgts", q_btkgd, keys, preferred_element_type=jnp.float32)
@@ -184,7 +192,7 @@ def _block(cfg: ModelConfig, p: dict, x_btd, cos_btk, sin_btk, mask_bts, k_bshd,
   h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps)
   gated_btf = jax.nn.silu(_project(h_btd, w("gate"))) * _project(h_btd, w("up"))
   x_btd = x_btd + _project(gated_btf, w("down"))
-  return x_btd, k_bshd, v_bshd
+  return x_btd, cache
 
 
 class Decoder(nnx.Module):
@@ -229,19 +237,26 @@ class Decoder(nnx.Module):
     if cache is None:
       @remat
       def step(x, p):
-        x, _, _ = _block(cfg, p, x, cos_btk, sin_btk, mask_bts, None, None, None)
+        x, _ = _block(cfg, p, x, cos_btk, sin_btk, mask_bts)
         return x, None
       x_btd, _ = jax.lax.scan(step, x_btd, layer_params)
       new_cache = None
     else:
       index = jnp.asarray(cache_index, jnp.int32)
 
+      # The whole cache is a carry of the layer loop and each layer writes only its new
+      # positions into it. (Scanning over the cache as xs/ys made XLA build a fresh
+      # [L, B, S, Hkv, Dh] output and copy it, about four full passes over the cache per
+      # decode step.)
       @remat
-      def step(x, xs):
-        p, k_bshd, v_bshd = xs
-        x, k_bshd, v_bshd = _block(cfg, p, x, cos_btk, sin_btk, mask_bts, k_bshd, v_bshd, index)
-        return x, (k_bshd, v_bshd)
-      x_btd, (k, v) = jax.lax.scan(step, x_btd, (layer_params, cache.k, cache.v))
+      def step(carry, xs):
+        x, k_lbshd, v_lbshd = carry
+        p, layer = xs
+        x, (k_lbshd, v_lbshd) = _block(cfg, p, x, cos_btk, sin_btk, mask_bts,
+                                       (k_lbshd, v_lbshd), layer, index)
+        return (x, k_lbshd, v_lbshd), None
+      layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+      (x_btd, k, v), _ = jax.lax.scan(step, (x_btd, cache.k, cache.v), (layer_params, layers))
       new_cache = KVCache(k=k, v=v)
     return rms_norm(x_btd, self.final_norm[...], cfg.rms_eps), new_cache
 
