@@ -436,8 +436,9 @@ def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
   paths = {"md": os.path.join(out_dir, f"{stem}.md"),
            "csv": os.path.join(out_dir, f"{stem}.csv"),
            "png": os.path.join(out_dir, f"{stem}_curves.png")}
-  with open(paths["md"], "w", encoding="utf-8") as f:
-    f.write(markdown(cells, suite, footer(suite, command, root)))
+  text = markdown(cells, suite, footer(suite, command, root))  # before any file is rewritten:
+  with open(paths["md"], "w", encoding="utf-8") as f:            # the footer reads `git diff`
+    f.write(text)
   with open(paths["csv"], "w", encoding="utf-8") as f:
     f.write(csv_text(cells, suite))
   plot(cells, suite, paths["png"])
