@@ -30,9 +30,9 @@ trajectory length), consistency penalty -0.3, bootstrap_truncated, mini-batch 25
   (7B) (arXiv 2602.16165; JonP07/HiPER-agent README). Not comparable to our games.
   Smoke: python -m launch.main --config=configs/alfworld.py:algo=hiper,model=tiny,smoke --workdir=/tmp/x
 
-Main job (README), 2-core CPU:
-  make run   # = python -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local
-  Measured here: `time make run` 6 min 33 s on an idle 2-core machine with a warm
+The pretrained-LLM job of the README, 2-core CPU:
+  make run-llm   # = python -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local
+  Measured here (when it was `make run`): 6 min 33 s on an idle 2-core machine with a warm
   compilation cache (21.5 min cold and shared with other jobs); 172.6 s per iteration;
   success 0.000 (2-step horizon: no episode can succeed, all advantages are 0; the job
   shows the system running, not learning).
