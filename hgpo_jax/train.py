@@ -485,11 +485,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if critic_learner is not None:
       critic_state = train_step.TrainState.from_checkpoint(resumed.restored.state["critic"])
     start = int(resumed.restored.cursor["iteration"])
-    if pid == 0:  # the files of a shared workdir are process 0's to change
-      if resumed.source == "workdir":
-        checkpoint_lib.set_aside_steps_after(ckpt_dir, resumed.restored.step)
-      metrics_lib.truncate_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME), start)
-    processes.barrier("resumed")
+    if pid == 0 and resumed.source == "workdir":
+      checkpoint_lib.set_aside_steps_after(ckpt_dir, resumed.restored.step)
+  if pid == 0:  # the files of a shared workdir are process 0's to change
+    # Metric lines past the starting iteration were written after the last readable
+    # checkpoint (also with none: a kill before the first asynchronous save finished).
+    metrics_lib.truncate_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME), start)
+  processes.barrier("resumed")
   logging.info("resume source: %s (%s); starting at iteration %d", resumed.source,
                resumed.path, start)
 

@@ -73,8 +73,8 @@ LAUNCH_CASES = {
         "flag --config.train.lr=fast: could not convert string to float: 'fast'; give the "
         "override a value of the field's type"),
     "unknown estimator": (
-        [f"{_SMOKE},algo=ppo"],
-        "unknown advantage estimator 'ppo'; registered: ['gae', 'gigpo', 'grpo', 'hae', "
+        [f"{_SMOKE},algo=nope"],
+        "unknown advantage estimator 'nope'; registered: ['gae', 'gigpo', 'grpo', 'hae', "
         "'hgpo', 'rloo']"),
     "unknown estimator override": (
         [_SMOKE, "--config.algo.name=ppo"], "unknown advantage estimator 'ppo'"),
@@ -121,9 +121,9 @@ def test_launch_main_bad_input_is_one_line_and_exit_2(tmp_path, case):
 
 @pytest.mark.slow
 def test_launch_main_verbose_shows_the_traceback(tmp_path):
-  code, err = _launch(tmp_path, f"{_SMOKE},algo=ppo", f"--workdir={tmp_path}", "--verbose")
+  code, err = _launch(tmp_path, f"{_SMOKE},algo=nope", f"--workdir={tmp_path}", "--verbose")
   assert code == 2 and "Traceback (most recent call last)" in err
-  assert err.splitlines()[-1] == ("launch.main: error: unknown advantage estimator 'ppo'; "
+  assert err.splitlines()[-1] == ("launch.main: error: unknown advantage estimator 'nope'; "
                                   "registered: ['gae', 'gigpo', 'grpo', 'hae', 'hgpo', 'rloo']")
 
 

@@ -167,6 +167,20 @@ def test_resume_after_iteration_one_equals_uninterrupted(reference_run, tmp_path
 
 
 @pytest.mark.slow
+def test_metric_lines_without_a_checkpoint_are_dropped_on_restart(reference_run, tmp_path):
+  # A trainer killed after writing iteration 1's metrics but before its first
+  # (asynchronous) checkpoint landed restarts from scratch: the old lines must go, or
+  # step 1 would appear twice (seen in the chaos run).
+  workdir, _ = reference_run
+  shutil.copy(os.path.join(workdir, metrics_lib.JSONL_NAME), str(tmp_path))
+  out = train.train_and_evaluate(_sokoban(), str(tmp_path))
+  assert out["resume_source"] == "scratch"
+  a = [_deterministic(l) for l in _metrics(workdir)]
+  b = [_deterministic(l) for l in _metrics(str(tmp_path))]
+  assert a == b
+
+
+@pytest.mark.slow
 def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
   workdir, _ = reference_run
   copy = str(tmp_path / "run")
