@@ -393,7 +393,11 @@ def plot(cells: Sequence[Cell], suite: suites_lib.Suite, path: str) -> None:
   plt.close(fig)
 
 
-def _git_sha() -> str:
+REVISION_PREFIX = "# trainer revision: "  # the line launch.sweep writes into each run's log.txt
+
+
+def git_revision() -> str:
+  """HEAD of the repository this code runs from, with a mark for uncommitted changes."""
   try:
     sha = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=suites_lib.REPO_ROOT,
                                   text=True, stderr=subprocess.DEVNULL).strip()
@@ -419,10 +423,32 @@ def _machine() -> str:
           f"Python {platform.python_version()}")
 
 
+def run_revisions(root: str, suite: suites_lib.Suite) -> str:
+  """The trainer revisions recorded in the suite's run logs, with their run counts."""
+  counts: dict[str, int] = {}
+  for env in suite.environments:
+    for method in suite.methods:
+      for seed in suite.seeds:
+        workdir = suites_lib.run_dir(root, suite, env.name, method.name, seed)
+        if not is_finished(workdir):
+          continue
+        revision = "not recorded"
+        try:
+          with open(os.path.join(workdir, "log.txt"), encoding="utf-8") as f:
+            for line in f:  # the last start of the run counts (a resumed run may move on)
+              if line.startswith(REVISION_PREFIX):
+                revision = line[len(REVISION_PREFIX):].strip()
+        except OSError:
+          pass
+        counts[revision] = counts.get(revision, 0) + 1
+  return ", ".join(f"{r} ({n} runs)" for r, n in sorted(counts.items())) or "no finished runs"
+
+
 def footer(suite: suites_lib.Suite, command: str, root: str) -> list[str]:
   return [f"command: `{command}` (runs under `{root}`)",
           f"suite: {suite.name}, version {suite.version}",
-          f"git: {_git_sha()}", f"packages: {_versions()}", f"machine: {_machine()}"]
+          f"git: {git_revision()}", f"trainer revisions of the runs: {run_revisions(root, suite)}",
+          f"packages: {_versions()}", f"machine: {_machine()}"]
 
 
 def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,

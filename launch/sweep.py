@@ -15,7 +15,8 @@ re-launches unfinished ones in the same workdir, where the trainer resumes from 
 latest checkpoint, and lists cells that cannot run yet (the config or the trainer's
 validation refuses them: e.g. an estimator that is not trainable yet) as pending; the
 table keeps their rows, marked pending. Every run is a subprocess with
-PYTHONHASHSEED=0, its console output in `<workdir>/log.txt`.
+PYTHONHASHSEED=0, its console output in `<workdir>/log.txt`, which starts each launch with
+the trainer's git revision (the table's footer counts the revisions of its runs).
 
 The older grid interface (one config file, explicit variants):
 
@@ -153,7 +154,7 @@ def subprocess_runner(cmd: list, workdir: str) -> int:
   os.makedirs(workdir, exist_ok=True)
   env = dict(os.environ, PYTHONHASHSEED="0")
   with open(os.path.join(workdir, "log.txt"), "a", encoding="utf-8") as log:
-    log.write(f"$ {shlex.join(cmd)}\n")
+    log.write(f"{report.REVISION_PREFIX}{report.git_revision()}\n$ {shlex.join(cmd)}\n")
     log.flush()
     return subprocess.call(cmd, cwd=suites_lib.REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                            env=env)

@@ -227,6 +227,24 @@ def test_suite_runs_are_resumable(tmp_path):
     sweep.plan_suite(SUITE, root, seeds=[4], pending=pending)
 
 
+def test_run_logs_record_the_trainer_revision_and_the_footer_counts_them(runs, tmp_path,
+                                                                        monkeypatch):
+  monkeypatch.setattr(sweep.subprocess, "call", lambda *a, **k: 0)
+  workdir = suites.run_dir(runs, SUITE, "toy", "a", 1)
+  sweep.subprocess_runner(["python", "-c", "pass"], workdir)
+  with open(os.path.join(workdir, "log.txt"), encoding="utf-8") as f:
+    first = f.readline()
+  assert first == report.REVISION_PREFIX + report.git_revision() + "\n"
+  with open(os.path.join(suites.run_dir(runs, SUITE, "toy", "b", 2), "log.txt"), "w",
+            encoding="utf-8") as f:  # a resumed run: its last launch counts
+    f.write(f"{report.REVISION_PREFIX}old\n$ x\n{report.REVISION_PREFIX}abc123\n$ x\n")
+  line = [l for l in report.footer(SUITE, "CMD", runs) if l.startswith("trainer revisions")][0]
+  # finished runs: a x3, b x3, e x3, p x3 (d is unfinished and not counted)
+  expected = sorted([f"{report.git_revision()} (1 runs)", "abc123 (1 runs)",
+                     "not recorded (10 runs)"])
+  assert line == "trainer revisions of the runs: " + ", ".join(expected)
+
+
 def test_failed_run_is_reported_not_skipped(tmp_path):
   root = str(tmp_path / "sweeps")
   runner = FakeRunner(rc=1)
