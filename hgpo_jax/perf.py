@@ -243,12 +243,15 @@ def analytic_update_flops(cfg, *, rows: int, seq: int, scored: int, remat: bool)
 
 
 def analytic_sampler_flops(cfg, *, batch: int, prompt: int, new_tokens: int) -> dict[str, float]:
-  """Prefill (P-1 positions) and one decode step (1 position + output layer), both
-  attending over the whole cache of P + new_tokens - 1 slots, as the sampler does."""
+  """Prefill (P-1 positions) and one decode step (1 position + output layer), as the
+  sampler computes them (hgpo_jax.models.decoder): the prefill fills an empty cache, its
+  positions score each other only; a decode step scores the whole cache of
+  P + new_tokens - 1 slots (dense) plus its own new key."""
   cache = prompt + new_tokens - 1
   return dict(
-      prefill=analytic_forward_flops(cfg, rows=batch, tokens=prompt - 1, keys=cache, scored=0),
-      decode_step=analytic_forward_flops(cfg, rows=batch, tokens=1, keys=cache, scored=1))
+      prefill=analytic_forward_flops(cfg, rows=batch, tokens=prompt - 1, keys=prompt - 1,
+                                     scored=0),
+      decode_step=analytic_forward_flops(cfg, rows=batch, tokens=1, keys=cache + 1, scored=1))
 
 
 def param_count(cfg) -> int:

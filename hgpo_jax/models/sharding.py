@@ -19,6 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from hgpo_jax.models.config import ModelConfig
+from hgpo_jax.models import decoder
 from hgpo_jax.models.decoder import KVCache
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -36,8 +37,8 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple | None], ...] = (
     ("length", None),
 )
 
-# Logical axes of KVCache.k / KVCache.v: [L, B, S, Hkv, Dh].
-CACHE_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")
+# Logical axes of KVCache.k / KVCache.v: [L, B, Hkv, S, Dh].
+CACHE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> jax.sharding.Mesh:
@@ -116,6 +117,6 @@ def shard_model(model, mesh: jax.sharding.Mesh, rules=DEFAULT_RULES):
 def cache_shardings(cfg: ModelConfig, mesh: jax.sharding.Mesh, batch: int, length: int,
                     rules=DEFAULT_RULES) -> KVCache:
   """KVCache of NamedShardings for a cache of `batch` rows and `length` positions."""
-  shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+  shape = decoder.cache_shape(cfg, batch, length)
   sharding = NamedSharding(mesh, logical_to_spec(CACHE_AXES, mesh, rules, shape))
   return KVCache(k=sharding, v=sharding)

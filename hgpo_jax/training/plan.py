@@ -205,10 +205,10 @@ def _sampler_programs(cfg, graphdef, param_shardings, mesh, rows: int, prompt: i
                        out_shardings=(row_sh, row_sh, cache_sh))
   i32 = lambda shape, sh: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sh)
   cache_abs = decoder.KVCache(
-      k=jax.ShapeDtypeStruct((cfg.num_layers, rows, cache_len, cfg.num_kv_heads, cfg.head_dim),
-                             cfg.compute_dtype, sharding=cache_sh.k),
-      v=jax.ShapeDtypeStruct((cfg.num_layers, rows, cache_len, cfg.num_kv_heads, cfg.head_dim),
-                             cfg.compute_dtype, sharding=cache_sh.v))
+      k=jax.ShapeDtypeStruct(decoder.cache_shape(cfg, rows, cache_len), cfg.compute_dtype,
+                             sharding=cache_sh.k),
+      v=jax.ShapeDtypeStruct(decoder.cache_shape(cfg, rows, cache_len), cfg.compute_dtype,
+                             sharding=cache_sh.v))
   prefill_args = (i32((rows, prompt), row2_sh), i32((rows,), row_sh))
   decode_args = (cache_abs, i32((rows,), row_sh), i32((rows,), row_sh), i32((), rep))
   return (prefill_jit, prefill_args), (decode_jit, decode_args)

