@@ -183,3 +183,51 @@ class SokobanEnv(gym.Env):
         base.TASK_TYPE: "sokoban",
         base.SCORE: on_target / self.num_boxes,
     }
+
+
+def random_play(split: str, episodes: int, dim: int = 6, num_boxes: int = 1,
+                horizons: tuple[int, ...] = (10, 15, 20)) -> dict[int, float]:
+  """Success rate of uniform-random play over the admissible moves within each horizon,
+  one episode per level of the split's first `episodes` levels (seeded by the task id:
+  deterministic). The reference point of a policy's untrained success."""
+  env = SokobanEnv(dim=dim, num_boxes=num_boxes, max_steps=max(horizons))
+  wins = dict.fromkeys(horizons, 0)
+  task_ids = env.task_ids(split)[:episodes]
+  for task_id in task_ids:
+    rng = random.Random(f"random-play/{task_id}")
+    env.reset(options={"task_id": task_id})
+    for step in range(1, max(horizons) + 1):
+      _, _, won, truncated, _ = env.step(rng.choice(env._admissible()))
+      if won:
+        for h in horizons:
+          wins[h] += step <= h
+        break
+      if truncated:
+        break
+  return {h: wins[h] / len(task_ids) for h in horizons}
+
+
+def main(argv: list[str] | None = None) -> int:
+  import argparse
+  parser = argparse.ArgumentParser(description="Text Sokoban: uniform-random play over the "
+                                   "admissible moves (the untrained-policy reference).")
+  parser.add_argument("--random-play", type=int, required=True, metavar="LEVELS",
+                      help="levels played, one episode each (the split's first LEVELS)")
+  parser.add_argument("--split", default="train", choices=sorted(SPLITS))
+  parser.add_argument("--dim", type=int, default=6)
+  parser.add_argument("--boxes", type=int, default=1)
+  parser.add_argument("--horizons", default="10,15,20")
+  args = parser.parse_args(argv)
+  try:
+    horizons = tuple(int(h) for h in args.horizons.split(","))
+    rates = random_play(args.split, args.random_play, args.dim, args.boxes, horizons)
+  except ValueError as e:
+    parser.exit(2, f"sokoban: {e}\n")
+  print(f"sokoban {args.dim}x{args.dim}, {args.boxes} box(es), split {args.split}, "
+        f"{args.random_play} levels: " +
+        ", ".join(f"{100 * r:.1f} % within {h} steps" for h, r in rates.items()))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

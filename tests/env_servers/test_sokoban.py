@@ -112,3 +112,12 @@ def test_thousands_of_steps_per_second():
       _reset(env, f"train-{steps % 1000:05d}")
   rate = steps / (time.perf_counter() - start)
   assert rate > 2000, rate  # ~20k steps/s measured on the 2-core dev machine
+
+
+def test_random_play_reference_is_deterministic_and_pinned(capsys):
+  # The untrained-policy reference of the mini suite's Sokoban column (launch/suites.py).
+  rates = sokoban.random_play("test", 200, dim=6, num_boxes=1, horizons=(10, 15, 20))
+  assert rates == {10: 0.56, 15: 0.62, 20: 0.665}
+  assert sokoban.main(["--random-play", "200", "--split", "test"]) == 0
+  assert capsys.readouterr().out.strip().endswith(
+      "56.0 % within 10 steps, 62.0 % within 15 steps, 66.5 % within 20 steps")
