@@ -1,7 +1,8 @@
-"""The real trainer in two JAX processes x 4 CPU devices == one process x 8 devices.
+"""The real trainer in two JAX processes x 4 CPU devices == one process x 8 devices, and
+two processes SIGKILLed during their second iteration resume to the uninterrupted run.
 
 Each process starts its own Sokoban env server and plays one of the two groups
-(docs/scaling.md "Several processes"); both runs use the same 2x2x2 mesh and greedy
+(docs/scaling.md "Several processes"); all runs use the same 2x2x2 mesh and greedy
 rollouts. Sampling at temperature > 0 cannot be compared: the sampler keys a row by
 its position in the step's batch, and a process's batch holds only its own slots.
 """
@@ -49,14 +50,17 @@ def _env():
   return env
 
 
-def _run(workdir: str, num_processes: int, local_devices: int, logdir) -> None:
+def _run(workdir: str, num_processes: int, local_devices: int, logdir, kill_when=None,
+         name: str = "") -> None:
   """Runs the worker in `num_processes` processes; kills every process group it started
-  (workers and their env servers) on failure or timeout."""
+  (workers and their env servers) on failure or timeout, or, with `kill_when`, as soon as
+  `kill_when()` is true (the workers must still be running then)."""
   port = _free_port() if num_processes > 1 else 0
   procs, logs = [], []
+  killed = False
   try:
     for i in range(num_processes):
-      log = open(logdir / f"worker_{num_processes}_{i}.log", "w+", encoding="utf-8")
+      log = open(logdir / f"worker_{num_processes}_{i}{name}.log", "w+", encoding="utf-8")
       logs.append(log)
       procs.append(subprocess.Popen(
           [sys.executable, WORKER, workdir, str(num_processes), str(i), str(port), str(local_devices)],
@@ -65,7 +69,12 @@ def _run(workdir: str, num_processes: int, local_devices: int, logdir) -> None:
     while any(p.poll() is None for p in procs):
       if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
         break
-      time.sleep(1)
+      if kill_when is not None and kill_when():
+        for p in procs:  # SIGKILL: no atexit, no checkpoint wait, no server shutdown
+          os.killpg(p.pid, signal.SIGKILL)
+        killed = True
+        break
+      time.sleep(1 if kill_when is None else 0.05)
   finally:
     for p in procs:
       if p.poll() is None:
@@ -75,6 +84,9 @@ def _run(workdir: str, num_processes: int, local_devices: int, logdir) -> None:
     log.seek(0)
     tail = log.read()[-3000:]
     log.close()
+    if killed:
+      assert p.returncode == -signal.SIGKILL, f"process {i} ended before the kill:\n{tail}"
+      continue
     assert p.returncode == 0, f"process {i}/{num_processes} (rc {p.returncode}):\n{tail}"
 
 
@@ -133,3 +145,26 @@ def test_two_process_trainer_equals_one_process(tmp_path):
       np.testing.assert_allclose(sb[k], sa[k], rtol=0, atol=2 * lr * updates, err_msg=k)
     elif k.endswith("['count']") or k.endswith("['step']"):
       np.testing.assert_array_equal(sb[k], sa[k], err_msg=k)
+
+  # The same two-process run, SIGKILLed (both workers and their env servers) as soon as
+  # step 1's checkpoint is committed (Orbax renames its temporary directory to "1" on
+  # commit), i.e. during iteration 2, then started again on the same workdir: it resumes
+  # from step 1 and ends where the uninterrupted run ended (same program, same processes:
+  # equal, not close).
+  killed = str(tmp_path / "killed")
+  _run(killed, 2, 4, tmp_path, name="_killed",
+       kill_when=lambda: os.path.isdir(os.path.join(killed, "checkpoints", "1")))
+  assert not os.path.isdir(os.path.join(killed, "checkpoints", "2"))
+  _run(killed, 2, 4, tmp_path, name="_resumed")
+  c = metrics_lib.read_jsonl(os.path.join(killed, metrics_lib.JSONL_NAME))
+  assert [l["step"] for l in c] == [1, 2]  # none lost, none duplicated
+  for x, y in zip(b, c):
+    assert sorted(x) == sorted(y)
+    for key in x:
+      if key.startswith(("time/", "perf/")) and key.endswith(("_s", "_flop_per_s", "_mfu")):
+        continue
+      assert y[key] == x[key], key
+  sc = _final_state(killed)
+  assert sorted(sc) == sorted(sb)
+  for k in sb:
+    np.testing.assert_array_equal(sc[k], sb[k], err_msg=k)
