@@ -185,6 +185,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.response_format = "react"  # "react" (<think>/<action>) | "hiper" (switch/subgoal/action)
   c.rollout.free_query_tokens = 8  # constrained: cap of a free WebShop search query, tokens
   c.rollout.subgoal_tokens = 12  # constrained "hiper": cap of a free subgoal, tokens
+  c.rollout.format_instructions = True  # "hiper": False drops the prompt's format instructions
 
   c.algo = ml_collections.ConfigDict()
   c.algo.name = "hgpo"  # a registered estimator: hgpo_jax.advantages.registry.names()
@@ -215,6 +216,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.critic.grad_clip = 1.0  # global-norm gradient clip (verl default)
   c.critic.cliprange_value = 0.5  # clipped value loss (PPO and HiPER scripts)
   c.critic.loss_scale = 0.5  # verl compute_value_loss: 0.5 * agg(max(...))
+  c.critic.warmup_iterations = 0  # first iterations update only the critic (verl trainer.critic_warmup)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # data-parallel devices; -1: all remaining devices

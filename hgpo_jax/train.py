@@ -137,6 +137,11 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
                       ("train.num_iterations", config.train.num_iterations)):
     if value < 1:
       raise ConfigError(f"config.{name} must be >= 1, got {value}")
+  if config.critic.warmup_iterations < 0:
+    raise ConfigError(f"config.critic.warmup_iterations must be >= 0, got {config.critic.warmup_iterations}")
+  if config.critic.warmup_iterations and not est.needs_critic:
+    raise ConfigError(f"config.critic.warmup_iterations={config.critic.warmup_iterations} needs an "
+                      f"estimator with a critic (algo=ppo|hiper); {est.name!r} has none")
   if not config.env.endpoints and config.env.num_servers < 1:
     raise ConfigError("config.env.num_servers must be >= 1 when no env.endpoints are given")
   rollout = _typed("rollout", rollout_params.RolloutParams, **config.rollout.to_dict())
@@ -180,7 +185,8 @@ def collect(pool, sampler, tokenizer, tasks, group_size: int, config: ml_collect
       max_steps=config.env.max_steps, history_length=r.history_length, sampling=sampling, rng=rng,
       max_prompt_tokens=r.max_prompt_tokens, constrained=r.constrained,
       fallback_chars=r.fallback_chars, response_format=r.response_format,
-      free_query_tokens=r.free_query_tokens, subgoal_tokens=r.subgoal_tokens, on_step=on_step)
+      free_query_tokens=r.free_query_tokens, subgoal_tokens=r.subgoal_tokens,
+      format_instructions=r.format_instructions, on_step=on_step)
 
 
 # ---------------------------------------------------------------------------------------
@@ -581,11 +587,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       t2 = time.perf_counter()
       if critic_learner is None:
         batch = _global_train_batch(ro.rows, adv, buckets, config, tokenizer.pad_id)
-      phases.phase("log-probs")
-      batch = train_step.fill_logprobs(learner, state.params, ref_params, batch)
+      # verl's trainer.critic_warmup: the first iterations train only the critic
+      actor_updated = critic_learner is None or it >= config.critic.warmup_iterations
+      update_metrics = {}
+      if actor_updated:
+        phases.phase("log-probs")
+        batch = train_step.fill_logprobs(learner, state.params, ref_params, batch)
       t3 = time.perf_counter()
-      state, update_metrics = train_step.train_iteration(learner, state, batch)
-      sampler.model = _sampling_model(learner, state.params, sample_mesh)  # donated: rebind
+      if actor_updated:
+        state, update_metrics = train_step.train_iteration(learner, state, batch)
+        sampler.model = _sampling_model(learner, state.params, sample_mesh)  # donated: rebind
       t4 = time.perf_counter()
       if critic_learner is not None:  # independent of the actor's update (same targets)
         critic_state, cm = train_step.train_iteration(critic_learner, critic_state, value_batch)
@@ -605,9 +616,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                       "time/env_s": ro.timings["env_s"], "time/advantages_s": t2 - t1,
                       "time/logprobs_s": t3 - t2, "time/update_s": t4 - t3,
                       "time/iteration_s": time.perf_counter() - t0})
-      metrics.update(perf.iteration_metrics(flops, batch, with_ref=ref_params is not None,
-                                            logprobs_s=t3 - t2, update_s=t4 - t3,
-                                            dtype=config.model.dtype))
+      if actor_updated:
+        metrics.update(perf.iteration_metrics(flops, batch, with_ref=ref_params is not None,
+                                              logprobs_s=t3 - t2, update_s=t4 - t3,
+                                              dtype=config.model.dtype))
+      if critic_learner is not None:
+        metrics["train/actor_updated"] = float(actor_updated)
       env_keys = ("failed_calls", "replayed_episodes", "restarts")  # summed over processes
       env_counts = processes.allgather(np.array([[pool.metrics()[k] for k in env_keys]])).sum(axis=0)
       metrics.update({f"env/{k}": float(v) for k, v in zip(env_keys, env_counts)})

@@ -195,7 +195,7 @@ def test_training_and_evaluation_rollouts_pass_every_rollout_setting(monkeypatch
       env_name="webshop", max_steps=c.env.max_steps, history_length=3,
       sampling=run.eval_sampling, rng="rng", max_prompt_tokens=c.rollout.max_prompt_tokens,
       constrained=True, fallback_chars=11, response_format="react", free_query_tokens=5,
-      subgoal_tokens=7, on_step=on_step)
+      subgoal_tokens=7, format_instructions=True, on_step=on_step)
 
 
 # ------------------------------------------------------------------ removed options

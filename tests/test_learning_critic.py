@@ -27,6 +27,9 @@ def critic_learning_config(data_dir: str, algo: str, **overrides):
   if algo == "hiper":
     # three blocks: ~20 switch + <= 12 + 19 subgoal + up to 26 + 17 action tokens
     settings["rollout.max_new_tokens"] = 96
+    # The released prompt's last 256 tiny-tokenizer tokens are its format instructions
+    # only (no observation, no action): a policy and critic blind to the state.
+    settings["rollout.format_instructions"] = False
   settings.update(overrides)
   return base.learning_config(data_dir, algo=algo, **settings)
 

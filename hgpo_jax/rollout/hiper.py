@@ -11,6 +11,8 @@ exactly three blocks, `<switch>KEEP|SWITCH</switch><subgoal>...</subgoal><action
   released `env_manager.py` does (ALFWorld: actions joined by "\\n " without 'help';
   WebShop: one `'a',` per line, observation = the quoted page parts after the instruction).
   Other environments get the ALFWorld wording with a generic role sentence and the task.
+  `format_instructions=False` (`rollout.format_instructions`) keeps only the state parts
+  (`state_only`), for small constrained models with short prompt budgets.
 * Parser (`parse_response`), after the released `*_projection_options`: the action is the
   lower-cased text between the first `<action>` and the next `</action>` (else the last
   `fallback_chars` characters, invalid); `switch` is the content of the first
@@ -150,6 +152,20 @@ _TEMPLATES = {
 _GENERIC = (GENERIC_OPTIONS_FIRST, GENERIC_OPTIONS_STEP,
             lambda acts: ", ".join(f"'{a}'" for a in acts))
 
+INSTRUCTION_PARTS = (_OPTIONS_INTRO, _BLOCKS_LIST + _RULES_FIRST + _RESPOND,
+                     _BLOCKS_LIST + _RULES_STEP + _RESPOND)
+"""The format-instruction paragraphs of the templates (what `format_instructions=False`
+removes): the sub-goal introduction and, after the admissible actions, the block list,
+the rules and the answer format."""
+
+
+def state_only(template: str) -> str:
+  """`template` without its `INSTRUCTION_PARTS`: role, task, step count, history,
+  observation, current subgoal and admissible actions, in the released order."""
+  for part in INSTRUCTION_PARTS:
+    template = template.replace(part, "")
+  return template
+
 
 def observation_text(env_name: str, result) -> str:
   """The observation HiPER's prompt and memory show: WebShop's quoted page parts after the
@@ -158,7 +174,8 @@ def observation_text(env_name: str, result) -> str:
 
 
 def render_prompt(env_name: str, memory: EpisodeMemory, observation: str,
-                  admissible: Sequence[str], history_length: int, subgoal: str) -> str:
+                  admissible: Sequence[str], history_length: int, subgoal: str,
+                  format_instructions: bool = True) -> str:
   """The user-message text of one HiPER turn (see the module docstring).
 
   Args:
@@ -168,8 +185,16 @@ def render_prompt(env_name: str, memory: EpisodeMemory, observation: str,
     admissible: the admissible actions ('help' is dropped).
     history_length: H, the number of past (observation, action) pairs shown.
     subgoal: the current subgoal (`NO_SUBGOAL` at step 1).
+    format_instructions: False: the template without its `INSTRUCTION_PARTS` (`state_only`).
+      The released text puts ~1,000 characters of instructions after the admissible
+      actions, so a prompt truncated on the left to a few hundred tokens keeps only them
+      (the tiny byte-level tokenizer: the last 256 tokens of an ALFWorld step-1 prompt
+      hold no observation and no action). For constrained decoding, which enforces the
+      format anyway.
   """
   first, step, join = _TEMPLATES.get(env_name, _GENERIC)
+  if not format_instructions:
+    first, step = state_only(first), state_only(step)
   actions = join([a for a in admissible if a != "help"])
   if not memory.records or history_length <= 0:
     return first.format(task=memory.task, observation=observation, subgoal=subgoal, actions=actions)

@@ -51,6 +51,10 @@ class RolloutParams:
   """Cap of a constrained free WebShop search query (`search[<your query>]`), in tokens."""
   subgoal_tokens: int = 12
   """Cap of a constrained free HiPER subgoal, in tokens."""
+  format_instructions: bool = True
+  """HiPER prompt: the released text with its format instructions (True), or only its
+  state parts (False; `hgpo_jax.rollout.hiper.render_prompt`), for small constrained
+  models whose left-truncated prompt would otherwise hold only the instructions."""
 
   def __post_init__(self):
     for name in ("num_groups", "group_size", "max_new_tokens", "max_prompt_tokens",
@@ -63,6 +67,9 @@ class RolloutParams:
     if self.response_format not in RESPONSE_FORMATS:
       raise ValueError(f"response_format={self.response_format!r}; use one of "
                        f"{RESPONSE_FORMATS}")
+    if not self.format_instructions and self.response_format != "hiper":
+      raise ValueError("format_instructions=False exists only for response_format='hiper' "
+                       "(its prompt puts the instructions after the state)")
     self.sampling()  # validates temperature, top_p and top_k
 
   def sampling(self, temperature: float | None = None) -> sampler_lib.SamplingParams:

@@ -123,7 +123,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
             max_steps: int, history_length: int, sampling, rng: jax.Array,
             max_prompt_tokens: int, constrained: bool = False, fallback_chars: int = 30,
             response_format: str = "react", free_query_tokens: int = 8, subgoal_tokens: int = 12,
-            on_step: Callable[[int, int, int], None] | None = None) -> Rollout:
+            format_instructions: bool = True, on_step: Callable[[int, int, int], None] | None = None) -> Rollout:
   """Plays `len(tasks) * group_size` trajectories to the end or `max_steps` steps.
 
   Slot `g * group_size + i` plays trajectory i of group g; all `group_size` slots of
@@ -134,6 +134,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     response_format: "react" or "hiper".
     free_query_tokens: cap of a constrained free WebShop query.
     subgoal_tokens: cap of a constrained free HiPER subgoal.
+    format_instructions: HiPER prompt with (True) or without its format instructions.
     on_step: called as on_step(t, max_steps, active_slots) before each step's generation.
   """
   if response_format not in ("react", "hiper"):
@@ -167,7 +168,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     if is_hiper:
       shown = {i: hiper.observation_text(env_name, current[i]) for i in slots}
       texts = [hiper.render_prompt(env_name, memories[i], shown[i], current[i].admissible_actions,
-                                   history_length, subgoals[i]) for i in slots]
+                                   history_length, subgoals[i], format_instructions)
+               for i in slots]
     else:
       shown = {i: current[i].observation for i in slots}
       texts = [prompts.render_prompt(env_name, memories[i], current[i].observation,

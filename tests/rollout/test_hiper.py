@@ -9,6 +9,7 @@ import rollout_fakes
 from hgpo_jax.advantages import hae, segments
 from hgpo_jax.models import config, decoder, tokenizer
 from hgpo_jax.rollout import hiper, rollout
+from hgpo_jax.rollout import params as rollout_params
 from hgpo_jax.rollout.tasks import Task
 from hgpo_jax.sampling import sampler
 
@@ -103,6 +104,35 @@ def test_three_turn_episode_prompts_equal_the_expected_text():
   assert steps == [(0, 3, 1), (1, 3, 1), (2, 3, 1)]
   assert [a[0] for a in pool.actions] == ["go to fridge 1", "open fridge 1", "take apple 1 from fridge 1"]
 
+
+def test_state_only_prompts_drop_exactly_the_instructions():
+  _, smp, _, _ = _three_turn_episode(format_instructions=False)
+  prompts = [texts[0] for texts, _, _ in smp.calls]
+  for t, (got, want) in enumerate(zip(prompts, EXPECTED_PROMPTS)):
+    for part in (INTRO, THREE_BLOCKS + RULES_FIRST + TAIL, THREE_BLOCKS + RULES_STEP + TAIL):
+      want = want.replace(part, "")
+    assert got == want, f"turn {t + 1}"
+  assert prompts[0] == (
+      ROLE + "\nYour current observation is:\n" + OBS0 + "\n\nYour current sub-goal is:\nNone\n"
+      "(If this is the first step of the episode, this will be \"None\".)\n\n"
+      "Your admissible actions are:\n['go to countertop 1'\n 'go to fridge 1']\n\n")
+
+
+def test_left_truncated_released_prompt_is_blind_and_the_state_only_one_is_not():
+  """Why `format_instructions=False` exists: with the tiny byte-level tokenizer, the last
+  256 tokens of the released step-2 prompt are instruction text only."""
+  tok = tokenizer.tiny_tokenizer()
+  memory = rollout.prompts.EpisodeMemory("put a cool apple in countertop.")
+  memory.records.append((OBS0, "go to fridge 1"))
+  tails = {}
+  for instructions in (True, False):
+    text = hiper.render_prompt("alfworld", memory, OBS1, ADM1, 2, "find the apple", instructions)
+    tails[instructions] = tok.decode(tok.encode(text)[-256:])
+  assert not any(a in tails[True] for a in ADM1) and OBS1 not in tails[True]
+  assert all(a in tails[False] for a in ADM1) and OBS1 in tails[False]
+  assert "find the apple" in tails[False]
+  with pytest.raises(ValueError, match="only for response_format='hiper'"):
+    rollout_params.RolloutParams(format_instructions=False)
 
 def test_rows_carry_what_hae_reads():
   ro, *_ = _three_turn_episode()
