@@ -234,9 +234,14 @@ MINI = Suite(
         Method("hgpo_k4", "HGPO K=4", "algo=hgpo,k=4,model=tiny"),
         Method("ppo", "PPO (critic)", "algo=ppo,k=2,model=tiny", grouped=False,
                overrides=_TINY_CRITIC, note="critic lr 1e-2"),
-        # the three blocks need ~90 tiny-tokenizer tokens (configs/common.finish_critic_algo)
+        # the three blocks need ~90 tiny-tokenizer tokens (configs/common.finish_critic_algo);
+        # the released prompt's last 256 tiny-tokenizer tokens are its format instructions
+        # only (no observation, no action: hgpo_jax/rollout/hiper.py render_prompt), so the
+        # state-only prompt (runs before trainer 913fa95 played blind)
         Method("hiper", "HiPER", "algo=hiper,k=2,model=tiny", grouped=False,
-               overrides={**_TINY_CRITIC, "rollout.max_new_tokens": 128}, note="critic lr 1e-2"),
+               overrides={**_TINY_CRITIC, "rollout.max_new_tokens": 128,
+                          "rollout.format_instructions": False},
+               note="critic lr 1e-2, state-only prompt"),
         Method("smollm2_prompted", "SmolLM2-135M-Instruct, prompted (no training)",
                "algo=grpo,k=2,model=smollm2-135m", kind=PROMPTED),
     ),
