@@ -16,11 +16,10 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
+import checkpoint_arrays
 from hgpo_jax.training import metrics as metrics_lib
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_trainer_worker.py")
@@ -91,16 +90,8 @@ def _run(workdir: str, num_processes: int, local_devices: int, logdir, kill_when
 
 
 def _final_state(workdir: str) -> dict[str, np.ndarray]:
-  """The last checkpoint's TrainState leaves as numpy, keyed by tree path."""
-  path = os.path.join(workdir, "checkpoints", "2", "state")
-  ckptr = ocp.PyTreeCheckpointer()
-  meta = ckptr.metadata(path)  # orbax >= 0.11: StepMetadata(item_metadata=TreeMetadata)
-  tree = getattr(meta, "item_metadata", meta)
-  tree = getattr(tree, "tree", tree)
-  args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-  restored = ckptr.restore(path, restore_args=args)
-  return {jax.tree_util.keystr(k): np.asarray(v)
-          for k, v in jax.tree_util.tree_flatten_with_path(restored)[0]}
+  """The last checkpoint's (step 2) state as numpy, keyed by tree path."""
+  return checkpoint_arrays.state_arrays(workdir, 2)
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import checkpoint_arrays
 from configs import alfworld as alfworld_config
 from configs import webshop as webshop_config
 from hgpo_jax import train
@@ -114,20 +115,6 @@ def test_ppo_resume_after_iteration_one_equals_uninterrupted(ppo_run, tmp_path):
   assert a == b  # iteration 2 depends on the restored critic (values, value loss) and actor
 
 
-def _checkpoint_arrays(workdir, step):
-  """A checkpoint's `state` item as numpy arrays, keyed by tree path."""
-  import jax
-  path = os.path.join(workdir, "checkpoints", str(step), "state")
-  ckptr = ocp.PyTreeCheckpointer()
-  meta = ckptr.metadata(path)
-  tree = getattr(meta, "item_metadata", meta)
-  tree = getattr(tree, "tree", tree)
-  restored = ckptr.restore(path, restore_args=jax.tree.map(
-      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree))
-  return {jax.tree_util.keystr(k): np.asarray(v)
-          for k, v in jax.tree_util.tree_flatten_with_path(restored)[0]}
-
-
 def test_critic_warmup_needs_a_critic_and_is_not_negative():
   c = alfworld_config.get_config("algo=grpo,model=tiny,smoke")
   with c.unlocked():
@@ -149,7 +136,7 @@ def test_critic_warmup_updates_only_the_critic_first(tmp_path):
   assert not any(k.startswith(("train/loss", "perf/update")) for k in first)
   assert math.isfinite(second["train/loss"]) and second["train/num_updates"] >= 1
   assert first["critic/num_updates"] >= 1 and math.isfinite(first["critic/value_loss"])
-  one, two = _checkpoint_arrays(workdir, 1), _checkpoint_arrays(workdir, 2)
+  one, two = checkpoint_arrays.state_arrays(workdir, 1), checkpoint_arrays.state_arrays(workdir, 2)
   assert one["['step']"] == 0 and two["['step']"] >= 1  # actor optimizer steps
   assert one["['critic']['step']"] >= 1
   params = [k for k in one if k.startswith("['params']")]
