@@ -165,11 +165,15 @@ class Sampler:
       the KV cache are split over the mesh axes of the logical "batch" axis (data, fsdp),
       the cache's kv-heads over "tensor"; the model keeps the shardings its parameters
       already have (`hgpo_jax.models.sharding.shard_model`).
+    share_prefill: rows of one call with the same prompt (a group's trajectories at
+      their first step) are prefilled once and share the cache rows (the decode stays per
+      row); False prefills every row.
   """
 
   def __init__(self, model, tokenizer, *, prompt_buckets=(128, 256, 512, 1024, 2048, 4096),
-               batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), mesh=None):
+               batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), mesh=None, share_prefill=True):
     self.model = model
+    self.share_prefill = share_prefill  # rows with one prompt share its prefill (generate)
     self.tokenizer = tokenizer
     self.cfg = model.cfg
     self.mesh = mesh
@@ -197,7 +201,8 @@ class Sampler:
     self.num_compilations = 0  # traces of the jitted program (one per new bucket/flags)
     self._jit_generate = jax.jit(
         self._generate_device,
-        static_argnames=("max_new_tokens", "greedy", "filtered", "constraint_mode", "ignore_eos"))
+        static_argnames=("max_new_tokens", "greedy", "filtered", "constraint_mode", "ignore_eos",
+                         "shared_prefill"))
 
   # ----------------------------------------------------------------------------- host side
   def token_strings(self) -> list[str]:
@@ -275,6 +280,22 @@ class Sampler:
       tokens_bp[b, plen - len(prompt):] = prompt
       lengths_b[b] = len(prompt)
     row_valid_b = np.arange(batch) < num_rows
+    # Rows with the same prompt (a group's N trajectories at their first step) share one
+    # prefill: the unique prompts are prefilled and their cache rows copied to every row.
+    first_row: dict[tuple[int, ...], int] = {}
+    source = [first_row.setdefault(tuple(p), len(first_row)) for p in prompts]
+    shared = self.share_prefill and plen > 1 and len(first_row) < num_rows
+    if shared:
+      ubatch = _bucket_for(len(first_row), self.batch_buckets, "batch size")
+      prefill_up = np.full((ubatch, plen), self.pad_id, np.int32)
+      prefill_lengths_u = np.ones((ubatch,), np.int32)
+      for u, prompt in enumerate(first_row):
+        prefill_up[u, plen - len(prompt):] = prompt
+        prefill_lengths_u[u] = len(prompt)
+      source_b = np.zeros((batch,), np.int32)  # padding rows: any source (their mask hides it)
+      source_b[:num_rows] = source
+    else:
+      prefill_up, prefill_lengths_u, source_b = tokens_bp, lengths_b, np.arange(batch, dtype=np.int32)
 
     mode = _NO_CONSTRAINT
     if allowed is not None and any(allowed):
@@ -308,12 +329,12 @@ class Sampler:
     by_row = lambda x: self._place(x) if x.shape[0] == batch else rep(x)
     out = self._jit_generate(
         self.model, self._place(tokens_bp), self._place(lengths_b), self._place(row_valid_b),
-        rng, rep(np.float32(max(params.temperature, 1e-6))), rep(np.int32(params.top_k)),
+        self._place(prefill_up), self._place(prefill_lengths_u), self._place(source_b), rng, rep(np.float32(max(params.temperature, 1e-6))), rep(np.int32(params.top_k)),
         rep(np.float32(params.top_p)), rep(stop_table), np.bool_(bool(params.stop_strings)),
         *(by_row(getattr(tries, name)) for name in _TRIE_ARRAYS),
         rep(free_masks),
         max_new_tokens=max_new, greedy=greedy, filtered=filtered, constraint_mode=mode,
-        ignore_eos=params.ignore_eos)
+        ignore_eos=params.ignore_eos, shared_prefill=shared)
     out_tokens, out_logp, num_b, reason_b = jax.device_get(out)
     return self._finish(out_tokens[:num_rows], out_logp[:num_rows], num_b[:num_rows],
                         reason_b[:num_rows], params.stop_strings)
@@ -351,13 +372,19 @@ class Sampler:
     return SampleOutput(tokens=tokens, logprobs=logprobs, texts=texts, stop_reason=reasons)
 
   # --------------------------------------------------------------------------- device side
-  def _generate_device(self, model, tokens_bp, lengths_b, row_valid_b, rng, temperature, top_k,
+  def _generate_device(self, model, tokens_bp, lengths_b, row_valid_b, prefill_up,
+                       prefill_lengths_u, source_b, rng, temperature, top_k,
                        top_p, stop_table, use_stop, edge_parent_be, edge_token_be,
                        edge_child_be, terminal_bn, has_children_bn, constrained_b, free_class_bn,
                        free_min_bn, free_max_bn, to_leaf_bn, free_masks_cv, *,
-                       max_new_tokens, greedy, filtered, constraint_mode, ignore_eos):
+                       max_new_tokens, greedy, filtered, constraint_mode, ignore_eos,
+                       shared_prefill):
     """The jitted program: prefill + while_loop decode. Returns (tokens i32[B, M],
-    logprobs f32[B, M], lengths i32[B], stop reasons i32[B]) (indices of STOP_REASONS)."""
+    logprobs f32[B, M], lengths i32[B], stop reasons i32[B]) (indices of STOP_REASONS).
+
+    shared_prefill (static): prefill the U unique prompts `prefill_up` [U, P] (lengths
+    `prefill_lengths_u`) and give row b the cache row `source_b[b]`; otherwise
+    `prefill_up` is `tokens_bp` itself."""
     self.num_compilations += 1  # runs at trace time only
     cfg = self.cfg
     batch, plen = tokens_bp.shape
@@ -368,19 +395,29 @@ class Sampler:
     eos_v = jnp.zeros((vocab,), bool).at[jnp.asarray(self.eos_ids)].set(True)
     rows_b = jnp.arange(batch)
 
-    cache = decoder.init_cache(cfg, batch, cache_len)
-    if self.mesh is not None:
-      cache = jax.lax.with_sharding_constraint(
-          cache, sharding.cache_shardings(cfg, self.mesh, batch, cache_len))
+    def empty_cache(rows):
+      cache = decoder.init_cache(cfg, rows, cache_len)
+      if self.mesh is not None:
+        cache = jax.lax.with_sharding_constraint(
+            cache, sharding.cache_shardings(cfg, self.mesh, rows, cache_len))
+      return cache
+
+    cache = empty_cache(prefill_up.shape[0])
     if plen > 1:
       # Prefill the first P-1 slots; the last prompt token is the first decode input, so
       # the [B, P, V] logits of the prompt are never needed (only hidden is called).
+      pad_u = plen - prefill_lengths_u
       slot_t = jnp.arange(plen - 1)
-      positions_bt = jnp.maximum(slot_t[None, :] - pad_b[:, None], 0)
-      mask_bts = ((slot_s[None, None, :] <= slot_t[None, :, None])
-                  & (slot_s[None, None, :] >= pad_b[:, None, None]))
-      _, cache = model.hidden(tokens_bp[:, :-1], positions_bt, mask_bts, cache=cache,
+      positions_ut = jnp.maximum(slot_t[None, :] - pad_u[:, None], 0)
+      mask_uts = ((slot_s[None, None, :] <= slot_t[None, :, None])
+                  & (slot_s[None, None, :] >= pad_u[:, None, None]))
+      _, cache = model.hidden(prefill_up[:, :-1], positions_ut, mask_uts, cache=cache,
                               cache_index=0)
+    if shared_prefill:
+      cache = jax.tree.map(lambda c: jnp.take(c, source_b, axis=1), cache)
+      if self.mesh is not None:
+        cache = jax.lax.with_sharding_constraint(
+            cache, sharding.cache_shardings(cfg, self.mesh, batch, cache_len))
 
     def choose(logits_bv, step):
       if greedy:

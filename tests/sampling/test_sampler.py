@@ -250,10 +250,28 @@ def test_no_recompilation_within_a_bucket(model, tok, prompts):
   # Other prompt lengths and batch size in the same buckets, other temperature and seed.
   smp.generate([prompts[2], prompts[0]], sampler.SamplingParams(temperature=0.4, max_new_tokens=8),
                jax.random.key(1))
-  smp.generate(prompts + [prompts[0]], params, jax.random.key(2))
+  smp.generate(prompts + [[5, 6, 7]], params, jax.random.key(2))
   assert smp.num_compilations == count
-  smp.generate(prompts * 2, params, jax.random.key(2))  # batch bucket 8: one new program
+  # Repeated prompts share a prefill: one program per (unique-prompt bucket, batch bucket).
+  smp.generate(prompts + [prompts[0]], params, jax.random.key(2))
+  smp.generate([prompts[1], prompts[1], prompts[2]], params, jax.random.key(3))
   assert smp.num_compilations == count + 1
+  smp.generate(prompts * 2, params, jax.random.key(2))  # batch bucket 8 (shared): new program
+  assert smp.num_compilations == count + 2
+
+
+def test_shared_prefill_equals_one_prefill_per_row(model, tok, prompts):
+  """Rows with the same prompt prefilled once (their cache rows copied) sample what rows
+  prefilled one by one sample: same tokens, log-probs equal up to float reordering."""
+  rows = [prompts[0], prompts[1], prompts[0], prompts[0], prompts[2], prompts[1]]
+  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True)
+  out = {share: sampler.Sampler(model, tok, prompt_buckets=(32,), share_prefill=share).generate(
+      rows, params, jax.random.key(4)) for share in (True, False)}
+  assert out[True].tokens == out[False].tokens
+  for a, b in zip(out[True].logprobs, out[False].logprobs):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)  # ~100x the f32 round-off of a logit
+  # the rows of one prompt still draw their own samples (per-row keys)
+  assert len({tuple(out[True].tokens[i]) for i in (0, 2, 3)}) > 1
 
 
 def test_sharded_equals_unsharded(tok, prompts):
