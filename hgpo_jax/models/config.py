@@ -44,6 +44,10 @@ class ModelConfig:
     remat: recompute each block's activations in the backward pass (`jax.checkpoint` on
       the layer-scan body): memory O(L·B·T·D) instead of all intermediates, ~1/3 more
       compute. No effect on forward values.
+    attn_query_chunk: without a cache (training, log-probs, prefill), queries run in
+      chunks of this many positions, each chunk scoring only the keys up to its end
+      (causal block skipping: ~(n + 1) / 2n of the T x T scores for n chunks); the same
+      values in exact arithmetic, other float reduction order. 0: one block.
   """
   vocab_size: int
   hidden_dim: int
@@ -61,8 +65,11 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
+  attn_query_chunk: int = 0
 
   def __post_init__(self):
+    if self.attn_query_chunk < 0:
+      raise ValueError(f"ModelConfig.attn_query_chunk={self.attn_query_chunk} must be >= 0 (0: off).")
     if self.rope_layout not in ROPE_LAYOUTS:
       raise ValueError(f"ModelConfig.rope_layout={self.rope_layout!r}: use one of {ROPE_LAYOUTS}.")
     for field in ("dtype", "param_dtype"):

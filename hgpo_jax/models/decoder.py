@@ -14,6 +14,8 @@ Softmax, RMSNorm statistics, RoPE and logits are computed in float32 whatever `c
 
 from __future__ import annotations
 
+import functools
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -146,14 +148,137 @@ class DecoderLayers(nnx.Module):
 
 
 def _project(x_bti, w_oi):
-  """x @ W^T for a weight stored [out..., in]: output [B, T, out...].
+  """x @ W^T for a weight stored [out..., in]: output [B, T, out...] in x's dtype.
 
   Written as a 2-D `x @ w.T` on purpose: XLA:CPU then fuses the per-layer weight slice
   into the dot. A batch-1 SmolLM2 decode step took 80 ms this way against 180-360 ms
-  with multi-axis einsums (same machine, side by side)."""
+  with multi-axis einsums (same machine, side by side). A bfloat16 `x` takes the
+  mixed-precision product `_matmul_bf16` (the weight is cast inside it)."""
   out_shape = w_oi.shape[:-1]
   w_2d = w_oi.reshape(-1, w_oi.shape[-1])
-  return (x_bti @ w_2d.T).reshape(*x_bti.shape[:-1], *out_shape)
+  if x_bti.dtype == jnp.bfloat16:
+    out = _matmul_bf16(x_bti, w_2d)
+  else:
+    out = x_bti @ w_2d.astype(x_bti.dtype).T
+  return out.reshape(*x_bti.shape[:-1], *out_shape)
+
+
+@jax.custom_vjp
+def _matmul_bf16(x_bti, w_oi):
+  """bf16[B, T, in] @ W[out, in]^T -> bf16[B, T, out], every product bf16 x bf16 summed in
+  f32, the forward and both backward products alike; W's gradient comes back in W's
+  dtype (f32 master weights get an f32 gradient, summed over all tokens in f32).
+
+  Why: XLA:CPU runs a bf16 x bf16 dot with an f32 result on the AVX512-BF16 kernels
+  (~2.3x its f32 dot on the reference machine), but a dot with a bf16 result, or one
+  operand in f32, at f32 speed or below; JAX's own transpose of the forward would hand
+  the backward an f32 cotangent (README "Benchmarks", iteration row)."""
+  return _matmul_bf16_fwd(x_bti, w_oi)[0]
+
+
+def _dot_f32(a, b, contract: tuple[int, int]):
+  """`a` . `b` contracting axis contract[0] of a with contract[1] of b, summed into f32.
+
+  `lax.dot_general` on purpose: `jnp.matmul(..., preferred_element_type=f32)` converts bf16
+  operands to f32 first (an f32 dot, half the speed on XLA:CPU)."""
+  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
+                             preferred_element_type=jnp.float32)
+
+
+def _matmul_bf16_fwd(x_bti, w_oi):
+  out = _dot_f32(x_bti, w_oi.astype(jnp.bfloat16), (2, 1)).astype(jnp.bfloat16)
+  return out, (x_bti, w_oi)
+
+
+def _matmul_bf16_bwd(res, g_bto):
+  x_bti, w_oi = res
+  g_bto = g_bto.astype(jnp.bfloat16)
+  dx_bti = _dot_f32(g_bto, w_oi.astype(jnp.bfloat16), (2, 0))
+  g_no = g_bto.reshape(-1, g_bto.shape[-1])
+  x_ni = x_bti.reshape(-1, x_bti.shape[-1])
+  dw_oi = _dot_f32(g_no, x_ni, (0, 0))
+  return dx_bti.astype(x_bti.dtype), dw_oi.astype(w_oi.dtype)
+
+
+_matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
+
+
+def _attention(cfg: ModelConfig, q_btkgd, parts):
+  """Grouped-query attention of T queries over one or more key/value parts.
+
+  Args:
+    q_btkgd: queries after RoPE, [B, T, Hkv, G, Dh] (G = H / Hkv query heads per kv head).
+    parts: [(keys [B, Hkv, S_i, Dh], values [B, Hkv, S_i, Dh], mask bool[B, T, S_i])]; the
+      softmax runs over the keys of all parts together.
+  Returns:
+    [B, Hkv, G, T, Dh] in cfg.dtype.
+  """
+  dt = cfg.compute_dtype
+  scale = cfg.head_dim ** -0.5
+  if len(parts) == 1 and dt == jnp.bfloat16:
+    keys, values, mask = parts[0]
+    return attention_bf16(q_btkgd, keys, values, mask, scale)
+  scores = [jnp.where(mask[:, None, None, :, :],
+                      jnp.einsum("btkgd,bksd->bkgts", q_btkgd, keys,
+                                 preferred_element_type=jnp.float32) * scale,
+                      _MASKED)
+            for keys, _, mask in parts]
+  probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(dt)
+  attn_bkgtd, offset = 0, 0
+  for keys, values, _ in parts:
+    n = keys.shape[2]
+    attn_bkgtd = attn_bkgtd + jnp.einsum("bkgts,bksd->bkgtd", probs[..., offset:offset + n], values,
+                                         preferred_element_type=jnp.float32).astype(dt)
+    offset += n
+  return attn_bkgtd
+
+
+def _attention_probs(q_btkgd, k_bksd, mask_bts, scale):
+  """f32 softmax probabilities [B, Hkv, G, T, S] (masked keys get exactly 0)."""
+  scores = jnp.einsum("btkgd,bksd->bkgts", q_btkgd, k_bksd, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask_bts[:, None, None, :, :], scores * scale, _MASKED)
+  return jax.nn.softmax(scores, axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def attention_bf16(q_btkgd, k_bksd, v_bksd, mask_bts, scale: float):
+  """softmax(q k^T * scale, masked) v for one key/value part, with a hand-written backward
+  pass whose four products take bf16 operands (summed in f32).
+
+  The same function as `_attention`'s plain path (scores, softmax and its gradient in
+  f32); JAX's own backward of that path hands the products f32 cotangents, and an f32
+  operand makes XLA:CPU run the product in f32 (measured: README "Benchmarks",
+  iteration row). Operands of any float dtype; the output has q's dtype.
+
+  Backward (g = dL/d out):  dV = P^T g ;  dP = g V^T ;  dS = P * (dP - rowsum(dP * P)) ;
+  dQ = scale * dS K ;  dK = scale * dS^T Q.
+  """
+  return _attention_bf16_fwd(q_btkgd, k_bksd, v_bksd, mask_bts, scale)[0]
+
+
+def _attention_bf16_fwd(q_btkgd, k_bksd, v_bksd, mask_bts, scale):
+  dt = q_btkgd.dtype
+  probs = _attention_probs(q_btkgd, k_bksd, mask_bts, scale)
+  out = jnp.einsum("bkgts,bksd->bkgtd", probs.astype(dt), v_bksd, preferred_element_type=jnp.float32)
+  return out.astype(dt), (q_btkgd, k_bksd, v_bksd, mask_bts, probs)
+
+
+def _attention_bf16_bwd(scale, res, g_bkgtd):
+  q_btkgd, k_bksd, v_bksd, mask_bts, probs = res
+  dt = q_btkgd.dtype
+  g_bkgtd = g_bkgtd.astype(dt)
+  dv = jnp.einsum("bkgts,bkgtd->bksd", probs.astype(dt), g_bkgtd, preferred_element_type=jnp.float32)
+  dp = jnp.einsum("bkgtd,bksd->bkgts", g_bkgtd, v_bksd, preferred_element_type=jnp.float32)
+  ds = (probs * (dp - jnp.sum(dp * probs, axis=-1, keepdims=True)) * scale).astype(dt)
+  # (the product in [B, Hkv, G, T, Dh] order, then transposed: XLA:CPU has no kernel for
+  # a bf16 x bf16 -> f32 product written straight into the q layout)
+  dq = jnp.einsum("bkgts,bksd->bkgtd", ds, k_bksd,
+                  preferred_element_type=jnp.float32).transpose(0, 3, 1, 2, 4)
+  dk = jnp.einsum("bkgts,btkgd->bksd", ds, q_btkgd, preferred_element_type=jnp.float32)
+  return dq.astype(dt), dk.astype(k_bksd.dtype), dv.astype(v_bksd.dtype), None
+
+
+attention_bf16.defvjp(_attention_bf16_fwd, _attention_bf16_bwd)
 
 
 def _block(cfg: ModelConfig, p: dict, x_btd, cos_btk, sin_btk, mask_bts, cached=None,
@@ -171,9 +296,9 @@ def _block(cfg: ModelConfig, p: dict, x_btd, cos_btk, sin_btk, mask_bts, cached=
   b, t, _ = x_btd.shape
   w = lambda name: p[name].astype(dt)
   h_btd = rms_norm(x_btd, p["attn_norm"], cfg.rms_eps)
-  q_bthk = _project(h_btd, w("q"))
-  k_bthk = _project(h_btd, w("k"))
-  v_bthk = _project(h_btd, w("v"))
+  q_bthk = _project(h_btd, p["q"])
+  k_bthk = _project(h_btd, p["k"])
+  v_bthk = _project(h_btd, p["v"])
   if cfg.qkv_bias:
     q_bthk, k_bthk, v_bthk = q_bthk + w("q_bias"), k_bthk + w("k_bias"), v_bthk + w("v_bias")
   q_bthk = apply_rope(q_bthk, cos_btk, sin_btk, cfg.rope_layout)
@@ -191,22 +316,22 @@ def _block(cfg: ModelConfig, p: dict, x_btd, cos_btk, sin_btk, mask_bts, cached=
              (k_bkth, v_bkth, new_mask_btt)]
   groups = cfg.num_heads // cfg.num_kv_heads
   q_btkgd = q_bthk.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim)
-  scores = [jnp.where(mask[:, None, None, :, :],
-                      jnp.einsum("btkgd,bksd->bkgts", q_btkgd, keys,
-                                 preferred_element_type=jnp.float32) * (cfg.head_dim ** -0.5),
-                      _MASKED)
-            for keys, _, mask in parts]
-  probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(dt)
-  attn_btkgd, offset = 0, 0
-  for keys, values, _ in parts:
-    n = keys.shape[2]
-    attn_btkgd = attn_btkgd + jnp.einsum("bkgts,bksd->bkgtd", probs[..., offset:offset + n], values)
-    offset += n
+  chunk = cfg.attn_query_chunk
+  if cached is None and 0 < chunk < t:
+    # Causal block skipping: queries [s, e) read keys [0, e) only (the mask hides the
+    # rest), so n chunks score ~(n + 1) / 2n of the T x T square.
+    attn_btkgd = jnp.concatenate(
+        [_attention(cfg, q_btkgd[:, s:s + chunk],
+                    [(k_bkth[:, :, :s + chunk], v_bkth[:, :, :s + chunk],
+                      mask_bts[:, s:s + chunk, :s + chunk])])
+         for s in range(0, t, chunk)], axis=3)
+  else:
+    attn_btkgd = _attention(cfg, q_btkgd, parts)
   attn_bthk = attn_btkgd.transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads, cfg.head_dim)
-  x_btd = x_btd + _project(attn_bthk.reshape(b, t, -1), w("o").reshape(cfg.hidden_dim, -1))
+  x_btd = x_btd + _project(attn_bthk.reshape(b, t, -1), p["o"].reshape(cfg.hidden_dim, -1))
   h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps)
-  gated_btf = jax.nn.silu(_project(h_btd, w("gate"))) * _project(h_btd, w("up"))
-  x_btd = x_btd + _project(gated_btf, w("down"))
+  gated_btf = jax.nn.silu(_project(h_btd, p["gate"])) * _project(h_btd, p["up"])
+  x_btd = x_btd + _project(gated_btf, p["down"])
   return x_btd, (k_bkth, v_bkth)
 
 

@@ -130,3 +130,117 @@ def test_remat_gives_same_loss_and_gradients(tiny):
   assert 5.0 < float(value) < 7.5  # ~log(512) = 6.24 for a random init
   for g, h in zip(jax.tree.leaves(grads), jax.tree.leaves(remat_grads)):
     np.testing.assert_allclose(np.asarray(h), np.asarray(g), atol=1e-6)
+
+
+def _nll_loss(tokens, mask, positions):
+  """Mean NLL of the real tokens predicted from real positions of a padded batch (pad
+  positions attend to nothing; their outputs are arbitrary), as a function of the model."""
+  attn = causal_mask(jnp.asarray(mask))
+  scored = mask[:, :-1] & mask[:, 1:]
+
+  def loss(m):
+    logits, _ = m(jnp.asarray(tokens), jnp.asarray(positions), attn)
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
+    nll = -jnp.take_along_axis(logp, jnp.asarray(tokens)[:, 1:, None], -1)[..., 0]
+    return jnp.sum(nll * scored) / scored.sum()
+  return loss
+
+
+def _with_cfg(model, **changes):
+  """The same parameters under another config (compute dtype, remat, chunking)."""
+  other = nnx.merge(*nnx.split(model))
+  other.cfg = model.cfg.replace(**changes)
+  return other
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7])
+def test_query_chunks_give_the_unchunked_values_and_gradients(tiny, chunk):
+  """Causal block skipping (queries [s, s+c) read keys [0, s+c) only) is the same function:
+  every skipped key was masked. Equal up to float reordering of the softmax sums, with
+  left padding (pad queries attend to nothing real) and chunks that do not divide T."""
+  model, _, _ = tiny
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=6)
+  assert tokens.shape[1] % 4 and tokens.shape[1] > 7
+  loss = _nll_loss(tokens, mask, positions)
+  grad_fn = jax.jit(nnx.value_and_grad(loss))
+  value, grads = grad_fn(model)
+  chunked_value, chunked_grads = grad_fn(_with_cfg(model, attn_query_chunk=chunk, remat=True))
+  np.testing.assert_allclose(float(chunked_value), float(value), rtol=1e-6)
+  for g, h in zip(jax.tree.leaves(grads), jax.tree.leaves(chunked_grads)):
+    np.testing.assert_allclose(np.asarray(h), np.asarray(g), atol=2e-6)
+
+
+def _attention_reference(q, k, v, mask, scale):
+  """The plain attention in float64 numpy loops over heads (readable reference)."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  b, t, kv, g, d = q.shape
+  out = np.zeros((b, kv, g, t, d))
+  for bi in range(b):
+    for h in range(kv):
+      for gi in range(g):
+        s = q[bi, :, h, gi] @ k[bi, h].T * scale
+        s = np.where(mask[bi], s, -np.inf)
+        s = s - np.max(np.where(np.isfinite(s), s, -1e300), axis=-1, keepdims=True)
+        p = np.where(mask[bi], np.exp(s), 0.0)
+        p = p / np.maximum(p.sum(-1, keepdims=True), 1e-300)
+        out[bi, h, gi] = p @ v[bi, h]
+  return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attention_with_bf16_backward_equals_autodiff_of_the_reference(dtype):
+  """`attention_bf16` (hand-written backward, products with bf16 operands) against
+  float64 autodiff of the same softmax attention on the same (rounded) inputs: f32
+  operands agree to f32 round-off, bf16 ones to a few bf16 ulps of the largest gradient."""
+  from hgpo_jax.models.decoder import attention_bf16
+  rng = np.random.default_rng(0)
+  b, t, kv, g, d = 2, 9, 2, 3, 8
+  dt = jnp.dtype(dtype)
+  q, k, v = (jnp.asarray(rng.standard_normal(s), dt) for s in
+             ((b, t, kv, g, d), (b, kv, t, d), (b, kv, t, d)))
+  input_mask = np.ones((b, t), bool)
+  input_mask[0, :3] = False  # left padding: three pad queries see no key
+  mask = causal_mask(jnp.asarray(input_mask))
+  w = rng.standard_normal((b, kv, g, t, d)) * input_mask[:, None, None, :, None]
+  scale = d ** -0.5
+  want = _attention_reference(q, k, v, np.asarray(mask), scale)
+  got = jax.jit(attention_bf16, static_argnums=(4,))(q, k, v, mask, scale)
+  real = input_mask[:, None, None, :, None]
+  tol = dict(float32=2e-6, bfloat16=2e-2)[dtype]  # bf16: 2^-8 relative per operand rounding
+  np.testing.assert_allclose(np.asarray(got, np.float64) * real, want * real, atol=tol)
+
+  with jax.enable_x64():
+    def reference_loss(q, k, v):
+      s = jnp.einsum("btkgd,bksd->bkgts", q, k) * scale
+      p = jax.nn.softmax(jnp.where(np.asarray(mask)[:, None, None], s, -1e30), axis=-1)
+      return jnp.sum(jnp.einsum("bkgts,bksd->bkgtd", p, v) * w)
+    want_grads = jax.grad(reference_loss, argnums=(0, 1, 2))(
+        *(jnp.asarray(np.asarray(x, np.float64)) for x in (q, k, v)))
+    want_grads = [np.asarray(x) for x in want_grads]
+  loss = lambda q, k, v: jnp.sum(attention_bf16(q, k, v, mask, scale).astype(jnp.float32) * w)
+  got_grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+  for got_g, want_g in zip(got_grads, want_grads):
+    assert got_g.dtype == dt
+    scale_g = np.max(np.abs(want_g))
+    np.testing.assert_allclose(np.asarray(got_g, np.float64), want_g, atol=tol * scale_g)
+
+
+def test_bf16_compute_over_f32_weights_tracks_f32_and_keeps_f32_gradients(tiny):
+  """Mixed precision (`compute_dtype` bfloat16, float32 parameters): the loss and its
+  gradient follow the float32 model within bf16 rounding, and the gradient of the float32
+  weights stays float32."""
+  model, _, cfg = tiny
+  assert cfg.param_dtype == "float32"
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=7)
+  grad_fn = jax.jit(nnx.value_and_grad(_nll_loss(tokens, mask, positions)))
+  value, grads = grad_fn(model)
+  mixed = _with_cfg(model, dtype="bfloat16", remat=True, attn_query_chunk=4)
+  mixed_value, mixed_grads = grad_fn(mixed)
+  np.testing.assert_allclose(float(mixed_value), float(value), rtol=1e-2)
+  flat, mixed_flat = jax.tree.leaves(grads), jax.tree.leaves(mixed_grads)
+  for g, h in zip(flat, mixed_flat):
+    assert h.dtype == jnp.float32
+  g = np.concatenate([np.ravel(x) for x in flat])
+  h = np.concatenate([np.ravel(x) for x in mixed_flat])
+  cosine = float(g @ h / np.linalg.norm(g) / np.linalg.norm(h))
+  assert cosine > 0.99, cosine
