@@ -154,8 +154,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.name = "smollm2-135m"  # one of MODELS (hgpo_jax/models/config.py presets)
   c.model.path = ""  # local HF directory or .gguf for the presets that need one; "" = bundled
-  c.model.dtype = "float32"  # parameters and activations: float32 | bfloat16
+  c.model.dtype = "float32"  # parameters (and optimizer state): float32 | bfloat16
+  c.model.compute_dtype = ""  # activations and matmul inputs; "" = model.dtype; bfloat16
+  #   over float32 parameters = mixed precision (products summed in f32)
   c.model.remat = True  # recompute activations in the backward pass (memory / ~30% compute)
+  c.model.attn_query_chunk = 0  # >0: causal block skipping in chunks of this many queries
 
   c.env = ml_collections.ConfigDict()
   c.env.name = ""  # env server name (env_servers/registry.py)
@@ -248,6 +251,8 @@ _LOCAL = {
     "rollout.max_prompt_tokens": 640, "rollout.constrained": True,
     "train.num_iterations": 2, "train.lr": 1e-5, "train.mini_batch_rows": 16,
     "train.micro_batch_rows": 4, "eval.every": 0, "eval.num_tasks": 8,
+    # bf16 products over f32 weights, causal block skipping (apply_local docstring)
+    "model.compute_dtype": "bfloat16", "model.attn_query_chunk": 256,
 }
 _SMOKE = {
     "env.num_servers": 1, "env.max_steps": 3,

@@ -431,19 +431,19 @@ class LearnerFlops:
     return self._cache[key]
 
 
-def iteration_metrics(counter: LearnerFlops, batch, *, with_ref: bool, logprobs_s: float,
+def iteration_metrics(counter: LearnerFlops, batch, *, logprob_passes: int, logprobs_s: float,
                       update_s: float, dtype: str = "float32",
                       peak: Optional[Peak] = None) -> dict[str, float]:
   """`perf/...` metrics of one trainer iteration: FLOPs per device, FLOP/s and MFU of
-  the log-prob pass (old + reference) and of the updates, from the wall times
-  (`dtype`: the model's compute dtype, which picks the peak)."""
+  the log-prob passes (`logprob_passes` over the batch: old and/or reference) and of the
+  updates, from the wall times (`dtype`: the model's compute dtype, which picks the peak)."""
   ln = counter.learner
   per_call = counter.per_call(batch)
   chunks = batch.num_rows // ln.config.mini_batch_rows
   if peak is None:
     peak = device_peak(dtype=dtype)
   out = {}
-  for name, calls, seconds in (("logprobs", chunks * (2 if with_ref else 1), logprobs_s),
+  for name, calls, seconds in (("logprobs", chunks * logprob_passes, logprobs_s),
                                ("update", chunks * ln.config.ppo_epochs, update_s)):
     flops = per_call[name] * calls
     out[f"perf/{name}_flops"] = flops

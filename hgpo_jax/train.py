@@ -37,6 +37,7 @@ from hgpo_jax.advantages import grouping
 from hgpo_jax.advantages import registry
 from hgpo_jax.envs import launcher
 from hgpo_jax.envs import pool as pool_lib
+from hgpo_jax.models import config as model_config
 from hgpo_jax.models import critic as critic_lib
 from hgpo_jax.models import loading
 from hgpo_jax.models import sharding
@@ -142,6 +143,13 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
   if config.critic.warmup_iterations and not est.needs_critic:
     raise ConfigError(f"config.critic.warmup_iterations={config.critic.warmup_iterations} needs an "
                       f"estimator with a critic (algo=ppo|hiper); {est.name!r} has none")
+  if config.model.attn_query_chunk < 0:
+    raise ConfigError(f"config.model.attn_query_chunk={config.model.attn_query_chunk} must be >= 0 (0: off)")
+  for name in ("dtype", "compute_dtype"):
+    value = config.model[name]
+    if value not in model_config.DTYPES and not (name == "compute_dtype" and value == ""):
+      raise ConfigError(f"config.model.{name}={value!r}: use one of {tuple(model_config.DTYPES)}"
+                        + (' or "" (= model.dtype)' if name == "compute_dtype" else ""))
   if not config.env.endpoints and config.env.num_servers < 1:
     raise ConfigError("config.env.num_servers must be >= 1 when no env.endpoints are given")
   rollout = _typed("rollout", rollout_params.RolloutParams, **config.rollout.to_dict())
@@ -158,6 +166,15 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
                         **_fields(critic_step.ValueLossConfig, config.critic)) if critic else None,
       rollout=rollout, sampling=_typed("rollout", rollout.sampling),
       eval_sampling=_typed("eval.temperature", rollout.sampling, config.eval.temperature))
+
+
+def model_settings(config: ml_collections.ConfigDict, cfg: model_config.ModelConfig) -> model_config.ModelConfig:
+  """`cfg` with the run's numerics: activations and matmul inputs in `model.compute_dtype`
+  ("" = `model.dtype`, the parameters' dtype; "bfloat16" over float32 parameters is mixed
+  precision: f32 weights, optimizer and gradients, bf16 products summed in f32),
+  `model.remat` and `model.attn_query_chunk`."""
+  return cfg.replace(dtype=config.model.compute_dtype or config.model.dtype,
+                     remat=bool(config.model.remat), attn_query_chunk=config.model.attn_query_chunk)
 
 
 def critic_update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:
@@ -467,7 +484,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       mesh=mesh, seed=streams.model_seed)
   # Recompute each block's activations in the backward pass: the update's memory drops
   # from ~16 GB to ~3 GB for SmolLM2 at 4 x 816 tokens per micro-batch (+~30% compute).
-  model.cfg = model.cfg.replace(remat=config.model.remat)
+  model.cfg = model_settings(config, model.cfg)
+  compute_dtype = model.cfg.dtype  # picks the device peak of the perf/* MFU metrics
   learner = train_step.Learner(model, mesh, run.update)
   init_params = nnx.state(model, nnx.Param)
   state = learner.init_state(init_params)
@@ -590,12 +608,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       # verl's trainer.critic_warmup: the first iterations train only the critic
       actor_updated = critic_learner is None or it >= config.critic.warmup_iterations
       update_metrics = {}
+      # One optimizer step from the rollout's params: the update takes log pi_old from
+      # its own forward pass (UpdateConfig.reuse_on_policy_logprobs)
+      on_policy = run.update.on_policy(batch.num_rows)
       if actor_updated:
         phases.phase("log-probs")
-        batch = train_step.fill_logprobs(learner, state.params, ref_params, batch)
+        batch = train_step.fill_logprobs(learner, state.params, ref_params, batch, old=not on_policy)
       t3 = time.perf_counter()
       if actor_updated:
-        state, update_metrics = train_step.train_iteration(learner, state, batch)
+        state, update_metrics = train_step.train_iteration(learner, state, batch, on_policy=on_policy)
+        update_metrics["on_policy_logprobs"] = float(on_policy)
         sampler.model = _sampling_model(learner, state.params, sample_mesh)  # donated: rebind
       t4 = time.perf_counter()
       if critic_learner is not None:  # independent of the actor's update (same targets)
@@ -607,6 +629,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       metrics.update({f"train/{k}": v for k, v in update_metrics.items()})
       metrics.update(group_stats)
       metrics.update(critic_metrics)
+      # real (non-pad) share of the update's [rows, prompt bucket + response] tokens
+      metrics["train/token_fill"] = float(np.mean(batch.input_mask))
       metrics["advantage/mean"] = float(np.mean(adv))
       metrics["advantage/std"] = float(np.std(adv))
       metrics["advantage/zero_frac"] = float(np.mean(adv == 0))
@@ -617,9 +641,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                       "time/logprobs_s": t3 - t2, "time/update_s": t4 - t3,
                       "time/iteration_s": time.perf_counter() - t0})
       if actor_updated:
-        metrics.update(perf.iteration_metrics(flops, batch, with_ref=ref_params is not None,
+        passes = int(not on_policy) + int(ref_params is not None)
+        metrics.update(perf.iteration_metrics(flops, batch, logprob_passes=passes,
                                               logprobs_s=t3 - t2, update_s=t4 - t3,
-                                              dtype=config.model.dtype))
+                                              dtype=compute_dtype))
       if critic_learner is not None:
         metrics["train/actor_updated"] = float(actor_updated)
       env_keys = ("failed_calls", "replayed_episodes", "restarts")  # summed over processes

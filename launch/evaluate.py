@@ -49,6 +49,7 @@ def evaluate_untrained(config, workdir: str) -> dict[str, float]:
       config.model.name if config.model.name in train.MODELS_WITH_PATH or not config.model.path
       else config.model.path, path=config.model.path or None, dtype=config.model.dtype,
       mesh=mesh, seed=streams.model_seed)
+  model.cfg = train.model_settings(config, model.cfg)
   slots = config.rollout.num_groups * config.rollout.group_size
   pool = train._make_pool(config, slots)
   writer = metrics_lib.MetricsWriter(workdir, tensorboard=False)

@@ -99,6 +99,13 @@ LAUNCH_CASES = {
         "can write to"),
     "stray argument": (
         [_SMOKE, "extra"], "unexpected arguments: ['extra']"),
+    "unknown compute dtype": (
+        [_SMOKE, "--config.model.compute_dtype=fp8"],
+        "config.model.compute_dtype='fp8': use one of ('float32', 'bfloat16') or \"\" (= "
+        "model.dtype)"),
+    "negative attention chunk": (
+        [_SMOKE, "--config.model.attn_query_chunk=-1"],
+        "config.model.attn_query_chunk=-1 must be >= 0 (0: off)"),
 }
 
 

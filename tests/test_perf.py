@@ -169,7 +169,7 @@ def test_iteration_metrics_count_calls_and_divide_by_time():
   counter.per_call = lambda batch: {"logprobs": 10.0, "update": 30.0}
   batch = types.SimpleNamespace(num_rows=12)
   peak = perf.Peak(100.0, "cpu", "float32", "test")
-  m = perf.iteration_metrics(counter, batch, with_ref=True, logprobs_s=2.0, update_s=4.0, peak=peak)
+  m = perf.iteration_metrics(counter, batch, logprob_passes=2, logprobs_s=2.0, update_s=4.0, peak=peak)
   # 3 mini-batches: 3 x (old + ref) log-prob calls, 3 x 2 epochs updates.
   assert m["perf/logprobs_flops"] == 60.0 and m["perf/logprobs_flop_per_s"] == 30.0
   assert m["perf/update_flops"] == 180.0 and m["perf/update_mfu"] == pytest.approx(0.45)

@@ -122,6 +122,9 @@ _PINNED = {
     1: {"rollout/num_rows": 8, "rollout/success": 0.5, "rollout/episode_length": 2.0,
         "rollout/episode_return": 5.0, "rollout/invalid_rate": 0.0, "train/scored_tokens": 74,
         "advantage/zero_frac": 1.0, "groups/level2_mean_size": 2.0, "train/num_updates": 1,
+        # one optimizer step per iteration: log pi_old from the update's own forward pass
+        # (the values below were pinned with the separate pass and still hold)
+        "train/on_policy_logprobs": 1.0, "train/approx_kl": 0.0,
         "perf/update_flops": 6945767424.0,
         "train/entropy": (6.224880218505859, 1e-5), "train/loss": (-0.0062248799949884415, 1e-5),
         "train/grad_norm": (6.78189899190329e-05, 1e-3)},

@@ -111,7 +111,8 @@ class CriticLearner(train_step.Learner):
     values_kmlh = jax.lax.map(lambda x: model.values(x.tokens, x.positions, x.input_mask), micro)
     return values_kmlh.reshape(batch.num_rows, *values_kmlh.shape[2:])
 
-  def _loss(self, params, x: ValueBatch):
+  def _loss(self, params, x: ValueBatch, on_policy: bool = False):
+    del on_policy  # the value loss has no behaviour policy
     values_blh = self._model(params).values(x.tokens, x.positions, x.input_mask)
     flat = lambda a: a.reshape(a.shape[0], -1)  # heads join the token axis of the token-mean
     vf_loss, clipfrac = losses.value_loss(

@@ -91,9 +91,9 @@ def shapes_from_config(config, micro_batch_rows: Optional[int] = None,
   rollout.max_new_tokens] (the largest prompt bucket); the sampler sees all
   num_groups x group_size slots of a process at once, as the rollout does.
   """
-  cfg = model_config.get_preset(config.model.name)
-  cfg = cfg.replace(dtype=config.model.dtype, param_dtype=config.model.dtype,
-                    remat=bool(config.model.remat))
+  from hgpo_jax import train  # the trainer's own model settings (not imported at top: cycle)
+  cfg = train.model_settings(
+      config, model_config.get_preset(config.model.name).replace(param_dtype=config.model.dtype))
   return Shapes(model=cfg, mini_batch_rows=config.train.mini_batch_rows,
                 micro_batch_rows=micro_batch_rows or config.train.micro_batch_rows,
                 prompt=config.rollout.max_prompt_tokens, response=config.rollout.max_new_tokens,

@@ -77,6 +77,11 @@ class UpdateConfig:
   scored_tail: Optional[int] = None
   """If set, only the last `scored_tail` token columns are scored (the response bucket):
   the output layer is skipped on prompt positions. None: every column."""
+  reuse_on_policy_logprobs: bool = True
+  """When an iteration is one optimizer step (`on_policy`), take log pi_old from the
+  update's own forward pass (detached) instead of a separate pass before it: the same
+  numbers in exact arithmetic (pi_old is the current policy), one forward pass fewer.
+  False: always the separate pass (verl's `compute_log_prob`)."""
 
   def __post_init__(self):
     if self.ppo_epochs < 1 or self.micro_batch_rows < 1:
@@ -90,6 +95,14 @@ class UpdateConfig:
   def grad_accum_steps(self) -> int:
     """k: micro-batches per mini-batch."""
     return self.mini_batch_rows // self.micro_batch_rows
+
+  def on_policy(self, num_rows: int) -> bool:
+    """Whether an iteration of `num_rows` rows (padded to the mini-batch) is a single
+    optimizer step from the rollout's own params, so log pi_old = log pi_theta at the
+    update (ratio 1: TRL GRPO with num_iterations=1 likewise detaches its own log-probs)
+    and `reuse_on_policy_logprobs` may skip the separate pass."""
+    return (self.reuse_on_policy_logprobs and self.ppo_epochs == 1
+            and num_rows <= self.mini_batch_rows)
 
 
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
@@ -200,7 +213,7 @@ class Learner:
     self.state_sharding = self.state_shardings(self._abstract)
     # Fixed in/out shardings: the state an update returns has exactly the layout the
     # next call expects, so a second batch of the same bucket never recompiles.
-    self.update = jax.jit(self._update, donate_argnums=(0,),
+    self.update = jax.jit(self._update, donate_argnums=(0,), static_argnums=(2,),
                           in_shardings=(self.state_sharding, self.row_sharding),
                           out_shardings=(self.state_sharding, self.replicated))
     self.compute_logprobs = jax.jit(self._compute_logprobs,
@@ -279,15 +292,24 @@ class Learner:
     return logp_kml.reshape(batch.num_rows, -1)
 
   # ---- update -----------------------------------------------------------------------
-  def _loss(self, params, x: train_batch_lib.TrainBatch):
-    """(loss, metrics) of one micro-batch; `critic_step.CriticLearner` replaces it."""
+  def _loss(self, params, x: train_batch_lib.TrainBatch, on_policy: bool = False):
+    """(loss, metrics) of one micro-batch; `critic_step.CriticLearner` replaces it.
+
+    on_policy: log pi_old is this forward pass's own log-prob, detached
+    (`UpdateConfig.on_policy`); `x.old_logprobs` is not read.
+    """
     logp, entropy = token_logprobs(self._model(params), x.tokens, x.positions, x.input_mask,
                                    scored_tail=self.config.scored_tail)
-    return losses.actor_loss(logp, entropy, x.old_logprobs, x.ref_logprobs, x.advantages,
+    old = jax.lax.stop_gradient(logp) if on_policy else x.old_logprobs
+    return losses.actor_loss(logp, entropy, old, x.ref_logprobs, x.advantages,
                              x.response_mask, self.config.loss)
 
-  def _update(self, state: TrainState, batch: train_batch_lib.TrainBatch):
-    """One optimizer step on a mini-batch [M, L]; returns (new state, f32[] metrics)."""
+  def _update(self, state: TrainState, batch: train_batch_lib.TrainBatch, on_policy: bool = False):
+    """One optimizer step on a mini-batch [M, L]; returns (new state, f32[] metrics).
+
+    on_policy (static): old log-probs from the step's own forward pass (see `_loss`);
+    valid only for the first step from the params that played the rollout.
+    """
     cfg = self.config
     micro = self._micro(batch)
     active_k = jnp.any(micro.response_mask, axis=(1, 2))
@@ -295,7 +317,7 @@ class Learner:
 
     def micro_step(grads, xs):
       x, active = xs
-      (_, metrics), g = jax.value_and_grad(self._loss, has_aux=True)(state.params, x)
+      (_, metrics), g = jax.value_and_grad(self._loss, has_aux=True)(state.params, x, on_policy)
       scale = jnp.where(active, 1.0 / n_active, 0.0)
       grads = jax.tree.map(lambda a, b: a + scale * b, grads, g)
       return grads, metrics
@@ -331,20 +353,25 @@ def _rows(batch: train_batch_lib.TrainBatch, size: int):
 
 
 def fill_logprobs(learner: Learner, params: Any, ref_params: Optional[Any],
-                  batch: train_batch_lib.TrainBatch) -> train_batch_lib.TrainBatch:
+                  batch: train_batch_lib.TrainBatch, *, old: bool = True) -> train_batch_lib.TrainBatch:
   """Returns the host batch with `old_logprobs` (and `ref_logprobs` if ref_params) filled.
 
   Runs mini-batch by mini-batch so every call has the compiled [mini_batch, L] shape.
+  old=False leaves `old_logprobs` as it is (an on-policy update computes its own, see
+  `UpdateConfig.on_policy`).
   """
-  old, ref = [], []
+  olds, refs = [], []
   for chunk in _rows(batch, learner.config.mini_batch_rows):
     dev = learner.put_batch(chunk)
-    old.append(_to_host(learner.compute_logprobs(params, dev)))
+    if old:
+      olds.append(_to_host(learner.compute_logprobs(params, dev)))
     if ref_params is not None:
-      ref.append(_to_host(learner.compute_logprobs(ref_params, dev)))
-  filled = batch.replace(old_logprobs=np.concatenate(old))
+      refs.append(_to_host(learner.compute_logprobs(ref_params, dev)))
+  filled = batch
+  if old:
+    filled = filled.replace(old_logprobs=np.concatenate(olds))
   if ref_params is not None:
-    filled = filled.replace(ref_logprobs=np.concatenate(ref))
+    filled = filled.replace(ref_logprobs=np.concatenate(refs))
   return filled
 
 
@@ -356,19 +383,30 @@ def _to_host(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def train_iteration(learner: Learner, state: TrainState, batch: train_batch_lib.TrainBatch):
+def train_iteration(learner: Learner, state: TrainState, batch: train_batch_lib.TrainBatch,
+                    *, on_policy: bool = False):
   """ppo_epochs x (rows / mini_batch_rows) updates over a filled host batch, in row order.
+
+  on_policy: the iteration is one optimizer step whose old log-probs the update computes
+  itself (`UpdateConfig.on_policy`; the batch's `old_logprobs` are not read).
 
   Returns:
     (state, metrics): metrics are the means over the optimizer steps, plus `num_updates`.
   """
+  if on_policy and not learner.config.on_policy(batch.num_rows):
+    raise ValueError(f"on_policy needs one optimizer step per iteration: ppo_epochs=1 and "
+                     f"<= mini_batch_rows rows (got ppo_epochs={learner.config.ppo_epochs}, "
+                     f"{batch.num_rows} rows, mini_batch_rows={learner.config.mini_batch_rows})")
   history = []
   per_epoch = -(-batch.num_rows // learner.config.mini_batch_rows)
   total = learner.config.ppo_epochs * per_epoch
   for _ in range(learner.config.ppo_epochs):
     for chunk in _rows(batch, learner.config.mini_batch_rows):
       progress.phase(learner.PHASE, f"mini-batch {len(history) + 1}/{total}")
-      state, metrics = learner.update(state, learner.put_batch(chunk))
+      if on_policy:
+        state, metrics = learner.update(state, learner.put_batch(chunk), True)  # on_policy
+      else:
+        state, metrics = learner.update(state, learner.put_batch(chunk))
       history.append(metrics)
   host = jax.device_get(history)
   mean = {k: float(np.mean([h[k] for h in host])) for k in host[0]}

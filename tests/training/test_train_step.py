@@ -267,3 +267,42 @@ def test_padding_rows_do_not_change_the_update():
     out.append((jax.device_get(state.params), metrics))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8), out[0][0], out[1][0])
   np.testing.assert_allclose(out[0][1]["loss"], out[1][1]["loss"], rtol=1e-6)
+
+
+def test_on_policy_update_equals_the_separate_old_logprob_pass():
+  """One optimizer step from the rollout's params: taking log pi_old from the update's own
+  forward pass (detached) is the separate pass in exact arithmetic, so the step's metrics
+  agree to f32 round-off (ratio exactly 1 instead of 1 +- ulps: approx_kl is 0) and the
+  new parameters to a fraction of one AdamW step (lr)."""
+  cfg = _config(micro_batch_rows=8)
+  assert cfg.on_policy(16) and not cfg.on_policy(32)
+  assert not _config(ppo_epochs=2).on_policy(16)
+  assert not _config(reuse_on_policy_logprobs=False).on_policy(16)
+  host = _host_batch(16, seed=11)
+  out = {}
+  for on_policy in (False, True):
+    model = _model()
+    learner = train_step.Learner(model, _mesh(), cfg)
+    state = learner.init_state(nnx.state(model, nnx.Param))
+    filled = train_step.fill_logprobs(learner, state.params, learner.reference_params(state), host,
+                                      old=not on_policy)
+    if on_policy:
+      assert np.all(np.asarray(filled.old_logprobs) == 0)  # never computed, never read
+    state, metrics = train_step.train_iteration(learner, state, filled, on_policy=on_policy)
+    out[on_policy] = (jax.device_get(state.params), metrics)
+  (p_sep, m_sep), (p_on, m_on) = out[False], out[True]
+  assert m_on["approx_kl"] == 0.0 and abs(m_sep["approx_kl"]) < 1e-6
+  for key in ("loss", "pg_loss", "entropy", "kl", "grad_norm"):
+    np.testing.assert_allclose(m_on[key], m_sep[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  assert m_on["pg_clipfrac"] == m_sep["pg_clipfrac"] == 0.0
+  for a, b in zip(jax.tree.leaves(p_sep), jax.tree.leaves(p_on)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=0.05 * cfg.lr)
+
+
+def test_on_policy_update_refuses_more_than_one_step():
+  model = _model()
+  learner = train_step.Learner(model, _mesh(), _config(micro_batch_rows=8))
+  state = learner.init_state(nnx.state(model, nnx.Param))
+  host = _host_batch(32, seed=12)  # two mini-batches: the second starts from new params
+  with pytest.raises(ValueError, match="one optimizer step"):
+    train_step.train_iteration(learner, state, host, on_policy=True)
