@@ -203,6 +203,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.mini_batch_rows = 256  # rows (steps) per optimiser step (ALFWorld scripts: 256)
   c.train.micro_batch_rows = 16  # rows per forward/backward (gradient accumulation)
   c.train.ppo_epochs = 1  # passes over the iteration's rows (verl default)
+  # one optimizer step per iteration: log pi_old from the update's own forward pass (exact
+  # in real arithmetic, one log-prob pass fewer); False = verl's separate pass always
+  c.train.reuse_on_policy_logprobs = True
   c.train.clip_ratio_low = 0.2  # PPO ratio clip 1 - eps_low (verl default)
   c.train.clip_ratio_high = 0.2  # PPO ratio clip 1 + eps_high (verl default)
   c.train.clip_ratio_c = 3.0  # dual-clip constant c > 1 (verl default)
