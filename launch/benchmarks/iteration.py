@@ -1,0 +1,128 @@
+"""Benchmark: one iteration of the SmolLM2 job (`make run-llm`) now vs a named earlier revision.
+
+  python -m launch.benchmarks.iteration [--baseline-rev 3c5ff63] [--iterations 3] [--reps 1]
+
+Every side is the real trainer, `python -m launch.main` with
+`--config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local` (SmolLM2-135M-Instruct,
+an ALFWorld server subprocess, 2 groups x 4 trajectories x 2 steps, one optimizer step on
+16 rows of up to 640 + 32 tokens) for `--iterations` iterations in a fresh workdir:
+
+  baseline  the repository at `--baseline-rev` (a temporary `git worktree`), its own
+            `local` variant; the default 3c5ff63 is the trainer before this benchmark
+            existed (f32 compute; separate old- and reference-log-prob passes; the full
+            T x T attention square; every rollout row prefilled).
+  lossless  the current tree in float32 (`--config.model.compute_dtype=float32`): the
+            changes that keep the arithmetic: the update takes log pi_old from its own
+            forward pass when an iteration is one optimizer step
+            (`train.reuse_on_policy_logprobs`), causal block skipping
+            (`model.attn_query_chunk`), one prefill per distinct prompt (`Sampler`);
+  current   the current `local` variant, which adds bf16 products over f32 weights
+            (`model.compute_dtype=bfloat16`).
+
+Sides alternate repetition by repetition; each reports the median `time/iteration_s`
+over its iterations 2.. (iteration 1 compiles) and its phase times. Then the metrics of
+`lossless` and `current` are compared with the baseline's: rollout metrics (equal when
+the sampled actions are), and the largest relative difference of the training floats
+(`train/*`). The last line is the baseline/current iteration-time ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = "configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local"
+PHASES = ("generation_s", "logprobs_s", "update_s")
+
+
+def _worktree(rev: str) -> str:
+  path = os.path.join(tempfile.mkdtemp(prefix="iteration_bench_"), "baseline")
+  try:
+    subprocess.run(["git", "worktree", "add", "--detach", path, rev], cwd=REPO_ROOT, check=True,
+                   capture_output=True, text=True)
+  except (OSError, subprocess.CalledProcessError) as e:
+    sys.exit(f"iteration: cannot check out {rev!r} into a worktree (a git clone with history "
+             f"is needed): {getattr(e, 'stderr', e)}".strip())
+  return path
+
+
+def _run(tree: str, workdir: str, iterations: int, overrides: list[str]) -> list[dict]:
+  """Trains in `tree` (its own code) and returns the metrics.jsonl lines."""
+  env = dict(os.environ, PYTHONPATH=tree, PYTHONHASHSEED="0")
+  cmd = [sys.executable, "-m", "launch.main", f"--config={CONFIG}", f"--workdir={workdir}",
+         f"--config.train.num_iterations={iterations}", "--config.eval.at_end=false", *overrides]
+  done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+  if done.returncode:
+    sys.exit(f"iteration: {' '.join(cmd)} failed in {tree}:\n{done.stderr[-3000:]}")
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def _compare(base: list[dict], other: list[dict]) -> str:
+  same_rollouts = all(
+      b[k] == o[k] for b, o in zip(base, other) for k in b if k.startswith("rollout/"))
+  worst, where = 0.0, ""
+  for b, o in zip(base, other):
+    for k in b:
+      if k.startswith("train/") and k in o and b[k] != 0:
+        rel = abs(o[k] - b[k]) / abs(b[k])
+        if rel > worst:
+          worst, where = rel, f"{k} at iteration {b['step']}: {b[k]:.6g} vs {o[k]:.6g}"
+  return (f"rollout metrics {'equal' if same_rollouts else 'DIFFER'}; largest relative "
+          f"difference of train/* {worst:.2g} ({where})")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--baseline-rev", default="3c5ff63")
+  parser.add_argument("--iterations", type=int, default=3)
+  parser.add_argument("--reps", type=int, default=1)
+  args = parser.parse_args()
+  if args.iterations < 2:
+    sys.exit("iteration: --iterations must be >= 2 (the first one compiles)")
+  baseline_tree = _worktree(args.baseline_rev)
+  sides = {f"baseline ({args.baseline_rev})": (baseline_tree, []),
+           "lossless (float32)": (REPO_ROOT, ["--config.model.compute_dtype=float32"]),
+           "current (bf16 compute)": (REPO_ROOT, [])}
+  times = {name: [] for name in sides}
+  phases = {name: {p: [] for p in PHASES} for name in sides}
+  lines = {}
+  scratch = tempfile.mkdtemp(prefix="iteration_runs_")
+  try:
+    for rep in range(args.reps):
+      for i, (name, (tree, overrides)) in enumerate(sides.items()):
+        start = time.perf_counter()
+        lines[name] = _run(tree, os.path.join(scratch, f"rep{rep}_side{i}"), args.iterations, overrides)
+        timed = [l for l in lines[name] if "time/iteration_s" in l][1:]
+        times[name] += [l["time/iteration_s"] for l in timed]
+        for p in PHASES:
+          phases[name][p] += [l[f"time/{p}"] for l in timed]
+        print(f"  rep {rep + 1}/{args.reps} {name}: {time.perf_counter() - start:.0f} s wall",
+              flush=True)
+  finally:
+    subprocess.run(["git", "worktree", "remove", "--force", baseline_tree], cwd=REPO_ROOT,
+                   capture_output=True)
+  import jax
+  print(f"jax {jax.__version__}, {os.cpu_count()} CPUs; {CONFIG}; median over "
+        f"{args.reps} x {args.iterations - 1} timed iterations")
+  for name in sides:
+    detail = ", ".join(f"{p[:-2]} {statistics.median(phases[name][p]):.1f} s" for p in PHASES)
+    print(f"  {name:26s} {statistics.median(times[name]):7.1f} s per iteration ({detail})")
+  names = list(sides)
+  for name in names[1:]:
+    print(f"  {name} vs baseline: {_compare(lines[names[0]], lines[name])}")
+  base, cur = statistics.median(times[names[0]]), statistics.median(times[names[-1]])
+  lossless = statistics.median(times[names[1]])
+  print(f"iteration time baseline/lossless {base / lossless:.2f}; baseline/current "
+        f"(SmolLM2 job, {args.baseline_rev} vs now): {base / cur:.2f}")
+
+
+if __name__ == "__main__":
+  main()
