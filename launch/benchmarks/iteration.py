@@ -23,7 +23,9 @@ Sides alternate repetition by repetition; each reports the median `time/iteratio
 over its iterations 2.. (iteration 1 compiles) and its phase times. Then the metrics of
 `lossless` and `current` are compared with the baseline's: rollout metrics (equal when
 the sampled actions are), and the largest relative difference of the training floats
-(`train/*`). The last line is the baseline/current iteration-time ratio.
+(`train/*`); and what bf16 compute does to a small step of the f32 weights (the share of
+weights whose bf16 value moves, `--quantization-only` prints just that). The last line is
+the baseline/current iteration-time ratio.
 """
 
 from __future__ import annotations
@@ -79,12 +81,38 @@ def _compare(base: list[dict], other: list[dict]) -> str:
           f"difference of train/* {worst:.2g} ({where})")
 
 
+def bf16_step_quantization(step: float = 1e-5) -> str:
+  """What bf16 compute does to a small update of f32 weights: the share of SmolLM2's
+  matrix weights whose bf16 value changes after a step of `step` (random signs, as AdamW's
+  first step moves every weight by ~lr), and by how much."""
+  import jax.numpy as jnp
+  import numpy as np
+  import jax
+  from flax import nnx
+  from hgpo_jax.models import loading
+  model, _, _ = loading.load_model("smollm2-135m")
+  w = np.concatenate([np.asarray(x).ravel() for x in jax.tree.leaves(nnx.state(model, nnx.Param))
+                      if x.ndim >= 2])
+  d = step * np.sign(np.random.default_rng(0).standard_normal(w.shape)).astype(np.float32)
+  bf16 = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32))
+  before, after = bf16(w), bf16(w + d)
+  changed = before != after
+  return (f"bf16 view of SmolLM2's {w.size:,} matrix weights (median |w| {np.median(np.abs(w)):.3f}) "
+          f"after a {step:g} step: {changed.mean():.1%} change, by {np.mean(np.abs(after - before)[changed]) / step:.1f}x "
+          f"the step on average (rms {np.sqrt(np.mean((after - before) ** 2)) / step:.1f}x)")
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--baseline-rev", default="3c5ff63")
   parser.add_argument("--iterations", type=int, default=3)
   parser.add_argument("--reps", type=int, default=1)
+  parser.add_argument("--quantization-only", action="store_true",
+                      help="only print what bf16 compute does to a 1e-5 step of the weights")
   args = parser.parse_args()
+  if args.quantization_only:
+    print(bf16_step_quantization())
+    return
   if args.iterations < 2:
     sys.exit("iteration: --iterations must be >= 2 (the first one compiles)")
   baseline_tree = _worktree(args.baseline_rev)
@@ -118,6 +146,7 @@ def main():
   names = list(sides)
   for name in names[1:]:
     print(f"  {name} vs baseline: {_compare(lines[names[0]], lines[name])}")
+  print(f"  {bf16_step_quantization()}")
   base, cur = statistics.median(times[names[0]]), statistics.median(times[names[-1]])
   lossless = statistics.median(times[names[1]])
   print(f"iteration time baseline/lossless {base / lossless:.2f}; baseline/current "
