@@ -254,8 +254,8 @@ _LOCAL = {
     "rollout.max_prompt_tokens": 640, "rollout.constrained": True,
     "train.num_iterations": 2, "train.lr": 1e-5, "train.mini_batch_rows": 16,
     "train.micro_batch_rows": 4, "eval.every": 0, "eval.num_tasks": 8,
-    # bf16 products over f32 weights, causal block skipping (apply_local docstring)
-    "model.compute_dtype": "bfloat16", "model.attn_query_chunk": 256,
+    # causal block skipping; f32 compute (bf16 is opt-in: apply_local docstring)
+    "model.attn_query_chunk": 256,
 }
 _SMOKE = {
     "env.num_servers": 1, "env.max_steps": 3,
@@ -267,16 +267,21 @@ _SMOKE = {
 
 
 def apply_local(c: ml_collections.ConfigDict) -> None:
-  """The `local` variant: the README main job, sized for a 2-core CPU with SmolLM2-135M.
+  """The `local` variant: the README's SmolLM2 job (`make run-llm`), sized for a 2-core CPU.
 
   2 groups x 4 trajectories, 2 steps, 2 iterations, evaluation on 8 held-out-room games.
   Decoding is constrained to `<action>{admissible action}</action>` because SmolLM2-135M
   does not follow the `<think>`/`<action>` format unconstrained (a 3-step version of
   this job with free 48-token responses: invalid-action rate 1.000 over 24 steps).
-  On this CPU a step row costs ~9 s in log-probs + update (fwd+bwd of ~700 tokens), which
-  is what bounds the scale; with so short a horizon no episode succeeds, so the
-  advantages are all zero and the job demonstrates the system, not learning (the
-  learning test in tests/test_learning.py does that with the tiny model).
+  Compute is float32 with causal block skipping in 256-query chunks (exact). bf16
+  products (`--config.model.compute_dtype=bfloat16`) are opt-in: on a CPU with AVX512-BF16
+  they halved the iteration, on the AVX2 reference machine they are slower than float32,
+  and they change the training numbers (docs/performance.md). On the 2-core AVX2 machine
+  an iteration takes ~277 s, 188 s of it the update of 16 rows of up to 672 tokens
+  (`python -m launch.benchmarks.iteration`), which is what bounds the scale; with so
+  short a horizon no episode succeeds, so the advantages are all zero and the job
+  demonstrates the system, not learning (the main job, `make run`, shows learning with
+  the tiny model).
   """
   c.env.eval_splits = tuple(c.env.eval_splits[-1:])  # the held-out split: unseen rooms
   c.update_from_flattened_dict(_LOCAL)

@@ -17,6 +17,7 @@ from configs import sokoban as sokoban_config
 from configs import webshop as webshop_config
 from hgpo_jax import train
 from hgpo_jax.advantages import registry
+from hgpo_jax.models import config as model_config
 from hgpo_jax.rollout import params as rollout_params
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import losses
@@ -228,3 +229,13 @@ def test_local_variant_evaluates_on_the_family_held_out_split():
   # `local` once hard-coded ALFWorld's split name, which the shop server does not have.
   assert alfworld_config.get_config("local").env.eval_splits == ("valid_unseen",)
   assert webshop_config.get_config("local").env.eval_splits == ("test",)
+
+
+def test_local_variant_computes_in_float32_with_query_chunks():
+  # bf16 products are opt-in (docs/performance.md): slower than float32 on the AVX2
+  # reference machine and they change the training numbers; query chunks are exact.
+  c = alfworld_config.get_config("algo=hgpo,k=2,model=smollm2-135m,local")
+  cfg = train.model_settings(c, model_config.get_preset("tiny").replace(dtype="bfloat16"))
+  assert (cfg.dtype, cfg.attn_query_chunk, cfg.remat) == ("float32", 256, True)
+  _override(c, "model.compute_dtype", "bfloat16")
+  assert train.model_settings(c, cfg).dtype == "bfloat16"

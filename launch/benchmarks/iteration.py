@@ -11,17 +11,18 @@ an ALFWorld server subprocess, 2 groups x 4 trajectories x 2 steps, one optimize
             `local` variant; the default 3c5ff63 is the trainer before this benchmark
             existed (f32 compute; separate old- and reference-log-prob passes; the full
             T x T attention square; every rollout row prefilled).
-  lossless  the current tree in float32 (`--config.model.compute_dtype=float32`): the
-            changes that keep the arithmetic: the update takes log pi_old from its own
-            forward pass when an iteration is one optimizer step
-            (`train.reuse_on_policy_logprobs`), causal block skipping
+  current   the current `local` variant (float32): the changes that keep the arithmetic:
+            the update takes log pi_old from its own forward pass when an iteration is
+            one optimizer step (`train.reuse_on_policy_logprobs`), causal block skipping
             (`model.attn_query_chunk`), one prefill per distinct prompt (`Sampler`);
-  current   the current `local` variant, which adds bf16 products over f32 weights
-            (`model.compute_dtype=bfloat16`).
+  bf16      the current tree with bf16 products over the f32 weights
+            (`--config.model.compute_dtype=bfloat16`, opt-in): faster only on a CPU with
+            bf16 dot products (AVX512-BF16 / AMX; the header line says whether this one
+            has them), and it changes the numbers (below).
 
 Sides alternate repetition by repetition; each reports the median `time/iteration_s`
 over its iterations 2.. (iteration 1 compiles) and its phase times. Then the metrics of
-`lossless` and `current` are compared with the baseline's: rollout metrics (equal when
+`current` and `bf16` are compared with the baseline's: rollout metrics (equal when
 the sampled actions are), and the largest relative difference of the training floats
 (`train/*`); and what bf16 compute does to a small step of the f32 weights (the share of
 weights whose bf16 value moves, `--quantization-only` prints just that). The last line is
@@ -117,8 +118,8 @@ def main():
     sys.exit("iteration: --iterations must be >= 2 (the first one compiles)")
   baseline_tree = _worktree(args.baseline_rev)
   sides = {f"baseline ({args.baseline_rev})": (baseline_tree, []),
-           "lossless (float32)": (REPO_ROOT, ["--config.model.compute_dtype=float32"]),
-           "current (bf16 compute)": (REPO_ROOT, [])}
+           "current (float32)": (REPO_ROOT, []),
+           "bf16 compute (opt-in)": (REPO_ROOT, ["--config.model.compute_dtype=bfloat16"])}
   times = {name: [] for name in sides}
   phases = {name: {p: [] for p in PHASES} for name in sides}
   lines = {}
@@ -138,7 +139,11 @@ def main():
     subprocess.run(["git", "worktree", "remove", "--force", baseline_tree], cwd=REPO_ROOT,
                    capture_output=True)
   import jax
-  print(f"jax {jax.__version__}, {os.cpu_count()} CPUs; {CONFIG}; median over "
+  from hgpo_jax import perf
+  cpu = perf.describe_cpu()
+  print(f"jax {jax.__version__}, {cpu['model'] or 'cpu'}, {cpu['cores']} cores, "
+        f"{cpu['f32_lanes'] * 32}-bit vectors, bf16 dot products: "
+        f"{'yes' if cpu['bf16_dot'] or cpu['amx'] else 'no'}; {CONFIG}; median over "
         f"{args.reps} x {args.iterations - 1} timed iterations")
   for name in sides:
     detail = ", ".join(f"{p[:-2]} {statistics.median(phases[name][p]):.1f} s" for p in PHASES)
@@ -147,11 +152,9 @@ def main():
   for name in names[1:]:
     print(f"  {name} vs baseline: {_compare(lines[names[0]], lines[name])}")
   print(f"  {bf16_step_quantization()}")
-  base, cur = statistics.median(times[names[0]]), statistics.median(times[names[-1]])
-  lossless = statistics.median(times[names[1]])
-  print(f"iteration time baseline/lossless {base / lossless:.2f}; baseline/current "
+  base, cur, bf16 = (statistics.median(times[n]) for n in names)
+  print(f"iteration time baseline/bf16 {base / bf16:.2f}; baseline/current "
         f"(SmolLM2 job, {args.baseline_rev} vs now): {base / cur:.2f}")
-
 
 if __name__ == "__main__":
   main()
