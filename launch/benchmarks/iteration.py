@@ -43,6 +43,7 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = "configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local"
 PHASES = ("generation_s", "logprobs_s", "update_s")
+MFU = ("logprobs_mfu", "update_mfu")  # perf/* of metrics.jsonl: XLA's FLOPs / time / CPU peak
 
 
 def _worktree(rev: str) -> str:
@@ -66,6 +67,13 @@ def _run(tree: str, workdir: str, iterations: int, overrides: list[str]) -> list
     sys.exit(f"iteration: {' '.join(cmd)} failed in {tree}:\n{done.stderr[-3000:]}")
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     return [json.loads(line) for line in f]
+
+
+def _detail(phases: dict[str, list[float]], mfu: dict[str, list[float]]) -> str:
+  """Median seconds per phase, then the median MFU of each compiled pass that has one."""
+  parts = [f"{p[:-2]} {statistics.median(phases[p]):.1f} s" for p in PHASES]
+  parts += [f"{m[:-4]} MFU {statistics.median(mfu[m]):.2f}" for m in MFU if mfu.get(m)]
+  return ", ".join(parts)
 
 
 def _compare(base: list[dict], other: list[dict]) -> str:
@@ -122,6 +130,7 @@ def main():
            "bf16 compute (opt-in)": (REPO_ROOT, ["--config.model.compute_dtype=bfloat16"])}
   times = {name: [] for name in sides}
   phases = {name: {p: [] for p in PHASES} for name in sides}
+  mfu = {name: {m: [] for m in MFU} for name in sides}
   lines = {}
   scratch = tempfile.mkdtemp(prefix="iteration_runs_")
   try:
@@ -133,6 +142,8 @@ def main():
         times[name] += [l["time/iteration_s"] for l in timed]
         for p in PHASES:
           phases[name][p] += [l[f"time/{p}"] for l in timed]
+        for m in MFU:
+          mfu[name][m] += [l[f"perf/{m}"] for l in timed if f"perf/{m}" in l]
         print(f"  rep {rep + 1}/{args.reps} {name}: {time.perf_counter() - start:.0f} s wall",
               flush=True)
   finally:
@@ -146,8 +157,8 @@ def main():
         f"{'yes' if cpu['bf16_dot'] or cpu['amx'] else 'no'}; {CONFIG}; median over "
         f"{args.reps} x {args.iterations - 1} timed iterations")
   for name in sides:
-    detail = ", ".join(f"{p[:-2]} {statistics.median(phases[name][p]):.1f} s" for p in PHASES)
-    print(f"  {name:26s} {statistics.median(times[name]):7.1f} s per iteration ({detail})")
+    print(f"  {name:26s} {statistics.median(times[name]):7.1f} s per iteration "
+          f"({_detail(phases[name], mfu[name])})")
   names = list(sides)
   for name in names[1:]:
     print(f"  {name} vs baseline: {_compare(lines[names[0]], lines[name])}")

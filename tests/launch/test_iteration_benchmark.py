@@ -23,3 +23,11 @@ def test_compare_flags_differing_rollouts():
   other = [_line(1, **{"rollout/success": 0.75, "train/loss": 2.0})]
   assert iteration._compare(base, other).startswith("rollout metrics DIFFER; largest relative "
                                                     "difference of train/* 0 ()")
+
+
+def test_detail_gives_median_phase_times_and_mfu():
+  phases = {"generation_s": [40.0, 42.0, 41.0], "logprobs_s": [46.0, 47.0, 45.0],
+            "update_s": [188.0, 190.0, 180.0]}
+  mfu = {"logprobs_mfu": [0.44, 0.46, 0.45], "update_mfu": []}  # no update MFU recorded
+  assert iteration._detail(phases, mfu) == (
+      "generation 41.0 s, logprobs 46.0 s, update 188.0 s, logprobs MFU 0.45")
