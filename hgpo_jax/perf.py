@@ -414,10 +414,12 @@ class LearnerFlops:
 
   def per_call(self, batch) -> dict[str, float]:
     """{"logprobs": FLOPs, "update": FLOPs} per device for one mini-batch of `batch`'s
-    row width (a host or device TrainBatch)."""
+    row width (a host or device TrainBatch), or for a packed mini-batch
+    (`training.packing.PackedBatch`, whose row count is its own)."""
     import jax
+    from hgpo_jax.training import packing
     ln = self.learner
-    rows = ln.config.mini_batch_rows
+    rows = batch.num_rows if isinstance(batch, packing.PackedBatch) else ln.config.mini_batch_rows
     key = tuple((rows,) + tuple(x.shape[1:]) + (str(x.dtype),) for x in jax.tree.leaves(batch))
     if key not in self._cache:
       abstract_batch = jax.tree.map(
@@ -438,14 +440,16 @@ def iteration_metrics(counter: LearnerFlops, batch, *, logprob_passes: int, logp
   the log-prob passes (`logprob_passes` over the batch: old and/or reference) and of the
   updates, from the wall times (`dtype`: the model's compute dtype, which picks the peak)."""
   ln = counter.learner
-  per_call = counter.per_call(batch)
-  chunks = batch.num_rows // ln.config.mini_batch_rows
+  if isinstance(batch, (list, tuple)):  # packed mini-batches, each of its own shape
+    calls = [counter.per_call(b) for b in batch]
+  else:
+    calls = [counter.per_call(batch)] * (batch.num_rows // ln.config.mini_batch_rows)
   if peak is None:
     peak = device_peak(dtype=dtype)
   out = {}
-  for name, calls, seconds in (("logprobs", chunks * logprob_passes, logprobs_s),
-                               ("update", chunks * ln.config.ppo_epochs, update_s)):
-    flops = per_call[name] * calls
+  for name, passes, seconds in (("logprobs", logprob_passes, logprobs_s),
+                                ("update", ln.config.ppo_epochs, update_s)):
+    flops = sum(c[name] for c in calls) * passes
     out[f"perf/{name}_flops"] = flops
     out[f"perf/{name}_flop_per_s"] = flops / seconds if seconds > 0 else 0.0
     out[f"perf/{name}_mfu"] = mfu(flops, seconds, peak)

@@ -49,6 +49,7 @@ from hgpo_jax.training import checkpoint as checkpoint_lib
 from hgpo_jax.training import critic_step
 from hgpo_jax.training import losses
 from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import packing
 from hgpo_jax.training import processes
 from hgpo_jax.training import progress as phases
 from hgpo_jax.training import train_batch as train_batch_lib
@@ -152,6 +153,9 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
                         + (' or "" (= model.dtype)' if name == "compute_dtype" else ""))
   if not config.env.endpoints and config.env.num_servers < 1:
     raise ConfigError("config.env.num_servers must be >= 1 when no env.endpoints are given")
+  if config.train.pack_rows and est.needs_critic:
+    raise ConfigError(f"config.train.pack_rows packs the actor update of critic-free estimators; "
+                      f"{est.name!r} trains a critic on the unpacked rows: set it to false")
   rollout = _typed("rollout", rollout_params.RolloutParams, **config.rollout.to_dict())
   if getattr(opts, "k", rollout.history_length) != rollout.history_length:
     raise ConfigError(
@@ -260,6 +264,14 @@ def _global_train_batch(rows, adv, buckets, config, pad_id: int) -> train_batch_
       prompt_buckets=(prompt_len,), response_buckets=(config.rollout.max_new_tokens,),
       row_multiple=mini, pad_id=pad_id, row_buckets=(-(-len(rows) // mini) * mini,))
   return batch
+
+
+def _packed_train_batches(batch: train_batch_lib.TrainBatch, config,
+                          pad_id: int) -> list[packing.PackedBatch]:
+  """`batch`'s mini-batches packed (`config.train.pack_rows`, hgpo_jax/training/packing.py)."""
+  return packing.pack_batch(batch, mini_batch_rows=config.train.mini_batch_rows,
+                            micro_batch_rows=config.train.micro_batch_rows,
+                            score_multiple=config.rollout.max_new_tokens, pad_id=pad_id)
 
 
 def _sampling_mesh(config, mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
@@ -611,6 +623,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       # One optimizer step from the rollout's params: the update takes log pi_old from
       # its own forward pass (UpdateConfig.reuse_on_policy_logprobs)
       on_policy = run.update.on_policy(batch.num_rows)
+      # real (non-pad) share of the update's [rows, prompt bucket + response] tokens
+      token_fill = float(np.mean(batch.input_mask))
+      if run.update.pack_rows:
+        batch = _packed_train_batches(batch, config, tokenizer.pad_id)
+        token_fill = packing.token_fill(batch)
       if actor_updated:
         phases.phase("log-probs")
         batch = train_step.fill_logprobs(learner, state.params, ref_params, batch, old=not on_policy)
@@ -629,8 +646,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       metrics.update({f"train/{k}": v for k, v in update_metrics.items()})
       metrics.update(group_stats)
       metrics.update(critic_metrics)
-      # real (non-pad) share of the update's [rows, prompt bucket + response] tokens
-      metrics["train/token_fill"] = float(np.mean(batch.input_mask))
+      metrics["train/token_fill"] = token_fill
       metrics["advantage/mean"] = float(np.mean(adv))
       metrics["advantage/std"] = float(np.std(adv))
       metrics["advantage/zero_frac"] = float(np.mean(adv == 0))

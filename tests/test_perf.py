@@ -175,6 +175,18 @@ def test_iteration_metrics_count_calls_and_divide_by_time():
   assert m["perf/update_flops"] == 180.0 and m["perf/update_mfu"] == pytest.approx(0.45)
 
 
+def test_iteration_metrics_sum_packed_mini_batches_of_their_own_shapes():
+  learner = types.SimpleNamespace(config=train_step.UpdateConfig(mini_batch_rows=4, micro_batch_rows=2, ppo_epochs=2))
+  counter = perf.LearnerFlops(learner)
+  counter.per_call = lambda b: {"logprobs": 10.0 * b.num_rows, "update": 30.0 * b.num_rows}
+  packed = [types.SimpleNamespace(num_rows=2), types.SimpleNamespace(num_rows=4)]
+  peak = perf.Peak(100.0, "cpu", "float32", "test")
+  m = perf.iteration_metrics(counter, packed, logprob_passes=1, logprobs_s=1.0, update_s=2.0, peak=peak)
+  assert m["perf/logprobs_flops"] == 60.0  # (2 + 4) rows x 10, one pass
+  assert m["perf/update_flops"] == 360.0  # (2 + 4) rows x 30, 2 epochs
+  assert m["perf/update_mfu"] == pytest.approx(1.8)
+
+
 _CPUINFO = """processor\t: 0
 model name\t: Test CPU
 cpu MHz\t\t: 2000.000

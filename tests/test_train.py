@@ -79,6 +79,17 @@ def test_validation_errors_before_any_work(key, value, match):
     train.validate(c)
 
 
+def test_row_packing_is_refused_where_the_packed_loss_is_not_defined():
+  with pytest.raises(train.ConfigError, match="loss_agg='token-mean'"):
+    train.validate(_sokoban(**{"train.pack_rows": True, "train.loss_agg": "seq-mean-token-mean"}))
+  c = sokoban_config.get_config("algo=ppo,smoke")
+  with c.unlocked():
+    c.train.pack_rows = True
+  with pytest.raises(train.ConfigError, match="trains a critic on the unpacked rows"):
+    train.validate(c)
+  train.validate(_sokoban(**{"train.pack_rows": True}))
+
+
 def test_unknown_estimator_option_is_rejected():
   c = _sokoban()
   with c.unlocked():
@@ -215,6 +226,27 @@ def test_sharded_equals_unsharded(tmp_path):
       if key.startswith(("rollout/", "groups/", "advantage/")):
         assert x[key] == y[key], key
       elif key.startswith("train/"):
+        assert y[key] == pytest.approx(x[key], rel=1e-3, abs=1e-5), key
+
+
+@pytest.mark.slow
+def test_packed_rows_train_like_unpacked_rows(tmp_path):
+  """train.pack_rows: the same rollouts and (to float rounding) the same update, on fewer
+  rows (iteration 1 has 4 steps, which the unpacked batch pads to the 8-row mini-batch with
+  copies, and packing drops)."""
+  greedy = {"rollout.temperature": 0.0, "eval.at_end": False}
+  train.train_and_evaluate(_sokoban(**greedy), str(tmp_path / "rows"))
+  train.train_and_evaluate(_sokoban(**greedy, **{"train.pack_rows": True}), str(tmp_path / "packed"))
+  a, b = _metrics(str(tmp_path / "rows")), _metrics(str(tmp_path / "packed"))
+  assert len(a) == len(b) == 2
+  assert b[0]["perf/update_flops"] < a[0]["perf/update_flops"]
+  for x, y in zip(a, b):
+    assert y["train/token_fill"] >= x["train/token_fill"]
+    assert y["perf/update_flops"] <= x["perf/update_flops"]
+    for key in x:
+      if key.startswith(("rollout/", "groups/", "advantage/")):
+        assert x[key] == y[key], key
+      elif key.startswith("train/") and key != "train/token_fill":
         assert y[key] == pytest.approx(x[key], rel=1e-3, abs=1e-5), key
 
 

@@ -66,6 +66,19 @@ def causal_mask(input_mask_bt: jax.Array) -> jax.Array:
   return causal_tt[None, :, :] & input_mask_bt.astype(bool)[:, None, :]
 
 
+def segment_causal_mask(segment_ids_bt: jax.Array) -> jax.Array:
+  """bool[B, T, T] of packed rows: query t may read key s iff s <= t and both belong to
+  the same segment (ids >= 1; 0 marks padding, which reads nothing).
+
+  Args:
+    segment_ids_bt: int[B, T] segment of each token (`training.packing`).
+  """
+  t = segment_ids_bt.shape[1]
+  causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
+  same_btt = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
+  return causal_tt[None, :, :] & same_btt & (segment_ids_bt > 0)[:, None, :]
+
+
 def rope_angles(positions_bt: jax.Array, head_dim: int, theta: float):
   """(cos, sin), each f32[B, T, Dh/2], of the RoPE angles pos · θ^(-2i/Dh).
 

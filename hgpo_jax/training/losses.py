@@ -211,6 +211,49 @@ def actor_loss(
   return loss, metrics
 
 
+def weighted_actor_loss(
+    logp_bt: jax.Array,
+    entropy_bt: jax.Array,
+    old_logp_bt: jax.Array,
+    ref_logp_bt: jax.Array,
+    adv_bt: jax.Array,
+    weights_bt: jax.Array,
+    config: LossConfig,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """`actor_loss` with every aggregate a weighted token sum `sum(w * x)`.
+
+  With the weights of `packing.token_mean_weights` the sum over a mini-batch's packed
+  micro-batches of this loss (and of each metric) equals the unpacked update's mean over
+  micro-batches of `actor_loss` under `token-mean`; the caller sums, it does not average.
+
+  Args:
+    weights_bt: f32[B, T] weight of each token (0 where not scored).
+    The others: as `actor_loss`.
+  """
+  if config.loss_agg != "token-mean":
+    raise ValueError(f"weighted (packed) actor loss is defined for loss_agg='token-mean', "
+                     f"got {config.loss_agg!r}")
+  total = lambda x_bt: jnp.sum(jnp.where(weights_bt > 0, x_bt, 0.0) * weights_bt)
+  tok_loss_bt, clipped_bt, dual_bt = ppo_clip_token_losses(
+      logp_bt, old_logp_bt, adv_bt, config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_c)
+  pg_loss = total(tok_loss_bt)
+  entropy = total(entropy_bt)
+  loss = pg_loss - config.entropy_coeff * entropy
+  metrics = {
+      "pg_loss": pg_loss,
+      "entropy": entropy,
+      "pg_clipfrac": total(clipped_bt.astype(jnp.float32)),
+      "pg_clipfrac_lower": total(dual_bt.astype(jnp.float32)),
+      "approx_kl": total(old_logp_bt - logp_bt),
+  }
+  if config.use_kl_loss:
+    kl = total(low_var_kl(logp_bt, ref_logp_bt))
+    loss = loss + config.kl_coef * kl
+    metrics["kl"] = kl
+  metrics["loss"] = loss
+  return loss, metrics
+
+
 def value_loss(values_bt: jax.Array, old_values_bt: jax.Array, returns_bt: jax.Array,
                mask_bt: jax.Array, cliprange_value: float = 0.5, loss_scale: float = 0.5,
                loss_agg_mode: str = "token-mean") -> tuple[jax.Array, jax.Array]:

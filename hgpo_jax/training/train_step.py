@@ -45,6 +45,7 @@ from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import losses
+from hgpo_jax.training import packing
 from hgpo_jax.training import progress
 from hgpo_jax.training import train_batch as train_batch_lib
 
@@ -82,8 +83,15 @@ class UpdateConfig:
   update's own forward pass (detached) instead of a separate pass before it: the same
   numbers in exact arithmetic (pi_old is the current policy), one forward pass fewer.
   False: always the separate pass (verl's `compute_log_prob`)."""
+  pack_rows: bool = False
+  """The trainer packs each mini-batch's steps end to end into fewer rows before the
+  log-prob passes and the update (`training.packing`: segment-masked attention, the same
+  token-mean loss); needs `loss.loss_agg == "token-mean"`."""
 
   def __post_init__(self):
+    if self.pack_rows and self.loss.loss_agg != "token-mean":
+      raise ValueError(f"pack_rows needs loss_agg='token-mean' (the packed loss is its weighted "
+                       f"token sum), got {self.loss.loss_agg!r}")
     if self.ppo_epochs < 1 or self.micro_batch_rows < 1:
       raise ValueError(f"ppo_epochs={self.ppo_epochs} and micro_batch_rows={self.micro_batch_rows} must be >= 1.")
     if self.mini_batch_rows % self.micro_batch_rows:
@@ -177,6 +185,32 @@ def token_logprobs(model: nnx.Module, tokens_bl: jax.Array, positions_bl: jax.Ar
   probs_blv = jnp.exp(logits_blv - logz_bl[..., None])
   entropy_bl = logz_bl - jnp.sum(probs_blv * logits_blv, axis=-1)
   return logp_bl, jnp.pad(entropy_bl, pad)
+
+
+def packed_token_logprobs(model: nnx.Module, batch: packing.PackedBatch, with_entropy: bool = True):
+  """Log-prob (and entropy) of each scored slot of a packed batch (`training.packing`).
+
+  Segments attend to themselves only and count positions from 0, so each slot's value is
+  the one `token_logprobs` gives the same token unpacked; the output layer runs on the
+  scored slots only.
+
+  Returns:
+    (logp_bs f32[R, S], entropy_bs f32[R, S] or None); unused slots hold garbage (mask
+    them with `score_mask`).
+  """
+  hidden_bld, _ = model.hidden(batch.tokens, batch.positions,
+                               decoder.segment_causal_mask(batch.segment_ids))
+  # the token in column l is predicted from position l - 1 (the train_batch convention)
+  prev_bs = jnp.maximum(batch.score_index - 1, 0)
+  hidden_bsd = jnp.take_along_axis(hidden_bld, prev_bs[..., None], axis=1)
+  logits_bsv = model.logits(hidden_bsd).astype(jnp.float32)
+  logz_bs = jax.nn.logsumexp(logits_bsv, axis=-1)
+  target_bs = jnp.take_along_axis(batch.tokens, batch.score_index, axis=1)
+  logp_bs = jnp.take_along_axis(logits_bsv, target_bs[..., None], axis=-1)[..., 0] - logz_bs
+  if not with_entropy:
+    return logp_bs, None
+  probs_bsv = jnp.exp(logits_bsv - logz_bs[..., None])
+  return logp_bs, logz_bs - jnp.sum(probs_bsv * logits_bsv, axis=-1)
 
 
 class Learner:
@@ -281,10 +315,14 @@ class Learner:
     return nnx.merge(self.graphdef, params)
 
   def _compute_logprobs(self, params: Any, batch: train_batch_lib.TrainBatch) -> jax.Array:
-    """f32[M, L] log-probs of every token under `params`, micro-batch by micro-batch."""
+    """f32[M, L] log-probs of every token under `params`, micro-batch by micro-batch
+    (f32[R, S] of every score slot for a `packing.PackedBatch`)."""
     model = self._model(params)
     micro = self._micro(batch)
     def one(x):
+      if isinstance(x, packing.PackedBatch):
+        logp, _ = packed_token_logprobs(model, x, with_entropy=False)
+        return jnp.where(x.score_mask, logp, 0.0)
       logp, _ = token_logprobs(model, x.tokens, x.positions, x.input_mask, with_entropy=False,
                                scored_tail=self.config.scored_tail)
       return jnp.where(x.response_mask, logp, 0.0)
@@ -297,7 +335,14 @@ class Learner:
 
     on_policy: log pi_old is this forward pass's own log-prob, detached
     (`UpdateConfig.on_policy`); `x.old_logprobs` is not read.
+    A `packing.PackedBatch` micro-batch gives its weighted share of the mini-batch loss
+    (`losses.weighted_actor_loss`).
     """
+    if isinstance(x, packing.PackedBatch):
+      logp, entropy = packed_token_logprobs(self._model(params), x)
+      old = jax.lax.stop_gradient(logp) if on_policy else x.old_logprobs
+      return losses.weighted_actor_loss(logp, entropy, old, x.ref_logprobs, x.advantages,
+                                        x.loss_weights, self.config.loss)
     logp, entropy = token_logprobs(self._model(params), x.tokens, x.positions, x.input_mask,
                                    scored_tail=self.config.scored_tail)
     old = jax.lax.stop_gradient(logp) if on_policy else x.old_logprobs
@@ -312,8 +357,11 @@ class Learner:
     """
     cfg = self.config
     micro = self._micro(batch)
-    active_k = jnp.any(micro.response_mask, axis=(1, 2))
-    n_active = jnp.maximum(jnp.sum(active_k), 1).astype(jnp.float32)
+    packed = isinstance(batch, packing.PackedBatch)
+    scored = batch.score_mask if packed else batch.response_mask
+    active_k = jnp.any((micro.score_mask if packed else micro.response_mask), axis=(1, 2))
+    # packed micro-batch losses and metrics are weighted shares of the mini-batch's: summed
+    n_active = 1.0 if packed else jnp.maximum(jnp.sum(active_k), 1).astype(jnp.float32)
 
     def micro_step(grads, xs):
       x, active = xs
@@ -339,7 +387,7 @@ class Learner:
     metrics.update(
         grad_norm=grad_norm, skipped_step=1.0 - finite.astype(jnp.float32),
         learning_rate=learning_rate_schedule(cfg)(state.step),
-        scored_tokens=jnp.sum(batch.response_mask).astype(jnp.float32))
+        scored_tokens=jnp.sum(scored).astype(jnp.float32))
     new_state = state.replace(params=params, opt_state=opt_state,
                               step=state.step + finite.astype(jnp.int32))
     return new_state, metrics
@@ -352,27 +400,39 @@ def _rows(batch: train_batch_lib.TrainBatch, size: int):
     yield train_batch_lib.slice_rows(batch, start, start + size)
 
 
+# An iteration's rows: one TrainBatch (split into mini-batches of mini_batch_rows), or its
+# mini-batches already packed (`packing.pack_batch`).
+Batches = train_batch_lib.TrainBatch | Sequence[packing.PackedBatch]
+
+
+def mini_batches(learner: Learner, batch: Batches) -> list:
+  """The iteration's mini-batches, in update order (a batch of rows, e.g. a TrainBatch or
+  a critic's ValueBatch, is split; a list of packed mini-batches is taken as it is)."""
+  if isinstance(batch, (list, tuple)):
+    return list(batch)
+  return list(_rows(batch, learner.config.mini_batch_rows))
+
+
 def fill_logprobs(learner: Learner, params: Any, ref_params: Optional[Any],
-                  batch: train_batch_lib.TrainBatch, *, old: bool = True) -> train_batch_lib.TrainBatch:
+                  batch: Batches, *, old: bool = True) -> Batches:
   """Returns the host batch with `old_logprobs` (and `ref_logprobs` if ref_params) filled.
 
-  Runs mini-batch by mini-batch so every call has the compiled [mini_batch, L] shape.
+  Runs mini-batch by mini-batch so every call has the compiled [mini_batch, L] shape
+  (a list of packed mini-batches is filled one by one and returned as a list).
   old=False leaves `old_logprobs` as it is (an on-policy update computes its own, see
   `UpdateConfig.on_policy`).
   """
-  olds, refs = [], []
-  for chunk in _rows(batch, learner.config.mini_batch_rows):
+  filled = []
+  for chunk in mini_batches(learner, batch):
     dev = learner.put_batch(chunk)
     if old:
-      olds.append(_to_host(learner.compute_logprobs(params, dev)))
+      chunk = chunk.replace(old_logprobs=_to_host(learner.compute_logprobs(params, dev)))
     if ref_params is not None:
-      refs.append(_to_host(learner.compute_logprobs(ref_params, dev)))
-  filled = batch
-  if old:
-    filled = filled.replace(old_logprobs=np.concatenate(olds))
-  if ref_params is not None:
-    filled = filled.replace(ref_logprobs=np.concatenate(refs))
-  return filled
+      chunk = chunk.replace(ref_logprobs=_to_host(learner.compute_logprobs(ref_params, dev)))
+    filled.append(chunk)
+  if isinstance(batch, (list, tuple)):
+    return filled
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *filled)
 
 
 def _to_host(x: jax.Array) -> np.ndarray:
@@ -383,7 +443,7 @@ def _to_host(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def train_iteration(learner: Learner, state: TrainState, batch: train_batch_lib.TrainBatch,
+def train_iteration(learner: Learner, state: TrainState, batch: Batches,
                     *, on_policy: bool = False):
   """ppo_epochs x (rows / mini_batch_rows) updates over a filled host batch, in row order.
 
@@ -393,15 +453,15 @@ def train_iteration(learner: Learner, state: TrainState, batch: train_batch_lib.
   Returns:
     (state, metrics): metrics are the means over the optimizer steps, plus `num_updates`.
   """
-  if on_policy and not learner.config.on_policy(batch.num_rows):
+  chunks = mini_batches(learner, batch)
+  if on_policy and not (learner.config.on_policy(learner.config.mini_batch_rows) and len(chunks) == 1):
     raise ValueError(f"on_policy needs one optimizer step per iteration: ppo_epochs=1 and "
                      f"<= mini_batch_rows rows (got ppo_epochs={learner.config.ppo_epochs}, "
-                     f"{batch.num_rows} rows, mini_batch_rows={learner.config.mini_batch_rows})")
+                     f"{len(chunks)} mini-batches)")
   history = []
-  per_epoch = -(-batch.num_rows // learner.config.mini_batch_rows)
-  total = learner.config.ppo_epochs * per_epoch
+  total = learner.config.ppo_epochs * len(chunks)
   for _ in range(learner.config.ppo_epochs):
-    for chunk in _rows(batch, learner.config.mini_batch_rows):
+    for chunk in chunks:
       progress.phase(learner.PHASE, f"mini-batch {len(history) + 1}/{total}")
       if on_policy:
         state, metrics = learner.update(state, learner.put_batch(chunk), True)  # on_policy

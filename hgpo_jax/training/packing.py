@@ -1,0 +1,193 @@
+"""Row packing of the actor update: a mini-batch's env steps laid end to end in fewer rows.
+
+Why: `train_batch.build_train_batch` pads every row to the iteration's prompt bucket plus
+the response bucket, so a mini-batch whose prompts range from 300 to 640 tokens spends a
+third of the update's FLOPs on padding (`train/token_fill` 0.60-0.72 in the SmolLM2 job,
+docs/performance.md). Packing puts several steps ("segments") into one row of the same
+length, each attending only to itself (`decoder.segment_causal_mask`) with positions that
+restart at 0, so every real token sees exactly the keys and positions it sees unpacked.
+
+What stays exact: the loss. The unpacked update averages token means over the mini-batch's
+micro-batches (verl's gradient accumulation, `train_step` module docstring), a quantity
+that depends on which rows share a micro-batch. Under `token-mean` aggregation it is a
+weighted token sum, `sum_t w_t x_t` with `w_t = 1 / (k_active * n_scored(micro(t)))`, the
+micro-batch taken in the *unpacked* layout. `pack_mini_batch` computes these weights on the
+host before packing, so the packed update (`losses.weighted_actor_loss`) optimises the
+same function whatever rows the segments land in; only float reduction order differs.
+
+Scored tokens are gathered into `S` slots per packed row (`score_index`), so the output
+layer runs on the scored tokens only (the unpacked path's `scored_tail` does the same for
+its response columns).
+
+Layout of a packed row: `[seg 1 | seg 2 | ... | pad]`, a segment = the step's prompt then
+its response, real tokens only; `segment_ids` 1, 2, ... per row and 0 on padding.
+Padding rows (all 0) bring the row count to a multiple of the micro-batch; they score
+nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import flax.struct
+import jax
+import numpy as np
+
+from hgpo_jax.training import train_batch as train_batch_lib
+
+
+@flax.struct.dataclass
+class PackedBatch:
+  """A packed mini-batch. `R` rows of `L` tokens, `S` score slots per row."""
+
+  tokens: jax.Array
+  """int32[R, L]: segments end to end, then `pad_id`."""
+  positions: jax.Array
+  """int32[R, L]: position within the segment (0 at each segment's first token; 0 on pad)."""
+  segment_ids: jax.Array
+  """int32[R, L]: 1, 2, ... for the row's segments, 0 on padding."""
+  score_index: jax.Array
+  """int32[R, S]: column of each scored (response) token; 1 on unused slots."""
+  score_mask: jax.Array
+  """bool[R, S]: used slots."""
+  advantages: jax.Array
+  """f32[R, S]: advantage of the slot's token."""
+  loss_weights: jax.Array
+  """f32[R, S]: weight of the slot's token in the mini-batch loss (module docstring)."""
+  old_logprobs: jax.Array
+  """f32[R, S]: log pi_old of the slot's token; filled by `train_step.fill_logprobs`."""
+  ref_logprobs: jax.Array
+  """f32[R, S]: log pi_ref of the slot's token; filled by `train_step.fill_logprobs`."""
+
+  @property
+  def num_rows(self) -> int:
+    return self.tokens.shape[0]
+
+  @property
+  def seq_len(self) -> int:
+    return self.tokens.shape[1]
+
+  @property
+  def input_mask(self):
+    """bool[R, L]: real (non-padding) tokens."""
+    return self.segment_ids > 0
+
+
+def token_mean_weights(response_mask: np.ndarray, micro_batch_rows: int) -> np.ndarray:
+  """f32[M, L] weights `w` with `sum(w * x)` = the unpacked update's token-mean loss.
+
+  The mean over micro-batches that score at least one token (k_active) of each micro-batch's
+  mean over its scored tokens; `micro_batch_rows` consecutive rows form a micro-batch.
+  """
+  rows = response_mask.shape[0]
+  if rows % micro_batch_rows:
+    raise ValueError(f"{rows} rows are not a multiple of micro_batch_rows={micro_batch_rows}.")
+  per_micro = response_mask.reshape(rows // micro_batch_rows, -1).sum(axis=1)
+  active = max(int(np.sum(per_micro > 0)), 1)
+  inv = np.where(per_micro > 0, 1.0 / (active * np.maximum(per_micro, 1)), 0.0)
+  w = np.repeat(inv, micro_batch_rows)[:, None] * response_mask
+  return w.astype(np.float32)
+
+
+def _bins(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+  """First-fit decreasing: segment indices per row; ties keep the input order."""
+  order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+  bins: list[list[int]] = []
+  free: list[int] = []
+  for i in order:
+    for b, room in enumerate(free):
+      if lengths[i] <= room:
+        bins[b].append(i)
+        free[b] -= lengths[i]
+        break
+    else:
+      bins.append([i])
+      free.append(capacity - lengths[i])
+  return bins
+
+
+def pack_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int,
+                    row_multiple: Optional[int] = None, score_multiple: int = 32,
+                    pad_id: int = 0) -> PackedBatch:
+  """Packs one host mini-batch (a `build_train_batch` result, `M` rows) into rows of the
+  same length.
+
+  Args:
+    batch: numpy TrainBatch of one mini-batch (old/ref log-probs are not carried: fill
+      them on the packed batch).
+    micro_batch_rows: the unpacked micro-batch (defines the loss weights).
+    row_multiple: packed rows are padded to a multiple of this (default micro_batch_rows:
+      the packed batch is split into micro-batches of that many rows).
+    score_multiple: score slots per row are rounded up to a multiple of this, so that
+      iterations reuse compiled shapes (the response bucket is a good choice).
+    pad_id: token at padding positions.
+
+  Rows without a scored token (the builder's padding copies, empty responses) add nothing
+  to the loss and are dropped; a mini-batch with no scored token keeps its first row.
+  """
+  row_multiple = row_multiple or micro_batch_rows
+  tokens = np.asarray(batch.tokens)
+  input_mask = np.asarray(batch.input_mask, bool)
+  response_mask = np.asarray(batch.response_mask, bool)
+  advantages = np.asarray(batch.advantages, np.float32)
+  weights = token_mean_weights(response_mask, micro_batch_rows)
+  rows, seq = tokens.shape
+  keep = [i for i in range(rows) if response_mask[i].any()] or [0]
+  spans = []
+  for i in keep:
+    cols = np.flatnonzero(input_mask[i])
+    start, stop = int(cols[0]), int(cols[-1]) + 1
+    if not input_mask[i, start:stop].all():
+      raise ValueError(f"row {i}: real tokens are not contiguous; packing needs "
+                       "[pad.. prompt | response ..pad] rows (train_batch layout)")
+    spans.append((i, start, stop))
+  bins = _bins([stop - start for _, start, stop in spans], seq)
+  n_rows = -(-len(bins) // row_multiple) * row_multiple
+  scored_per_bin = [sum(int(response_mask[spans[j][0]].sum()) for j in b) for b in bins]
+  slots = max(score_multiple, -(-max(scored_per_bin) // score_multiple) * score_multiple)
+
+  out_tokens = np.full((n_rows, seq), pad_id, np.int32)
+  positions = np.zeros((n_rows, seq), np.int32)
+  segment_ids = np.zeros((n_rows, seq), np.int32)
+  score_index = np.ones((n_rows, slots), np.int32)
+  score_mask = np.zeros((n_rows, slots), bool)
+  out_adv = np.zeros((n_rows, slots), np.float32)
+  out_w = np.zeros((n_rows, slots), np.float32)
+  for r, members in enumerate(bins):
+    col, slot = 0, 0
+    for seg, j in enumerate(sorted(members), start=1):  # segments in mini-batch order
+      i, start, stop = spans[j]
+      n = stop - start
+      out_tokens[r, col:col + n] = tokens[i, start:stop]
+      positions[r, col:col + n] = np.arange(n)
+      segment_ids[r, col:col + n] = seg
+      scored = np.flatnonzero(response_mask[i, start:stop])
+      k = len(scored)
+      score_index[r, slot:slot + k] = col + scored
+      score_mask[r, slot:slot + k] = True
+      out_adv[r, slot:slot + k] = advantages[i, start + scored]
+      out_w[r, slot:slot + k] = weights[i, start + scored]
+      col += n
+      slot += k
+  zeros = np.zeros((n_rows, slots), np.float32)
+  return PackedBatch(tokens=out_tokens, positions=positions, segment_ids=segment_ids,
+                     score_index=score_index, score_mask=score_mask, advantages=out_adv,
+                     loss_weights=out_w, old_logprobs=zeros, ref_logprobs=zeros.copy())
+
+
+def pack_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro_batch_rows: int,
+               row_multiple: Optional[int] = None, score_multiple: int = 32,
+               pad_id: int = 0) -> list[PackedBatch]:
+  """`pack_mini_batch` of every mini-batch of a host TrainBatch, in order."""
+  if batch.num_rows % mini_batch_rows:
+    raise ValueError(f"batch has {batch.num_rows} rows, not a multiple of mini_batch_rows={mini_batch_rows}.")
+  return [pack_mini_batch(train_batch_lib.slice_rows(batch, s, s + mini_batch_rows),
+                          micro_batch_rows=micro_batch_rows, row_multiple=row_multiple,
+                          score_multiple=score_multiple, pad_id=pad_id)
+          for s in range(0, batch.num_rows, mini_batch_rows)]
+
+
+def token_fill(batches: Sequence[PackedBatch]) -> float:
+  """Real share of the packed tokens (the unpacked batch's `mean(input_mask)`)."""
+  real = sum(int(np.sum(np.asarray(b.segment_ids) > 0)) for b in batches)
+  return real / sum(b.num_rows * b.seq_len for b in batches)
