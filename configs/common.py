@@ -206,8 +206,10 @@ def base_config() -> ml_collections.ConfigDict:
   # one optimizer step per iteration: log pi_old from the update's own forward pass (exact
   # in real arithmetic, one log-prob pass fewer); False = verl's separate pass always
   c.train.reuse_on_policy_logprobs = True
-  # pack each mini-batch's steps end to end into fewer rows (segment-masked attention,
-  # the same token-mean loss: hgpo_jax/training/packing.py); critic-free, token-mean only
+  # pack each mini-batch's steps end to end into fewer rows of the same length
+  # (segment-masked attention, the same token-mean loss: hgpo_jax/training/packing.py);
+  # critic-free, token-mean only. Off: it saves nothing when most steps fill over half
+  # a row, as in the local SmolLM2 job (docs/performance.md, "Tried and rejected")
   c.train.pack_rows = False
   c.train.clip_ratio_low = 0.2  # PPO ratio clip 1 - eps_low (verl default)
   c.train.clip_ratio_high = 0.2  # PPO ratio clip 1 + eps_high (verl default)
@@ -259,8 +261,6 @@ _LOCAL = {
     "train.micro_batch_rows": 4, "eval.every": 0, "eval.num_tasks": 8,
     # causal block skipping; f32 compute (bf16 is opt-in: apply_local docstring)
     "model.attn_query_chunk": 256,
-    # the 16 steps' prompts range over ~300-640 tokens: packed into fewer rows (exact loss)
-    "train.pack_rows": True,
 }
 _SMOKE = {
     "env.num_servers": 1, "env.max_steps": 3,

@@ -624,10 +624,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       # its own forward pass (UpdateConfig.reuse_on_policy_logprobs)
       on_policy = run.update.on_policy(batch.num_rows)
       # real (non-pad) share of the update's [rows, prompt bucket + response] tokens
-      token_fill = float(np.mean(batch.input_mask))
+      token_fill, update_rows = float(np.mean(batch.input_mask)), batch.num_rows
       if run.update.pack_rows:
         batch = _packed_train_batches(batch, config, tokenizer.pad_id)
-        token_fill = packing.token_fill(batch)
+        token_fill, update_rows = packing.token_fill(batch), sum(b.num_rows for b in batch)
       if actor_updated:
         phases.phase("log-probs")
         batch = train_step.fill_logprobs(learner, state.params, ref_params, batch, old=not on_policy)
@@ -647,6 +647,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       metrics.update(group_stats)
       metrics.update(critic_metrics)
       metrics["train/token_fill"] = token_fill
+      metrics["train/update_rows"] = float(update_rows)  # rows per epoch (fewer when packed)
       metrics["advantage/mean"] = float(np.mean(adv))
       metrics["advantage/std"] = float(np.std(adv))
       metrics["advantage/zero_frac"] = float(np.mean(adv == 0))

@@ -240,13 +240,14 @@ def test_packed_rows_train_like_unpacked_rows(tmp_path):
   a, b = _metrics(str(tmp_path / "rows")), _metrics(str(tmp_path / "packed"))
   assert len(a) == len(b) == 2
   assert b[0]["perf/update_flops"] < a[0]["perf/update_flops"]
+  assert (a[0]["train/update_rows"], b[0]["train/update_rows"]) == (8, 4)
   for x, y in zip(a, b):
     assert y["train/token_fill"] >= x["train/token_fill"]
     assert y["perf/update_flops"] <= x["perf/update_flops"]
     for key in x:
       if key.startswith(("rollout/", "groups/", "advantage/")):
         assert x[key] == y[key], key
-      elif key.startswith("train/") and key != "train/token_fill":
+      elif key.startswith("train/") and key not in ("train/token_fill", "train/update_rows"):
         assert y[key] == pytest.approx(x[key], rel=1e-3, abs=1e-5), key
 
 

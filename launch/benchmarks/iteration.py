@@ -1,7 +1,7 @@
 """Benchmark: one iteration of the SmolLM2 job (`make run-llm`) now vs a named earlier revision.
 
   python -m launch.benchmarks.iteration [--baseline-rev 3c5ff63] [--iterations 3] [--reps 1]
-      [--sides current,unpacked,baseline,bf16]
+      [--sides baseline,current,bf16,packed]
 
 Every side is the real trainer, `python -m launch.main` with
 `--config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local` (SmolLM2-135M-Instruct,
@@ -15,22 +15,22 @@ an ALFWorld server subprocess, 2 groups x 4 trajectories x 2 steps, one optimize
   current   the current `local` variant (float32): the changes that keep the arithmetic:
             the update takes log pi_old from its own forward pass when an iteration is
             one optimizer step (`train.reuse_on_policy_logprobs`), causal block skipping
-            (`model.attn_query_chunk`), one prefill per distinct prompt (`Sampler`), the
-            steps packed end to end into fewer rows (`train.pack_rows`);
-  unpacked  the current tree with `--config.train.pack_rows=false` (what packing saves);
+            (`model.attn_query_chunk`), one prefill per distinct prompt (`Sampler`);
   bf16      the current tree with bf16 products over the f32 weights
             (`--config.model.compute_dtype=bfloat16`, opt-in): faster only on a CPU with
             bf16 dot products (AVX512-BF16 / AMX; the header line says whether this one
-            has them), and it changes the numbers (below).
+            has them), and it changes the numbers (below);
+  packed    the current tree with `--config.train.pack_rows=true` (steps packed end to end
+            into rows of the same length; exact).
 
-`--sides` picks and orders the sides (default: all four). Sides alternate repetition by
-repetition; each reports the median `time/iteration_s`
-over its iterations 2.. (iteration 1 compiles) and its phase times. Then the metrics of
+`--sides` picks and orders the sides (default: baseline, current, bf16). Sides alternate
+repetition by repetition; each reports the median `time/iteration_s` over its iterations
+2.. (iteration 1 compiles) and its phase times. Then the metrics of
 `current` and `bf16` are compared with the baseline's: rollout metrics (equal when
 the sampled actions are), and the largest relative difference of the training floats
 (`train/*`); and what bf16 compute does to a small step of the f32 weights (the share of
 weights whose bf16 value moves, `--quantization-only` prints just that), and `current`
-with `unpacked`. The last line is the baseline/current iteration-time ratio.
+with `packed`. The last line is the baseline/current iteration-time ratio.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 CONFIG = "configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local"
 PHASES = ("generation_s", "logprobs_s", "update_s")
 MFU = ("logprobs_mfu", "update_mfu")  # perf/* of metrics.jsonl: XLA's FLOPs / time / CPU peak
-SIDES = ("current", "unpacked", "baseline", "bf16")  # --sides: the default order
+SIDES = ("baseline", "current", "bf16", "packed")  # the sides --sides may name
 
 
 def _worktree(rev: str) -> str:
@@ -121,7 +121,7 @@ def main():
   parser.add_argument("--baseline-rev", default="3c5ff63")
   parser.add_argument("--iterations", type=int, default=3)
   parser.add_argument("--reps", type=int, default=1)
-  parser.add_argument("--sides", default=",".join(SIDES),
+  parser.add_argument("--sides", default="baseline,current,bf16",
                       help=f"comma-separated sides to run, in this order (of {', '.join(SIDES)}; "
                            "baseline and current are needed for the ratio)")
   parser.add_argument("--quantization-only", action="store_true",
@@ -139,9 +139,9 @@ def main():
              f"with baseline and current")
   baseline_tree = _worktree(args.baseline_rev)
   every = {"baseline": (f"baseline ({args.baseline_rev})", baseline_tree, []),
-           "current": ("current (float32, packed)", REPO_ROOT, []),
-           "unpacked": ("current, rows unpacked", REPO_ROOT, ["--config.train.pack_rows=false"]),
-           "bf16": ("bf16 compute (opt-in)", REPO_ROOT, ["--config.model.compute_dtype=bfloat16"])}
+           "current": ("current (float32)", REPO_ROOT, []),
+           "bf16": ("bf16 compute (opt-in)", REPO_ROOT, ["--config.model.compute_dtype=bfloat16"]),
+           "packed": ("rows packed (opt-in)", REPO_ROOT, ["--config.train.pack_rows=true"])}
   sides = {every[k][0]: every[k][1:] for k in chosen}
   label = {k: every[k][0] for k in chosen}
   times = {name: [] for name in sides}
@@ -178,11 +178,11 @@ def main():
   for key in chosen:
     if key != "baseline":
       print(f"  {label[key]} vs baseline: {_compare(lines[label['baseline']], lines[label[key]])}")
-  if "unpacked" in chosen:
-    print(f"  {label['current']} vs {label['unpacked']}: "
-          f"{_compare(lines[label['unpacked']], lines[label['current']])}")
+  if "packed" in chosen:
+    print(f"  {label['packed']} vs {label['current']}: "
+          f"{_compare(lines[label['current']], lines[label['packed']])}")
   median = {k: statistics.median(times[label[k]]) for k in chosen}
-  others = [f"{k}/current {median[k] / median['current']:.2f}" for k in ("unpacked", "bf16")
+  others = [f"current/{k} {median['current'] / median[k]:.2f}" for k in ("bf16", "packed")
             if k in chosen]
   if "bf16" in chosen:
     print(f"  {bf16_step_quantization()}")
