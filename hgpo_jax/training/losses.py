@@ -164,6 +164,32 @@ def entropy_from_logits(logits_btv: jax.Array) -> jax.Array:
   return lse_bt - jnp.sum(probs_btv * logits_btv, axis=-1)
 
 
+def _combined_actor_loss(logp_bt, entropy_bt, old_logp_bt, ref_logp_bt, adv_bt, config: LossConfig,
+                         agg, token_mean) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """agg(L_pg) - entropy_coeff agg(H) + kl_coef agg(KL) and the metrics, for any reduction:
+  `agg` is the loss's (the configured mode), `token_mean` the clip-fraction and approx-KL
+  metrics' (verl: token means)."""
+  tok_loss_bt, clipped_bt, dual_bt = ppo_clip_token_losses(
+      logp_bt, old_logp_bt, adv_bt, config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_c)
+  pg_loss = agg(tok_loss_bt)
+  entropy = agg(entropy_bt)
+  loss = pg_loss - config.entropy_coeff * entropy
+  metrics = {
+      "pg_loss": pg_loss,
+      "entropy": entropy,
+      "pg_clipfrac": token_mean(clipped_bt.astype(jnp.float32)),
+      "pg_clipfrac_lower": token_mean(dual_bt.astype(jnp.float32)),
+      # verl's `ppo_kl`: mean of (old - new) log-prob over scored tokens.
+      "approx_kl": token_mean(old_logp_bt - logp_bt),
+  }
+  if config.use_kl_loss:
+    kl = agg(low_var_kl(logp_bt, ref_logp_bt))
+    loss = loss + config.kl_coef * kl
+    metrics["kl"] = kl
+  metrics["loss"] = loss
+  return loss, metrics
+
+
 def actor_loss(
     logp_bt: jax.Array,
     entropy_bt: jax.Array,
@@ -190,25 +216,10 @@ def actor_loss(
     `pg_clipfrac`, `pg_clipfrac_lower`, `approx_kl` are token means as in verl).
   """
   mode, norm = config.loss_agg, config.norm_length
-  tok_loss_bt, clipped_bt, dual_bt = ppo_clip_token_losses(
-      logp_bt, old_logp_bt, adv_bt, config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_c)
-  pg_loss = aggregate(tok_loss_bt, mask_bt, mode, norm)
-  entropy = aggregate(entropy_bt, mask_bt, mode, norm)
-  loss = pg_loss - config.entropy_coeff * entropy
-  metrics = {
-      "pg_loss": pg_loss,
-      "entropy": entropy,
-      "pg_clipfrac": aggregate(clipped_bt.astype(jnp.float32), mask_bt, "token-mean"),
-      "pg_clipfrac_lower": aggregate(dual_bt.astype(jnp.float32), mask_bt, "token-mean"),
-      # verl's `ppo_kl`: mean of (old - new) log-prob over scored tokens.
-      "approx_kl": aggregate(old_logp_bt - logp_bt, mask_bt, "token-mean"),
-  }
-  if config.use_kl_loss:
-    kl = aggregate(low_var_kl(logp_bt, ref_logp_bt), mask_bt, mode, norm)
-    loss = loss + config.kl_coef * kl
-    metrics["kl"] = kl
-  metrics["loss"] = loss
-  return loss, metrics
+  return _combined_actor_loss(
+      logp_bt, entropy_bt, old_logp_bt, ref_logp_bt, adv_bt, config,
+      agg=lambda x_bt: aggregate(x_bt, mask_bt, mode, norm),
+      token_mean=lambda x_bt: aggregate(x_bt, mask_bt, "token-mean"))
 
 
 def weighted_actor_loss(
@@ -234,24 +245,8 @@ def weighted_actor_loss(
     raise ValueError(f"weighted (packed) actor loss is defined for loss_agg='token-mean', "
                      f"got {config.loss_agg!r}")
   total = lambda x_bt: jnp.sum(jnp.where(weights_bt > 0, x_bt, 0.0) * weights_bt)
-  tok_loss_bt, clipped_bt, dual_bt = ppo_clip_token_losses(
-      logp_bt, old_logp_bt, adv_bt, config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_c)
-  pg_loss = total(tok_loss_bt)
-  entropy = total(entropy_bt)
-  loss = pg_loss - config.entropy_coeff * entropy
-  metrics = {
-      "pg_loss": pg_loss,
-      "entropy": entropy,
-      "pg_clipfrac": total(clipped_bt.astype(jnp.float32)),
-      "pg_clipfrac_lower": total(dual_bt.astype(jnp.float32)),
-      "approx_kl": total(old_logp_bt - logp_bt),
-  }
-  if config.use_kl_loss:
-    kl = total(low_var_kl(logp_bt, ref_logp_bt))
-    loss = loss + config.kl_coef * kl
-    metrics["kl"] = kl
-  metrics["loss"] = loss
-  return loss, metrics
+  return _combined_actor_loss(logp_bt, entropy_bt, old_logp_bt, ref_logp_bt, adv_bt, config,
+                              agg=total, token_mean=total)
 
 
 def value_loss(values_bt: jax.Array, old_values_bt: jax.Array, returns_bt: jax.Array,
