@@ -44,8 +44,11 @@ def get_config(arg: str | None = None):
 
   c.env.name = "webshop"
   # A generated shop (`python -m env_servers.webshop.generate`) or WebShop's own data files;
-  # "" = the shipped generated shop (docs/environments.md).
-  c.env.args = common.ml_collections.ConfigDict({"data_dir": "", "real_data_dir": ""})
+  # "" = the shipped generated shop (docs/environments.md). search_actions: "template"
+  # (WebShop's `search[<your query>]`, the policy writes its query) or "goal" (one listed
+  # keyword search: the CPU suite's WebShop-mini, env_servers/webshop/env.py).
+  c.env.args = common.ml_collections.ConfigDict(
+      {"data_dir": "", "real_data_dir": "", "search_actions": "template"})
   c.env.max_steps = a.horizon
   c.env.train_split = "train"
   c.env.eval_splits = ("test",)

@@ -12,11 +12,12 @@ workdir: metrics.jsonl, checkpoints/). Seeds are shared by all methods: seed s o
 method sees the same task order and env seeds (`hgpo_jax.rollout.tasks.group_seed`), so
 per-seed differences between methods are paired.
 
-The `mini` suite (version `mini_v2`) is the CPU-scale suite of the project: the tiny
+The `mini` suite (version `mini_v3`) is the CPU-scale suite of the project: the tiny
 random-init policy (2 layers, 64 wide) with constrained decoding on ALFWorld-mini
-(env_servers/alfworld/mini.py), Sokoban 6x6 with one box and the WebShop-compatible shop
-at horizon 15. The committed table (results/mini.md) covers ALFWorld-mini and Sokoban;
-the WebShop column is defined and runnable but was not run for it (budget).
+(env_servers/alfworld/mini.py), Sokoban 6x6 with one box and WebShop-mini at horizon 15.
+The committed table (results/mini.md) was made with mini_v2, which covered ALFWorld-mini
+and Sokoban; mini_v3 changes only the WebShop column (the calibrated shop below), whose
+mini_v2 definition was never run.
 
 Calibration of Sokoban 6x6 with one box (verl-agent's Sokoban size): uniform-random play
 over the admissible moves (`python -m env_servers.sokoban.env --random-play 1000 --split
@@ -53,14 +54,29 @@ Uniform-random play over the admissible list (`python -m env_servers.alfworld.mi
 --suite mini_v2 --random-play 32 --split train --hide-actions look,inventory,examine`):
 train 17.2 % within 12 steps.
 
+Calibration of WebShop-mini (mini_v3): with WebShop's `search[<your query>]` the
+random-init policy writes gibberish queries and never buys the goal product (mini_v2
+probe: 0 % success, every episode at the horizon). WebShop-mini is the option-free shop
+`env_servers/webshop/data/mini_v3` (500 products, 24 train / 24 test goals; command in
+env_servers/webshop/generate.py) with one listed keyword search per goal
+(`env.args.search_actions=goal`, env_servers/webshop/env.py), so the column measures
+choosing a product that fits the instruction and buying it. Uniform-random play
+(`python -m env_servers.webshop.env --random-play 20 --data-dir
+env_servers/webshop/data/mini_v3 --search-actions goal --split train`, and `--split test`)
+wins 19.0 % / 16.2 % of episodes within 15 steps; the scripted "listed search, first
+result, Buy Now" wins 58.3 % / 50.0 %. The tiny policy (GRPO, seed 123, `python -m
+launch.sweep suite --suite mini --envs webshop_mini --methods grpo --seeds 123 --root
+<tmp> --override train.num_iterations=3 eval.at_end=false`): success 0.062 / 0.0 / 0.312
+in iterations 1-3, 19-22 s per iteration after the first (43 s with compilation).
+
 Budget (the whole table within 4 hours on the 2-core reference machine): measured per
 iteration with one run alone on the machine (`time/iteration_s` in metrics.jsonl), an
 ALFWorld-mini iteration costs ~17 s with a critic-free estimator, ~40 s with PPO (critic
 forward and update) and ~75 s with HiPER (up to 128 new tokens, three value heads); with
 the final evaluation, 15 critic-free runs + 3 PPO + 3 HiPER + 3 prompted evaluations take
 ~2.6 h. The Sokoban and WebShop-mini columns therefore run GRPO, GiGPO and HGPO K=2 (and
-the prompted row) for 14 iterations: at an assumed 20 s per iteration (not yet measured:
-their sizes are drafts that were never run) 18 runs take ~1.4 h, ~4.0 h in all.
+the prompted row) for 14 iterations: at ~14 s (Sokoban) and ~20 s (WebShop-mini, probe
+above) per iteration, 18 runs take ~1.4 h with their evaluations, ~4.0 h in all.
 `python -m launch.sweep plan --suite mini --iteration-s S --eval-s E` prints the runs
 still to do and a wall-time estimate. Several runs sharing the 2 cores take about as
 long in total as the same runs one after the other.
@@ -185,7 +201,7 @@ _COMMON = {
 
 MINI = Suite(
     name="mini",
-    version="mini_v2",
+    version="mini_v3",
     description="tiny policy, constrained decoding, 2 CPU cores",
     environments=(
         Environment(
@@ -220,7 +236,12 @@ MINI = Suite(
             name="webshop_mini", label="WebShop-mini (h=15)", config="configs/webshop.py",
             args="horizon=15", heldout_split="test", num_trajectories=16, group_size=8,
             overrides={**_COMMON, **_TINY_RL,
-                       "rollout.max_prompt_tokens": 1024,
+                       "env.args.data_dir": "env_servers/webshop/data/mini_v3",
+                       "env.args.search_actions": "goal",
+                       # as the other columns: left truncation keeps the current page's
+                       # end and the admissible actions; at 1024 the first update alone
+                       # ran past 5 minutes
+                       "rollout.max_prompt_tokens": 256,
                        "train.num_iterations": 14,
                        "train.mini_batch_rows": 240, "train.micro_batch_rows": 80,
                        "eval.num_tasks": 24},

@@ -72,9 +72,11 @@ def sample_price(rng: random.Random, ptype: ProductType) -> float:
   return round(max(1, int(raw)) - 1 + rng.choice((0.99, 0.99, 0.95, 0.49)), 2)
 
 
-def _sample_options(rng: random.Random, ptype: ProductType) -> dict[str, list[str]]:
+def _sample_options(rng: random.Random, ptype: ProductType,
+                    max_groups: int | None = None) -> dict[str, list[str]]:
+  """A subset of each of the type's option groups (the first `max_groups` groups only)."""
   options = {}
-  for group, values in ptype.options:
+  for group, values in ptype.options[:max_groups]:
     k = rng.randint(min(2, len(values)), len(values))
     keep = set(rng.sample(range(len(values)), k))
     options[group] = [v for i, v in enumerate(values) if i in keep]
@@ -120,8 +122,10 @@ def _write_text(rng: random.Random, product: dict[str, Any], ptype: ProductType,
 def make_product(rng: random.Random, ptype: ProductType, asin: str, *, brand: str | None = None,
                  attributes: list[str] | None = None,
                  options: dict[str, list[str]] | None = None, price: float | None = None,
-                 extra_forbidden: Iterable[str] = ()) -> dict[str, Any]:
-  """One product of type `ptype`; given fields are kept, the rest sampled from `rng`."""
+                 extra_forbidden: Iterable[str] = (),
+                 max_option_groups: int | None = None) -> dict[str, Any]:
+  """One product of type `ptype`; given fields are kept, the rest sampled from `rng`
+  (sampled options: at most `max_option_groups` groups, None = all of the type's)."""
   brand = brand or rng.choice(BRANDS)
   if attributes is None:
     attributes = rng.sample(list(ptype.attributes), rng.randint(3, min(5, len(ptype.attributes))))
@@ -135,7 +139,8 @@ def make_product(rng: random.Random, ptype: ProductType, asin: str, *, brand: st
       "product_category": ptype.path, "product_type": ptype.name,
       "Attributes": list(attributes),
       "options": {k: list(v) for k, v in (options if options is not None
-                                          else _sample_options(rng, ptype)).items()},
+                                          else _sample_options(rng, ptype,
+                                                               max_option_groups)).items()},
       "price": price, "Price": f"${price:.2f}", "Rating": rating, "Reviews": reviews,
   }
   forbidden = forbidden_phrases(product, ptype, extra_forbidden)
@@ -145,6 +150,11 @@ def make_product(rng: random.Random, ptype: ProductType, asin: str, *, brand: st
       return product
   raise RuntimeError(f"could not write text for a {ptype.name} without mentioning "
                      f"{text_conflicts(product, forbidden)}: fix the vocabulary")
+
+
+def near_miss_kinds(goal: Mapping[str, Any]) -> tuple[str, ...]:
+  """The near-miss kinds a goal can have: no "option" near-miss for a goal without options."""
+  return tuple(k for k in NEAR_MISS_KINDS if k != "option" or goal["goal_options"])
 
 
 def sibling_type(rng: random.Random, ptype: ProductType) -> ProductType:

@@ -4,6 +4,8 @@
   env = WebShopEnv(max_steps="30")             # HGPO's horizon (strings are parsed)
   env = WebShopEnv(data_dir="DIR")             # a shop written by `generate`
   env = WebShopEnv(real_data_dir="DIR")        # the original WebShop files (real_data)
+  env = WebShopEnv(data_dir="env_servers/webshop/data/mini_v3", search_actions="goal")
+                                               # WebShop-mini of the CPU suite
   obs, info = env.reset(seed=0, options={"task_id": "test-0003"})
   obs, reward, terminated, truncated, info = env.step("search[sulfate free shampoo]")
 
@@ -21,12 +23,26 @@ info["won"] = score == 1. info["anchor_obs"] is the page text after the instruct
 each part quoted (`pages.anchor_observation`), info["admissible_actions"] lists
 "search[<your query>]" on the search page and "click[<name>]" for every clickable,
 info["task_type"] is the goal's product category.
+
+`search_actions` says what the search page lists:
+  "template"  WebShop's `search[<your query>]`: the agent writes its own query (default;
+              the papers' setting).
+  "goal"      one concrete search, `search[<goal attributes> <product type>]` (`goal_query`),
+              the keywords a shopper reading the instruction would type. For policies that
+              cannot yet write queries (the random-init policy of the CPU suite: with the
+              template it never leaves the search page); a typed query is still accepted.
+
+`python -m env_servers.webshop.env --random-play N` measures uniform-random play over the
+admissible actions and a scripted "listed search, first result, Buy Now" baseline
+(`random_play`), the calibration numbers of a shop.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
+import random
 import re
 from typing import Any
 
@@ -41,7 +57,14 @@ SEARCH_TEMPLATE = f"search[{SEARCH_PLACEHOLDER}]"
 WIN_REWARD = 10.0
 ACTION_VALID = "action_valid"
 
+SEARCH_ACTIONS = ("template", "goal")
+
 _ACTION = re.compile(r"(search|click)\[(.*)\]", re.DOTALL)
+
+
+def goal_query(goal: dict[str, Any]) -> str:
+  """The search a shopper reading the goal types: its attributes, then its product type."""
+  return " ".join([*goal["attributes"], goal["product_type"]])
 
 
 def _optional_str(value: Any) -> str | None:
@@ -68,7 +91,8 @@ class WebShopEnv(gym.Env):
   metadata = {"render_modes": []}
 
   def __init__(self, data_dir: str | None = None, real_data_dir: str | None = None,
-               max_steps: int | str = 15, num_test_goals: int | str = 500):
+               max_steps: int | str = 15, num_test_goals: int | str = 500,
+               search_actions: str = "template"):
     try:
       self.max_steps = int(max_steps)
       num_test_goals = int(num_test_goals)
@@ -76,6 +100,10 @@ class WebShopEnv(gym.Env):
       raise ValueError(f"WebShopEnv: max_steps and num_test_goals must be integers ({e})") from e
     if self.max_steps < 1:
       raise ValueError(f"WebShopEnv: max_steps must be >= 1, got {self.max_steps}")
+    if search_actions not in SEARCH_ACTIONS:
+      raise ValueError(f"WebShopEnv: search_actions must be one of {SEARCH_ACTIONS}, "
+                       f"got {search_actions!r}")
+    self.search_actions = search_actions
     self.shop = load_shop(_optional_str(data_dir), _optional_str(real_data_dir), num_test_goals)
     self.goal: dict[str, Any] | None = None
     self._browser: pages.Browser | None = None
@@ -154,7 +182,9 @@ class WebShopEnv(gym.Env):
   def _observe(self, valid: bool, score: float) -> tuple[str, dict[str, Any]]:
     browser = self._browser
     obs = browser.render()[:MAX_TEXT_CHARS]
-    actions = [SEARCH_TEMPLATE] if browser.has_search_bar and not self._over else []
+    search = (SEARCH_TEMPLATE if self.search_actions == "template"
+              else f"search[{goal_query(self.goal)}]")
+    actions = [search] if browser.has_search_bar and not self._over else []
     if not self._over:
       actions += [f"click[{c}]" for c in browser.clickables()]
     info = {
@@ -170,3 +200,53 @@ class WebShopEnv(gym.Env):
     }
     return obs, info
 
+
+def random_play(env: WebShopEnv, split: str, episodes_per_goal: int = 1) -> dict[str, float]:
+  """Calibration of a shop on `split`: success rates (won = score 1) of
+
+    random: uniform-random play over the admissible actions until the horizon (each
+      episode's generator seeded by its goal and index, so the numbers are reproducible);
+    first_result: the scripted policy "the listed search, the first result, Buy Now".
+  """
+  wins, first = 0, 0
+  ids = env.task_ids(split)
+  for task_id in ids:
+    for episode in range(episodes_per_goal):
+      rng = random.Random(f"random-play/{task_id}/{episode}")
+      _, info = env.reset(seed=0, options={"task_id": task_id})
+      done = False
+      while not done:
+        _, _, terminated, truncated, info = env.step(rng.choice(info[ADMISSIBLE]))
+        done = terminated or truncated
+      wins += bool(info[WON])
+    env.reset(seed=0, options={"task_id": task_id})
+    env.step(f"search[{goal_query(env.goal)}]")
+    results = env._browser.results
+    if results:
+      env.step(f"click[{results[0].lower()}]")
+      _, _, _, _, info = env.step(f"click[{pages.BUY_NOW}]")
+      first += bool(info[WON])
+  return {"random": wins / (len(ids) * episodes_per_goal), "first_result": first / len(ids)}
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description="WebShop-compatible env: calibration by "
+                                   "uniform-random play (see random_play)")
+  parser.add_argument("--random-play", type=int, required=True, metavar="EPISODES",
+                      help="random episodes per goal")
+  parser.add_argument("--data-dir", default="", help="a generated shop (default: the frozen one)")
+  parser.add_argument("--split", default="train")
+  parser.add_argument("--max-steps", type=int, default=15)
+  parser.add_argument("--search-actions", default="template", choices=SEARCH_ACTIONS)
+  args = parser.parse_args(argv)
+  env = WebShopEnv(data_dir=args.data_dir, max_steps=args.max_steps,
+                   search_actions=args.search_actions)
+  rates = random_play(env, args.split, args.random_play)
+  n = len(env.task_ids(args.split))
+  print(f"{args.split}: {n} goals, horizon {args.max_steps}, search {args.search_actions}: "
+        f"uniform-random play {100 * rates['random']:.1f} % won ({args.random_play} episodes "
+        f"per goal), listed search + first result + Buy Now {100 * rates['first_result']:.1f} %")
+
+
+if __name__ == "__main__":
+  main()

@@ -267,7 +267,7 @@ def test_mini_suite_configs_build():
   """The real suite: every ALFWorld-mini cell builds a config on the frozen mini_v2 games
   with the suite's sizes, and GRPO passes the trainer's validation."""
   env = suites.MINI.env("alfworld_mini")
-  assert suites.MINI.version == "mini_v2"
+  assert suites.MINI.version == "mini_v3"
   for method in suites.MINI.methods:
     c = suites.build_config(env, method, 456)
     assert c.env.args.data_dir == "env_servers/alfworld/data/mini_v2" and c.seed == 456
@@ -279,6 +279,22 @@ def test_mini_suite_configs_build():
   assert suites.pending_reason(env, suites.MINI.method("grpo")) is None
   assert os.path.isfile(os.path.join(suites.REPO_ROOT, env.overrides["env.args.data_dir"],
                                      "valid_unseen.json.gz"))
+
+
+def test_webshop_mini_cells_use_the_mini_shop_with_a_listed_search():
+  """WebShop-mini (suite mini_v3): the frozen option-free shop, the goal's keyword search
+  listed on the search page, 15 steps, and the trainer's validation accepts the cells."""
+  env = suites.MINI.env("webshop_mini")
+  assert env.methods == ("grpo", "gigpo", "hgpo_k2", "smollm2_prompted")
+  for name in env.methods:
+    c = suites.build_config(env, suites.MINI.method(name), 123)
+    assert c.env.name == "webshop" and c.env.max_steps == 15
+    assert (c.env.args.data_dir, c.env.args.search_actions) == (
+        "env_servers/webshop/data/mini_v3", "goal")
+    assert c.rollout.max_prompt_tokens == 256 and tuple(c.env.eval_splits) == ("test",)
+    assert suites.pending_reason(env, suites.MINI.method(name)) is None
+  assert os.path.isfile(os.path.join(suites.REPO_ROOT, env.overrides["env.args.data_dir"],
+                                     "goals.json.gz"))
 
 
 def test_plan_counts_iterations_and_evaluations(capsys, tmp_path):
