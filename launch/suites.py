@@ -286,6 +286,11 @@ def quick_suite(suite: Suite = MINI) -> Suite:
       description=suite.description + "; quick version: one seed, three methods")
 
 
+def column_suite(suite: Suite, envs) -> Suite:
+  """`suite` with only the environment columns `envs` (its name stays: the run directories)."""
+  return dataclasses.replace(suite, environments=tuple(suite.env(e) for e in envs))
+
+
 def get_suite(name: str) -> Suite:
   if name not in SUITES:
     raise ValueError(f"unknown suite {name!r}; known: {sorted(SUITES)}")

@@ -9,6 +9,8 @@ r"""Sweeps: run a named suite (or a grid of config variants x seeds) and render 
       [--seeds 123] [--root workdirs/sweeps] [--print]
   # tables and curves from the run directories: results/mini.md, .csv, _curves.png
   python -m launch.sweep render --suite mini [--root workdirs/sweeps] [--out results]
+  # one column alone (its runs done, the others not yet): results/mini_webshop_mini.*
+  python -m launch.sweep render --suite mini --envs webshop_mini
 
 A suite run skips every finished run (its metrics.jsonl holds the final evaluation),
 re-launches unfinished ones in the same workdir, where the trainer resumes from the
@@ -236,9 +238,14 @@ def quick_main(args) -> int:
 def _suite_main(args) -> int:
   suite = suites_lib.get_suite(args.suite)
   if args.cmd == "render":
-    command = "python -m launch.sweep render " + shlex.join(
-        ["--suite", args.suite, "--root", args.root, "--out", args.out])
-    paths = report.render(args.root, suite, args.out, command)
+    argv = ["--suite", args.suite, "--root", args.root, "--out", args.out]
+    stem = None
+    if args.envs:  # some columns only: <suite>_<env>....{md,csv} beside the whole table
+      suite = suites_lib.column_suite(suite, args.envs)
+      stem = "_".join([suite.name, *args.envs])
+      argv += ["--envs", *args.envs]
+    command = "python -m launch.sweep render " + shlex.join(argv)
+    paths = report.render(args.root, suite, args.out, command, stem=stem)
     for kind in ("md", "csv", "png"):
       print(f"wrote {paths[kind]}")
     return 0
@@ -294,6 +301,9 @@ def main(argv=None) -> int:
     s.add_argument("--root", default="workdirs/sweeps")
     if name == "render":
       s.add_argument("--out", default="results")
+      s.add_argument("--envs", nargs="*", default=None,
+                     help="render these columns only, to <out>/<suite>_<envs>.{md,csv} and "
+                          "_curves.png (the whole table stays <suite>.*)")
     else:
       s.add_argument("--envs", nargs="*", default=None)
       s.add_argument("--methods", nargs="*", default=None)

@@ -326,3 +326,28 @@ def test_unknown_selection_is_one_line_error(capsys, tmp_path):
   err = capsys.readouterr().err
   assert err.startswith("launch.sweep: error: suite 'mini' has no environment 'alfworld'; choose "
                         "from ['alfworld_mini', 'sokoban', 'webshop_mini']")
+
+
+def test_render_of_one_column_writes_its_own_files(runs, tmp_path, monkeypatch, capsys):
+  """`render --envs E`: the column's table beside the suite's (same runs, same cells)."""
+  other = suites.Environment(name="toy2", label="Toy two", config="configs/sokoban.py",
+                             args="dim=6", heldout_split="valid_unseen", overrides={})
+  two = suites.Suite(name="toy_suite", version="toy_v1", environments=(ENV, other),
+                     methods=METHODS, seeds=(1, 2, 3), reference="a")
+  monkeypatch.setitem(suites.SUITES, "toy_suite", two)
+  monkeypatch.setattr(suites, "pending_reason", pending)
+  out = tmp_path / "results"
+  assert sweep.main(["render", "--suite", "toy_suite", "--root", runs, "--out", str(out),
+                     "--envs", "toy"]) == 0
+  assert sorted(os.listdir(out)) == ["toy_suite_toy.csv", "toy_suite_toy.md",
+                                     "toy_suite_toy_curves.png"]
+  md = (out / "toy_suite_toy.md").read_text(encoding="utf-8")
+  assert "## Toy " in md and "Toy two" not in md
+  assert "`python -m launch.sweep render --suite toy_suite --root" in md and "--envs toy`" in md
+  whole = report.render(runs, SUITE, str(tmp_path / "whole"), "CMD", pending=pending)
+  with open(whole["csv"], encoding="utf-8") as f:
+    assert (out / "toy_suite_toy.csv").read_text(encoding="utf-8") == f.read()
+  capsys.readouterr()
+  assert sweep.main(["render", "--suite", "toy_suite", "--root", runs, "--out", str(out),
+                     "--envs", "toy3"]) == 2
+  assert "suite 'toy_suite' has no environment 'toy3'" in capsys.readouterr().err
