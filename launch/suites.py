@@ -238,6 +238,10 @@ MINI = Suite(
             overrides={**_COMMON, **_TINY_RL,
                        "env.args.data_dir": "env_servers/webshop/data/mini_v3",
                        "env.args.search_actions": "goal",
+                       # the listed searches are 21-51 tokens with <action></action> in the
+                       # tiny tokenizer: at 32, 28 of the 48 goals were unplayable (their
+                       # search truncated into an invalid action; the sampler now refuses)
+                       "rollout.max_new_tokens": 64,
                        # as the other columns: left truncation keeps the current page's
                        # end and the admissible actions; at 1024 the first update alone
                        # ran past 5 minutes

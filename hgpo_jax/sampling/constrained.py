@@ -294,6 +294,11 @@ def constrained_token_sequences(allowed: Sequence, constraint: ActionConstraint,
   return sequences
 
 
+def min_length(sequence: Sequence) -> int:
+  """Fewest tokens that complete `sequence` (its fixed tokens and each free span's minimum)."""
+  return sum(t.min_tokens if isinstance(t, FreeSpan) else 1 for t in sequence)
+
+
 def build_tries(sequences_per_row: Sequence[Sequence[Sequence]], batch_size: int
                 ) -> ConstraintTries:
   """Packs one token trie per row into padded edge arrays.

@@ -12,6 +12,9 @@ import os
 
 import pytest
 
+from env_servers.webshop.dataset import Shop
+from env_servers.webshop.env import goal_query
+from hgpo_jax.models.tokenizer import tiny_tokenizer
 from launch import report
 from launch import suites
 from launch import sweep
@@ -292,7 +295,13 @@ def test_webshop_mini_cells_use_the_mini_shop_with_a_listed_search():
     assert (c.env.args.data_dir, c.env.args.search_actions) == (
         "env_servers/webshop/data/mini_v3", "goal")
     assert c.rollout.max_prompt_tokens == 256 and tuple(c.env.eval_splits) == ("test",)
+    assert c.rollout.max_new_tokens == 64
     assert suites.pending_reason(env, suites.MINI.method(name)) is None
+  # Every listed search fits in the response (the sampler refuses an action that does not).
+  tok = tiny_tokenizer()
+  shop = Shop.load(os.path.join(suites.REPO_ROOT, env.overrides["env.args.data_dir"]))
+  need = [len(tok.encode(f"<action>search[{goal_query(g)}]</action>")) for g in shop.goals.values()]
+  assert max(need) == 51 and sum(n > 32 for n in need) == 28
   assert os.path.isfile(os.path.join(suites.REPO_ROOT, env.overrides["env.args.data_dir"],
                                      "goals.json.gz"))
 

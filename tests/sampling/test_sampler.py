@@ -230,6 +230,21 @@ def test_constrained_whole_response_only_produces_allowed_strings(smp, prompts):
   assert single.texts == ["<action>heat egg 1 with microwave 1</action>"] * 3
 
 
+def test_an_allowed_action_longer_than_max_new_tokens_is_refused(smp, tok, prompts):
+  """An action that cannot be completed within max_new_tokens would only ever be truncated
+  into an invalid action (a WebShop-mini search of 51 tokens at 32 did this): refused."""
+  action = "take apple 1 from countertop 1"
+  need = len(tok.encode(f"<action>{action}</action>"))
+  allowed = [["look", action], ["look"], ["look"]]
+  with pytest.raises(ValueError, match=rf"'{action}' needs at least {need} tokens .* "
+                                       rf"max_new_tokens={need - 1}, so it could never"):
+    smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=need - 1),
+                 jax.random.key(0), allowed=allowed)
+  out = smp.generate(prompts, sampler.SamplingParams(temperature=0.0, max_new_tokens=need),
+                     jax.random.key(0), allowed=[[action]] * 3)
+  assert out.texts == [f"<action>{action}</action>"] * 3
+
+
 def test_constrained_logprobs_are_raw_model_logprobs(smp, model, prompts):
   allowed = [["go to cabinet 1", "open fridge 1"], [], ["look"]]  # row 1 is left free
   out = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=12),
