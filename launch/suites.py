@@ -64,10 +64,13 @@ choosing a product that fits the instruction and buying it. Uniform-random play
 (`python -m env_servers.webshop.env --random-play 20 --data-dir
 env_servers/webshop/data/mini_v3 --search-actions goal --split train`, and `--split test`)
 wins 19.0 % / 16.2 % of episodes within 15 steps; the scripted "listed search, first
-result, Buy Now" wins 58.3 % / 50.0 %. The tiny policy (GRPO, seed 123, `python -m
-launch.sweep suite --suite mini --envs webshop_mini --methods grpo --seeds 123 --root
-<tmp> --override train.num_iterations=3 eval.at_end=false`): success 0.062 / 0.0 / 0.312
-in iterations 1-3, 19-22 s per iteration after the first (43 s with compilation).
+result, Buy Now" wins 58.3 % / 50.0 %. The tiny policy (`python -m launch.sweep suite
+--suite mini --envs webshop_mini`, trainer 0d6b355): GRPO seed 123 train success 0.12 at
+iteration 1, 0.69 at iteration 14, held-out 0.375 at the end; seed 456 0.12 at iteration 1;
+~21 s per iteration alone (40 s with an evaluation). A first run at max_new_tokens 32
+truncated the listed searches of 28 of the 48 goals (21-51 tiny tokens with the action
+tags) into invalid actions: iteration-1 success 0.06 / 0.00 / 0.00 over the 3 seeds; the
+column runs at 64 and the sampler now refuses a step none of whose actions fits.
 
 Budget (the whole table within 4 hours on the 2-core reference machine): measured per
 iteration with one run alone on the machine (`time/iteration_s` in metrics.jsonl), an
@@ -240,7 +243,8 @@ MINI = Suite(
                        "env.args.search_actions": "goal",
                        # the listed searches are 21-51 tokens with <action></action> in the
                        # tiny tokenizer: at 32, 28 of the 48 goals were unplayable (their
-                       # search truncated into an invalid action; the sampler now refuses)
+                       # search truncated into an invalid action; the sampler now refuses
+                       # a step where no action fits)
                        "rollout.max_new_tokens": 64,
                        # as the other columns: left truncation keeps the current page's
                        # end and the admissible actions; at 1024 the first update alone

@@ -23,9 +23,11 @@ sample does not depend on the batch bucket or on how the batch is sharded.
 Constraints (`allowed`): per row a token trie (`hgpo_jax.sampling.constrained`), possibly
 with free spans (a free query inside `search[...]`, a HiPER subgoal): at a free node the
 row writes free tokens (a per-class token mask) up to the span's cap, and never so many that
-the shortest completion of the trie would no longer fit in max_new_tokens. An allowed
-action that needs more than max_new_tokens tokens is refused with a ValueError: truncated,
-it could only ever be an invalid action.
+the shortest completion of the trie would no longer fit in max_new_tokens. A row none of
+whose allowed actions fits in max_new_tokens is refused with a ValueError: truncated, its
+response could only be an invalid action. (A single action longer than max_new_tokens
+among shorter ones is still allowed and, if chosen, truncated: size max_new_tokens to the
+longest action.)
 
 Compilation: the jitted function is keyed by the shapes (Bb, P, automaton/trie sizes) and
 the static flags (max_new_tokens, greedy, top-k/top-p on, constraint mode, ignore_eos).
@@ -316,15 +318,13 @@ class Sampler:
       sequences = [constrained.constrained_token_sequences(a, constraint, encode) if a else []
                    for a in allowed]
       for row, seqs in zip(allowed, sequences):
-        for entry, seq in zip(row or (), seqs):
-          if constrained.min_length(seq) > max_new:
-            # Silently truncated, such an action could never be taken: every try at it would
-            # be an invalid action (a task whose only action it is would be unplayable).
-            raise ValueError(
-                f"Sampler.generate: the allowed action {entry!r} needs at least "
-                f"{constrained.min_length(seq)} tokens with {constraint}, more than "
-                f"max_new_tokens={max_new}, so it could never be completed; raise "
-                f"max_new_tokens (rollout.max_new_tokens).")
+        if seqs and min(constrained.min_length(q) for q in seqs) > max_new:
+          # Truncated, every response of this row would be an invalid action.
+          shortest = min(zip(row, seqs), key=lambda e: constrained.min_length(e[1]))
+          raise ValueError(
+              f"Sampler.generate: no allowed action fits in max_new_tokens={max_new}: the "
+              f"shortest, {shortest[0]!r}, needs {constrained.min_length(shortest[1])} tokens "
+              f"with {constraint}; raise max_new_tokens (rollout.max_new_tokens).")
       tries = constrained.build_tries(sequences, batch)
       bad = [t for seqs in sequences for s in seqs for t in s
              if not isinstance(t, constrained.FreeSpan) and not 0 <= t < vocab]

@@ -230,16 +230,19 @@ def test_constrained_whole_response_only_produces_allowed_strings(smp, prompts):
   assert single.texts == ["<action>heat egg 1 with microwave 1</action>"] * 3
 
 
-def test_an_allowed_action_longer_than_max_new_tokens_is_refused(smp, tok, prompts):
-  """An action that cannot be completed within max_new_tokens would only ever be truncated
-  into an invalid action (a WebShop-mini search of 51 tokens at 32 did this): refused."""
+def test_a_row_whose_actions_cannot_fit_in_max_new_tokens_is_refused(smp, tok, prompts):
+  """A row whose every allowed action needs more than max_new_tokens could only produce a
+  truncated, invalid action (a WebShop-mini search of up to 51 tokens at 32 did): refused."""
   action = "take apple 1 from countertop 1"
   need = len(tok.encode(f"<action>{action}</action>"))
-  allowed = [["look", action], ["look"], ["look"]]
-  with pytest.raises(ValueError, match=rf"'{action}' needs at least {need} tokens .* "
-                                       rf"max_new_tokens={need - 1}, so it could never"):
-    smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=need - 1),
-                 jax.random.key(0), allowed=allowed)
+  short = sampler.SamplingParams(temperature=1.0, max_new_tokens=need - 1)
+  with pytest.raises(ValueError, match=rf"no allowed action fits in max_new_tokens={need - 1}: "
+                                       rf"the shortest, '{action}', needs {need} tokens"):
+    smp.generate(prompts, short, jax.random.key(0), allowed=[["look"], [action], ["look"]])
+  # With a shorter action in the row, the row can still act.
+  out = smp.generate(prompts, sampler.SamplingParams(temperature=0.0, max_new_tokens=need - 1),
+                     jax.random.key(0), allowed=[["look", action]] * 3)
+  assert all(r in ("constraint", "length") for r in out.stop_reason)
   out = smp.generate(prompts, sampler.SamplingParams(temperature=0.0, max_new_tokens=need),
                      jax.random.key(0), allowed=[[action]] * 3)
   assert out.texts == [f"<action>{action}</action>"] * 3
