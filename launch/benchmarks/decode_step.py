@@ -14,8 +14,11 @@ layout and writes the new positions once after the loop. (2d26492 itself was 2.0
 faster than its parent, which scanned over the cache as xs/ys.) The two outputs are
 compared first (equal up to float reordering: the softmax now spans the cached and the
 new keys as two parts); timings exclude compilation and interleave the two sides
-repetition by repetition (median of 4 steps per repetition). The last line is the baseline/current
-time ratio.
+repetition by repetition (median of 4 steps per repetition). Each side also prints its FLOPs
+per step (from the compiled program, `hgpo_jax.perf.compiled_flops`), the achieved FLOP/s and
+MFU against the detected peak, and the fraction of the memory-bandwidth roofline it reaches
+(every float32 weight and the whole cache read once per step, at the bandwidth of a jitted
+sum measured in the same run). The last line is the baseline/current time ratio.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hgpo_jax import perf
 from hgpo_jax.models import decoder, loading
+from launch.benchmarks import sampler as sampler_bench
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -83,6 +88,8 @@ def main():
          for name, module in sides.items()}
   # each side's own cache layout
   caches = {name: module.init_cache(cfg, args.batch, args.cache) for name, module in sides.items()}
+  flops = {name: perf.compiled_flops(fn.lower(state, caches[name], jnp.int32(0)).compile())
+           for name, fn in fns.items()}
   first = {}
   for name, fn in fns.items():  # compile, and the same logits on both sides
     logits, caches[name] = fn(state, caches[name], jnp.int32(args.cache // 2))
@@ -98,10 +105,18 @@ def main():
         logits, caches[name] = fn(state, caches[name], jnp.int32(args.cache // 2 + 1 + i))
       jax.block_until_ready(logits)
       times[name].append((time.perf_counter() - start) / 4)
+  peak = perf.device_peak(dtype=cfg.dtype)
+  bandwidth = sampler_bench.measured_bandwidth()
+  step_bytes = sampler_bench.decode_step_bytes(cfg, args.batch, args.cache)
   print(f"jax {jax.__version__}, {os.cpu_count()} CPUs; SmolLM2-135M, batch {args.batch}, "
-        f"cache {args.cache} positions, median of {args.reps}")
+        f"cache {args.cache} positions, median of {args.reps}; memory bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s (jitted sum over 512 MiB)")
   for name in sides:
-    print(f"  {name:32s} {1000 * statistics.median(times[name]):8.1f} ms per decode step")
+    step = statistics.median(times[name])
+    print(f"  {name:32s} {1000 * step:8.1f} ms per decode step; "
+          + perf.format_line("compute", flops[name], step, peak)
+          + f"; memory roofline {step_bytes / 1e6:.0f} MB / {bandwidth / 1e9:.1f} GB/s = "
+          f"{1000 * step_bytes / bandwidth:.1f} ms ({step_bytes / bandwidth / step:.0%} reached)")
   base, cur = (statistics.median(t) for t in times.values())
   print(f"decode step baseline/current time ratio (batch {args.batch}, cache {args.cache}): "
         f"{base / cur:.2f}")
