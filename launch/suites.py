@@ -17,7 +17,7 @@ random-init policy (2 layers, 64 wide) with constrained decoding on ALFWorld-min
 (env_servers/alfworld/mini.py), Sokoban 6x6 with one box and WebShop-mini at horizon 15.
 The committed table (results/mini.md) was made with mini_v2, which covered ALFWorld-mini
 and Sokoban; mini_v3 changes only the WebShop column (the calibrated shop below), whose
-mini_v2 definition was never run.
+mini_v2 definition was never run; its runs are in results/mini_webshop_mini.md.
 
 Calibration of Sokoban 6x6 with one box (verl-agent's Sokoban size): uniform-random play
 over the admissible moves (`python -m env_servers.sokoban.env --random-play 1000 --split
@@ -65,9 +65,12 @@ choosing a product that fits the instruction and buying it. Uniform-random play
 env_servers/webshop/data/mini_v3 --search-actions goal --split train`, and `--split test`)
 wins 19.0 % / 16.2 % of episodes within 15 steps; the scripted "listed search, first
 result, Buy Now" wins 58.3 % / 50.0 %. The tiny policy (`python -m launch.sweep suite
---suite mini --envs webshop_mini`, trainer 0d6b355): GRPO seed 123 train success 0.12 at
-iteration 1, 0.69 at iteration 14, held-out 0.375 at the end; seed 456 0.12 at iteration 1;
-~21 s per iteration alone (40 s with an evaluation). A first run at max_new_tokens 32
+--suite mini --envs webshop_mini`, trainer 402bdc3/96a2006, results/mini_webshop_mini.md):
+iteration-1 train success 6-12 % in all 9 runs (inside the 5-25 % target); after 14
+iterations GRPO / GiGPO / HGPO K=2 reach 34 / 29 / 30 % train success (last 3 iterations,
+mean of 3 seeds; single iterations up to 81 %) and 37.5 / 38.9 / 43.1 % held-out, so the
+best method misses the >= 60 % target at this budget. ~21 s per iteration alone, ~36 s
+with two runs sharing the cores. A first run at max_new_tokens 32
 truncated the listed searches of 28 of the 48 goals (21-51 tiny tokens with the action
 tags) into invalid actions: iteration-1 success 0.06 / 0.00 / 0.00 over the 3 seeds; the
 column runs at 64 and the sampler now refuses a step none of whose actions fits.
