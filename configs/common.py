@@ -184,7 +184,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.constrained = False  # restrict actions to the admissible set (small models)
   c.rollout.invalid_penalty = 0.1  # eta, reward units (docs/algorithms.md §1; scripts: 0.1)
   c.rollout.fallback_chars = 30  # projection fallback, characters (ALFWorld 30, WebShop 20)
-  c.rollout.dump = False  # write every rollout as JSONL (advantage-tool format)
+  c.rollout.dump = False  # write every rollout and evaluation as JSONL (advantage-tool format)
   c.rollout.response_format = "react"  # "react" (<think>/<action>) | "hiper" (switch/subgoal/action)
   c.rollout.free_query_tokens = 8  # constrained: cap of a free WebShop search query, tokens
   c.rollout.subgoal_tokens = 12  # constrained "hiper": cap of a free subgoal, tokens

@@ -371,11 +371,17 @@ def critic_dump_fields(est_name: str, fields: dict, i: int, num_tokens: int) -> 
 # Evaluation
 # ---------------------------------------------------------------------------------------
 def evaluate(pool, sampler, tokenizer, task_sampler, config, run: RunConfig,
-             rng) -> dict[str, float]:
-  """Success on a fixed task set at `config.eval.temperature`, one trajectory per task."""
+             rng, dump_path: str | None = None) -> dict[str, float]:
+  """Success on a fixed task set at `config.eval.temperature`, one trajectory per task.
+
+  dump_path: if set, this process's evaluated steps are written there as a rollout dump
+  (`hgpo_jax.advantages.dump`; `group` and `traj` = the task's index in the eval set), to
+  read what a policy did on held-out tasks.
+  """
   eval_tasks = task_sampler.evaluation_tasks(config.eval.num_tasks)
   # (global task index, won, return, length, type, invalid flags of its rows) per task
   results = []
+  dumped = []
   slots = pool.num_slots
   for start in range(0, len(eval_tasks), slots):
     chunk = eval_tasks[start:start + slots]
@@ -386,6 +392,13 @@ def evaluate(pool, sampler, tokenizer, task_sampler, config, run: RunConfig,
             "evaluation", f"{task_sampler.split} tasks {start + 1}-{start + len(chunk)}: step {t + 1}/{T}"))
     results += [(task.group_index, ro.won[j], ro.returns[j], ro.lengths[j], ro.task_types[j],
                  [not r.valid for r in ro.rows if r.traj == j]) for j, task in enumerate(chunk)]
+    if dump_path is not None:
+      dumped += [dict(r.dump_record(), group=chunk[r.traj].group_index,
+                      traj=chunk[r.traj].group_index, split=task_sampler.split)
+                 for r in ro.rows if r.traj < len(chunk)]
+  if dump_path is not None:
+    os.makedirs(os.path.dirname(dump_path) or ".", exist_ok=True)
+    dump_lib.write_rows(dump_path, dumped)
   # All processes' tasks (dealt round-robin) back in task order: the metrics of one process.
   results = sorted((r for part in processes.allgather_objects(results) for r in part), key=lambda r: r[0])
   _, won, returns, lengths, types, invalid = (list(c) for c in zip(*results)) if results else ([],) * 6
@@ -395,6 +408,13 @@ def evaluate(pool, sampler, tokenizer, task_sampler, config, run: RunConfig,
   m["num_tasks"] = float(len(won))
   del m["num_rows"]
   return m
+
+
+def eval_dump_path(workdir: str, split: str, iteration: int) -> str:
+  """Where `rollout.dump` writes an evaluation's steps: one file per split, iteration
+  (the trainer's count of finished iterations; 0 for `launch.evaluate`) and process."""
+  suffix = f"_p{jax.process_index()}" if jax.process_count() > 1 else ""
+  return os.path.join(workdir, "rollouts", f"eval_{split}_{iteration:06d}{suffix}.jsonl")
 
 
 # ---------------------------------------------------------------------------------------
@@ -568,7 +588,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       out = {}
       for split, ts in eval_tasks.items():
         m = evaluate(pool, sampler, tokenizer, ts, config, run,
-                     jax.random.fold_in(streams.eval, iteration))
+                     jax.random.fold_in(streams.eval, iteration),
+                     dump_path=eval_dump_path(workdir, split, iteration) if config.rollout.dump else None)
         out.update({f"eval/{split}/{k}": v for k, v in m.items()})
       return out
 

@@ -11,7 +11,10 @@ model loading, env servers, task splits and `train.evaluate` (one trajectory per
 final evaluation, with no update. It writes one line to `<workdir>/metrics.jsonl` with
 `step` 0 and the trainer's `eval/<split>/<metric>` keys, so `launch.sweep` reads it like
 a training run's final evaluation. `config.model.path` / `--config.checkpoint.*` are not
-read: this evaluates the initial weights of the named model.
+read: this evaluates the initial weights of the named model. With
+`--config.rollout.dump=true` the evaluated steps (prompt and response tokens, action,
+observation, reward) go to `<workdir>/rollouts/eval_<split>_000000.jsonl`, to see what the
+model did.
 """
 
 from __future__ import annotations
@@ -66,7 +69,9 @@ def evaluate_untrained(config, workdir: str) -> dict[str, float]:
                                  streams.task_seed, jax.process_index(), jax.process_count())
       # The same key as the trainer's final evaluation (iteration = num_iterations).
       m = train.evaluate(pool, sampler, tokenizer, ts, config, run,
-                         jax.random.fold_in(streams.eval, config.train.num_iterations))
+                         jax.random.fold_in(streams.eval, config.train.num_iterations),
+                         dump_path=(train.eval_dump_path(workdir, split, EVAL_STEP)
+                                    if config.rollout.dump else None))
       out.update({f"eval/{split}/{k}": v for k, v in m.items()})
     scalars = writer.write(EVAL_STEP, out)
   finally:

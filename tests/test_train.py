@@ -262,8 +262,16 @@ def test_alfworld_smoke_with_real_engine(tmp_path):
   assert [l["step"] for l in lines] == [1, 2, 3]
   assert all(math.isfinite(l["train/loss"]) for l in lines[:2])
   assert "eval/valid_seen/success" in out["final_eval"]
-  dumps = sorted(os.listdir(tmp_path / "rollouts"))
+  dumps = sorted(d for d in os.listdir(tmp_path / "rollouts") if d.startswith("iter_"))
   assert dumps == ["iter_000000.jsonl", "iter_000001.jsonl"]
+  # the final evaluation's steps too (train.eval_dump_path), one row per counted step
+  evals = sorted(d for d in os.listdir(tmp_path / "rollouts") if d.startswith("eval_"))
+  assert evals == ["eval_valid_seen_000002.jsonl"]
+  with open(tmp_path / "rollouts" / evals[0]) as f:
+    eval_rows = [json.loads(line) for line in f]
+  final = out["final_eval"]
+  assert len(eval_rows) == pytest.approx(
+      final["eval/valid_seen/episode_length"] * final["eval/valid_seen/num_tasks"])
   with open(tmp_path / "rollouts" / dumps[0]) as f:
     row = json.loads(f.readline())
   assert {"group", "traj", "step", "anchor_obs", "reward", "valid", "advantage", "return"} <= set(row)

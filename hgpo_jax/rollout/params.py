@@ -44,7 +44,8 @@ class RolloutParams:
   fallback_chars: int = 30
   """Projection fallback: a response without an action block is read as its last N chars."""
   dump: bool = False
-  """Write every rollout as JSONL (`python -m hgpo_jax.advantages` format)."""
+  """Write every rollout as JSONL (`python -m hgpo_jax.advantages` format), and every
+  evaluation's steps (`train.eval_dump_path`)."""
   response_format: str = "react"
   """One of RESPONSE_FORMATS."""
   free_query_tokens: int = 8

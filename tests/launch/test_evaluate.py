@@ -36,6 +36,35 @@ def test_untrained_evaluation_writes_a_final_eval_line(tmp_path):
   assert r.eval_best_step == 0
 
 
+@pytest.mark.slow
+def test_rollout_dump_writes_the_evaluated_steps(tmp_path):
+  """With rollout.dump the evaluation's steps are a readable dump: one row per counted
+  step of each task (the padding slots' are not), and the metrics follow from its rows."""
+  from hgpo_jax import train
+  from hgpo_jax.advantages import dump
+  c = sokoban_config.get_config("algo=grpo,model=tiny,smoke")
+  with c.unlocked():
+    c.seed = 3
+    c.mesh.data = 1
+    c.eval.num_tasks = 3  # fewer tasks than the pool's slots: padding slots also play
+    c.rollout.dump = True
+  workdir = str(tmp_path / "eval")
+  scalars = evaluate.evaluate_untrained(c, workdir)
+  path = train.eval_dump_path(workdir, "test", evaluate.EVAL_STEP)
+  assert os.path.basename(path) == "eval_test_000000.jsonl"
+  rows = dump.read_rows(path)
+  tasks = sorted({r["traj"] for r in rows})
+  assert tasks == [0, 1, 2] and all(r["group"] == r["traj"] and r["split"] == "test" for r in rows)
+  lengths = [sum(r["traj"] == t for r in rows) for t in tasks]
+  assert sum(lengths) / 3 == pytest.approx(scalars["eval/test/episode_length"])
+  for t in tasks:
+    steps = [r["step"] for r in rows if r["traj"] == t]
+    assert steps == list(range(len(steps)))
+  won = [any(r["won"] for r in rows if r["traj"] == t) for t in tasks]
+  assert sum(won) / 3 == pytest.approx(scalars["eval/test/success"])
+  assert all(isinstance(r["action"], str) and r["response"] for r in rows)
+
+
 def test_empty_eval_splits_are_refused(tmp_path):
   from hgpo_jax import train
   c = sokoban_config.get_config("algo=grpo,model=tiny,smoke")
