@@ -211,6 +211,12 @@ def base_config() -> ml_collections.ConfigDict:
   # critic-free, token-mean only. Off: it saves nothing when most steps fill over half
   # a row, as in the local SmolLM2 job (docs/performance.md, "Tried and rejected")
   c.train.pack_rows = False
+  # length-grouped micro-batches: each mini-batch's steps sorted by length, each micro-batch
+  # padded only to its longest step (rounded up to length_multiple tokens), one compiled
+  # gradient program per row length; the same token-mean loss (hgpo_jax/training/packing.py);
+  # critic-free, token-mean only; not with pack_rows
+  c.train.group_by_length = False
+  c.train.length_multiple = 128
   c.train.clip_ratio_low = 0.2  # PPO ratio clip 1 - eps_low (verl default)
   c.train.clip_ratio_high = 0.2  # PPO ratio clip 1 + eps_high (verl default)
   c.train.clip_ratio_c = 3.0  # dual-clip constant c > 1 (verl default)
@@ -261,6 +267,8 @@ _LOCAL = {
     "train.micro_batch_rows": 4, "eval.every": 0, "eval.num_tasks": 8,
     # causal block skipping; f32 compute (bf16 is opt-in: apply_local docstring)
     "model.attn_query_chunk": 256,
+    # micro-batches of 4 steps padded to their own longest step (docs/performance.md)
+    "train.group_by_length": True,
 }
 _SMOKE = {
     "env.num_servers": 1, "env.max_steps": 3,

@@ -410,26 +410,49 @@ class LearnerFlops:
 
   def __init__(self, learner):
     self.learner = learner
-    self._cache: dict[tuple, dict[str, float]] = {}
+    self._cache: dict[tuple, float] = {}
 
   def per_call(self, batch) -> dict[str, float]:
     """{"logprobs": FLOPs, "update": FLOPs} per device for one mini-batch of `batch`'s
-    row width (a host or device TrainBatch), or for a packed mini-batch
-    (`training.packing.PackedBatch`, whose row count is its own)."""
+    row width (a host or device TrainBatch), for a packed mini-batch
+    (`training.packing.PackedBatch`, whose row count is its own), or for a length-grouped
+    one (a tuple of micro-batch PackedBatches: their gradient programs and the step)."""
+    if isinstance(batch, tuple):
+      return dict(logprobs=sum(self._compiled("logprobs", x) for x in batch),
+                  update=sum(self._compiled("accumulate", x) for x in batch)
+                  + self._compiled("apply", batch[0]))
+    return dict(logprobs=self._compiled("logprobs", batch), update=self._compiled("update", batch))
+
+  def _compiled(self, program: str, batch) -> float:
+    """FLOPs of one Learner program ("logprobs", "update", "accumulate", "apply") on
+    `batch`'s shapes (a TrainBatch stands for one mini-batch of its row width)."""
     import jax
     from hgpo_jax.training import packing
     ln = self.learner
     rows = batch.num_rows if isinstance(batch, packing.PackedBatch) else ln.config.mini_batch_rows
-    key = tuple((rows,) + tuple(x.shape[1:]) + (str(x.dtype),) for x in jax.tree.leaves(batch))
+    key = (program,) + tuple((rows,) + tuple(x.shape[1:]) + (str(x.dtype),)
+                             for x in jax.tree.leaves(batch))
+    if program == "apply":
+      key = (program,)  # clipping and AdamW: the same for every micro-batch shape
     if key not in self._cache:
       abstract_batch = jax.tree.map(
           lambda x: jax.ShapeDtypeStruct((rows,) + tuple(x.shape[1:]), x.dtype,
                                          sharding=ln.row_sharding), batch)
       state = ln.abstract_state()
       params = state.params
-      self._cache[key] = dict(
-          logprobs=compiled_flops(ln.compute_logprobs.lower(params, abstract_batch).compile()),
-          update=compiled_flops(ln.update.lower(state, abstract_batch).compile()))
+      grads = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, "float32", sharding=p.sharding),
+                           params)
+      if program == "logprobs":
+        lowered = ln.compute_logprobs.lower(params, abstract_batch)
+      elif program == "update":
+        lowered = ln.update.lower(state, abstract_batch)
+      elif program == "accumulate":
+        lowered = ln.accumulate.lower(params, grads, abstract_batch)
+      else:  # the loss metrics' structure does not change the step's FLOPs; it is taken
+        # from the trainer's own call so that the compilation cache serves this compile
+        _, metrics = jax.eval_shape(ln.accumulate, params, grads, abstract_batch)
+        lowered = ln.apply_gradients.lower(state, grads, metrics)
+      self._cache[key] = compiled_flops(lowered.compile())
     return self._cache[key]
 
 
@@ -440,7 +463,7 @@ def iteration_metrics(counter: LearnerFlops, batch, *, logprob_passes: int, logp
   the log-prob passes (`logprob_passes` over the batch: old and/or reference) and of the
   updates, from the wall times (`dtype`: the model's compute dtype, which picks the peak)."""
   ln = counter.learner
-  if isinstance(batch, (list, tuple)):  # packed mini-batches, each of its own shape
+  if isinstance(batch, (list, tuple)):  # packed or length-grouped mini-batches, each its own shape
     calls = [counter.per_call(b) for b in batch]
   else:
     calls = [counter.per_call(batch)] * (batch.num_rows // ln.config.mini_batch_rows)

@@ -153,9 +153,10 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
                         + (' or "" (= model.dtype)' if name == "compute_dtype" else ""))
   if not config.env.endpoints and config.env.num_servers < 1:
     raise ConfigError("config.env.num_servers must be >= 1 when no env.endpoints are given")
-  if config.train.pack_rows and est.needs_critic:
-    raise ConfigError(f"config.train.pack_rows packs the actor update of critic-free estimators; "
-                      f"{est.name!r} trains a critic on the unpacked rows: set it to false")
+  for name in ("pack_rows", "group_by_length"):
+    if config.train[name] and est.needs_critic:
+      raise ConfigError(f"config.train.{name} lays out the actor update of critic-free estimators; "
+                        f"{est.name!r} trains a critic on the unpacked rows: set it to false")
   rollout = _typed("rollout", rollout_params.RolloutParams, **config.rollout.to_dict())
   if getattr(opts, "k", rollout.history_length) != rollout.history_length:
     raise ConfigError(
@@ -272,6 +273,16 @@ def _packed_train_batches(batch: train_batch_lib.TrainBatch, config,
   return packing.pack_batch(batch, mini_batch_rows=config.train.mini_batch_rows,
                             micro_batch_rows=config.train.micro_batch_rows,
                             score_multiple=config.rollout.max_new_tokens, pad_id=pad_id)
+
+
+def _grouped_train_batches(batch: train_batch_lib.TrainBatch, config,
+                           pad_id: int) -> list[tuple[packing.PackedBatch, ...]]:
+  """`batch`'s mini-batches as length-grouped micro-batches (`config.train.group_by_length`,
+  hgpo_jax/training/packing.py)."""
+  return packing.group_batch(batch, mini_batch_rows=config.train.mini_batch_rows,
+                             micro_batch_rows=config.train.micro_batch_rows,
+                             length_multiple=config.train.length_multiple,
+                             score_multiple=config.rollout.max_new_tokens, pad_id=pad_id)
 
 
 def _sampling_mesh(config, mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
@@ -646,9 +657,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       on_policy = run.update.on_policy(batch.num_rows)
       # real (non-pad) share of the update's [rows, prompt bucket + response] tokens
       token_fill, update_rows = float(np.mean(batch.input_mask)), batch.num_rows
-      if run.update.pack_rows:
-        batch = _packed_train_batches(batch, config, tokenizer.pad_id)
-        token_fill, update_rows = packing.token_fill(batch), sum(b.num_rows for b in batch)
+      if run.update.pack_rows or run.update.group_by_length:
+        layout = _packed_train_batches if run.update.pack_rows else _grouped_train_batches
+        batch = layout(batch, config, tokenizer.pad_id)
+        token_fill, update_rows = packing.token_fill(batch), packing.num_rows(batch)
       if actor_updated:
         phases.phase("log-probs")
         batch = train_step.fill_logprobs(learner, state.params, ref_params, batch, old=not on_policy)

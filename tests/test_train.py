@@ -79,15 +79,21 @@ def test_validation_errors_before_any_work(key, value, match):
     train.validate(c)
 
 
-def test_row_packing_is_refused_where_the_packed_loss_is_not_defined():
+@pytest.mark.parametrize("layout", ["pack_rows", "group_by_length"])
+def test_row_layouts_are_refused_where_the_weighted_loss_is_not_defined(layout):
   with pytest.raises(train.ConfigError, match="loss_agg='token-mean'"):
-    train.validate(_sokoban(**{"train.pack_rows": True, "train.loss_agg": "seq-mean-token-mean"}))
+    train.validate(_sokoban(**{f"train.{layout}": True, "train.loss_agg": "seq-mean-token-mean"}))
   c = sokoban_config.get_config("algo=ppo,smoke")
   with c.unlocked():
-    c.train.pack_rows = True
+    c.train[layout] = True
   with pytest.raises(train.ConfigError, match="trains a critic on the unpacked rows"):
     train.validate(c)
-  train.validate(_sokoban(**{"train.pack_rows": True}))
+  train.validate(_sokoban(**{f"train.{layout}": True}))
+
+
+def test_row_packing_and_length_grouping_are_exclusive():
+  with pytest.raises(train.ConfigError, match="two layouts"):
+    train.validate(_sokoban(**{"train.pack_rows": True, "train.group_by_length": True}))
 
 
 def test_unknown_estimator_option_is_rejected():
@@ -230,13 +236,14 @@ def test_sharded_equals_unsharded(tmp_path):
 
 
 @pytest.mark.slow
-def test_packed_rows_train_like_unpacked_rows(tmp_path):
-  """train.pack_rows: the same rollouts and (to float rounding) the same update, on fewer
-  rows (iteration 1 has 4 steps, which the unpacked batch pads to the 8-row mini-batch with
-  copies, and packing drops)."""
+@pytest.mark.parametrize("layout", ["pack_rows", "group_by_length"])
+def test_packed_rows_train_like_unpacked_rows(tmp_path, layout):
+  """train.pack_rows and train.group_by_length: the same rollouts and (to float rounding)
+  the same update, on fewer rows (iteration 1 has 4 steps, which the unpacked batch pads to
+  the 8-row mini-batch with copies, and both layouts drop)."""
   greedy = {"rollout.temperature": 0.0, "eval.at_end": False}
   train.train_and_evaluate(_sokoban(**greedy), str(tmp_path / "rows"))
-  train.train_and_evaluate(_sokoban(**greedy, **{"train.pack_rows": True}), str(tmp_path / "packed"))
+  train.train_and_evaluate(_sokoban(**greedy, **{f"train.{layout}": True}), str(tmp_path / "packed"))
   a, b = _metrics(str(tmp_path / "rows")), _metrics(str(tmp_path / "packed"))
   assert len(a) == len(b) == 2
   assert b[0]["perf/update_flops"] < a[0]["perf/update_flops"]

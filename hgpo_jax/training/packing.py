@@ -23,11 +23,19 @@ Layout of a packed row: `[seg 1 | seg 2 | ... | pad]`, a segment = the step's pr
 its response, real tokens only; `segment_ids` 1, 2, ... per row and 0 on padding.
 Padding rows (all 0) bring the row count to a multiple of the micro-batch; they score
 nothing.
+
+Length-grouped micro-batches (`group_mini_batch`, `train.group_by_length`) use the same
+layout and the same weights with one segment per row: the mini-batch's steps are sorted
+by length and cut into micro-batches of `micro_batch_rows` steps, and each micro-batch
+gets its own row length (its longest step, rounded up to `length_multiple`). Where no two
+steps fit in one row (packing saves nothing), the short steps still stop paying for the
+long ones' padding. The update then runs one compiled gradient program per row length
+and takes the optimizer step after the last (`train_step.Learner.update_micro_batches`).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import flax.struct
 import jax
@@ -89,6 +97,62 @@ def token_mean_weights(response_mask: np.ndarray, micro_batch_rows: int) -> np.n
   return w.astype(np.float32)
 
 
+def _kept_spans(batch: train_batch_lib.TrainBatch) -> list[tuple[int, int, int]]:
+  """(row, first real column, end) of every row that scores a token (the builder's
+  padding copies and empty responses add nothing to the loss and are dropped); a batch
+  with no scored token keeps its first row."""
+  input_mask = np.asarray(batch.input_mask, bool)
+  response_mask = np.asarray(batch.response_mask, bool)
+  keep = [i for i in range(batch.num_rows) if response_mask[i].any()] or [0]
+  spans = []
+  for i in keep:
+    cols = np.flatnonzero(input_mask[i])
+    start, stop = int(cols[0]), int(cols[-1]) + 1
+    if not input_mask[i, start:stop].all():
+      raise ValueError(f"row {i}: real tokens are not contiguous; packing needs "
+                       "[pad.. prompt | response ..pad] rows (train_batch layout)")
+    spans.append((i, start, stop))
+  return spans
+
+
+def _layout(batch: train_batch_lib.TrainBatch, weights: np.ndarray, spans, bins, *,
+            num_rows: int, seq_len: int, score_multiple: int, pad_id: int) -> PackedBatch:
+  """A PackedBatch of `num_rows` rows of `seq_len` tokens; row r holds the spans
+  `bins[r]` (indices into `spans`) in mini-batch order; rows past `len(bins)` are padding."""
+  tokens = np.asarray(batch.tokens)
+  response_mask = np.asarray(batch.response_mask, bool)
+  advantages = np.asarray(batch.advantages, np.float32)
+  scored_per_bin = [sum(int(response_mask[spans[j][0]].sum()) for j in b) for b in bins]
+  slots = max(score_multiple, -(-max(scored_per_bin) // score_multiple) * score_multiple)
+  out_tokens = np.full((num_rows, seq_len), pad_id, np.int32)
+  positions = np.zeros((num_rows, seq_len), np.int32)
+  segment_ids = np.zeros((num_rows, seq_len), np.int32)
+  score_index = np.ones((num_rows, slots), np.int32)
+  score_mask = np.zeros((num_rows, slots), bool)
+  out_adv = np.zeros((num_rows, slots), np.float32)
+  out_w = np.zeros((num_rows, slots), np.float32)
+  for r, members in enumerate(bins):
+    col, slot = 0, 0
+    for seg, j in enumerate(sorted(members), start=1):  # segments in mini-batch order
+      i, start, stop = spans[j]
+      n = stop - start
+      out_tokens[r, col:col + n] = tokens[i, start:stop]
+      positions[r, col:col + n] = np.arange(n)
+      segment_ids[r, col:col + n] = seg
+      scored = np.flatnonzero(response_mask[i, start:stop])
+      k = len(scored)
+      score_index[r, slot:slot + k] = col + scored
+      score_mask[r, slot:slot + k] = True
+      out_adv[r, slot:slot + k] = advantages[i, start + scored]
+      out_w[r, slot:slot + k] = weights[i, start + scored]
+      col += n
+      slot += k
+  zeros = np.zeros((num_rows, slots), np.float32)
+  return PackedBatch(tokens=out_tokens, positions=positions, segment_ids=segment_ids,
+                     score_index=score_index, score_mask=score_mask, advantages=out_adv,
+                     loss_weights=out_w, old_logprobs=zeros, ref_logprobs=zeros.copy())
+
+
 def _bins(lengths: Sequence[int], capacity: int) -> list[list[int]]:
   """First-fit decreasing: segment indices per row; ties keep the input order."""
   order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
@@ -126,53 +190,55 @@ def pack_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int,
   to the loss and are dropped; a mini-batch with no scored token keeps its first row.
   """
   row_multiple = row_multiple or micro_batch_rows
-  tokens = np.asarray(batch.tokens)
-  input_mask = np.asarray(batch.input_mask, bool)
-  response_mask = np.asarray(batch.response_mask, bool)
-  advantages = np.asarray(batch.advantages, np.float32)
-  weights = token_mean_weights(response_mask, micro_batch_rows)
-  rows, seq = tokens.shape
-  keep = [i for i in range(rows) if response_mask[i].any()] or [0]
-  spans = []
-  for i in keep:
-    cols = np.flatnonzero(input_mask[i])
-    start, stop = int(cols[0]), int(cols[-1]) + 1
-    if not input_mask[i, start:stop].all():
-      raise ValueError(f"row {i}: real tokens are not contiguous; packing needs "
-                       "[pad.. prompt | response ..pad] rows (train_batch layout)")
-    spans.append((i, start, stop))
-  bins = _bins([stop - start for _, start, stop in spans], seq)
+  weights = token_mean_weights(np.asarray(batch.response_mask, bool), micro_batch_rows)
+  spans = _kept_spans(batch)
+  bins = _bins([stop - start for _, start, stop in spans], batch.seq_len)
   n_rows = -(-len(bins) // row_multiple) * row_multiple
-  scored_per_bin = [sum(int(response_mask[spans[j][0]].sum()) for j in b) for b in bins]
-  slots = max(score_multiple, -(-max(scored_per_bin) // score_multiple) * score_multiple)
+  return _layout(batch, weights, spans, bins, num_rows=n_rows, seq_len=batch.seq_len,
+                 score_multiple=score_multiple, pad_id=pad_id)
 
-  out_tokens = np.full((n_rows, seq), pad_id, np.int32)
-  positions = np.zeros((n_rows, seq), np.int32)
-  segment_ids = np.zeros((n_rows, seq), np.int32)
-  score_index = np.ones((n_rows, slots), np.int32)
-  score_mask = np.zeros((n_rows, slots), bool)
-  out_adv = np.zeros((n_rows, slots), np.float32)
-  out_w = np.zeros((n_rows, slots), np.float32)
-  for r, members in enumerate(bins):
-    col, slot = 0, 0
-    for seg, j in enumerate(sorted(members), start=1):  # segments in mini-batch order
-      i, start, stop = spans[j]
-      n = stop - start
-      out_tokens[r, col:col + n] = tokens[i, start:stop]
-      positions[r, col:col + n] = np.arange(n)
-      segment_ids[r, col:col + n] = seg
-      scored = np.flatnonzero(response_mask[i, start:stop])
-      k = len(scored)
-      score_index[r, slot:slot + k] = col + scored
-      score_mask[r, slot:slot + k] = True
-      out_adv[r, slot:slot + k] = advantages[i, start + scored]
-      out_w[r, slot:slot + k] = weights[i, start + scored]
-      col += n
-      slot += k
-  zeros = np.zeros((n_rows, slots), np.float32)
-  return PackedBatch(tokens=out_tokens, positions=positions, segment_ids=segment_ids,
-                     score_index=score_index, score_mask=score_mask, advantages=out_adv,
-                     loss_weights=out_w, old_logprobs=zeros, ref_logprobs=zeros.copy())
+
+def group_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int,
+                     length_multiple: int, score_multiple: int = 32,
+                     pad_id: int = 0) -> tuple[PackedBatch, ...]:
+  """One host mini-batch as length-grouped micro-batches (module docstring).
+
+  The steps that score a token, longest first (ties in row order), are cut into
+  micro-batches of `micro_batch_rows` steps, one step per row from column 0; each
+  micro-batch's rows are as long as its longest step rounded up to `length_multiple`
+  (at most the batch's own row length), and the last one is completed with padding rows.
+  The loss weights are those of the unpacked mini-batch, so the update optimises the
+  same loss.
+
+  Returns:
+    the micro-batches, longest rows first; each a PackedBatch of `micro_batch_rows` rows.
+  """
+  if length_multiple < 1:
+    raise ValueError(f"length_multiple={length_multiple} must be >= 1.")
+  weights = token_mean_weights(np.asarray(batch.response_mask, bool), micro_batch_rows)
+  spans = _kept_spans(batch)
+  length = [stop - start for _, start, stop in spans]
+  order = sorted(range(len(spans)), key=lambda j: (-length[j], j))
+  micro = []
+  for s in range(0, len(order), micro_batch_rows):
+    members = order[s:s + micro_batch_rows]
+    seq = min(-(-length[members[0]] // length_multiple) * length_multiple, batch.seq_len)
+    micro.append(_layout(batch, weights, spans, [[j] for j in members],
+                         num_rows=micro_batch_rows, seq_len=seq,
+                         score_multiple=score_multiple, pad_id=pad_id))
+  return tuple(micro)
+
+
+def group_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro_batch_rows: int,
+                length_multiple: int, score_multiple: int = 32,
+                pad_id: int = 0) -> list[tuple[PackedBatch, ...]]:
+  """`group_mini_batch` of every mini-batch of a host TrainBatch, in order."""
+  if batch.num_rows % mini_batch_rows:
+    raise ValueError(f"batch has {batch.num_rows} rows, not a multiple of mini_batch_rows={mini_batch_rows}.")
+  return [group_mini_batch(train_batch_lib.slice_rows(batch, s, s + mini_batch_rows),
+                           micro_batch_rows=micro_batch_rows, length_multiple=length_multiple,
+                           score_multiple=score_multiple, pad_id=pad_id)
+          for s in range(0, batch.num_rows, mini_batch_rows)]
 
 
 def pack_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro_batch_rows: int,
@@ -187,7 +253,18 @@ def pack_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro
           for s in range(0, batch.num_rows, mini_batch_rows)]
 
 
-def token_fill(batches: Sequence[PackedBatch]) -> float:
-  """Real share of the packed tokens (the unpacked batch's `mean(input_mask)`)."""
+def _flat(batches: Sequence[Union[PackedBatch, Sequence[PackedBatch]]]) -> list[PackedBatch]:
+  return [b for x in batches for b in ((x,) if isinstance(x, PackedBatch) else x)]
+
+
+def num_rows(batches: Sequence[Union[PackedBatch, Sequence[PackedBatch]]]) -> int:
+  """Rows of packed mini-batches or of length-grouped ones (tuples of micro-batches)."""
+  return sum(b.num_rows for b in _flat(batches))
+
+
+def token_fill(batches: Sequence[Union[PackedBatch, Sequence[PackedBatch]]]) -> float:
+  """Real share of the packed tokens (the unpacked batch's `mean(input_mask)`) of packed
+  mini-batches or of length-grouped ones (tuples of micro-batches)."""
+  batches = _flat(batches)
   real = sum(int(np.sum(np.asarray(b.segment_ids) > 0)) for b in batches)
   return real / sum(b.num_rows * b.seq_len for b in batches)

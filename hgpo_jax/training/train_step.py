@@ -18,6 +18,14 @@ GPU; verl with G GPUs averages G per-GPU token means instead.
 k_active: micro-batches with no scored token (all-padding, see `train_batch`) add
 nothing and are not counted; without padding k_active = k exactly as in verl.
 
+Laid-out mini-batches (`training.packing`) carry per-token loss weights that make their
+loss this same mean of micro-batch means however the steps are arranged: a packed
+mini-batch (one row length) goes through the same `lax.scan`; a length-grouped one (a
+tuple of micro-batches, each with its own row length) goes through
+`update_micro_batches`: one compiled gradient program per micro-batch shape adding to
+a donated f32 gradient sum, then one compiled optimizer step (`apply_gradients`, shared
+with `update`).
+
 Memory: the state holds params + 2 AdamW moments (3x params, f32), sharded by the
 model's logical rules. The reference policy is a fourth copy of the params with the
 same shardings, kept on the mesh (verl offloads it to host memory): for SmolLM2-135M
@@ -87,11 +95,24 @@ class UpdateConfig:
   """The trainer packs each mini-batch's steps end to end into fewer rows before the
   log-prob passes and the update (`training.packing`: segment-masked attention, the same
   token-mean loss); needs `loss.loss_agg == "token-mean"`."""
+  group_by_length: bool = False
+  """The trainer sorts each mini-batch's steps by length into micro-batches of their own
+  row length (`packing.group_mini_batch`; the same token-mean loss) and the update runs
+  them one by one (`Learner.update_micro_batches`); needs `loss.loss_agg == "token-mean"`."""
+  length_multiple: int = 128
+  """With `group_by_length`: micro-batch row lengths are rounded up to a multiple of this
+  (fewer distinct lengths, fewer compiled programs; more padding)."""
 
   def __post_init__(self):
-    if self.pack_rows and self.loss.loss_agg != "token-mean":
-      raise ValueError(f"pack_rows needs loss_agg='token-mean' (the packed loss is its weighted "
-                       f"token sum), got {self.loss.loss_agg!r}")
+    for name in ("pack_rows", "group_by_length"):
+      if getattr(self, name) and self.loss.loss_agg != "token-mean":
+        raise ValueError(f"{name} needs loss_agg='token-mean' (the packed loss is its weighted "
+                         f"token sum), got {self.loss.loss_agg!r}")
+    if self.pack_rows and self.group_by_length:
+      raise ValueError("pack_rows and group_by_length are two layouts of the update's rows: "
+                       "set one of them")
+    if self.length_multiple < 1:
+      raise ValueError(f"length_multiple={self.length_multiple} must be >= 1.")
     if self.ppo_epochs < 1 or self.micro_batch_rows < 1:
       raise ValueError(f"ppo_epochs={self.ppo_epochs} and micro_batch_rows={self.micro_batch_rows} must be >= 1.")
     if self.mini_batch_rows % self.micro_batch_rows:
@@ -250,6 +271,17 @@ class Learner:
     self.update = jax.jit(self._update, donate_argnums=(0,), static_argnums=(2,),
                           in_shardings=(self.state_sharding, self.row_sharding),
                           out_shardings=(self.state_sharding, self.replicated))
+    # Length-grouped micro-batches: one gradient program per micro-batch shape, the
+    # gradient sum donated from call to call, then the optimizer step.
+    self.zero_grads = jax.jit(self._zero_grads, out_shardings=self.param_shardings)
+    self.accumulate = jax.jit(self._accumulate, donate_argnums=(1,), static_argnums=(3,),
+                              in_shardings=(self.param_shardings, self.param_shardings,
+                                            self.row_sharding),
+                              out_shardings=(self.param_shardings, self.replicated))
+    self.apply_gradients = jax.jit(self._apply_gradients, donate_argnums=(0,),
+                                   in_shardings=(self.state_sharding, self.param_shardings,
+                                                 self.replicated),
+                                   out_shardings=(self.state_sharding, self.replicated))
     self.compute_logprobs = jax.jit(self._compute_logprobs,
                                     in_shardings=(self.param_shardings, self.row_sharding),
                                     out_shardings=self.row_sharding)
@@ -355,7 +387,6 @@ class Learner:
     on_policy (static): old log-probs from the step's own forward pass (see `_loss`);
     valid only for the first step from the params that played the rollout.
     """
-    cfg = self.config
     micro = self._micro(batch)
     packed = isinstance(batch, packing.PackedBatch)
     scored = batch.score_mask if packed else batch.response_mask
@@ -372,11 +403,18 @@ class Learner:
 
     # Accumulate in f32 whatever the param dtype (bf16 sums of k terms lose bits), then
     # hand the optimizer grads in the param dtype so its state keeps a fixed dtype.
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-    grads, metrics_k = jax.lax.scan(micro_step, zeros, (micro, active_k))
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    grads, metrics_k = jax.lax.scan(micro_step, self._zero_grads(state.params), (micro, active_k))
     metrics = {name: jnp.sum(jnp.where(active_k, v, 0.0)) / n_active for name, v in metrics_k.items()}
+    metrics["scored_tokens"] = jnp.sum(scored).astype(jnp.float32)
+    return self._apply_gradients(state, grads, metrics)
 
+  def _zero_grads(self, params):
+    return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+
+  def _apply_gradients(self, state: TrainState, grads: Any, metrics: dict):
+    """Clipping and AdamW on the summed f32 gradients of a mini-batch; `metrics` (the
+    mini-batch's loss metrics and `scored_tokens`) gain the step's own."""
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -384,13 +422,36 @@ class Learner:
     finite = jnp.isfinite(grad_norm)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
-    metrics.update(
-        grad_norm=grad_norm, skipped_step=1.0 - finite.astype(jnp.float32),
-        learning_rate=learning_rate_schedule(cfg)(state.step),
-        scored_tokens=jnp.sum(scored).astype(jnp.float32))
+    metrics = dict(metrics, grad_norm=grad_norm, skipped_step=1.0 - finite.astype(jnp.float32),
+                   learning_rate=learning_rate_schedule(self.config)(state.step))
     new_state = state.replace(params=params, opt_state=opt_state,
                               step=state.step + finite.astype(jnp.int32))
     return new_state, metrics
+
+  def _accumulate(self, params, grads, x: packing.PackedBatch, on_policy: bool = False):
+    """grads + the gradient of one packed micro-batch's weighted loss share, and that
+    share's metrics (with `scored_tokens`)."""
+    (_, metrics), g = jax.value_and_grad(self._loss, has_aux=True)(params, x, on_policy)
+    grads = jax.tree.map(lambda a, b: a + b, grads, g)
+    metrics = dict(metrics, scored_tokens=jnp.sum(x.score_mask).astype(jnp.float32))
+    return grads, metrics
+
+  def update_micro_batches(self, state: TrainState, micro_batches: Sequence[packing.PackedBatch],
+                           on_policy: bool = False):
+    """One optimizer step on a mini-batch given as packed micro-batches of any shapes
+    (`packing.group_mini_batch`), placed on the mesh; returns (new state, metrics).
+
+    Each micro-batch runs its own compiled gradient program (one per shape), adding to a
+    donated f32 gradient sum; the metrics, weighted shares of the mini-batch's, are summed.
+    Donates `state`, like `update`.
+    """
+    if not micro_batches:
+      raise ValueError("a mini-batch needs at least one micro-batch")
+    grads, total = self.zero_grads(state.params), None
+    for x in micro_batches:
+      grads, metrics = self.accumulate(state.params, grads, x, on_policy)
+      total = metrics if total is None else jax.tree.map(jnp.add, total, metrics)
+    return self.apply_gradients(state, grads, total)
 
 
 def _rows(batch: train_batch_lib.TrainBatch, size: int):
@@ -401,13 +462,15 @@ def _rows(batch: train_batch_lib.TrainBatch, size: int):
 
 
 # An iteration's rows: one TrainBatch (split into mini-batches of mini_batch_rows), or its
-# mini-batches already packed (`packing.pack_batch`).
-Batches = train_batch_lib.TrainBatch | Sequence[packing.PackedBatch]
+# mini-batches already laid out: packed (`packing.pack_batch`: a PackedBatch each) or
+# length-grouped (`packing.group_batch`: a tuple of micro-batch PackedBatches each).
+Batches = train_batch_lib.TrainBatch | Sequence[packing.PackedBatch | tuple[packing.PackedBatch, ...]]
 
 
 def mini_batches(learner: Learner, batch: Batches) -> list:
   """The iteration's mini-batches, in update order (a batch of rows, e.g. a TrainBatch or
-  a critic's ValueBatch, is split; a list of packed mini-batches is taken as it is)."""
+  a critic's ValueBatch, is split; a list of packed or length-grouped mini-batches is
+  taken as it is)."""
   if isinstance(batch, (list, tuple)):
     return list(batch)
   return list(_rows(batch, learner.config.mini_batch_rows))
@@ -418,12 +481,16 @@ def fill_logprobs(learner: Learner, params: Any, ref_params: Optional[Any],
   """Returns the host batch with `old_logprobs` (and `ref_logprobs` if ref_params) filled.
 
   Runs mini-batch by mini-batch so every call has the compiled [mini_batch, L] shape
-  (a list of packed mini-batches is filled one by one and returned as a list).
+  (a list of packed mini-batches is filled one by one and returned as a list; a
+  length-grouped mini-batch micro-batch by micro-batch, each in its own shape).
   old=False leaves `old_logprobs` as it is (an on-policy update computes its own, see
   `UpdateConfig.on_policy`).
   """
   filled = []
   for chunk in mini_batches(learner, batch):
+    if isinstance(chunk, tuple):  # length-grouped: micro-batch by micro-batch
+      filled.append(tuple(fill_logprobs(learner, params, ref_params, list(chunk), old=old)))
+      continue
     dev = learner.put_batch(chunk)
     if old:
       chunk = chunk.replace(old_logprobs=_to_host(learner.compute_logprobs(params, dev)))
@@ -463,7 +530,10 @@ def train_iteration(learner: Learner, state: TrainState, batch: Batches,
   for _ in range(learner.config.ppo_epochs):
     for chunk in chunks:
       progress.phase(learner.PHASE, f"mini-batch {len(history) + 1}/{total}")
-      if on_policy:
+      if isinstance(chunk, tuple):  # length-grouped micro-batches
+        state, metrics = learner.update_micro_batches(
+            state, [learner.put_batch(x) for x in chunk], on_policy)
+      elif on_policy:
         state, metrics = learner.update(state, learner.put_batch(chunk), True)  # on_policy
       else:
         state, metrics = learner.update(state, learner.put_batch(chunk))

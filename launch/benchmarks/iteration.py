@@ -1,7 +1,7 @@
 """Benchmark: one iteration of the SmolLM2 job (`make run-llm`) now vs a named earlier revision.
 
   python -m launch.benchmarks.iteration [--baseline-rev 3c5ff63] [--iterations 3] [--reps 1]
-      [--sides baseline,current,bf16,packed]
+      [--sides baseline,current,bf16,packed,ungrouped]
 
 Every side is the real trainer, `python -m launch.main` with
 `--config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local` (SmolLM2-135M-Instruct,
@@ -22,15 +22,19 @@ an ALFWorld server subprocess, 2 groups x 4 trajectories x 2 steps, one optimize
             has them), and it changes the numbers (below);
   packed    the current tree with `--config.train.pack_rows=true` (steps packed end to end
             into rows of the same length; exact).
+  ungrouped the current tree with `--config.train.group_by_length=false`: every update row
+            padded to the iteration's longest prompt instead of length-grouped
+            micro-batches (`local` groups them; exact).
 
-`--sides` picks and orders the sides (default: baseline, current, bf16). Sides alternate
+`--sides` picks and orders the sides (default: baseline, current, bf16); without
+baseline, the last line is the first side's time over current's. Sides alternate
 repetition by repetition; each reports the median `time/iteration_s` over its iterations
 2.. (iteration 1 compiles) and its phase times. Then the metrics of
 `current` and `bf16` are compared with the baseline's: rollout metrics (equal when
 the sampled actions are), and the largest relative difference of the training floats
 (`train/*`); and what bf16 compute does to a small step of the f32 weights (the share of
 weights whose bf16 value moves, `--quantization-only` prints just that), and `current`
-with `packed`. The last line is the baseline/current iteration-time ratio.
+with `packed`. The last line is the baseline/current iteration-time ratio (or <first side>/current).
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 CONFIG = "configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local"
 PHASES = ("generation_s", "logprobs_s", "update_s")
 MFU = ("logprobs_mfu", "update_mfu")  # perf/* of metrics.jsonl: XLA's FLOPs / time / CPU peak
-SIDES = ("baseline", "current", "bf16", "packed")  # the sides --sides may name
+# what the update's row layout (packing, length grouping) changes by design
+LAYOUT = ("train/token_fill", "train/update_rows")
+SIDES = ("baseline", "current", "bf16", "packed", "ungrouped")  # the sides --sides may name
 
 
 def _worktree(rev: str) -> str:
@@ -87,7 +93,7 @@ def _compare(base: list[dict], other: list[dict]) -> str:
   worst, where = 0.0, ""
   for b, o in zip(base, other):
     for k in b:
-      if k.startswith("train/") and k in o and b[k] != 0:
+      if k.startswith("train/") and k not in LAYOUT and k in o and b[k] != 0:
         rel = abs(o[k] - b[k]) / abs(b[k])
         if rel > worst:
           worst, where = rel, f"{k} at iteration {b['step']}: {b[k]:.6g} vs {o[k]:.6g}"
@@ -123,7 +129,7 @@ def main():
   parser.add_argument("--reps", type=int, default=1)
   parser.add_argument("--sides", default="baseline,current,bf16",
                       help=f"comma-separated sides to run, in this order (of {', '.join(SIDES)}; "
-                           "baseline and current are needed for the ratio)")
+                           "current and at least one other)")
   parser.add_argument("--quantization-only", action="store_true",
                       help="only print what bf16 compute does to a 1e-5 step of the weights")
   args = parser.parse_args()
@@ -134,14 +140,16 @@ def main():
     sys.exit("iteration: --iterations must be >= 2 (the first one compiles)")
   chosen = [s.strip() for s in args.sides.split(",") if s.strip()]
   unknown = sorted(set(chosen) - set(SIDES))
-  if unknown or not {"baseline", "current"} <= set(chosen):
+  if unknown or "current" not in chosen or len(set(chosen)) < 2:
     sys.exit(f"iteration: --sides {args.sides!r}: choose from {', '.join(SIDES)}, "
-             f"with baseline and current")
-  baseline_tree = _worktree(args.baseline_rev)
+             f"current and at least one other")
+  reference = "baseline" if "baseline" in chosen else next(k for k in chosen if k != "current")
+  baseline_tree = _worktree(args.baseline_rev) if "baseline" in chosen else None
   every = {"baseline": (f"baseline ({args.baseline_rev})", baseline_tree, []),
            "current": ("current (float32)", REPO_ROOT, []),
            "bf16": ("bf16 compute (opt-in)", REPO_ROOT, ["--config.model.compute_dtype=bfloat16"]),
-           "packed": ("rows packed (opt-in)", REPO_ROOT, ["--config.train.pack_rows=true"])}
+           "packed": ("rows packed (opt-in)", REPO_ROOT, ["--config.train.pack_rows=true"]),
+           "ungrouped": ("rows not length-grouped", REPO_ROOT, ["--config.train.group_by_length=false"])}
   sides = {every[k][0]: every[k][1:] for k in chosen}
   label = {k: every[k][0] for k in chosen}
   times = {name: [] for name in sides}
@@ -163,8 +171,9 @@ def main():
         print(f"  rep {rep + 1}/{args.reps} {name}: {time.perf_counter() - start:.0f} s wall",
               flush=True)
   finally:
-    subprocess.run(["git", "worktree", "remove", "--force", baseline_tree], cwd=REPO_ROOT,
-                   capture_output=True)
+    if baseline_tree:
+      subprocess.run(["git", "worktree", "remove", "--force", baseline_tree], cwd=REPO_ROOT,
+                     capture_output=True)
   import jax
   from hgpo_jax import perf
   cpu = perf.describe_cpu()
@@ -176,18 +185,21 @@ def main():
     print(f"  {name:26s} {statistics.median(times[name]):7.1f} s per iteration "
           f"({_detail(phases[name], mfu[name])})")
   for key in chosen:
-    if key != "baseline":
-      print(f"  {label[key]} vs baseline: {_compare(lines[label['baseline']], lines[label[key]])}")
-  if "packed" in chosen:
-    print(f"  {label['packed']} vs {label['current']}: "
-          f"{_compare(lines[label['current']], lines[label['packed']])}")
+    if key != reference:
+      print(f"  {label[key]} vs {label[reference]}: "
+            f"{_compare(lines[label[reference]], lines[label[key]])}")
+  for key in ("packed", "ungrouped"):
+    if key in chosen and reference != "current" and reference != key:
+      print(f"  {label[key]} vs {label['current']}: "
+            f"{_compare(lines[label['current']], lines[label[key]])}")
   median = {k: statistics.median(times[label[k]]) for k in chosen}
   others = [f"current/{k} {median['current'] / median[k]:.2f}" for k in ("bf16", "packed")
-            if k in chosen]
+            if k in chosen and k != reference]
   if "bf16" in chosen:
     print(f"  {bf16_step_quantization()}")
-  print(f"iteration time {'; '.join(others + [''])}baseline/current "
-        f"(SmolLM2 job, {args.baseline_rev} vs now): {median['baseline'] / median['current']:.2f}")
+  what = f"SmolLM2 job, {args.baseline_rev} vs now" if reference == "baseline" else "SmolLM2 job"
+  print(f"iteration time {'; '.join(others + [''])}{reference}/current "
+        f"({what}): {median[reference] / median['current']:.2f}")
 
 if __name__ == "__main__":
   main()

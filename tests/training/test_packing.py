@@ -1,5 +1,6 @@
-"""Row packing of the actor update: layout invariants, and packed == unpacked for the
-log-probs, the loss, the metrics and the optimizer step (on one device and sharded)."""
+"""Row packing and length-grouped micro-batches of the actor update: layout invariants,
+and packed == grouped == unpacked for the log-probs, the loss, the metrics and the
+optimizer step (on one device and sharded)."""
 
 import jax
 import numpy as np
@@ -146,7 +147,14 @@ def test_packed_logprobs_and_entropy_equal_the_unpacked_ones():
   assert checked == rm.sum()
 
 
-def _packed_vs_unpacked(mesh, on_policy=False):
+def _layouts(host):
+  """The host batch in the two layouts of `training.packing`, as the trainer passes them."""
+  return {"packed": packing.pack_batch(host, mini_batch_rows=16, micro_batch_rows=4),
+          "grouped": packing.group_batch(host, mini_batch_rows=16, micro_batch_rows=4,
+                                         length_multiple=4)}
+
+
+def _packed_vs_unpacked(mesh, on_policy=False, layout="packed"):
   cfg = train_step.UpdateConfig(lr=0.1, eps=1.0, mini_batch_rows=16, micro_batch_rows=4,
                                 loss=losses.LossConfig(kl_coef=0.1, entropy_coeff=0.01))
   model = _model()
@@ -156,11 +164,11 @@ def _packed_vs_unpacked(mesh, on_policy=False):
   ref = jax.tree.map(lambda x: x * 1.01, learner.reference_params(state))  # KL != 0
   host = _host_batch()
   filled = train_step.fill_logprobs(learner, state.params, ref, host)
-  packed = train_step.fill_logprobs(
-      learner, state.params, ref, packing.pack_batch(host, mini_batch_rows=16, micro_batch_rows=4))
+  packed = train_step.fill_logprobs(learner, state.params, ref, _layouts(host)[layout])
   if not on_policy:  # ratio e^1.5 on every token: clipped (A > 0) and dual-clipped (A < 0)
     filled = filled.replace(old_logprobs=filled.old_logprobs - 1.5 * filled.response_mask)
-    packed = [packed[0].replace(old_logprobs=packed[0].old_logprobs - 1.5 * packed[0].score_mask)]
+    shift = lambda p: p.replace(old_logprobs=p.old_logprobs - 1.5 * p.score_mask)
+    packed = [tuple(map(shift, m)) if isinstance(m, tuple) else shift(m) for m in packed]
   s1, m1 = train_step.train_iteration(learner, state, filled, on_policy=on_policy)
   p1 = jax.device_get(s1.params)
   s2, m2 = train_step.train_iteration(learner, learner.init_state(params0), packed, on_policy=on_policy)
@@ -170,9 +178,10 @@ def _packed_vs_unpacked(mesh, on_policy=False):
 # Tolerances: packed and unpacked are different float32 programs (other attention mask
 # layouts, other summation orders of the loss), so they agree to float32 rounding of
 # sums over ~100 tokens (~1e-6 relative), amplified by one AdamW step with eps=1, lr=0.1.
+@pytest.mark.parametrize("layout", ["packed", "grouped"])
 @pytest.mark.parametrize("on_policy", [False, True])
-def test_packed_update_equals_unpacked_update(on_policy):
-  p1, m1, p2, m2 = _packed_vs_unpacked(_mesh(), on_policy)
+def test_packed_update_equals_unpacked_update(on_policy, layout):
+  p1, m1, p2, m2 = _packed_vs_unpacked(_mesh(), on_policy, layout)
   assert set(m1) == set(m2)
   for k in m1:
     np.testing.assert_allclose(m2[k], m1[k], rtol=2e-5, atol=1e-6, err_msg=k)
@@ -182,12 +191,76 @@ def test_packed_update_equals_unpacked_update(on_policy):
   assert max(float(np.max(np.abs(a))) for a in jax.tree.leaves(jax.tree.map(np.subtract, p2, p1))) < 1e-5
 
 
-def test_packed_update_is_the_same_sharded():
-  _, _, one, m_one = _packed_vs_unpacked(_mesh(1))
-  _, _, two, m_two = _packed_vs_unpacked(_mesh(2))
+@pytest.mark.parametrize("layout", ["packed", "grouped"])
+def test_packed_update_is_the_same_sharded(layout):
+  _, _, one, m_one = _packed_vs_unpacked(_mesh(1), layout=layout)
+  _, _, two, m_two = _packed_vs_unpacked(_mesh(2), layout=layout)
   for k in m_one:
     np.testing.assert_allclose(m_two[k], m_one[k], rtol=2e-5, atol=1e-6, err_msg=k)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), two, one)
+
+
+def test_length_grouped_micro_batches_hold_every_scored_step_once_longest_first():
+  b = _host_batch(rows=14, seed=2, row_multiple=16)
+  micro = packing.group_mini_batch(b, micro_batch_rows=4, length_multiple=4, score_multiple=8)
+  rm, im, toks = (np.asarray(x) for x in (b.response_mask, b.input_mask, b.tokens))
+  scored_rows = [i for i in range(b.num_rows) if rm[i].any()]
+  assert len(scored_rows) == 13  # row 3's response is empty; rows 14, 15 are copies
+  assert len(micro) == 4  # ceil(13 / 4): the copies are dropped, not carried
+  lengths, steps = [], []
+  for m in micro:
+    seg, pos, t = np.asarray(m.segment_ids), np.asarray(m.positions), np.asarray(m.tokens)
+    assert m.num_rows == 4 and m.seq_len % 4 == 0 and m.score_index.shape[1] % 8 == 0
+    n = (seg > 0).sum(axis=1)
+    assert m.seq_len == -(-n.max() // 4) * 4  # the longest step, rounded up to the multiple
+    for r in range(4):
+      assert np.all(seg[r, :n[r]] == 1) and np.all(seg[r, n[r]:] == 0)  # one step from column 0
+      np.testing.assert_array_equal(pos[r, :n[r]], np.arange(n[r]))
+      if n[r]:
+        steps.append(tuple(t[r, :n[r]]))
+        lengths.append(int(n[r]))
+  assert lengths == sorted(lengths, reverse=True)  # longest first, across micro-batches
+  assert sorted(steps) == sorted(tuple(toks[i][im[i]]) for i in scored_rows)
+  # the weights are the unpacked mini-batch's: they sum to 1 and follow their tokens
+  w = packing.token_mean_weights(rm, 4)
+  assert sum(float(np.sum(m.loss_weights)) for m in micro) == pytest.approx(1.0, rel=1e-6)
+  got = sorted(x for m in micro for x in np.asarray(m.loss_weights)[np.asarray(m.score_mask)])
+  np.testing.assert_allclose(got, np.sort(w[rm]), rtol=0)
+  real = sum(int(np.sum(im[i])) for i in scored_rows)
+  assert packing.token_fill([micro]) == pytest.approx(real / sum(m.num_rows * m.seq_len for m in micro))
+  assert packing.num_rows([micro]) == 16
+  # a coarse multiple is capped at the batch's own row length
+  assert {m.seq_len for m in packing.group_mini_batch(b, micro_batch_rows=4, length_multiple=1000)} == {b.seq_len}
+
+
+def test_length_grouped_logprobs_equal_the_unpacked_ones():
+  model = _model()
+  b = _host_batch()
+  logp, _ = train_step.token_logprobs(model, b.tokens, b.positions, b.input_mask)
+  rm, im, toks = (np.asarray(x) for x in (b.response_mask, b.input_mask, b.tokens))
+  by_tokens = {tuple(toks[i][im[i]]): i for i in np.flatnonzero(rm.any(1))}
+  checked = 0
+  for m in packing.group_mini_batch(b, micro_batch_rows=4, length_multiple=4):
+    glogp, _ = train_step.packed_token_logprobs(model, m)
+    seg, idx, sm = np.asarray(m.segment_ids), np.asarray(m.score_index), np.asarray(m.score_mask)
+    for r in range(m.num_rows):
+      if not sm[r].any():
+        continue
+      i = by_tokens[tuple(np.asarray(m.tokens)[r][seg[r] > 0])]
+      first = int(np.flatnonzero(im[i])[0])
+      for s in np.flatnonzero(sm[r]):
+        np.testing.assert_allclose(glogp[r, s], logp[i, first + idx[r, s]], rtol=1e-5, atol=1e-6)
+        checked += 1
+  assert checked == rm.sum()
+
+
+def test_length_grouping_config_errors():
+  with pytest.raises(ValueError, match="two layouts"):
+    train_step.UpdateConfig(pack_rows=True, group_by_length=True)
+  with pytest.raises(ValueError, match="token-mean"):
+    train_step.UpdateConfig(group_by_length=True, loss=losses.LossConfig(loss_agg="seq-mean-token-sum"))
+  with pytest.raises(ValueError, match="length_multiple"):
+    train_step.UpdateConfig(length_multiple=0)
 
 
 def test_weighted_loss_is_defined_for_token_mean_only():
