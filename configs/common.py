@@ -286,12 +286,14 @@ def apply_local(c: ml_collections.ConfigDict) -> None:
   Decoding is constrained to `<action>{admissible action}</action>` because SmolLM2-135M
   does not follow the `<think>`/`<action>` format unconstrained (a 3-step version of
   this job with free 48-token responses: invalid-action rate 1.000 over 24 steps).
-  Compute is float32 with causal block skipping in 256-query chunks (exact). bf16
+  Compute is float32 with causal block skipping in 256-query chunks and length-grouped
+  micro-batches (both exact). bf16
   products (`--config.model.compute_dtype=bfloat16`) are opt-in: on a CPU with AVX512-BF16
   they halved the iteration, on the AVX2 reference machine they are slower than float32,
   and they change the training numbers (docs/performance.md). On the 2-core AVX2 machine
-  an iteration takes ~277 s, 188 s of it the update of 16 rows of up to 672 tokens
-  (`python -m launch.benchmarks.iteration`), which is what bounds the scale; with so
+  an iteration takes ~100-110 s, 64-74 s of it the update of 16 rows of up to 672 tokens
+  (`python -m launch.benchmarks.iteration --sides baseline,current`), which is what
+  bounds the scale; with so
   short a horizon no episode succeeds, so the advantages are all zero and the job
   demonstrates the system, not learning (the main job, `make run`, shows learning with
   the tiny model).

@@ -15,7 +15,8 @@ an ALFWorld server subprocess, 2 groups x 4 trajectories x 2 steps, one optimize
   current   the current `local` variant (float32): the changes that keep the arithmetic:
             the update takes log pi_old from its own forward pass when an iteration is
             one optimizer step (`train.reuse_on_policy_logprobs`), causal block skipping
-            (`model.attn_query_chunk`), one prefill per distinct prompt (`Sampler`);
+            (`model.attn_query_chunk`), one prefill per distinct prompt (`Sampler`),
+            length-grouped micro-batches (`train.group_by_length`);
   bf16      the current tree with bf16 products over the f32 weights
             (`--config.model.compute_dtype=bfloat16`, opt-in): faster only on a CPU with
             bf16 dot products (AVX512-BF16 / AMX; the header line says whether this one
