@@ -430,10 +430,11 @@ class LearnerFlops:
     from hgpo_jax.training import packing
     ln = self.learner
     rows = batch.num_rows if isinstance(batch, packing.PackedBatch) else ln.config.mini_batch_rows
-    key = (program,) + tuple((rows,) + tuple(x.shape[1:]) + (str(x.dtype),)
-                             for x in jax.tree.leaves(batch))
-    if program == "apply":
-      key = (program,)  # clipping and AdamW: the same for every micro-batch shape
+    if program == "apply":  # clipping and AdamW: the same for every micro-batch shape
+      key = (program,)
+    else:
+      key = (program,) + tuple((rows,) + tuple(x.shape[1:]) + (str(x.dtype),)
+                               for x in jax.tree.leaves(batch))
     if key not in self._cache:
       abstract_batch = jax.tree.map(
           lambda x: jax.ShapeDtypeStruct((rows,) + tuple(x.shape[1:]), x.dtype,

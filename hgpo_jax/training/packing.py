@@ -229,28 +229,29 @@ def group_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int
   return tuple(micro)
 
 
+def _each_mini_batch(batch: train_batch_lib.TrainBatch, mini_batch_rows: int, lay_out, **options):
+  """`lay_out(mini-batch, **options)` of every mini-batch of a host TrainBatch, in order."""
+  if batch.num_rows % mini_batch_rows:
+    raise ValueError(f"batch has {batch.num_rows} rows, not a multiple of mini_batch_rows={mini_batch_rows}.")
+  return [lay_out(train_batch_lib.slice_rows(batch, s, s + mini_batch_rows), **options)
+          for s in range(0, batch.num_rows, mini_batch_rows)]
+
+
 def group_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro_batch_rows: int,
                 length_multiple: int, score_multiple: int = 32,
                 pad_id: int = 0) -> list[tuple[PackedBatch, ...]]:
   """`group_mini_batch` of every mini-batch of a host TrainBatch, in order."""
-  if batch.num_rows % mini_batch_rows:
-    raise ValueError(f"batch has {batch.num_rows} rows, not a multiple of mini_batch_rows={mini_batch_rows}.")
-  return [group_mini_batch(train_batch_lib.slice_rows(batch, s, s + mini_batch_rows),
-                           micro_batch_rows=micro_batch_rows, length_multiple=length_multiple,
-                           score_multiple=score_multiple, pad_id=pad_id)
-          for s in range(0, batch.num_rows, mini_batch_rows)]
+  return _each_mini_batch(batch, mini_batch_rows, group_mini_batch, micro_batch_rows=micro_batch_rows,
+                          length_multiple=length_multiple, score_multiple=score_multiple,
+                          pad_id=pad_id)
 
 
 def pack_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro_batch_rows: int,
                row_multiple: Optional[int] = None, score_multiple: int = 32,
                pad_id: int = 0) -> list[PackedBatch]:
   """`pack_mini_batch` of every mini-batch of a host TrainBatch, in order."""
-  if batch.num_rows % mini_batch_rows:
-    raise ValueError(f"batch has {batch.num_rows} rows, not a multiple of mini_batch_rows={mini_batch_rows}.")
-  return [pack_mini_batch(train_batch_lib.slice_rows(batch, s, s + mini_batch_rows),
-                          micro_batch_rows=micro_batch_rows, row_multiple=row_multiple,
-                          score_multiple=score_multiple, pad_id=pad_id)
-          for s in range(0, batch.num_rows, mini_batch_rows)]
+  return _each_mini_batch(batch, mini_batch_rows, pack_mini_batch, micro_batch_rows=micro_batch_rows,
+                          row_multiple=row_multiple, score_multiple=score_multiple, pad_id=pad_id)
 
 
 def _flat(batches: Sequence[Union[PackedBatch, Sequence[PackedBatch]]]) -> list[PackedBatch]:
