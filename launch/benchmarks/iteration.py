@@ -1,7 +1,7 @@
 """Benchmark: one iteration of the SmolLM2 job (`make run-llm`) now vs a named earlier revision.
 
   python -m launch.benchmarks.iteration [--baseline-rev 3c5ff63] [--iterations 3] [--reps 1]
-      [--sides baseline,current,bf16,packed,ungrouped]
+      [--sides baseline,current,bf16,packed,ungrouped,coarse]
 
 Every side is the real trainer, `python -m launch.main` with
 `--config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local` (SmolLM2-135M-Instruct,
@@ -26,6 +26,8 @@ an ALFWorld server subprocess, 2 groups x 4 trajectories x 2 steps, one optimize
   ungrouped the current tree with `--config.train.group_by_length=false`: every update row
             padded to the iteration's longest prompt instead of length-grouped
             micro-batches (`local` groups them; exact).
+  coarse    the current tree with `--config.train.length_multiple=128`: length-grouped
+            micro-batches rounded up to 128 tokens instead of `local`'s 64 (exact).
 
 `--sides` picks and orders the sides (default: baseline, current, bf16); without
 baseline, the last line is the first side's time over current's. Sides alternate
@@ -55,7 +57,7 @@ PHASES = ("generation_s", "logprobs_s", "update_s")
 MFU = ("logprobs_mfu", "update_mfu")  # perf/* of metrics.jsonl: XLA's FLOPs / time / CPU peak
 # what the update's row layout (packing, length grouping) changes by design
 LAYOUT = ("train/token_fill", "train/update_rows")
-SIDES = ("baseline", "current", "bf16", "packed", "ungrouped")  # the sides --sides may name
+SIDES = ("baseline", "current", "bf16", "packed", "ungrouped", "coarse")  # the sides --sides may name
 
 
 def _worktree(rev: str) -> str:
@@ -150,7 +152,8 @@ def main():
            "current": ("current (float32)", REPO_ROOT, []),
            "bf16": ("bf16 compute (opt-in)", REPO_ROOT, ["--config.model.compute_dtype=bfloat16"]),
            "packed": ("rows packed (opt-in)", REPO_ROOT, ["--config.train.pack_rows=true"]),
-           "ungrouped": ("rows not length-grouped", REPO_ROOT, ["--config.train.group_by_length=false"])}
+           "ungrouped": ("rows not length-grouped", REPO_ROOT, ["--config.train.group_by_length=false"]),
+           "coarse": ("lengths rounded to 128", REPO_ROOT, ["--config.train.length_multiple=128"])}
   sides = {every[k][0]: every[k][1:] for k in chosen}
   label = {k: every[k][0] for k in chosen}
   times = {name: [] for name in sides}
@@ -189,13 +192,15 @@ def main():
     if key != reference:
       print(f"  {label[key]} vs {label[reference]}: "
             f"{_compare(lines[label[reference]], lines[label[key]])}")
-  for key in ("packed", "ungrouped"):
+  for key in ("packed", "ungrouped", "coarse"):
     if key in chosen and reference != "current" and reference != key:
       print(f"  {label[key]} vs {label['current']}: "
             f"{_compare(lines[label['current']], lines[label[key]])}")
   median = {k: statistics.median(times[label[k]]) for k in chosen}
   others = [f"current/{k} {median['current'] / median[k]:.2f}" for k in ("bf16", "packed")
             if k in chosen and k != reference]
+  others += [f"{k}/current {median[k] / median['current']:.2f}" for k in ("ungrouped", "coarse")
+             if k in chosen and k != reference]
   if "bf16" in chosen:
     print(f"  {bf16_step_quantization()}")
   what = f"SmolLM2 job, {args.baseline_rev} vs now" if reference == "baseline" else "SmolLM2 job"
