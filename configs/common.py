@@ -292,8 +292,8 @@ def apply_local(c: ml_collections.ConfigDict) -> None:
   products (`--config.model.compute_dtype=bfloat16`) are opt-in: on a CPU with AVX512-BF16
   they halved the iteration, on the AVX2 reference machine they are slower than float32,
   and they change the training numbers (docs/performance.md). On the 2-core AVX2 machine
-  an iteration takes ~100-110 s, 64-74 s of it the update of 16 rows of up to 672 tokens
-  (`python -m launch.benchmarks.iteration --sides baseline,current`), which is what
+  an iteration takes ~110-130 s with the machine's load, 74-83 s of it the update of 16 rows
+  of up to 672 tokens (`python -m launch.benchmarks.iteration --sides baseline,current,coarse`), which is what
   bounds the scale; with so
   short a horizon no episode succeeds, so the advantages are all zero and the job
   demonstrates the system, not learning (the main job, `make run`, shows learning with
