@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -72,7 +73,8 @@ def _worktree(rev: str) -> str:
 
 
 def _run(tree: str, workdir: str, iterations: int, overrides: list[str]) -> list[dict]:
-  """Trains in `tree` (its own code) and returns the metrics.jsonl lines."""
+  """Trains in `tree` (its own code) and returns the metrics.jsonl lines; the workdir is
+  deleted (its checkpoints, SmolLM2 weights and Adam state, take ~1.6 GB each)."""
   env = dict(os.environ, PYTHONPATH=tree, PYTHONHASHSEED="0")
   cmd = [sys.executable, "-m", "launch.main", f"--config={CONFIG}", f"--workdir={workdir}",
          f"--config.train.num_iterations={iterations}", "--config.eval.at_end=false", *overrides]
@@ -80,7 +82,9 @@ def _run(tree: str, workdir: str, iterations: int, overrides: list[str]) -> list
   if done.returncode:
     sys.exit(f"iteration: {' '.join(cmd)} failed in {tree}:\n{done.stderr[-3000:]}")
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-    return [json.loads(line) for line in f]
+    lines = [json.loads(line) for line in f]
+  shutil.rmtree(workdir, ignore_errors=True)
+  return lines
 
 
 def _detail(phases: dict[str, list[float]], mfu: dict[str, list[float]]) -> str:
@@ -175,6 +179,7 @@ def main():
         print(f"  rep {rep + 1}/{args.reps} {name}: {time.perf_counter() - start:.0f} s wall",
               flush=True)
   finally:
+    shutil.rmtree(scratch, ignore_errors=True)
     if baseline_tree:
       subprocess.run(["git", "worktree", "remove", "--force", baseline_tree], cwd=REPO_ROOT,
                      capture_output=True)
