@@ -272,7 +272,8 @@ def _packed_train_batches(batch: train_batch_lib.TrainBatch, config,
   """`batch`'s mini-batches packed (`config.train.pack_rows`, hgpo_jax/training/packing.py)."""
   return packing.pack_batch(batch, mini_batch_rows=config.train.mini_batch_rows,
                             micro_batch_rows=config.train.micro_batch_rows,
-                            score_multiple=config.rollout.max_new_tokens, pad_id=pad_id)
+                            score_multiple=config.rollout.max_new_tokens, pad_id=pad_id,
+                            loss_unit_rows=config.train.loss_unit_rows)
 
 
 def _grouped_train_batches(batch: train_batch_lib.TrainBatch, config,
@@ -282,7 +283,8 @@ def _grouped_train_batches(batch: train_batch_lib.TrainBatch, config,
   return packing.group_batch(batch, mini_batch_rows=config.train.mini_batch_rows,
                              micro_batch_rows=config.train.micro_batch_rows,
                              length_multiple=config.train.length_multiple,
-                             score_multiple=config.rollout.max_new_tokens, pad_id=pad_id)
+                             score_multiple=config.rollout.max_new_tokens, pad_id=pad_id,
+                             loss_unit_rows=config.train.loss_unit_rows)
 
 
 def _sampling_mesh(config, mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:

@@ -12,9 +12,12 @@ R and the old value V_old (the critic's values before this iteration's updates, 
 also fed the advantage estimator). PPO scores every response token with head 0 (verl
 `compute_value_loss` over the response mask); HiPER scores one column per head and turn
 (the read-out positions of `critic.hiper_readout`; the high head only on turns that
-start a subgoal segment). The loss is one token-mean over all scored (column, head)
-entries of the micro-batch (`losses.value_loss`; INFERRED for HiPER, whose value-loss
-reduction over the three heads was not available).
+start a subgoal segment). The loss is the sum over heads of each head's token mean over
+its scored entries (`losses.multi_head_value_loss`: HiPER-agent's dp_critic.py adds its
+three heads' `compute_value_loss`), with no 0.5 factor (the released `compute_value_loss`
+has none; `ValueLossConfig.loss_scale`). With a loss unit other than the micro-batch
+(`UpdateConfig.loss_unit_rows`) each head's token mean is taken per unit
+(`train_step.unit_weights`, one channel per head).
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ class ValueLossConfig:
 
   cliprange_value: float = 0.5
   """c of the clipped value loss (verl `critic.cliprange_value`)."""
-  loss_scale: float = 0.5
-  """verl's `0.5 *` in `compute_value_loss`."""
+  loss_scale: float = 1.0
+  """Multiplier of the value loss: 1 in the released `compute_value_loss` (both repositories);
+  0.5 reproduces the older verl's `0.5 * masked_mean`."""
 
   def __post_init__(self):
     if self.cliprange_value <= 0:
@@ -111,13 +115,16 @@ class CriticLearner(train_step.Learner):
     values_kmlh = jax.lax.map(lambda x: model.values(x.tokens, x.positions, x.input_mask), micro)
     return values_kmlh.reshape(batch.num_rows, *values_kmlh.shape[2:])
 
-  def _loss(self, params, x: ValueBatch, on_policy: bool = False):
+  def _loss_mask(self, x: ValueBatch) -> jax.Array:
+    """bool[B, L, H]: one token mean per value head (`losses.multi_head_value_loss`)."""
+    return x.value_mask
+
+  def _loss(self, params, x: ValueBatch, on_policy: bool = False, weights=None):
     del on_policy  # the value loss has no behaviour policy
     values_blh = self._model(params).values(x.tokens, x.positions, x.input_mask)
-    flat = lambda a: a.reshape(a.shape[0], -1)  # heads join the token axis of the token-mean
-    vf_loss, clipfrac = losses.value_loss(
-        flat(values_blh), flat(x.old_values), flat(x.returns), flat(x.value_mask),
-        self.value_config.cliprange_value, self.value_config.loss_scale)
+    vf_loss, clipfrac = losses.multi_head_value_loss(
+        values_blh, x.old_values, x.returns, x.value_mask, self.value_config.cliprange_value,
+        self.value_config.loss_scale, weights_blh=weights)
     return vf_loss, {"value_loss": vf_loss, "value_clipfrac": clipfrac}
 
 

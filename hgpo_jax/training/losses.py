@@ -250,7 +250,7 @@ def weighted_actor_loss(
 
 
 def value_loss(values_bt: jax.Array, old_values_bt: jax.Array, returns_bt: jax.Array,
-               mask_bt: jax.Array, cliprange_value: float = 0.5, loss_scale: float = 0.5,
+               mask_bt: jax.Array, cliprange_value: float = 0.5, loss_scale: float = 1.0,
                loss_agg_mode: str = "token-mean") -> tuple[jax.Array, jax.Array]:
   """Clipped value loss of verl's critic (docs/algorithms.md §9, critic loss).
 
@@ -258,14 +258,15 @@ def value_loss(values_bt: jax.Array, old_values_bt: jax.Array, returns_bt: jax.A
     vf_loss = loss_scale * agg(max((V - R)^2, (V_clip - R)^2))
     vf_clipfrac = token-mean of [(V_clip - R)^2 > (V - R)^2]
 
-  `loss_scale` 0.5 is verl's `compute_value_loss` (verl/trainer/ppo/core_algos.py:
-  `vf_loss = 0.5 * masked_mean(max(...))`); the plain clipped squared error is loss_scale=1.
+  The released `compute_value_loss` (verl/trainer/ppo/core_algos.py in zzj1111/alfworldauto
+  and in JonP07/HiPER-agent) is `agg_loss` of the clipped squared error with no factor:
+  loss_scale 1 (0.5 is the older verl's `0.5 * masked_mean(...)`).
 
   Args:
     values_bt: f32[...] current critic values V.
     old_values_bt: f32[...] values of the critic that produced the targets (V_old).
     returns_bt: f32[...] value targets R.
-    mask_bt: bool[...] entries that count (tokens, or read-out positions x heads).
+    mask_bt: bool[...] entries that count (tokens, or read-out positions).
     cliprange_value: c.
     loss_scale: multiplier of the aggregate.
     loss_agg_mode: one of LOSS_AGG_MODES (the last axis is the token axis).
@@ -273,9 +274,53 @@ def value_loss(values_bt: jax.Array, old_values_bt: jax.Array, returns_bt: jax.A
   Returns:
     (vf_loss f32[], vf_clipfrac f32[]).
   """
-  clipped = jnp.clip(values_bt, old_values_bt - cliprange_value, old_values_bt + cliprange_value)
-  l1 = jnp.square(values_bt - returns_bt)
-  l2 = jnp.square(clipped - returns_bt)
-  loss = loss_scale * aggregate(jnp.maximum(l1, l2), mask_bt, loss_agg_mode)
-  clipfrac = aggregate((l2 > l1).astype(jnp.float32), mask_bt, "token-mean")
+  loss_bt, clipped_bt = _clipped_value_errors(values_bt, old_values_bt, returns_bt,
+                                              cliprange_value)
+  loss = loss_scale * aggregate(loss_bt, mask_bt, loss_agg_mode)
+  clipfrac = aggregate(clipped_bt.astype(jnp.float32), mask_bt, "token-mean")
   return loss, clipfrac
+
+
+def _clipped_value_errors(values, old_values, returns, cliprange_value: float):
+  """(max((V - R)^2, (V_clip - R)^2), [(V_clip - R)^2 > (V - R)^2]) per entry."""
+  clipped = jnp.clip(values, old_values - cliprange_value, old_values + cliprange_value)
+  l1 = jnp.square(values - returns)
+  l2 = jnp.square(clipped - returns)
+  return jnp.maximum(l1, l2), l2 > l1
+
+
+def multi_head_value_loss(values_blh: jax.Array, old_values_blh: jax.Array,
+                          returns_blh: jax.Array, mask_blh: jax.Array,
+                          cliprange_value: float = 0.5, loss_scale: float = 1.0,
+                          loss_agg_mode: str = "token-mean",
+                          weights_blh: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
+  """The value loss of a critic with H heads: the sum over heads of each head's `value_loss`.
+
+    vf_loss = loss_scale * sum_h agg_h(max((V_h - R_h)^2, (V_h,clip - R_h)^2))
+
+  HiPER-agent's `dp_critic.py` adds its low, high and term heads' `compute_value_loss`
+  (`total_vf`, coefficients 1.0), a head without targets in the micro-batch adding 0; PPO
+  has one head (`value_loss`).
+
+  Args:
+    values_blh, old_values_blh, returns_blh: f32[B, L, H] V, V_old and R per head.
+    mask_blh: bool[B, L, H] scored (column, head) entries.
+    weights_blh: None, or f32[B, L, H] token weights of `train_step.unit_weights` (a loss
+      unit other than the micro-batch, token-mean): the loss is `sum(w * error)`, this
+      micro-batch's share.
+    The others: as `value_loss`.
+
+  Returns:
+    (vf_loss f32[], vf_clipfrac f32[]): the clip fraction is the token mean over every
+    scored entry (with weights: the weighted mean over heads of the heads' fractions).
+  """
+  loss_blh, clipped_blh = _clipped_value_errors(values_blh, old_values_blh, returns_blh,
+                                                cliprange_value)
+  clipped_blh = clipped_blh.astype(jnp.float32)
+  if weights_blh is not None:
+    total = lambda x: jnp.sum(jnp.where(weights_blh > 0, x, 0.0) * weights_blh)
+    return loss_scale * total(loss_blh), total(clipped_blh) / values_blh.shape[-1]
+  heads = range(values_blh.shape[-1])
+  loss = sum(aggregate(loss_blh[..., h], mask_blh[..., h], loss_agg_mode) for h in heads)
+  flat = lambda a: a.reshape(a.shape[0], -1)
+  return loss_scale * loss, aggregate(flat(clipped_blh), flat(mask_blh), "token-mean")

@@ -85,7 +85,8 @@ def token_mean_weights(response_mask: np.ndarray, micro_batch_rows: int) -> np.n
   """f32[M, L] weights `w` with `sum(w * x)` = the unpacked update's token-mean loss.
 
   The mean over micro-batches that score at least one token (k_active) of each micro-batch's
-  mean over its scored tokens; `micro_batch_rows` consecutive rows form a micro-batch.
+  mean over its scored tokens; `micro_batch_rows` consecutive rows form a micro-batch (the
+  callers pass the loss unit, `train_step.unit_weights` on the device).
   """
   rows = response_mask.shape[0]
   if rows % micro_batch_rows:
@@ -172,25 +173,29 @@ def _bins(lengths: Sequence[int], capacity: int) -> list[list[int]]:
 
 def pack_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int,
                     row_multiple: Optional[int] = None, score_multiple: int = 32,
-                    pad_id: int = 0) -> PackedBatch:
+                    pad_id: int = 0, loss_unit_rows: int = 0) -> PackedBatch:
   """Packs one host mini-batch (a `build_train_batch` result, `M` rows) into rows of the
   same length.
 
   Args:
     batch: numpy TrainBatch of one mini-batch (old/ref log-probs are not carried: fill
       them on the packed batch).
-    micro_batch_rows: the unpacked micro-batch (defines the loss weights).
+    micro_batch_rows: the unpacked micro-batch (defines the loss weights unless
+      `loss_unit_rows` is set).
     row_multiple: packed rows are padded to a multiple of this (default micro_batch_rows:
       the packed batch is split into micro-batches of that many rows).
     score_multiple: score slots per row are rounded up to a multiple of this, so that
       iterations reuse compiled shapes (the response bucket is a good choice).
     pad_id: token at padding positions.
+    loss_unit_rows: rows per loss unit (`train_step.UpdateConfig.loss_unit_rows`): the
+      weights average token means over units of this many unpacked rows; 0: micro_batch_rows.
 
   Rows without a scored token (the builder's padding copies, empty responses) add nothing
   to the loss and are dropped; a mini-batch with no scored token keeps its first row.
   """
   row_multiple = row_multiple or micro_batch_rows
-  weights = token_mean_weights(np.asarray(batch.response_mask, bool), micro_batch_rows)
+  weights = token_mean_weights(np.asarray(batch.response_mask, bool),
+                              loss_unit_rows or micro_batch_rows)
   spans = _kept_spans(batch)
   bins = _bins([stop - start for _, start, stop in spans], batch.seq_len)
   n_rows = -(-len(bins) // row_multiple) * row_multiple
@@ -200,22 +205,23 @@ def pack_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int,
 
 def group_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int,
                      length_multiple: int, score_multiple: int = 32,
-                     pad_id: int = 0) -> tuple[PackedBatch, ...]:
+                     pad_id: int = 0, loss_unit_rows: int = 0) -> tuple[PackedBatch, ...]:
   """One host mini-batch as length-grouped micro-batches (module docstring).
 
   The steps that score a token, longest first (ties in row order), are cut into
   micro-batches of `micro_batch_rows` steps, one step per row from column 0; each
   micro-batch's rows are as long as its longest step rounded up to `length_multiple`
   (at most the batch's own row length), and the last one is completed with padding rows.
-  The loss weights are those of the unpacked mini-batch, so the update optimises the
-  same loss.
+  The loss weights are those of the unpacked mini-batch (loss units of `loss_unit_rows`
+  rows, 0: micro_batch_rows), so the update optimises the same loss.
 
   Returns:
     the micro-batches, longest rows first; each a PackedBatch of `micro_batch_rows` rows.
   """
   if length_multiple < 1:
     raise ValueError(f"length_multiple={length_multiple} must be >= 1.")
-  weights = token_mean_weights(np.asarray(batch.response_mask, bool), micro_batch_rows)
+  weights = token_mean_weights(np.asarray(batch.response_mask, bool),
+                              loss_unit_rows or micro_batch_rows)
   spans = _kept_spans(batch)
   length = [stop - start for _, start, stop in spans]
   order = sorted(range(len(spans)), key=lambda j: (-length[j], j))
@@ -239,19 +245,20 @@ def _each_mini_batch(batch: train_batch_lib.TrainBatch, mini_batch_rows: int, la
 
 def group_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro_batch_rows: int,
                 length_multiple: int, score_multiple: int = 32,
-                pad_id: int = 0) -> list[tuple[PackedBatch, ...]]:
+                pad_id: int = 0, loss_unit_rows: int = 0) -> list[tuple[PackedBatch, ...]]:
   """`group_mini_batch` of every mini-batch of a host TrainBatch, in order."""
   return _each_mini_batch(batch, mini_batch_rows, group_mini_batch, micro_batch_rows=micro_batch_rows,
                           length_multiple=length_multiple, score_multiple=score_multiple,
-                          pad_id=pad_id)
+                          pad_id=pad_id, loss_unit_rows=loss_unit_rows)
 
 
 def pack_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro_batch_rows: int,
                row_multiple: Optional[int] = None, score_multiple: int = 32,
-               pad_id: int = 0) -> list[PackedBatch]:
+               pad_id: int = 0, loss_unit_rows: int = 0) -> list[PackedBatch]:
   """`pack_mini_batch` of every mini-batch of a host TrainBatch, in order."""
   return _each_mini_batch(batch, mini_batch_rows, pack_mini_batch, micro_batch_rows=micro_batch_rows,
-                          row_multiple=row_multiple, score_multiple=score_multiple, pad_id=pad_id)
+                          row_multiple=row_multiple, score_multiple=score_multiple, pad_id=pad_id,
+                          loss_unit_rows=loss_unit_rows)
 
 
 def _flat(batches: Sequence[Union[PackedBatch, Sequence[PackedBatch]]]) -> list[PackedBatch]:

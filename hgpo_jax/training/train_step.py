@@ -102,6 +102,12 @@ class UpdateConfig:
   length_multiple: int = 128
   """With `group_by_length`: micro-batch row lengths are rounded up to a multiple of this
   (fewer distinct lengths, fewer compiled programs; more padding)."""
+  loss_unit_rows: int = 0
+  """Rows per loss unit: the mini-batch loss is the mean over its units (of consecutive
+  rows) that score a token of each unit's own aggregate, whatever the micro-batches are
+  (verl: a unit is a per-GPU micro-batch, averaged over gradient accumulation and GPUs).
+  0: `micro_batch_rows` (the unit is the global micro-batch). A unit other than the
+  micro-batch needs `token-mean` (`unit_weights`)."""
 
   def __post_init__(self):
     for name in ("pack_rows", "group_by_length"):
@@ -117,8 +123,26 @@ class UpdateConfig:
       raise ValueError(f"ppo_epochs={self.ppo_epochs} and micro_batch_rows={self.micro_batch_rows} must be >= 1.")
     if self.mini_batch_rows % self.micro_batch_rows:
       raise ValueError(f"mini_batch_rows={self.mini_batch_rows} must be a multiple of micro_batch_rows={self.micro_batch_rows}.")
+    if self.loss_unit_rows < 0 or self.mini_batch_rows % self.loss_unit:
+      raise ValueError(f"mini_batch_rows={self.mini_batch_rows} must be a multiple of "
+                       f"loss_unit_rows={self.loss_unit_rows} (0: micro_batch_rows).")
+    if self.loss_unit != self.micro_batch_rows and self.loss.loss_agg != "token-mean":
+      raise ValueError(f"loss_unit_rows={self.loss_unit_rows} differs from micro_batch_rows="
+                       f"{self.micro_batch_rows}: needs loss_agg='token-mean', got "
+                       f"{self.loss.loss_agg!r}")
     if not self.lr > 0 or self.weight_decay < 0 or not self.grad_clip > 0:
       raise ValueError(f"lr={self.lr} and grad_clip={self.grad_clip} must be > 0, weight_decay={self.weight_decay} >= 0.")
+
+  @property
+  def loss_unit(self) -> int:
+    """Rows per loss unit (`loss_unit_rows`, 0 meaning `micro_batch_rows`)."""
+    return self.loss_unit_rows or self.micro_batch_rows
+
+  @property
+  def unit_weighted(self) -> bool:
+    """Whether the loss unit differs from the micro-batch, so the update weights tokens
+    (`unit_weights`) instead of averaging micro-batch aggregates."""
+    return self.loss_unit != self.micro_batch_rows
 
   @property
   def grad_accum_steps(self) -> int:
@@ -362,11 +386,19 @@ class Learner:
     return logp_kml.reshape(batch.num_rows, -1)
 
   # ---- update -----------------------------------------------------------------------
-  def _loss(self, params, x: train_batch_lib.TrainBatch, on_policy: bool = False):
+  def _loss_mask(self, x: train_batch_lib.TrainBatch) -> jax.Array:
+    """bool[B, L, C]: the entries of each of the loss's C token means (the actor's one: its
+    response tokens; `critic_step.CriticLearner` has one per value head)."""
+    return x.response_mask[..., None]
+
+  def _loss(self, params, x: train_batch_lib.TrainBatch, on_policy: bool = False,
+            weights: Optional[jax.Array] = None):
     """(loss, metrics) of one micro-batch; `critic_step.CriticLearner` replaces it.
 
     on_policy: log pi_old is this forward pass's own log-prob, detached
     (`UpdateConfig.on_policy`); `x.old_logprobs` is not read.
+    weights: f32[B, L, 1] token weights of `unit_weights` (a loss unit other than the
+      micro-batch): the loss is the weighted token sum, this micro-batch's share.
     A `packing.PackedBatch` micro-batch gives its weighted share of the mini-batch loss
     (`losses.weighted_actor_loss`).
     """
@@ -378,6 +410,9 @@ class Learner:
     logp, entropy = token_logprobs(self._model(params), x.tokens, x.positions, x.input_mask,
                                    scored_tail=self.config.scored_tail)
     old = jax.lax.stop_gradient(logp) if on_policy else x.old_logprobs
+    if weights is not None:
+      return losses.weighted_actor_loss(logp, entropy, old, x.ref_logprobs, x.advantages,
+                                        weights[..., 0], self.config.loss)
     return losses.actor_loss(logp, entropy, old, x.ref_logprobs, x.advantages,
                              x.response_mask, self.config.loss)
 
@@ -391,19 +426,30 @@ class Learner:
     packed = isinstance(batch, packing.PackedBatch)
     scored = batch.score_mask if packed else batch.response_mask
     active_k = jnp.any((micro.score_mask if packed else micro.response_mask), axis=(1, 2))
-    # packed micro-batch losses and metrics are weighted shares of the mini-batch's: summed
-    n_active = 1.0 if packed else jnp.maximum(jnp.sum(active_k), 1).astype(jnp.float32)
+    # A loss unit other than the micro-batch: token weights over the whole mini-batch.
+    weighted = not packed and self.config.unit_weighted
+    weights_k = None
+    if weighted:
+      weights = unit_weights(self._loss_mask(batch), self.config.loss_unit)
+      m = self.config.micro_batch_rows
+      weights_k = jax.lax.with_sharding_constraint(
+          weights.reshape(weights.shape[0] // m, m, *weights.shape[1:]), self._micro_sharding)
+    # packed or weighted micro-batch losses and metrics are shares of the mini-batch's: summed
+    n_active = (1.0 if packed or weighted
+                else jnp.maximum(jnp.sum(active_k), 1).astype(jnp.float32))
 
     def micro_step(grads, xs):
-      x, active = xs
-      (_, metrics), g = jax.value_and_grad(self._loss, has_aux=True)(state.params, x, on_policy)
+      x, active, w = xs
+      (_, metrics), g = jax.value_and_grad(self._loss, has_aux=True)(
+          state.params, x, on_policy, *(() if w is None else (w,)))
       scale = jnp.where(active, 1.0 / n_active, 0.0)
       grads = jax.tree.map(lambda a, b: a + scale * b, grads, g)
       return grads, metrics
 
     # Accumulate in f32 whatever the param dtype (bf16 sums of k terms lose bits), then
     # hand the optimizer grads in the param dtype so its state keeps a fixed dtype.
-    grads, metrics_k = jax.lax.scan(micro_step, self._zero_grads(state.params), (micro, active_k))
+    grads, metrics_k = jax.lax.scan(micro_step, self._zero_grads(state.params),
+                                    (micro, active_k, weights_k))
     metrics = {name: jnp.sum(jnp.where(active_k, v, 0.0)) / n_active for name, v in metrics_k.items()}
     metrics["scored_tokens"] = jnp.sum(scored).astype(jnp.float32)
     return self._apply_gradients(state, grads, metrics)
@@ -452,6 +498,31 @@ class Learner:
       grads, metrics = self.accumulate(state.params, grads, x, on_policy)
       total = metrics if total is None else jax.tree.map(jnp.add, total, metrics)
     return self.apply_gradients(state, grads, total)
+
+
+def unit_weights(mask_mlc: jax.Array, unit_rows: int) -> jax.Array:
+  """f32[M, L, C] token weights of a mini-batch whose loss unit is `unit_rows` rows.
+
+  With `U` the units (consecutive `unit_rows` rows) that score an entry, `n_uc` the scored
+  entries of unit u in channel c (the actor: C = 1, its response tokens; the critic: one
+  channel per value head) and `w_t = 1 / (U * n_uc)` on the scored entries (0 elsewhere),
+
+      sum_t w_t x_t = (1 / U) sum_u sum_c token-mean_{u,c}(x),
+
+  verl's loss (per-GPU micro-batch token means, / gradient accumulation, averaged over
+  GPUs), whatever the micro-batches of the update are. With units equal to micro-batches
+  it is the unweighted update's mean over active micro-batches.
+
+  Args:
+    mask_mlc: bool[M, L, C] scored entries; M a multiple of unit_rows.
+    unit_rows: rows per unit.
+  """
+  mask = mask_mlc.astype(jnp.float32)
+  rows, channels = mask.shape[0], mask.shape[-1]
+  counts_uc = mask.reshape(rows // unit_rows, -1, channels).sum(axis=1)
+  active = jnp.maximum(jnp.sum(jnp.any(counts_uc > 0, axis=-1)), 1).astype(jnp.float32)
+  inv_uc = jnp.where(counts_uc > 0, 1.0 / (active * jnp.maximum(counts_uc, 1.0)), 0.0)
+  return jnp.repeat(inv_uc, unit_rows, axis=0)[:, None, :] * mask
 
 
 def _rows(batch: train_batch_lib.TrainBatch, size: int):
