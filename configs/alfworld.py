@@ -11,9 +11,11 @@ Variants (argument string after the colon):
 Paper setting (HGPO arXiv 2602.22817, Table 1; settings in docs/algorithms.md §12), e.g. Qwen2.5-1.5B-Instruct, K=2, on a pod:
   python -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=qwen2.5-1.5b \
       --config.model.path=/models/Qwen2.5-1.5B-Instruct --workdir=gs://bucket/hgpo_k2
-  16 groups x 8 trajectories, 50 steps, lr 1e-6, mini-batch 256 rows, 160 iterations,
-  eval at temperature 0.4 every 5 iterations. Expected (published, on the released
-  ALFWorld games, 1.5B, K=2): 92.77 in-distribution / 90.16 out-of-distribution
+  16 groups x 8 trajectories, 50 steps, lr 1e-6, mini-batch 256 rows, 160 iterations
+  (HGPO's recipe; the other scripts 150), eval at temperature 0.4 every 5 iterations; each
+  algorithm's values are its published script's (docs/algorithms.md "Paper settings").
+  Expected (published, on the released ALFWorld games, 1.5B, K=2): 92.77 in-distribution /
+  90.16 out-of-distribution
   success. Our games are *generated* ALFWorld-format games on ALFRED rooms, not the
   released split: numbers from this config are not comparable to the paper's.
 
@@ -22,7 +24,7 @@ the policy (1 value head / 3: low, high, term), critic lr 1e-5, cliprange_value 
 env grouping (128 tasks x 1 trajectory per iteration), gamma = lambda = 1; HiPER adds the
 switch/subgoal/action format, lambda_seg 0.95, keep penalty -0.3 (normalised by the
 trajectory length), consistency penalty -0.3, bootstrap_truncated, mini-batch 256
-(PPO 128). On a pod:
+(PPO too). On a pod:
   python -m launch.main --config=configs/alfworld.py:algo=hiper,model=qwen2.5-1.5b \
       --config.model.path=/models/Qwen2.5-1.5B-Instruct --workdir=gs://bucket/hiper
   Published ALFWorld success (all tasks, released games): PPO (with critic) 54.4 +- 3.1
@@ -62,13 +64,13 @@ def get_config(arg: str | None = None):
   history = common.history_reference(a.k)  # H = HGPO K: one value (docs/algorithms.md §6)
   c.rollout.history_length = history
   c.rollout.fallback_chars = 30
-  c.rollout.max_prompt_tokens = 4096  # HGPO scripts: 4096, truncation=left
+  c.rollout.max_prompt_tokens = 4096  # per algorithm: common.SCRIPT_SETTINGS (HGPO 4096)
 
   c.algo.name = a.algo  # algo=ppo / algo=hiper: replaced by common.apply_critic_algo below
   # ALFWorld scripts use std normalisation for GiGPO and HGPO (docs/algorithms.md §12).
   c.algo.options = common.algo_options(a.algo, k=history, norm="mean_std")
 
-  c.train.mini_batch_rows = 256
-  c.train.micro_batch_rows = 16
+  c.train.mini_batch_rows = 256  # the scripts' ppo_mini_batch_size
+  c.train.micro_batch_rows = 16  # memory only; the loss unit is common.SCRIPT_SETTINGS's
 
   return common.finish(c, a, "alfworld")

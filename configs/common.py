@@ -56,9 +56,9 @@ def apply_critic_algo(c: ml_collections.ConfigDict, algo: str, env: str) -> None
 
   No env grouping (group_size 1; the paper setting plays 128 distinct tasks per
   iteration), critic lr 1e-5, cliprange_value 0.5. PPO: gamma = lambda = 1 (verl
-  defaults), per-row GAE, mini-batch 128 rows ALFWorld / 64 WebShop. HiPER: the
-  switch/subgoal/action format, lambda_seg 0.95, gamma = lambda_turn = 1, keep and
-  consistency penalties and bootstrap_truncated per environment, mini-batch 256.
+  defaults), per-row GAE. HiPER: the switch/subgoal/action format, lambda_seg 0.95,
+  gamma = lambda_turn = 1, keep and consistency penalties and bootstrap_truncated per
+  environment. Mini-batches, loss units, turn limits: `SCRIPT_SETTINGS`.
   """
   from hgpo_jax.advantages import hae
   c.algo.name = CRITIC_ALGOS[algo]
@@ -67,11 +67,9 @@ def apply_critic_algo(c: ml_collections.ConfigDict, algo: str, env: str) -> None
   eta = c.rollout.invalid_penalty
   if algo == "ppo":
     c.algo.options = estimator_options("gae", invalid_penalty=eta)
-    c.train.mini_batch_rows = 128 if env == "alfworld" else 64
   else:
     c.rollout.response_format = "hiper"
     c.algo.options = estimator_options("hae", invalid_penalty=eta, **hae.PUBLISHED_SETTINGS[env])
-    c.train.mini_batch_rows = 256
 
 
 def finish_critic_algo(c: ml_collections.ConfigDict, algo: str) -> None:
@@ -86,17 +84,83 @@ def finish_critic_algo(c: ml_collections.ConfigDict, algo: str) -> None:
     c.rollout.max_new_tokens = max(c.rollout.max_new_tokens, 128)
 
 
+VERL_AGENT = "zzj1111/alfworldauto"
+"""verl-agent as released with the HGPO recipe: examples/*_trainer/run_*.sh, the
+recipe's recipe/hgpo/run_qwen2.5_1.5b_*_train.sh and verl/trainer/config/ppo_trainer.yaml."""
+HIPER_AGENT = "JonP07/HiPER-agent"
+"""HiPER's release: example_scripts/HiPER_trainer/run_*.sh and its verl fork."""
+
+SCRIPTS = {
+    ("alfworld", "grpo"): (VERL_AGENT, "examples/grpo_trainer/run_alfworld.sh"),
+    ("alfworld", "rloo"): (VERL_AGENT, "examples/rloo_trainer/run_alfworld.sh"),
+    ("alfworld", "gigpo"): (VERL_AGENT, "examples/gigpo_trainer/run_alfworld.sh"),
+    ("alfworld", "hgpo"): (VERL_AGENT, "recipe/hgpo/run_qwen2.5_1.5b_alfworld_train.sh"),
+    ("alfworld", "ppo"): (VERL_AGENT, "examples/ppo_trainer/run_alfworld.sh"),
+    ("alfworld", "hiper"): (HIPER_AGENT, "example_scripts/HiPER_trainer/run_alfworld.sh"),
+    ("webshop", "grpo"): (VERL_AGENT, "examples/grpo_trainer/run_webshop.sh"),
+    ("webshop", "rloo"): (VERL_AGENT, "examples/rloo_trainer/run_webshop.sh"),
+    ("webshop", "gigpo"): (VERL_AGENT, "examples/gigpo_trainer/run_webshop.sh"),
+    ("webshop", "hgpo"): (VERL_AGENT, "recipe/hgpo/run_qwen2.5_1.5b_webshop_train.sh"),
+    ("webshop", "ppo"): (VERL_AGENT, "examples/ppo_trainer/run_webshop.sh"),
+    ("webshop", "hiper"): (HIPER_AGENT, "example_scripts/HiPER_trainer/run_webshop.sh"),
+}
+"""The published run script of each paper setting (environment, algo), as (repository, path).
+HiPER-agent's own ppo_trainer/run_alfworld.sh agrees with verl-agent's on every value below
+(4 GPUs x 16 rows per micro-batch); its run_webshop.sh is a 4-task debug run."""
+
+
+def _settings(steps, prompt, mini, unit, iterations, eval_tasks, critic_unit=0, drop=0):
+  return {"env.max_steps": steps, "rollout.max_prompt_tokens": prompt,
+          "train.mini_batch_rows": mini, "train.loss_unit_rows": unit,
+          "critic.loss_unit_rows": critic_unit or unit, "train.num_iterations": iterations,
+          "eval.num_tasks": eval_tasks, "rollout.history_drop_chars": drop}
+
+
+# The values that differ between the published scripts, per (environment, algo): turn
+# limit, prompt tokens, mini-batch rows, loss unit rows (= the script's per-GPU micro-batch:
+# verl token-averages each per-GPU micro-batch, then averages those means over gradient
+# accumulation and GPUs), critic loss unit, iterations (total_epochs, one step each),
+# evaluation tasks (val_data_size; GiGPO's and HGPO's WebShop scripts prepare 2x) and the
+# WebShop history drop of the GiGPO-family env manager (13,000 characters; the HGPO
+# recipe's is commented out). Each value is checked against its script by
+# tests/test_paper_settings.py.
+SCRIPT_SETTINGS = {
+    ("alfworld", "grpo"): _settings(50, 2048, 256, 32, 150, 128),
+    ("alfworld", "rloo"): _settings(50, 2048, 256, 32, 150, 128),
+    ("alfworld", "gigpo"): _settings(50, 2048, 256, 32, 150, 128),
+    ("alfworld", "hgpo"): _settings(50, 4096, 256, 16, 160, 128),
+    ("alfworld", "ppo"): _settings(50, 2048, 256, 16, 150, 128, critic_unit=16),
+    ("alfworld", "hiper"): _settings(50, 2048, 256, 16, 150, 128, critic_unit=16),
+    ("webshop", "grpo"): _settings(15, 4096, 64, 8, 150, 128, drop=13000),
+    ("webshop", "rloo"): _settings(15, 4096, 64, 8, 150, 128, drop=13000),
+    ("webshop", "gigpo"): _settings(15, 4096, 64, 8, 150, 256, drop=13000),
+    ("webshop", "hgpo"): _settings(30, 4096, 64, 4, 160, 256),
+    ("webshop", "ppo"): _settings(15, 4096, 64, 8, 150, 128, critic_unit=4, drop=13000),
+    ("webshop", "hiper"): _settings(50, 2048, 256, 16, 150, 128, critic_unit=16),
+}
+
+
+def apply_script_settings(c: ml_collections.ConfigDict, algo: str, env: str) -> None:
+  """`SCRIPT_SETTINGS` of (env, algo), if a published script exists for it (Sokoban and
+  estimators without a script keep the family's values)."""
+  c.update_from_flattened_dict(SCRIPT_SETTINGS.get((env, algo), {}))
+
+
 def algo_options(algo: str, *, k, norm: str) -> ml_collections.ConfigDict:
   """`family_options` of the config's `algo` (for `algo=ppo|hiper`, of its estimator;
   `apply_critic_algo` then sets the published options)."""
   return family_options(CRITIC_ALGOS.get(algo, algo), k=k, norm=norm)
 
 
-def finish(c: ml_collections.ConfigDict, a: ml_collections.ConfigDict,
-           env: str) -> ml_collections.ConfigDict:
+def finish(c: ml_collections.ConfigDict, a: ml_collections.ConfigDict, env: str,
+           overrides: dict | None = None) -> ml_collections.ConfigDict:
   """The variants every environment family shares, in their one order, then `lock`:
-  `algo=ppo|hiper` (published settings), `local`, `smoke`, and last the critic
-  algorithms' no-grouping rule over what the size variants set."""
+  the published script's settings (`SCRIPT_SETTINGS`), the family's own variant
+  `overrides` (flattened keys, e.g. WebShop's `horizon`), `algo=ppo|hiper` (published
+  settings), `local`, `smoke`, and last the critic algorithms' no-grouping rule over
+  what the size variants set."""
+  apply_script_settings(c, a.algo, env)
+  c.update_from_flattened_dict(overrides or {})
   if a.algo in CRITIC_ALGOS:
     apply_critic_algo(c, a.algo, env)
   if a.get("local", False):
@@ -159,6 +223,8 @@ def base_config() -> ml_collections.ConfigDict:
   #   over float32 parameters = mixed precision (products summed in f32)
   c.model.remat = True  # recompute activations in the backward pass (memory / ~30% compute)
   c.model.attn_query_chunk = 0  # >0: causal block skipping in chunks of this many queries
+  c.model.attention_impl = "auto"  # auto (by the mesh's platform: TPU splash, GPU cudnn, CPU
+  #   xla) | xla | chunked | splash | cudnn (hgpo_jax/models/attention.py)
 
   c.env = ml_collections.ConfigDict()
   c.env.name = ""  # env server name (env_servers/registry.py)
@@ -189,6 +255,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.free_query_tokens = 8  # constrained: cap of a free WebShop search query, tokens
   c.rollout.subgoal_tokens = 12  # constrained "hiper": cap of a free subgoal, tokens
   c.rollout.format_instructions = True  # "hiper": False drops the prompt's format instructions
+  c.rollout.history_drop_chars = 0  # >0: WebShop prompts over this many chars lose their history
 
   c.algo = ml_collections.ConfigDict()
   c.algo.name = "hgpo"  # a registered estimator: hgpo_jax.advantages.registry.names()
@@ -196,12 +263,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.algo.options = ml_collections.ConfigDict()  # filled from the registry per variant
 
   c.train = ml_collections.ConfigDict()
-  c.train.num_iterations = 160  # policy iterations (HGPO: 160; GiGPO: 150)
+  c.train.num_iterations = 150  # policy iterations (scripts' total_epochs: 150; HGPO 160)
   c.train.lr = 1e-6  # actor AdamW learning rate, constant (paper: 1e-6)
   c.train.weight_decay = 0.01  # decoupled AdamW weight decay (verl actor optim default)
   c.train.grad_clip = 1.0  # global-norm gradient clip (verl default)
   c.train.mini_batch_rows = 256  # rows (steps) per optimiser step (ALFWorld scripts: 256)
   c.train.micro_batch_rows = 16  # rows per forward/backward (gradient accumulation)
+  # rows per token-mean loss unit: the loss is the mean over units of each unit's token
+  # mean (verl: a per-GPU micro-batch); 0 = micro_batch_rows (docs/algorithms.md §9)
+  c.train.loss_unit_rows = 0
   c.train.ppo_epochs = 1  # passes over the iteration's rows (verl default)
   # one optimizer step per iteration: log pi_old from the update's own forward pass (exact
   # in real arithmetic, one log-prob pass fewer); False = verl's separate pass always
@@ -232,7 +302,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.critic.weight_decay = 0.01  # verl critic optim default
   c.critic.grad_clip = 1.0  # global-norm gradient clip (verl default)
   c.critic.cliprange_value = 0.5  # clipped value loss (PPO and HiPER scripts)
-  c.critic.loss_scale = 0.5  # verl compute_value_loss: 0.5 * agg(max(...))
+  c.critic.loss_scale = 1.0  # multiplier of the value loss (released compute_value_loss: 1)
+  c.critic.loss_unit_rows = 0  # the critic's loss unit (its per-GPU micro-batch); 0 = micro
   c.critic.warmup_iterations = 0  # first iterations update only the critic (verl trainer.critic_warmup)
 
   c.mesh = ml_collections.ConfigDict()
@@ -265,6 +336,8 @@ _LOCAL = {
     "rollout.max_prompt_tokens": 640, "rollout.constrained": True,
     "train.num_iterations": 2, "train.lr": 1e-5, "train.mini_batch_rows": 16,
     "train.micro_batch_rows": 4, "eval.every": 0, "eval.num_tasks": 8,
+    # the loss averages micro-batches of 4 (this job's numbers before loss units existed)
+    "train.loss_unit_rows": 0, "critic.loss_unit_rows": 0,
     # causal block skipping; f32 compute (bf16 is opt-in: apply_local docstring)
     "model.attn_query_chunk": 256,
     # micro-batches of 4 steps padded to their own longest step, rounded up to 64 tokens
@@ -277,6 +350,7 @@ _SMOKE = {
     "rollout.max_prompt_tokens": 512, "rollout.constrained": True,
     "train.num_iterations": 2, "train.lr": 1e-4, "train.mini_batch_rows": 8,
     "train.micro_batch_rows": 4, "eval.every": 0, "eval.num_tasks": 2,
+    "train.loss_unit_rows": 0, "critic.loss_unit_rows": 0,
 }
 
 

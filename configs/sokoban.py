@@ -7,8 +7,9 @@ Variants: algo=..., k=2, model=tiny|smollm2-135m|..., dim=6, boxes=1, smoke
   python -m launch.main --config=configs/sokoban.py:algo=gigpo,model=tiny,smoke --workdir=/tmp/sok
 
 algo=ppo / algo=hiper: PPO with a critic and HiPER as in configs/alfworld.py (128 ungrouped
-tasks, critic lr 1e-5, cliprange_value 0.5, PPO mini-batch 128). No HiPER script exists for
-Sokoban: HiPER uses its ALFWorld values (hgpo_jax/advantages/hae.py PUBLISHED_SETTINGS).
+tasks, critic lr 1e-5, cliprange_value 0.5). No script exists for Sokoban: the mini-batch
+stays this file's 32 rows, and HiPER uses its ALFWorld values (hgpo_jax/advantages/hae.py
+PUBLISHED_SETTINGS).
 """
 
 from __future__ import annotations

@@ -208,7 +208,8 @@ def collect(pool, sampler, tokenizer, tasks, group_size: int, config: ml_collect
       max_prompt_tokens=r.max_prompt_tokens, constrained=r.constrained,
       fallback_chars=r.fallback_chars, response_format=r.response_format,
       free_query_tokens=r.free_query_tokens, subgoal_tokens=r.subgoal_tokens,
-      format_instructions=r.format_instructions, on_step=on_step)
+      format_instructions=r.format_instructions, history_drop_chars=r.history_drop_chars,
+      on_step=on_step)
 
 
 # ---------------------------------------------------------------------------------------

@@ -99,8 +99,10 @@ def test_validate_builds_the_dataclasses_with_the_configs_values():
   # The critic: its own optimizer settings, the actor's batching.
   assert (run.critic_update.lr, run.critic_update.weight_decay, run.critic_update.grad_clip) == (
       c.critic.lr, c.critic.weight_decay, c.critic.grad_clip) == (1e-5, 0.01, 1.0)
-  assert (run.critic_update.mini_batch_rows, run.critic_update.micro_batch_rows) == (128, 16)
-  assert (run.value_loss.cliprange_value, run.value_loss.loss_scale) == (0.5, 0.5)
+  assert (run.critic_update.mini_batch_rows, run.critic_update.micro_batch_rows) == (256, 16)
+  # The critic's own loss unit (critic.ppo_micro_batch_size_per_gpu), no 0.5 factor.
+  assert (run.critic_update.loss_unit_rows, run.update.loss_unit_rows) == (16, 16)
+  assert (run.value_loss.cliprange_value, run.value_loss.loss_scale) == (0.5, 1.0)
   # config.rollout and RolloutParams have the same keys and values.
   assert dataclasses.asdict(run.rollout) == r.to_dict()
   assert (run.sampling.temperature, run.eval_sampling.temperature) == (1.0, 0.4)
@@ -196,7 +198,7 @@ def test_training_and_evaluation_rollouts_pass_every_rollout_setting(monkeypatch
       env_name="webshop", max_steps=c.env.max_steps, history_length=3,
       sampling=run.eval_sampling, rng="rng", max_prompt_tokens=c.rollout.max_prompt_tokens,
       constrained=True, fallback_chars=11, response_format="react", free_query_tokens=5,
-      subgoal_tokens=7, format_instructions=True, on_step=on_step)
+      subgoal_tokens=7, format_instructions=True, history_drop_chars=13000, on_step=on_step)
 
 
 # ------------------------------------------------------------------ removed options

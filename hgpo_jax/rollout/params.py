@@ -56,13 +56,16 @@ class RolloutParams:
   """HiPER prompt: the released text with its format instructions (True), or only its
   state parts (False; `hgpo_jax.rollout.hiper.render_prompt`), for small constrained
   models whose left-truncated prompt would otherwise hold only the instructions."""
+  history_drop_chars: int = 0
+  """React prompts longer than this many characters are rendered without their history
+  (verl-agent's WebShop env manager: 13,000); 0 = never."""
 
   def __post_init__(self):
     for name in ("num_groups", "group_size", "max_new_tokens", "max_prompt_tokens",
                  "free_query_tokens", "subgoal_tokens"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-    for name in ("history_length", "fallback_chars"):
+    for name in ("history_length", "fallback_chars", "history_drop_chars"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
     if self.response_format not in RESPONSE_FORMATS:

@@ -71,7 +71,9 @@ GENERIC_STEP = (
 
 _TEMPLATES = {
     "alfworld": (ALFWORLD_FIRST, ALFWORLD_STEP, "\n ".join),
-    "webshop": (WEBSHOP_FIRST, WEBSHOP_STEP, ",\n".join),
+    # every action, the last one too, ends with a comma (the released
+    # `"\n".join(f"'{s}'," for s in available_actions)`)
+    "webshop": (WEBSHOP_FIRST, WEBSHOP_STEP, lambda quoted: "\n".join(q + "," for q in quoted)),
 }
 _GENERIC = (GENERIC_FIRST, GENERIC_STEP, ", ".join)
 
@@ -113,14 +115,33 @@ class EpisodeMemory:
     return "\n".join(parts), len(recent)
 
 
+def observation_text(env_name: str, result) -> str:
+  """The observation a prompt (and the memory) shows for an env step result: on WebShop
+  the page parts after the instruction, each quoted (the released env manager's
+  `format_obs`; the server's `anchor_obs`), elsewhere the raw observation."""
+  return result.anchor_obs if env_name == "webshop" else result.observation
+
+
 def render_prompt(env_name: str, memory: EpisodeMemory, observation: str,
-                  admissible: list[str], history_length: int) -> str:
-  """The user-message text for the current step of one trajectory."""
+                  admissible: list[str], history_length: int,
+                  history_drop_chars: int = 0) -> str:
+  """The user-message text for the current step of one trajectory.
+
+  Args:
+    observation: the current observation as shown (`observation_text`).
+    history_drop_chars: if > 0, a prompt with history longer than this many characters is
+      replaced by the first-step template (no history), as verl-agent's WebShop env
+      manager does at 13,000 characters (the HGPO recipe's has that line commented out).
+  """
   first, step, join = _TEMPLATES.get(env_name, _GENERIC)
   actions = join(f"'{a}'" for a in admissible if a != "help")
+  without_history = first.format(task=memory.task, observation=observation, actions=actions)
   if not memory.records:
-    return first.format(task=memory.task, observation=observation, actions=actions)
+    return without_history
   history, shown = memory.render(history_length)
-  return step.format(task=memory.task, steps_taken=len(memory.records), history_length=shown,
+  text = step.format(task=memory.task, steps_taken=len(memory.records), history_length=shown,
                      history=history, current_step=len(memory.records) + 1,
                      observation=observation, actions=actions)
+  if history_drop_chars > 0 and len(text) > history_drop_chars:
+    return without_history
+  return text

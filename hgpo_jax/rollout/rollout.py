@@ -123,7 +123,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
             max_steps: int, history_length: int, sampling, rng: jax.Array,
             max_prompt_tokens: int, constrained: bool = False, fallback_chars: int = 30,
             response_format: str = "react", free_query_tokens: int = 8, subgoal_tokens: int = 12,
-            format_instructions: bool = True, on_step: Callable[[int, int, int], None] | None = None) -> Rollout:
+            format_instructions: bool = True, history_drop_chars: int = 0,
+            on_step: Callable[[int, int, int], None] | None = None) -> Rollout:
   """Plays `len(tasks) * group_size` trajectories to the end or `max_steps` steps.
 
   Slot `g * group_size + i` plays trajectory i of group g; all `group_size` slots of
@@ -135,6 +136,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     free_query_tokens: cap of a constrained free WebShop query.
     subgoal_tokens: cap of a constrained free HiPER subgoal.
     format_instructions: HiPER prompt with (True) or without its format instructions.
+    history_drop_chars: react prompts longer than this lose their history (0: never;
+      `prompts.render_prompt`).
     on_step: called as on_step(t, max_steps, active_slots) before each step's generation.
   """
   if response_format not in ("react", "hiper"):
@@ -171,9 +174,9 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
                                    history_length, subgoals[i], format_instructions)
                for i in slots]
     else:
-      shown = {i: current[i].observation for i in slots}
-      texts = [prompts.render_prompt(env_name, memories[i], current[i].observation,
-                                     current[i].admissible_actions, history_length) for i in slots]
+      shown = {i: prompts.observation_text(env_name, current[i]) for i in slots}
+      texts = [prompts.render_prompt(env_name, memories[i], shown[i], current[i].admissible_actions,
+                                     history_length, history_drop_chars) for i in slots]
     prompt_ids = [_encode_prompt(tokenizer, x, max_prompt_tokens) for x in texts]
     allowed, extra = None, {}
     if constrained:

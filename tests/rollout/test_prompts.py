@@ -48,4 +48,30 @@ def test_webshop_template():
   mem = prompts.EpisodeMemory("i need a red mug under 20 dollars")
   text = prompts.render_prompt("webshop", mem, "'Search'", ["search[<your query>]", "click[x]"], 2)
   assert "WebShop e\u2011commerce environment" in text
-  assert "[\n'search[<your query>]',\n'click[x]'\n]" in text
+  # every action ends with a comma, the last one too (the released env manager's
+  # "\n".join(f"'{s}'," for s in available_actions))
+  assert "[\n'search[<your query>]',\n'click[x]',\n]" in text
+
+
+def test_webshop_prompts_show_the_formatted_page():
+  """The react prompt and its memory show `anchor_obs` (the released `format_obs`: the page
+  after the instruction, parts quoted), not the raw page."""
+  class Result:
+    observation = "WebShop [SEP] Instruction: [SEP] a red mug [SEP] Back to Search [SEP] B01"
+    anchor_obs = "'Back to Search' [SEP] 'B01'"
+  assert prompts.observation_text("webshop", Result) == Result.anchor_obs
+  assert prompts.observation_text("alfworld", Result) == Result.observation
+
+
+def test_long_webshop_prompts_drop_their_history_only_when_asked():
+  mem = prompts.EpisodeMemory("a red mug")
+  mem.add("'page' " * 300, "click[b01]")
+  with_history = prompts.render_prompt("webshop", mem, "'Search'", ["click[x]"], 2)
+  assert "[Observation 1:" in with_history and len(with_history) > 2000
+  assert prompts.render_prompt("webshop", mem, "'Search'", ["click[x]"], 2,
+                               history_drop_chars=13000) == with_history
+  dropped = prompts.render_prompt("webshop", mem, "'Search'", ["click[x]"], 2,
+                                  history_drop_chars=2000)
+  first = prompts.render_prompt("webshop", prompts.EpisodeMemory("a red mug"), "'Search'",
+                                ["click[x]"], 2)
+  assert dropped == first and "[Observation" not in dropped
