@@ -2,15 +2,27 @@
 
 One LLM emits `<switch>KEEP|SWITCH</switch><subgoal>…</subgoal><action>…</action>`
 every turn; switches split each trajectory into subgoal segments
-sigma_m = [s_m, e_m] (`segments.py`). A three-head critic gives per turn V_low
-(executor), V_high (planner, used at segment starts) and V_term (switch).
+sigma_m = [s_m, e_m] (`segments.py`): turn 0 always starts one, a later turn starts one
+iff its parsed switch is not KEEP. A three-head critic gives per turn V_low (executor),
+V_high (planner, used at segment starts) and V_term (switch).
 
-Turn reward (HiPER-agent `hiper_hae/core_hae.py`, per-turn reward manager):
-  r_t = r_t^env - eta*(1 - valid_t) + keep terms, where a KEEP turn (any turn that
-  does not start a segment; turn 0 always starts one) gets `keep_penalty`
-  ("fixed") or `keep_penalty / T_traj` ("normalised"), plus
-  `keep_consistency_penalty` if its subgoal differs from the previous turn's
-  (`RowBatch.subgoal_changed`, set by the host only when both subgoals exist).
+The defaults reproduce the released code, JonP07/HiPER-agent@9d3c118
+`hiper_hae/hier_mask.py` (masks, switch flags) then `hiper_hae/core_hae.py`
+`compute_hae_advantage`, called in that order by `verl/trainer/ppo/ray_trainer.py`
+(lines 1387-1400); docs/algorithms.md §8 lists every convention with file and line.
+
+Turn reward (core_hae.py lines 187-243):
+  r_t = r_t^env - eta*(1 - valid_t) + keep terms. A KEEP turn is one whose parsed
+  switch is KEEP (missing and empty count as KEEP), turn 0 included
+  (`first_turn_keep="penalised"`, the released rule: the switch flags come from the
+  text and only the segmentation forces turn 0 to be a boundary); with
+  `first_turn_keep="exempt"` turn 0 is never a KEEP turn. A KEEP turn gets
+  `keep_penalty` ("fixed") or `keep_penalty / T_traj` ("normalised"; trajectories
+  of one turn get none, as released), plus `keep_consistency_penalty` if
+  `RowBatch.subgoal_changed` (set by the host, `hae_fields_from_dump`: the token ids
+  of the subgoal span, tags included, differ from the previous turn's, both present).
+  `RowBatch.segment_start` therefore holds the parsed switch flag of every turn,
+  turn 0 included (False for a KEEP at turn 0); the segmentation forces turn 0.
 
 Low level (GAE restricted to a segment, bootstrapped at the boundary):
   delta_t = r_t + gamma*(1-d_t)*V_next - V_low(t)
@@ -25,24 +37,28 @@ High level (SMDP GAE over segment starts), d_m = e_m - s_m + 1:
   B_m = V_high(s_{m+1}); for a truncated last segment V_high(s_m) if
   `bootstrap_truncated` else 0.
 Termination level: ret_term(t) = sum_{u=t}^{e_m} gamma^(u-t) r_u
-  + gamma^(e_m-t+1) (1-done_{e_m}) B_m and A_term(t) = ret_term(t) - V_term(t).
-  (The truncated-segment bootstrap B_m is shared with the high level: this
-  repository's reading, docs/algorithms.md §8; the formula names only V_high(s_{m+1}).)
+  + gamma^(e_m-t+1) (1-done_{e_m}) B_m and A_term(t) = ret_term(t) - V_term(t)
+  (core_hae.py lines 424-459: the same bootstrap B_m as the high level).
 Value targets: ret_low = A_low + V_low, ret_high = A_high + V_high (segment starts),
-ret_term. With `norm_adv` each level is whitened over the turns that carry its
-tokens: (A - mean) / (std_population + 1e-8).
+ret_term. With `norm_adv` each level is whitened over the turns that carry its tokens:
+(A - mean) / (std_population + 1e-8).
 
-Token routing (`token_tags`, codes TAG_*): A_high on subgoal tokens of
-segment-start turns, A_term on switch tokens of every turn, A_low on action
-tokens of every turn; a row without action tokens gives A_low to every other
-response token (the published fallback "whole response"). The loss mask is the
-union of these spans. Without `token_tags` only the per-row levels are produced.
+Token routing (`token_spans`; codes TAG_*, a token may belong to several blocks):
+A_term on switch tokens of every turn, A_high on subgoal tokens of segment-start
+turns, A_low on action tokens of every turn; a token in several masks gets the sum
+(core_hae.py line 549). A row without a closed `<action>` block: with
+`missing_action="whole_response"` (released, hier_mask.py lines 162-164) every
+response token is in the action mask, so its switch and subgoal tokens get A_low on
+top of their own level; with `missing_action="rest"` only the tokens outside the
+switch and (segment-start) subgoal masks get A_low. The loss mask is the union of
+the three masks. Without `token_tags` only the per-row levels are produced.
 
 Rollout-dump fields read by `hae_fields_from_dump` (beside group/traj/step/...):
   `switch`: str or null, the parsed `<switch>` content of the turn;
-  `subgoal`: str or null, the parsed `<subgoal>` content (consistency penalty);
+  `subgoal`: str or null, the parsed `<subgoal>` content (text comparison);
   `values`: {"low": float, "high": float, "term": float}, the critic heads;
-  `token_tags`: optional list[int] of TAG_* codes, one per response token.
+  `token_tags`: optional list[int] of TAG_* codes, one per response token;
+  `response_ids`: optional list[int], the response token ids (token-id comparison).
 """
 
 from __future__ import annotations
@@ -61,11 +77,59 @@ from hgpo_jax.advantages import segments
 from hgpo_jax.advantages.batch import RowBatch, pad_token_lists
 
 # int8 span tags of response tokens (RowBatch.token_tags); the tag markup itself
-# (`<switch>`, `</switch>`, ...) belongs to its span.
+# (`<switch>`, `</switch>`, ...) belongs to its span. A token that overlaps several
+# blocks (e.g. "><" in "</subgoal><action>") is in each of them (hier_mask.py computes
+# each block's token range on its own, lines 54-80): codes 4-7 name such sets. Codes
+# 0-3 keep their meaning, so dumps written before the multi-block codes read the same.
 TAG_OTHER = 0
 TAG_SWITCH = 1
 TAG_SUBGOAL = 2
 TAG_ACTION = 3
+TAG_SWITCH_SUBGOAL = 4
+TAG_SUBGOAL_ACTION = 5
+TAG_SWITCH_ACTION = 6
+TAG_ALL_BLOCKS = 7
+
+_TAG_BLOCKS = np.array([  # membership (switch, subgoal, action) of each code
+    [0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0], [0, 1, 1], [1, 0, 1], [1, 1, 1]], bool)
+_BLOCK_COLUMN = {TAG_SWITCH: 0, TAG_SUBGOAL: 1, TAG_ACTION: 2}
+
+
+def tag_code(switch: bool, subgoal: bool, action: bool) -> int:
+  """The TAG_* code of a token in the given blocks."""
+  hits = np.flatnonzero((_TAG_BLOCKS == (switch, subgoal, action)).all(axis=1))
+  return int(hits[0])
+
+
+def tag_in(tags, block: int):
+  """bool array: which tokens belong to `block` (TAG_SWITCH, TAG_SUBGOAL or TAG_ACTION).
+
+  Works on numpy and jax arrays of TAG_* codes; codes outside 0..7 belong to no block.
+  """
+  xp = jnp if isinstance(tags, jax.Array) else np
+  tags = xp.asarray(tags)
+  ok = (tags >= 0) & (tags < len(_TAG_BLOCKS))
+  table = xp.asarray(_TAG_BLOCKS[:, _BLOCK_COLUMN[block]])
+  return ok & table[xp.where(ok, tags, 0).astype(xp.int32)]
+
+
+def value_readout(tags) -> tuple[int, int, int]:
+  """(low, high, term) response-token indices where a turn's three values are read.
+
+  Released `compute_value_mask` (core_hae.py lines 556-642): high = term = 0; low = the
+  first token after the subgoal block (`</subgoal>` included), else after the switch
+  block, else 0; "after" means after the block's last token, so a token that straddles
+  the block's end counts as the block's (multi-block codes), and a block that runs to
+  the last token falls through to the next rule. `models.critic.hiper_readout` compares
+  codes with == and so misses multi-block tokens; this is the membership-aware form.
+  """
+  tags = np.asarray(tags)
+  for block in (TAG_SUBGOAL, TAG_SWITCH):
+    hits = np.flatnonzero(tag_in(tags, block))
+    if hits.size and hits[-1] + 1 < tags.size:
+      return int(hits[-1]) + 1, 0, 0
+  return 0, 0, 0
+
 
 # Critic heads along the last axis of RowBatch.values (f32[R, 3]).
 HEAD_LOW = 0
@@ -77,6 +141,8 @@ WHITEN_EPS = 1e-8
 """HiPER `norm_adv`: (A - mean) / (std_population + 1e-8)."""
 
 KEEP_PENALTY_MODES = ("normalised", "fixed")
+FIRST_TURN_KEEP_MODES = ("penalised", "exempt")
+MISSING_ACTION_MODES = ("whole_response", "rest")
 
 PUBLISHED_SETTINGS = {
     "alfworld": dict(keep_penalty=-0.3, keep_penalty_mode="normalised",
@@ -114,10 +180,20 @@ class HaeOptions:
   """"normalised": keep_penalty / T_traj per KEEP turn; "fixed": keep_penalty."""
   keep_consistency_penalty: float = 0.0
   """Added on a KEEP turn whose subgoal changed (needs RowBatch.subgoal_changed); scripts -0.3."""
+  first_turn_keep: str = "penalised"
+  """"penalised" (released): a KEEP at turn 0 is a KEEP turn for the keep penalty (turn 0
+  still starts the first segment); "exempt": turn 0 is never a KEEP turn."""
+  missing_action: str = "whole_response"
+  """Token mask of A_low in a row without a closed <action> block: "whole_response"
+  (released: every response token, summed with the other levels) or "rest" (the tokens
+  outside the switch and segment-start subgoal masks)."""
 
   def __post_init__(self):
-    if self.keep_penalty_mode not in KEEP_PENALTY_MODES:
-      raise ValueError(f"hae keep_penalty_mode={self.keep_penalty_mode!r}; use one of {KEEP_PENALTY_MODES}")
+    for name, allowed in (("keep_penalty_mode", KEEP_PENALTY_MODES),
+                          ("first_turn_keep", FIRST_TURN_KEEP_MODES),
+                          ("missing_action", MISSING_ACTION_MODES)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"hae {name}={getattr(self, name)!r}; use one of {allowed}")
 
 
 @flax.struct.dataclass
@@ -127,7 +203,7 @@ class HaeLevels:
   turn_reward: jax.Array
   """f32[R]: r_t with penalties."""
   segment_start: jax.Array
-  """bool[R]: the turn starts a segment (where A_high / ret_high are defined)."""
+  """bool[R]: the turn starts a segment, turn 0 included (where A_high / ret_high are defined)."""
   a_low: jax.Array
   """f32[R]: A_low(t)."""
   a_high: jax.Array
@@ -161,26 +237,30 @@ def _levels(batch: RowBatch, options: HaeOptions) -> HaeLevels:
   num_rows = batch.capacity
   lay = segments.segment_layout(batch.traj, batch.step, batch.mask, batch.segment_start)
   f32 = lambda x: x.astype(jnp.float32)
-  if options.keep_penalty_mode == "normalised":
-    turns_r = jax.ops.segment_sum(f32(batch.mask), batch.traj, num_segments=num_rows)[batch.traj]
-  else:
-    turns_r = jnp.ones_like(batch.reward)
+  turns_r = jax.ops.segment_sum(f32(batch.mask), batch.traj, num_segments=num_rows)[batch.traj]
   changed_r = f32(batch.subgoal_changed) if batch.subgoal_changed is not None else jnp.zeros_like(batch.reward)
   # One gather into position order for all per-turn inputs (keeps the program small).
   cols_p = lay.to_positions(jnp.stack(
-      [batch.reward, f32(batch.action_valid), f32(batch.done), turns_r, changed_r], axis=1))
+      [batch.reward, f32(batch.action_valid), f32(batch.done), turns_r, changed_r,
+       f32(batch.segment_start)], axis=1))
   mask_f = f32(lay.mask)
-  reward_env, valid, done, turns, changed = (cols_p[:, i] for i in range(5))
+  reward_env, valid, done, turns, changed, switch_f = (cols_p[:, i] for i in range(6))
   values_p = lay.to_positions(batch.values) * mask_f[:, None]
   v_low, v_high, v_term = values_p[:, HEAD_LOW], values_p[:, HEAD_HIGH], values_p[:, HEAD_TERM]
   alive = 1.0 - done
   start_f, end_f, cont = f32(lay.is_start), f32(lay.is_end), lay.cont
+  first_f = f32(lay.mask & ~jnp.concatenate([jnp.zeros((1,), bool), cont[:-1]]))
 
-  # Turn rewards (per-turn reward manager of HiPER-agent); a KEEP turn is one that starts no segment.
-  keep = mask_f * (1.0 - start_f)
-  keep_each = options.keep_penalty / jnp.maximum(turns, 1.0)  # "fixed": turns == 1
+  # Turn rewards (core_hae.py lines 187-243). "penalised": KEEP = the parsed switch, so a
+  # KEEP at turn 0 pays too (the segmentation alone forces turn 0 to be a boundary).
+  keep = mask_f * (1.0 - (switch_f if options.first_turn_keep == "penalised" else start_f))
+  if options.keep_penalty_mode == "normalised":  # released: none for one-turn trajectories
+    keep_each = jnp.where(turns > 1.0, options.keep_penalty / jnp.maximum(turns, 1.0), 0.0)
+  else:
+    keep_each = jnp.full_like(turns, options.keep_penalty)
+  # The host sets `changed` on KEEP turns after turn 0 only (a previous turn is needed).
   reward = (reward_env - options.invalid_penalty * (1.0 - valid) + keep * keep_each
-            + options.keep_consistency_penalty * keep * changed) * mask_f
+            + options.keep_consistency_penalty * keep * (1.0 - first_f) * changed) * mask_f
 
   v_low_next, v_high_next = lay.shift_next(v_low), lay.shift_next(v_high)
   zero = jnp.zeros_like(v_low)
@@ -217,8 +297,8 @@ def hae_levels(batch: RowBatch, options: HaeOptions = HaeOptions()) -> HaeLevels
   """Per-turn HAE levels and value targets before whitening (docs/algorithms.md §8).
 
   Reads `mask`, `traj`, `step`, `reward`, `action_valid`, `done`,
-  `segment_start` bool[R], `values` f32[R, 3] and, with a consistency penalty,
-  `subgoal_changed` bool[R].
+  `segment_start` bool[R] (the parsed switch flags; turn 0 is a boundary regardless),
+  `values` f32[R, 3] and, with a consistency penalty, `subgoal_changed` bool[R].
   """
   _check_batch(batch, options)
   return _levels(batch, options)
@@ -235,28 +315,31 @@ def whiten_rows(x_r: jax.Array, mask_r: jax.Array) -> jax.Array:
 
 @flax.struct.dataclass
 class TokenSpans:
-  """Which response tokens receive which level (bool[R, T] each)."""
+  """Which response tokens receive which level (bool[R, T] each; the masks may overlap)."""
 
   switch: jax.Array
   subgoal: jax.Array
   """Subgoal tokens of segment-start turns only."""
   action: jax.Array
-  """Action tokens, or every non-switch/non-subgoal token of a row without them."""
+  """Action tokens; in a row without them see `HaeOptions.missing_action`."""
 
 
-def token_spans(token_tags: jax.Array, valid_rt: jax.Array, segment_start: jax.Array) -> TokenSpans:
+def token_spans(token_tags: jax.Array, valid_rt: jax.Array, segment_start: jax.Array,
+                missing_action: str = "whole_response") -> TokenSpans:
   """Routes tagged response tokens to the HAE levels (docs/algorithms.md §8, token routing).
 
   Args:
-    token_tags: int8[R, T] TAG_* codes.
+    token_tags: int8[R, T] TAG_* codes (a token may be in several blocks).
     valid_rt: bool[R, T] valid response tokens of real rows.
-    segment_start: bool[R].
+    segment_start: bool[R], turn 0 included (`HaeLevels.segment_start`).
+    missing_action: `HaeOptions.missing_action`.
   """
-  switch = valid_rt & (token_tags == TAG_SWITCH)
-  subgoal = valid_rt & (token_tags == TAG_SUBGOAL) & segment_start[:, None]
-  tagged_action = valid_rt & (token_tags == TAG_ACTION)
+  switch = valid_rt & tag_in(token_tags, TAG_SWITCH)
+  subgoal = valid_rt & tag_in(token_tags, TAG_SUBGOAL) & segment_start[:, None]
+  tagged_action = valid_rt & tag_in(token_tags, TAG_ACTION)
   has_action = tagged_action.any(axis=1, keepdims=True)
-  action = jnp.where(has_action, tagged_action, valid_rt & ~switch & ~subgoal)
+  fallback = valid_rt if missing_action == "whole_response" else valid_rt & ~switch & ~subgoal
+  action = jnp.where(has_action, tagged_action, fallback)
   return TokenSpans(switch=switch, subgoal=subgoal, action=action)
 
 
@@ -278,7 +361,7 @@ def hae(batch: RowBatch, options: HaeOptions) -> registry.EstimatorOutput:
     if batch.response_mask is None:
       raise ValueError("estimator 'hae' got RowBatch.token_tags without RowBatch.response_mask")
     valid_rt = batch.response_mask & mask[:, None]
-    spans = token_spans(batch.token_tags, valid_rt, lv.segment_start)
+    spans = token_spans(batch.token_tags, valid_rt, lv.segment_start, options.missing_action)
     low_rows, high_rows, term_rows = (spans.action.any(1), spans.subgoal.any(1), spans.switch.any(1))
   else:
     low_rows, high_rows, term_rows = mask, mask & lv.segment_start, mask
@@ -298,34 +381,66 @@ def hae(batch: RowBatch, options: HaeOptions) -> registry.EstimatorOutput:
                      "high_mask": lv.segment_start})
 
 
-def hae_fields_from_dump(rows: Sequence[dict[str, Any]], num_tokens: Optional[int] = None
-                         ) -> dict[str, np.ndarray]:
+SUBGOAL_COMPARE_MODES = ("token_ids", "text")
+
+
+def _subgoal_key(row: dict[str, Any], compare: str):
+  """What `subgoal_changed` compares: the token ids of the subgoal span, tags and
+  straddling tokens included (core_hae.py lines 226-243), or the stripped parsed text."""
+  if compare == "text":
+    return row.get("subgoal")
+  ids = np.asarray(row["response_ids"], np.int64)
+  tags = np.asarray(row["token_tags"])[:len(ids)]
+  key = tuple(int(x) for x in ids[:len(tags)][tag_in(tags, TAG_SUBGOAL)])
+  return key or None  # an empty span counts as missing (keep_consistency_requires_both)
+
+
+def hae_fields_from_dump(rows: Sequence[dict[str, Any]], num_tokens: Optional[int] = None,
+                         subgoal_compare: Optional[str] = None) -> dict[str, np.ndarray]:
   """RowBatch HiPER fields from dump rows, aligned with `rows` (not padded).
 
   Args:
     rows: dump rows with `traj`, `step`, `switch`, `values` and optionally
-      `subgoal`, `token_tags` (see the module docstring).
+      `subgoal`, `token_tags`, `response_ids` (see the module docstring).
     num_tokens: T for `token_tags`; default = the longest tag list.
+    subgoal_compare: how `subgoal_changed` compares a KEEP turn's subgoal with the
+      previous turn's (both present, as released): "token_ids" (released: the ids of the
+      subgoal span, tags included; needs `response_ids` and `token_tags` on every row),
+      "text" (the stripped parsed `subgoal` strings), or None: "token_ids" when every row
+      has both fields, else "text".
 
   Returns:
-    {"segment_start": bool[n], "values": f32[n, 3], "subgoal_changed": bool[n]}
-    plus {"token_tags": int8[n, T], "response_mask": bool[n, T]} when every row has
-    `token_tags`.
+    {"segment_start": bool[n] (the parsed switch is not KEEP; turn 0 included, so a KEEP
+    at turn 0 is False: `hae` forces turn 0 to be a boundary itself),
+    "values": f32[n, 3], "subgoal_changed": bool[n]} plus {"token_tags": int8[n, T],
+    "response_mask": bool[n, T]} when every row has `token_tags`.
   """
   for i, row in enumerate(rows):
     if "values" not in row or any(h not in row["values"] for h in HEADS):
       raise ValueError(f"dump row {i} lacks `values` with heads {HEADS}; estimator 'hae' needs the critic")
-  step = [int(r["step"]) for r in rows]
-  switch = [r.get("switch") for r in rows]
-  start = segments.segment_start_flags(step, switch)
+  has_ids = bool(rows) and all("response_ids" in r and "token_tags" in r for r in rows)
+  compare = subgoal_compare or ("token_ids" if has_ids else "text")
+  if compare not in SUBGOAL_COMPARE_MODES:
+    raise ValueError(f"hae subgoal_compare={compare!r}; use one of {SUBGOAL_COMPARE_MODES}")
+  if compare == "token_ids" and not has_ids:
+    raise ValueError("subgoal_compare='token_ids' needs `response_ids` and `token_tags` on every "
+                     "dump row; use subgoal_compare='text' for dumps without them")
+  start = np.array([not segments.switch_is_keep(r.get("switch")) for r in rows], bool)
   values = np.array([[float(r["values"][h]) for h in HEADS] for r in rows], np.float32).reshape(-1, 3)
-  subgoal_of = {(r["traj"], int(r["step"])): r.get("subgoal") for r in rows}
-  changed = np.zeros(len(rows), bool)
+  # Previous turn = the previous row of the trajectory in step order (core_hae.py line 236).
+  by_traj: dict[Any, list[int]] = {}
   for i, r in enumerate(rows):
-    prev = subgoal_of.get((r["traj"], step[i] - 1))
-    cur = r.get("subgoal")
-    changed[i] = (not start[i] and prev is not None and cur is not None
-                  and prev.strip() != cur.strip())
+    by_traj.setdefault(r["traj"], []).append(i)
+  changed = np.zeros(len(rows), bool)
+  for idxs in by_traj.values():
+    idxs.sort(key=lambda i: int(rows[i]["step"]))
+    for prev, cur in zip(idxs, idxs[1:]):
+      if start[cur]:
+        continue
+      a, b = _subgoal_key(rows[prev], compare), _subgoal_key(rows[cur], compare)
+      if a is None or b is None:
+        continue
+      changed[cur] = a != b if compare == "token_ids" else a.strip() != b.strip()
   fields = {"segment_start": start, "values": values, "subgoal_changed": changed}
   if rows and all("token_tags" in r for r in rows):
     tags, resp = pad_token_lists([r["token_tags"] for r in rows], num_tokens, np.int8,

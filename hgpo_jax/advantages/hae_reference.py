@@ -23,6 +23,10 @@ import numpy as np
 from hgpo_jax.advantages.batch import RowBatch
 
 TAG_SWITCH, TAG_SUBGOAL, TAG_ACTION = 1, 2, 3
+BLOCK_TAGS = {  # TAG_* code -> the blocks (switch, subgoal, action) the token is in
+    0: (0, 0, 0), 1: (1, 0, 0), 2: (0, 1, 0), 3: (0, 0, 1), 4: (1, 1, 0), 5: (0, 1, 1), 6: (1, 0, 1),
+    7: (1, 1, 1)}
+CODE_OF_BLOCKS = {v: k for k, v in BLOCK_TAGS.items()}
 
 
 def trajectories(fields):
@@ -38,6 +42,7 @@ def hae_trajectory(reward, valid, done, switch_start, changed, v_low, v_high, v_
   """HAE of one trajectory (lists indexed by turn). Returns a dict of per-turn lists."""
   n = len(reward)
   g = opt.gamma
+  # switch_start: the parsed switch flags; turn 0 starts a segment whatever it says.
   starts = [t for t in range(n) if t == 0 or switch_start[t]]
   segs = []
   for k, s in enumerate(starts):
@@ -48,10 +53,13 @@ def hae_trajectory(reward, valid, done, switch_start, changed, v_low, v_high, v_
   r = []
   for t in range(n):
     x = reward[t] - opt.invalid_penalty * (0.0 if valid[t] else 1.0)
-    keep = t not in starts
+    keep = not switch_start[t] if opt.first_turn_keep == "penalised" else t not in starts
     if keep:
-      x += opt.keep_penalty if opt.keep_penalty_mode == "fixed" else opt.keep_penalty / n
-      if changed[t]:
+      if opt.keep_penalty_mode == "fixed":
+        x += opt.keep_penalty
+      elif n > 1:  # normalised: one-turn trajectories get no keep penalty
+        x += opt.keep_penalty / n
+      if changed[t] and t > 0:
         x += opt.keep_consistency_penalty
     r.append(x)
 
@@ -138,23 +146,25 @@ def hae(fields, opt):
   num_rows = len(fields["mask"])
   real = [r for r in range(num_rows) if fields["mask"][r]]
   tags = fields.get("token_tags")
-  spans = None
+  masks = None
   if tags is not None:
     num_tokens = tags.shape[1]
-    spans = np.zeros((num_rows, num_tokens), np.int64)  # 0 none, 1 term, 2 high, 3 low
+    masks = {k: np.zeros((num_rows, num_tokens), bool) for k in ("term", "high", "low")}
     for r in real:
       toks = [j for j in range(num_tokens) if fields["response_mask"][r, j]]
-      has_action = any(tags[r, j] == TAG_ACTION for j in toks)
+      blocks = {j: BLOCK_TAGS.get(int(tags[r, j]), (0, 0, 0)) for j in toks}
+      has_action = any(blocks[j][2] for j in toks)
       for j in toks:
-        if tags[r, j] == TAG_SWITCH:
-          spans[r, j] = 1
-        elif tags[r, j] == TAG_SUBGOAL and lv["segment_start"][r]:
-          spans[r, j] = 2
-        elif tags[r, j] == TAG_ACTION or not has_action:
-          spans[r, j] = 3
-    low_rows = [r for r in real if (spans[r] == 3).any()]
-    high_rows = [r for r in real if (spans[r] == 2).any()]
-    term_rows = [r for r in real if (spans[r] == 1).any()]
+        masks["term"][r, j] = bool(blocks[j][0])
+        masks["high"][r, j] = bool(blocks[j][1]) and bool(lv["segment_start"][r])
+        if has_action:
+          masks["low"][r, j] = bool(blocks[j][2])
+        elif opt.missing_action == "whole_response":
+          masks["low"][r, j] = True
+        else:
+          masks["low"][r, j] = not masks["term"][r, j] and not masks["high"][r, j]
+    low_rows, high_rows, term_rows = ([r for r in real if masks[k][r].any()]
+                                      for k in ("low", "high", "term"))
   else:
     low_rows, term_rows = real, real
     high_rows = [r for r in real if lv["segment_start"][r]]
@@ -164,13 +174,14 @@ def hae(fields, opt):
     a_high = whiten_population(a_high, high_rows)
     a_term = whiten_population(a_term, term_rows)
   out = {"advantage": np.where(fields["mask"], a_low, 0.0), "levels": lv}
-  if spans is not None:
-    tok = np.zeros(spans.shape)
+  if masks is not None:
+    tok = np.zeros(masks["low"].shape)
     for r in real:
-      for j in range(spans.shape[1]):
-        tok[r, j] = {0: 0.0, 1: a_term[r], 2: a_high[r], 3: a_low[r]}[int(spans[r, j])]
+      for j in range(tok.shape[1]):  # overlapping masks sum their levels
+        tok[r, j] = (a_term[r] * masks["term"][r, j] + a_high[r] * masks["high"][r, j]
+                     + a_low[r] * masks["low"][r, j])
     out["token_advantage"] = tok
-    out["loss_mask"] = spans > 0
+    out["loss_mask"] = masks["term"] | masks["high"] | masks["low"]
   return out
 
 
@@ -280,18 +291,23 @@ def random_fields(rng, num_traj, max_turns, num_tokens, capacity=None, shuffle=T
     f["reward"][i] = (10.0 if (last and done_last and rng.random() < 0.5) else 0.0) + (
         rng.normal() if rng.random() < 0.2 else 0.0)
     f["action_valid"][i] = rng.random() >= p_invalid
-    f["segment_start"][i] = s == 0 or rng.random() < p_switch
-    f["subgoal_changed"][i] = (not f["segment_start"][i]) and rng.random() < 0.3
+    f["segment_start"][i] = rng.random() < (0.5 if s == 0 else p_switch)  # KEEP at turn 0 too
+    f["subgoal_changed"][i] = s > 0 and (not f["segment_start"][i]) and rng.random() < 0.3
     f["values"][i] = rng.normal(size=3) * 3.0
     length = num_tokens if full else int(rng.integers(1, num_tokens + 1))
     f["response_mask"][i, :length] = True
     f["token_values"][i, :length] = rng.normal(size=length) * 3.0
-    # Spans: [switch][subgoal][action][other]; some rows lack a span (missing tags).
+    # Spans: [switch][subgoal][action][other]; some rows lack a span (missing tags), and
+    # the token at a block boundary may straddle both blocks (a multi-block code).
     cuts = np.sort(rng.integers(0, length + 1, size=3))
     tags = np.zeros(length, np.int8)
     tags[:cuts[0]] = TAG_SWITCH
     tags[cuts[0]:cuts[1]] = TAG_SUBGOAL
     tags[cuts[1]:cuts[2]] = TAG_ACTION
+    for c in cuts[:2]:
+      if 0 < c < length and tags[c - 1] and tags[c] and tags[c - 1] != tags[c] and rng.random() < 0.5:
+        both = np.add(BLOCK_TAGS[int(tags[c - 1])], BLOCK_TAGS[int(tags[c])]) > 0
+        tags[c - 1] = CODE_OF_BLOCKS[tuple(int(b) for b in both)]
     f["token_tags"][i, :length] = tags
   # Row score S_t = R(tau) - eta * (1 - valid_t) with R(tau) = sum of the trajectory's rewards.
   ep = collections.defaultdict(float)

@@ -30,8 +30,10 @@ exactly three blocks, `<switch>KEEP|SWITCH</switch><subgoal>...</subgoal><action
   A block's span runs from its opening tag to the end of its closing tag (the tag markup
   belongs to the span, as in the `hae` estimator's routing); a block without its closing
   tag has no span. Character offsets come from the per-token decoded texts, as the released
-  `hier_mask.py` does; a token belongs to the block that holds its first character, and a
-  token that starts outside every block but runs into one (e.g. "\\n<") belongs to that block.
+  `hier_mask.py` does (lines 8-80, include_tags=True as `ray_trainer.py` calls it): a
+  block covers every token that overlaps it, so a token that straddles two blocks (e.g.
+  "><" in "</subgoal><action>") is in both and gets a multi-block code
+  (`hae.TAG_SUBGOAL_ACTION`), and a token such as "\\n<" that runs into a block is in it.
 * Grammar (`constrained_responses`): constrained decoding for small models. Every response
   is `<switch>` KEEP or SWITCH `</switch><subgoal>` subgoal `</subgoal><action>` admissible
   action `</action>`. After SWITCH (and at step 1, or when there is no current subgoal, after
@@ -45,7 +47,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from hgpo_jax.advantages.hae import TAG_ACTION, TAG_OTHER, TAG_SUBGOAL, TAG_SWITCH
+from hgpo_jax.advantages import hae
+from hgpo_jax.advantages.hae import TAG_ACTION, TAG_SUBGOAL, TAG_SWITCH
 from hgpo_jax.rollout import projection
 from hgpo_jax.rollout.prompts import EpisodeMemory
 from hgpo_jax.sampling import constrained
@@ -257,25 +260,26 @@ def block_spans(text: str) -> list[tuple[int, int, int]]:
 
 
 def token_tags(token_texts: Sequence[str]) -> list[int]:
-  """One TAG_* code per token, from the decoded text of each token (module docstring)."""
-  text = "".join(token_texts)
-  spans = block_spans(text)
-  tags, pos = [], 0
+  """One TAG_* code per token, from the decoded text of each token (module docstring).
+
+  Each complete block covers the tokens from the one holding its first character to the
+  one holding its last (hier_mask.py `_span_from_tags_text`, include_tags=True); a token
+  covered by several blocks gets the code of that set (`hae.tag_code`).
+  """
+  ends, pos = [], 0
   for piece in token_texts:
-    start, end = pos, pos + len(piece)
-    pos = end
-    tag = TAG_OTHER
-    for lo, hi, span_tag in spans:
-      if lo <= start < hi:  # the block holding the token's first character
-        tag = span_tag
-        break
-    else:
-      for lo, hi, span_tag in spans:
-        if start < lo < end:  # starts before the block and runs into it
-          tag = span_tag
-          break
-    tags.append(tag)
-  return tags
+    pos += len(piece)
+    ends.append(pos)
+  starts = [e - len(p) for e, p in zip(ends, token_texts)]
+  member = [[False, False, False] for _ in token_texts]
+  for lo, hi, tag in block_spans("".join(token_texts)):
+    first = next((i for i, e in enumerate(ends) if e > lo), None)  # _char_to_token_start
+    if first is None:
+      continue
+    stop = next((i for i, s in enumerate(starts) if s >= hi), len(starts))  # _char_to_token_end
+    for i in range(first, stop):
+      member[i][tag - TAG_SWITCH] = True
+  return [hae.tag_code(*m) for m in member]
 
 
 def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:

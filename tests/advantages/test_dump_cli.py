@@ -1,5 +1,7 @@
 """Rollout dumps (JSONL read/write) and the command-line tool's options and errors."""
 
+import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
@@ -114,3 +116,49 @@ def test_cli_subprocess_malformed_row_exit_code_2(tmp_path):
                         check=False)
   assert proc.returncode == 2 and proc.stdout == ""
   assert proc.stderr == f"error: {path}:6: malformed row: missing field 'traj'\n"
+
+
+def test_cli_has_a_flag_for_every_option_of_every_estimator():
+  dests = {a.dest for a in cli.build_parser()._actions}
+  for name in registry.names():
+    for f in dataclasses.fields(registry.get(name).options_cls):
+      assert f.name in dests, (name, f.name)
+
+
+@pytest.mark.parametrize("argv,message", [
+    # options of other estimators
+    (["--estimator", "grpo", "--keep-penalty", "-0.3"], "--keep-penalty do not apply to estimator 'grpo'"),
+    (["--estimator", "rloo", "--norm-adv", "false"], "--norm-adv do not apply to estimator 'rloo'"),
+    (["--estimator", "hgpo", "--subgoal-compare", "text"],
+     "--subgoal-compare do not apply to estimator 'hgpo'"),
+    (["--estimator", "gigpo", "--lam", "0.9"], "--lam do not apply to estimator 'gigpo'"),
+    # options that act only under another one
+    (["--estimator", "gigpo", "--similarity-thresh", "0.5"],
+     "--similarity-thresh change nothing for estimator 'gigpo' as given (--similarity-thresh "
+     "needs --enable-similarity)"),
+    (["--estimator", "grpo", "--norm", "mean", "--epsilon", "0.1"], "--epsilon needs --norm mean_std"),
+    (["--estimator", "hgpo", "--variance-prior", "3"], "--variance-prior needs --weights inverse_variance"),
+    (["--estimator", "hgpo", "--stats", "trajectories"], "--stats needs --base-group"),
+    (["--estimator", "hgpo", "--base-group", "--stats", "trajectories", "--weights",
+      "inverse_variance"], "has no weight for the base_group"),
+    (["--estimator", "grpo", "--base-group", "true"], "--base-group do not apply to estimator 'grpo'"),
+    (["--estimator", "grpo", "--norm-adv", "maybe"], "expected true or false"),
+])
+def test_cli_refuses_flags_the_estimator_does_not_read(golden_dump, capsys, argv, message):
+  with contextlib.suppress(SystemExit):  # argparse type errors exit with status 2 themselves
+    assert cli.main([golden_dump] + argv) == 2
+  err = capsys.readouterr().err
+  assert message in err
+
+
+def test_cli_dependent_options_of_critic_estimators(golden_dump, capsys):
+  for argv, message in (
+      (["--estimator", "gae", "--bootstrap-truncated"], "--bootstrap-truncated needs --multi-turn true"),
+      (["--estimator", "hae", "--keep-penalty-mode", "fixed"],
+       "--keep-penalty-mode needs a non-zero --keep-penalty"),
+      (["--estimator", "hae", "--keep-penalty", "-0.3", "--subgoal-compare", "text"],
+       "--subgoal-compare needs a non-zero --keep-consistency-penalty"),
+      (["--estimator", "hae", "--first-turn-keep", "never"], "first_turn_keep='never'")):
+    assert cli.main([golden_dump] + argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

@@ -126,6 +126,10 @@ EQUIVALENCE_OPTIONS = {
                                        keep_consistency_penalty=-0.3),
     "normalised_keep_penalty_raw": HaeOptions(keep_penalty=-3.5, keep_consistency_penalty=-0.2,
                                               norm_adv=False, invalid_penalty=0.5),
+    "project_conventions": HaeOptions(keep_penalty=-0.3, keep_consistency_penalty=-0.3,
+                                      first_turn_keep="exempt", missing_action="rest"),
+    "fixed_exempt_first_turn": HaeOptions(keep_penalty=-0.3, keep_penalty_mode="fixed",
+                                          first_turn_keep="exempt", norm_adv=False),
 }
 
 
@@ -144,6 +148,8 @@ def test_matches_reference_on_random_trajectories(name):
   np.testing.assert_array_equal(out.value_targets["high_mask"], expect["levels"]["segment_start"])
   # The random batch exercises every branch the options can reach.
   assert f["segment_start"][f["mask"] & (f["step"] > 0)].any()
+  assert (f["mask"] & (f["step"] == 0) & ~f["segment_start"]).any()  # KEEP at turn 0
+  assert (f["token_tags"] >= hae.TAG_SWITCH_SUBGOAL).any()  # tokens in two blocks
   assert (f["mask"] & ~f["done"] & ~np.isin(f["traj"], f["traj"][f["done"]])).any()  # truncated trajs
   assert (f["mask"] & ~f["action_valid"]).any()
 
@@ -160,21 +166,25 @@ def test_without_token_tags_whitens_per_level_over_rows():
   assert abs(adv.mean()) < 1e-5 and abs(adv.std() - 1.0) < 1e-4
 
 
-def test_token_routing_hand_example():
+@pytest.mark.parametrize("missing_action", ["whole_response", "rest"])
+def test_token_routing_hand_example(missing_action):
   f = golden_fields()
   f["values"][:, 2] = [1, 2, 3, 4, 5]
   s, g, a, o = hae.TAG_SWITCH, hae.TAG_SUBGOAL, hae.TAG_ACTION, hae.TAG_OTHER
   f["token_tags"] = np.array([[s, g, g, a, a, o],     # start turn: all three spans
                               [s, g, a, a, o, o],     # KEEP turn: subgoal tokens get nothing
-                              [s, g, g, o, o, o],     # no action tag: the rest gets A_low
+                              [s, g, g, o, o, o],     # no action tag: see missing_action
                               [g, g, a, o, o, o],     # start turn without a switch tag
                               [a, a, a, a, a, a]], np.int8)
   f["response_mask"] = np.array([[1] * 6, [1] * 6, [1] * 5 + [0], [1] * 3 + [0] * 3, [1] * 6], bool)
-  out = hae.hae(ref.row_batch(f), HaeOptions(norm_adv=False))
+  out = hae.hae(ref.row_batch(f), HaeOptions(norm_adv=False, missing_action=missing_action))
   lo, hi, te = [2.9, 1.9, 0.9, 4.0, 2.0], {0: 8.15, 3: 5.0}, np.array([4.9, 4.9, 4.9, 10, 10]) - [1, 2, 3, 4, 5]
+  # Row 2 (KEEP, no action): "whole_response" puts A_low on every token, summed with A_term
+  # on the switch token (released); "rest" gives A_low to the non-switch tokens only.
+  switch_2 = te[2] + lo[2] if missing_action == "whole_response" else te[2]
   expect = np.array([[te[0], hi[0], hi[0], lo[0], lo[0], 0],
                      [te[1], 0, lo[1], lo[1], 0, 0],
-                     [te[2], lo[2], lo[2], lo[2], lo[2], 0],
+                     [switch_2, lo[2], lo[2], lo[2], lo[2], 0],
                      [hi[3], hi[3], lo[3], 0, 0, 0],
                      [lo[4]] * 6])
   np.testing.assert_allclose(out.token_advantage, expect, rtol=1e-5, atol=1e-6)
@@ -284,6 +294,10 @@ def test_bad_input_raises_clear_errors():
   f = golden_fields()
   with pytest.raises(ValueError, match="keep_penalty_mode"):
     HaeOptions(keep_penalty_mode="ratio")
+  with pytest.raises(ValueError, match="first_turn_keep='x'"):
+    HaeOptions(first_turn_keep="x")
+  with pytest.raises(ValueError, match="missing_action"):
+    HaeOptions(missing_action="none")
   with pytest.raises(ValueError, match="segment_start"):
     hae.hae(ref.row_batch({**f, "segment_start": None}), HaeOptions())
   with pytest.raises(ValueError, match=r"values f32\[R, 3\]"):
@@ -307,16 +321,52 @@ def test_cli_recomputes_hae_from_dump(tmp_path, capsys):
   from hgpo_jax.advantages import __main__ as cli
 
   f = golden_fields()
-  tags = [[1, 3], [3], [3, 3, 0], [2], [3]]  # turn 3 has no action tokens: it carries no A_low
+  # Turn 3 has no action tokens: released, its whole response carries A_low (so every
+  # turn is in the whitening set); --missing-action rest leaves it out.
+  tags = [[1, 3], [3], [3, 3, 0], [2], [3]]
   lines = [{"group": "g", "traj": "t1", "step": t, "anchor_obs": f"o{t}", "reward": float(f["reward"][t]),
             "valid": bool(f["action_valid"][t]), "done": bool(f["done"][t]), "switch": sw, "subgoal": "s",
             "values": dict(zip(hae.HEADS, map(float, f["values"][t]))), "token_tags": tags[t]}
            for t, sw in enumerate(["SWITCH", "KEEP", None, "SWITCH", ""])]
   path = tmp_path / "dump.jsonl"
   path.write_text("".join(json.dumps(line) + "\n" for line in lines[::-1]))  # any row order
-  assert cli.main([str(path), "--estimator", "hae"]) == 0
-  got = {json.loads(line)["step"]: json.loads(line)["advantage"] for line in capsys.readouterr().out.splitlines()}
   a_low = np.array([2.9, 1.9, 0.9, 4.0, 2.0])
-  carries = np.array([1, 1, 1, 0, 1], bool)
-  expect = np.where(carries, (a_low - a_low[carries].mean()) / (a_low[carries].std() + 1e-8), 0.0)
-  np.testing.assert_allclose([got[t] for t in range(5)], expect, rtol=1e-5, atol=1e-6)
+  for flags, carries in (([], [1, 1, 1, 1, 1]), (["--missing-action", "rest"], [1, 1, 1, 0, 1])):
+    assert cli.main([str(path), "--estimator", "hae"] + flags) == 0
+    out = capsys.readouterr().out.splitlines()
+    got = {json.loads(line)["step"]: json.loads(line)["advantage"] for line in out}
+    carries = np.array(carries, bool)
+    expect = np.where(carries, (a_low - a_low[carries].mean()) / (a_low[carries].std() + 1e-8), 0.0)
+    np.testing.assert_allclose([got[t] for t in range(5)], expect, rtol=1e-5, atol=1e-6)
+
+
+def test_cli_gamma_and_invalid_penalty_reach_hae(tmp_path, capsys):
+  """--gamma / --invalid-penalty set hae's own options (they used to change only the return
+  column): golden example, setting gamma = lambda = 0.95, before whitening."""
+  import json
+  from hgpo_jax.advantages import __main__ as cli
+
+  f = golden_fields()
+  lines = [{"group": "g", "traj": "t1", "step": t, "anchor_obs": f"o{t}", "reward": float(f["reward"][t]),
+            "valid": bool(f["action_valid"][t]), "done": bool(f["done"][t]), "switch": sw, "subgoal": "s",
+            "values": dict(zip(hae.HEADS, map(float, f["values"][t])))}
+           for t, sw in enumerate(["SWITCH", "KEEP", None, "SWITCH", ""])]
+  path = tmp_path / "dump.jsonl"
+  path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+  base = [str(path), "--estimator", "hae", "--norm-adv", "false", "--lambda-turn", "0.95"]
+  assert cli.main(base + ["--gamma", "0.95"]) == 0
+  got = [json.loads(line)["advantage"] for line in capsys.readouterr().out.splitlines()]
+  np.testing.assert_allclose(got, GOLDEN_SETTINGS[1][1], rtol=1e-5)
+  # eta 0.5 instead of 0.1 at the invalid turn 2: A_low(2) = -0.5 + 5 - 4 = 0.5, and
+  # with gamma = lambda_turn = 1, A_low(1) = 1 + 0.5, A_low(0) = 1 + 1.5.
+  assert cli.main([str(path), "--estimator", "hae", "--norm-adv", "false", "--invalid-penalty", "0.5"]) == 0
+  got = [json.loads(line)["advantage"] for line in capsys.readouterr().out.splitlines()]
+  np.testing.assert_allclose(got, [2.5, 1.5, 0.5, 4.0, 2.0], rtol=1e-5)
+  # A KEEP at turn 0 pays the keep penalty (released) unless --first-turn-keep exempt.
+  lines[0]["switch"] = "KEEP"
+  path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+  for flags, a0 in (([], 2.9 - 0.5), (["--first-turn-keep", "exempt"], 2.9)):
+    assert cli.main([str(path), "--estimator", "hae", "--norm-adv", "false", "--keep-penalty", "-0.5",
+                     "--keep-penalty-mode", "fixed"] + flags) == 0
+    got = [json.loads(line)["advantage"] for line in capsys.readouterr().out.splitlines()]
+    assert got[0] == pytest.approx(a0 - 0.5 * 2, rel=1e-5)  # turns 1 and 2 are KEEP turns too

@@ -259,8 +259,10 @@ def test_token_tags_on_the_smollm2_tokenizer(smollm2_tokenizer):
   assert hiper.token_texts(tok, ids) == [
       "<", "switch", ">", "KE", "EP", "</", "switch", "><", "sub", "goal", ">", "find", " the", " apple",
       "</", "sub", "goal", "><", "action", ">", "go", " to", " counter", "top", " ", "1", "</", "action", ">"]
-  # "><" holds the end of one block and the start of the next: it belongs to the first.
-  assert hiper.token_tags(hiper.token_texts(tok, ids)) == [S] * 8 + [G] * 10 + [A] * 11
+  # "><" holds the end of one block and the start of the next: it is in both (released
+  # hier_mask.py computes each block's token range on its own).
+  SG, GA = hae.TAG_SWITCH_SUBGOAL, hae.TAG_SUBGOAL_ACTION
+  assert hiper.token_tags(hiper.token_texts(tok, ids)) == [S] * 7 + [SG] + [G] * 9 + [GA] + [A] * 11
   ids = tok.encode("Sure!\n<switch>SWITCH</switch>\n<subgoal> heat egg</subgoal>\n"
                    "<action>search[red shoes]</action>") + [tok.eos_ids[0]]
   texts = hiper.token_texts(tok, ids)
@@ -268,11 +270,14 @@ def test_token_tags_on_the_smollm2_tokenizer(smollm2_tokenizer):
   assert hiper.token_tags(texts) == ([O] * 3 + [S] * 9 + [O] + [G] * 10 + [O] + [A] * 11 + [O])
   ids = tok.encode("<switch>KEEP</switch><subgoal>find the app")  # truncated: no subgoal span
   assert hiper.token_tags(hiper.token_texts(tok, ids)) == [S] * 8 + [O] * 6
+  # The read-out: V_low after the subgoal block's last token (the straddling "><" at 17).
+  ids = tok.encode("<switch>KEEP</switch><subgoal>find the apple</subgoal><action>look</action>")
+  assert hae.value_readout(hiper.token_tags(hiper.token_texts(tok, ids))) == (18, 0, 0)
 
 
 def test_token_tags_match_a_character_reference_on_random_responses():
-  """Tokens wholly inside a block get its tag, tokens wholly outside every block get
-  TAG_OTHER, and straddling tokens get the tag of a block they overlap."""
+  """A token is in exactly the blocks its characters overlap (released hier_mask.py:
+  tokens from the one holding the block's first character to the one holding its last)."""
   tok = tokenizer.tiny_tokenizer()
   rng = np.random.default_rng(0)
   words = ["KEEP", "SWITCH", "find", " the apple", "go to desk 1", "\n", " ", "ok", "<", ">"]
@@ -294,15 +299,10 @@ def test_token_tags_match_a_character_reference_on_random_responses():
     for piece, tag in zip(texts, tags):
       lo, hi = pos, pos + len(piece)
       pos = hi
-      overlapping = [t for a, b, t in spans if lo < b and a < hi]
-      inside = [t for a, b, t in spans if a <= lo and hi <= b]
-      if inside:
-        assert tag == inside[0]
-        checked += 1
-      elif not overlapping:
-        assert tag == hae.TAG_OTHER
-      else:
-        assert tag in overlapping
+      overlapping = {t for a, b, t in spans if lo < b and a < hi}
+      assert {t for t in (hae.TAG_SWITCH, hae.TAG_SUBGOAL, hae.TAG_ACTION)
+              if hae.tag_in(np.array([tag]), t)[0]} == overlapping
+      checked += bool(overlapping)
   assert checked > 1000
 
 

@@ -182,7 +182,9 @@ def test_hiper_targets_read_values_at_the_tagged_positions():
       assert out.returns[i, col, head] == pytest.approx(target, abs=1e-5)
       assert out.old_values[i, col, head] == values[i, p + col, head]
     np.testing.assert_array_equal(out.value_mask[i], want)
-  token_adv = {0: [4, 4, 8.25, 8.25, 3, 3], 1: [3, 3, 2, 2, 0, 0], 2: [6, 6, 5, 5, 0, 0]}
+  # Turn 2 has no <action> block: released, its whole response also gets A_low = 4
+  # (switch 6 + 4, subgoal 5 + 4; docs/algorithms.md §8).
+  token_adv = {0: [4, 4, 8.25, 8.25, 3, 3], 1: [3, 3, 2, 2, 0, 0], 2: [10, 10, 9, 9, 0, 0]}
   for turn, want in token_adv.items():
     np.testing.assert_allclose(out.token_advantage[order.index(turn)], want, atol=1e-5)
   np.testing.assert_array_equal(out.loss_mask[order.index(1)], [1, 1, 1, 1, 0, 0])
