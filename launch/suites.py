@@ -203,6 +203,9 @@ _COMMON = {
     "rollout.constrained": True, "rollout.max_new_tokens": 32,
     "eval.every": 5, "eval.at_end": True, "eval.temperature": 0.4,
     "checkpoint.every": 1, "checkpoint.keep": 2, "checkpoint.keep_period": 0,
+    # the loss averages each micro-batch's token mean, as before loss units existed (the
+    # paper settings' units are the scripts' per-GPU micro-batches: configs/common.py)
+    "train.loss_unit_rows": 0, "critic.loss_unit_rows": 0,
 }
 
 MINI = Suite(

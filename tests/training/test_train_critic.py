@@ -51,7 +51,7 @@ def test_critic_configs_carry_the_published_settings():
       assert c.critic.lr == 1e-5 and c.critic.cliprange_value == 0.5
     assert ppo.algo.name == "gae" and ppo.rollout.response_format == "react"
     assert (ppo.algo.options.gamma, ppo.algo.options.lam, ppo.algo.options.multi_turn) == (1.0, 1.0, False)
-    assert ppo.train.mini_batch_rows == (128 if env == "alfworld" else 64)
+    assert ppo.train.mini_batch_rows == (256 if env == "alfworld" else 64)  # both scripts
     assert hiper.algo.name == "hae" and hiper.rollout.response_format == "hiper"
     o = hiper.algo.options
     assert (o.gamma, o.lambda_turn, o.lambda_seg, o.norm_adv) == (1.0, 1.0, 0.95, True)
