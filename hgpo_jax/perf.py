@@ -91,51 +91,143 @@ def _int_list(attrs: str, key: str) -> list[int]:
   return [int(x) for x in m.group(1).split(",") if x] if m else []
 
 
+def _window(attrs: str) -> dict[str, list]:
+  """`window={size=4x3 stride=3x1 pad=0_0x1_1 lhs_dilate=4x1}` -> per-spatial-dim lists
+  (absent keys: XLA's defaults, stride/dilations 1 and padding 0)."""
+  m = re.search(r"window=\{([^}]*)\}", attrs)
+  out: dict[str, list] = {}
+  for item in (m.group(1).split() if m else []):
+    key, _, value = item.partition("=")
+    parts = value.split("x")
+    out[key] = [tuple(int(v) for v in p.split("_")) if key == "pad" else int(p) for p in parts]
+  return out
+
+
+def _valid_positions(out_size: int, kernel: int, in_size: int, stride: int, pad_low: int,
+                     lhs_dilate: int, rhs_dilate: int) -> int:
+  """(output position, kernel tap) pairs of one spatial dimension that read a real input
+  element (not padding, not a hole of the base dilation): XLA's HloCostAnalysis rule."""
+  o = np.arange(out_size, dtype=np.int64)[:, None]
+  k = np.arange(kernel, dtype=np.int64)[None, :]
+  undilated = o * stride - pad_low + k * rhs_dilate
+  hit = (undilated % lhs_dilate == 0) & (undilated >= 0) & (undilated // lhs_dilate < in_size)
+  return int(hit.sum())
+
+
+def _convolution_flops(out: list[int], lhs: list[int], rhs: list[int], attrs: str) -> float:
+  """2 x multiply-adds of an HLO convolution, as XLA's HloCostAnalysis counts them:
+  (input features / feature groups) x output features x (batch / batch groups) x the
+  valid (output, tap) pairs of every spatial dimension. XLA:TPU writes batched matmuls
+  (attention scores) as convolutions whose batch dimension is a base-dilated spatial
+  window, so a count from the kernel's size alone would multiply by the batch again."""
+  labels = re.search(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)", attrs)
+  if labels is None:
+    return 0.0
+  lhs_l, rhs_l, out_l = labels.groups()
+  if len(lhs_l) != len(lhs) or len(rhs_l) != len(rhs) or len(out_l) != len(out):
+    return 0.0
+  feature_groups = (_int_list_scalar(attrs, "feature_group_count") or 1)
+  batch_groups = (_int_list_scalar(attrs, "batch_group_count") or 1)
+  input_feature = lhs[lhs_l.index("f")]
+  input_batch = lhs[lhs_l.index("b")]
+  output_feature = out[out_l.index("f")]
+  win = _window(attrs)
+  fma = (input_feature // feature_groups) * output_feature * (input_batch // batch_groups)
+  spatial = sorted(c for c in rhs_l if c.isdigit())
+  for i, c in enumerate(spatial):
+    get = lambda key, default: win[key][i] if key in win and i < len(win[key]) else default
+    fma *= _valid_positions(out[out_l.index(c)], rhs[rhs_l.index(c)], lhs[lhs_l.index(c)],
+                            get("stride", 1), get("pad", (0, 0))[0], get("lhs_dilate", 1),
+                            get("rhs_dilate", 1))
+  return 2.0 * fma
+
+
+def _int_list_scalar(attrs: str, key: str) -> int:
+  m = re.search(key + r"=(\d+)", attrs)
+  return int(m.group(1)) if m else 0
+
+
+_CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
+_CONSTANT = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*[su]\d+\[\]\S*\s+constant\((-?\d+)\)")
+_COMPARE = re.compile(r"^\s*ROOT\s+%?[\w.\-]+\s*=\s*pred\[\]\S*\s+compare\(%([\w.\-]+),\s*"
+                      r"%([\w.\-]+)\),\s*direction=(LT|GT|LE|GE|NE)")
+
+
+def _loop_bound(cond_lines: list[str]) -> Optional[int]:
+  """The constant N of a loop condition `ROOT compare(counter, N), direction=LT` (XLA:TPU
+  does not write `known_trip_count`; a scan's counter starts at 0 and steps by 1), or None
+  for a condition that is not one comparison with a constant (e.g. the sampler's
+  `step < max_new_tokens & ~all(done)`)."""
+  constants = {}
+  for line in cond_lines:
+    m = _CONSTANT.match(line)
+    if m:
+      constants[m.group(1)] = int(m.group(2))
+  for line in cond_lines:
+    m = _COMPARE.match(line)
+    if m:
+      a, b, direction = m.groups()
+      if direction == "LT" and b in constants:
+        return constants[b]
+      if direction == "GT" and a in constants:
+        return constants[a]
+      return None
+  return None
+
+
 def _parse_hlo(text: str):
-  """{computation: (direct matmul FLOPs, [(callee, multiplier)])}, and the entry name."""
+  """{computation: (direct matmul FLOPs, [(callee, multiplier)])}, and the entry name.
+
+  A `while` body's multiplier is its trip count: XLA:CPU/GPU's `known_trip_count`, else
+  the bound of a `counter < N` condition (XLA:TPU), else None (unknown; see
+  `hlo_matmul_flops`)."""
   comps: dict[str, tuple[float, list]] = {}
+  cycles_of: dict[str, float] = {}
+  lines_of: dict[str, list[str]] = {}
   entry = None
-  name, shapes, flops, calls = None, {}, 0.0, []
+  name, shapes, flops, calls, lines, cycles = None, {}, 0.0, [], [], 0.0
   for line in text.splitlines():
     if name is None:
       m = _COMP_HEADER.match(line)
       if m:
-        name, shapes, flops, calls = m.group(1), {}, 0.0, []
+        name, shapes, flops, calls, lines, cycles = m.group(1), {}, 0.0, [], [], 0.0
         if line.lstrip().startswith("ENTRY"):
           entry = name
         # Parameters of the computation are declared again as instructions below.
       continue
     if line.strip() == "}":
       comps[name] = (flops, calls)
+      cycles_of[name] = cycles
+      lines_of[name] = lines
       name = None
       continue
+    lines.append(line)
     m = _INSTR.match(line)
     if not m:
       continue
     iname, shape_text, op, rest = m.groups()
     shapes[iname] = shape_text
+    est = _CYCLES.search(rest)
+    if est:
+      cycles += float(est.group(1))
     if op in ("dot", "convolution"):
       out = _dims(shape_text)
       operands = _operand_names(rest)
       lhs = _dims(shapes.get(operands[0], "")) if operands else None
       if out is None or lhs is None:
         continue
-      n_out = 1
-      for d in out:
-        n_out *= d
       if op == "dot":
+        n_out = 1
+        for d in out:
+          n_out *= d
         contracted = 1
         for d in _int_list(rest, "lhs_contracting_dims"):
           contracted *= lhs[d]
-      else:  # convolution: contracted = kernel spatial x input features
+        flops += 2.0 * n_out * contracted
+      else:
         rhs = _dims(shapes.get(operands[1], "")) if len(operands) > 1 else None
-        if rhs is None:
-          continue
-        contracted = 1
-        for d in rhs:
-          contracted *= d
-        contracted //= max(out[-1] if out else 1, 1)
-      flops += 2.0 * n_out * contracted
+        if rhs is not None:
+          flops += _convolution_flops(out, lhs, rhs, rest)
     if op == "custom-call" and re.search(r'custom_call_target="[^"]*(gemm|matmul)', rest, re.I):
       # XLA:GPU rewrites dots into cuBLAS/cuBLASLt calls; their output is the first array
       # of the result tuple and the contraction is in the backend config.
@@ -148,13 +240,13 @@ def _parse_hlo(text: str):
         for d in re.findall(r"\d+", dims.group(1)):
           contracted *= lhs[int(d)]
         flops += 2.0 * float(np.prod(out)) * contracted if out else 0.0
-    # Callees: fusions/calls/maps run once, while bodies `known_trip_count` times,
+    # Callees: fusions/calls/maps run once, while bodies their trip count,
     # conditionals' branches at most once each (counted once: the largest is unknown).
-    trip = 1
     if op == "while":
       t = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', rest)
-      trip = int(t.group(1)) if t else 1
       body = re.search(r"body=%?([\w.\-]+)", rest)
+      cond = re.search(r"condition=%?([\w.\-]+)", rest)
+      trip = int(t.group(1)) if t else ("cond", cond.group(1) if cond else None)
       if body:
         calls.append((body.group(1), trip))
       continue
@@ -165,15 +257,20 @@ def _parse_hlo(text: str):
     if br:
       for callee in re.findall(r"%?([\w.\-]+)", br.group(1)):
         calls.append((callee, 1))
-  return comps, entry
+  # Loops without known_trip_count: the bound of their condition, when it is a constant.
+  for cname, (direct, calls) in comps.items():
+    resolved = []
+    for callee, mult in calls:
+      if isinstance(mult, tuple):
+        mult = _loop_bound(lines_of.get(mult[1], [])) if mult[1] else None
+      resolved.append((callee, mult))
+    comps[cname] = (direct, resolved)
+  return comps, entry, cycles_of
 
 
-def hlo_matmul_flops(hlo_text: str) -> float:
-  """Matmul FLOPs of one run of an HLO module's entry computation, loops unrolled by
-  their known trip counts (a loop without one counts once)."""
-  comps, entry = _parse_hlo(hlo_text)
-  if entry is None:
-    raise ValueError("hlo_matmul_flops: no ENTRY computation in the HLO text.")
+def _weighted_total(comps, entry: str, direct_of, unknown_trip_count: int) -> float:
+  """Sum of `direct_of[c]` over the computations run from `entry`, callees weighted by
+  their multipliers (loops by trip count; an unknown count by `unknown_trip_count`)."""
   memo: dict[str, float] = {}
 
   def total(c: str, stack=()) -> float:
@@ -181,20 +278,44 @@ def hlo_matmul_flops(hlo_text: str) -> float:
       return memo[c]
     if c not in comps or c in stack:
       return 0.0
-    direct, calls = comps[c]
-    value = direct + sum(mult * total(callee, stack + (c,)) for callee, mult in calls)
+    _, calls = comps[c]
+    value = direct_of[c] + sum((unknown_trip_count if mult is None else mult)
+                               * total(callee, stack + (c,)) for callee, mult in calls)
     memo[c] = value
     return value
 
   return total(entry)
 
 
-def compiled_flops(compiled) -> float:
-  """Per-device FLOPs of one call of `jax.jit(f).lower(...).compile()` (see module doc).
+def hlo_matmul_flops(hlo_text: str, unknown_trip_count: int = 1) -> float:
+  """Matmul FLOPs of one run of an HLO module's entry computation, loops unrolled by
+  their trip counts. A loop whose count the HLO does not fix (a data-dependent exit, as
+  the sampler's decode loop) counts `unknown_trip_count` times: 1 (one body), or an upper
+  bound such as max_new_tokens."""
+  comps, entry, _ = _parse_hlo(hlo_text)
+  if entry is None:
+    raise ValueError("hlo_matmul_flops: no ENTRY computation in the HLO text.")
+  return _weighted_total(comps, entry, {c: v[0] for c, v in comps.items()}, unknown_trip_count)
+
+
+def hlo_estimated_cycles(hlo_text: str, unknown_trip_count: int = 1) -> float:
+  """XLA:TPU's own cost-model cycles of one run of a compiled module: the
+  `estimated_cycles` it writes into each scheduled op's backend config, loops weighted by
+  trip count as in `hlo_matmul_flops`. 0 for backends that write none (CPU, GPU).
+  Collectives carry no estimate (communication is not in this number)."""
+  comps, entry, cycles_of = _parse_hlo(hlo_text)
+  if entry is None:
+    raise ValueError("hlo_estimated_cycles: no ENTRY computation in the HLO text.")
+  return _weighted_total(comps, entry, cycles_of, unknown_trip_count)
+
+
+def compiled_flops(compiled, unknown_trip_count: int = 1) -> float:
+  """Per-device FLOPs of one call of `jax.jit(f).lower(...).compile()` (see module doc;
+  `unknown_trip_count` as in `hlo_matmul_flops`).
 
   Falls back to XLA's cost analysis when the HLO holds no dot (e.g. a backend that
   lowers matmuls to custom calls)."""
-  flops = hlo_matmul_flops(compiled.as_text())
+  flops = hlo_matmul_flops(compiled.as_text(), unknown_trip_count)
   if flops == 0.0:
     flops = cost_analysis(compiled).get("flops", 0.0)
   return flops

@@ -1,18 +1,27 @@
-r"""Compiled plan for a pod: per-device memory, FLOPs and a recommended mesh, no weights.
+r"""Compiled plan for a pod: per-device memory, FLOPs, time and a mesh search, no weights.
 
-  python -m launch.plan --config=configs/alfworld.py:algo=hgpo,model=qwen2.5-7b \
-      --devices 8 --mesh fsdp=8 --device-memory 16GiB [--config.model.dtype=bfloat16 ...]
+  python -m launch.plan --config=configs/alfworld.py:algo=hgpo,model=qwen2.5-1.5b \
+      --topology v5e-8 [--mesh data=1,fsdp=4,tensor=2] [--micro-batch 8] [--search]
 
-Fakes `--devices` CPU devices, builds the config's abstract parameters, optimizer state
-and batches (no weights are read), compiles the sharded update, log-prob pass, sampler
-prefill and one decode step, and prints per device: parameter, optimizer-state and
-reference bytes, each program's argument / output / aliased / temporary bytes
-(`memory_analysis()`), FLOPs per call, and whether the peak fits `--device-memory` with
-`--headroom` kept free. Then it tries candidate meshes (pure data parallel first, then
-more FSDP, then tensor parallelism) and micro-batches for the train step and prints the
-first that fits, as `--config.*` overrides. Compiling on CPU approximates an
-accelerator's temporary bytes (XLA:CPU fuses and assigns buffers differently); the
-persistent bytes are exact. See hgpo_jax/training/plan.py.
+Builds every program of the config with the program registry (hgpo_jax/training/programs.py:
+the trainer's own update, log-prob, critic, sampler and estimator programs; abstract
+parameters, optimizer state and batches, no weights) and compiles each for the target:
+
+* `--topology NAME` (v4-8, v5e-8, v5e-16, v5e-32, v5p-8, v5p-16, v6e-8, v6e-16, or a
+  topology string such as v5e:2x4): the devices of that TPU slice, all hosts, from
+  `jax.experimental.topologies` on this CPU-only host, compiled by the real XLA:TPU compiler
+  of the `libtpu` wheel. Memory figures are the TPU's; a program XLA:TPU refuses is reported
+  as not fitting with the bytes it asked for. The device memory defaults to XLA:TPU's own
+  usable HBM per chip. Also prints XLA:TPU's estimated time per iteration (its cost model,
+  not a measurement).
+* `--devices N` without a topology: N fake CPU devices compiled by XLA:CPU, a labelled
+  approximation of an accelerator's temporaries (persistent bytes are exact).
+
+Prints per device each program's argument / output / aliased / temporary / peak bytes and
+FLOPs per call; `--search` then tries candidate meshes and micro-batches for the train
+step and the largest sampler rows per call, with the same compiles. The last line reads
+`fits: peak X GiB of Y GiB per device on <target> (<program>)` or `does not fit: ...`;
+the exit status is 0 iff every program fits.
 """
 
 from __future__ import annotations
@@ -54,15 +63,23 @@ def parse_args(argv):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--config", required=True, help="configs/<family>.py[:variant args]")
-  ap.add_argument("--devices", type=int, default=8, help="devices of the pod (fake CPU devices)")
+  ap.add_argument("--topology", default="", help="TPU target compiled by XLA:TPU, e.g. v5e-8, "
+                  "v5p-8, v6e-16 or v5e:2x4 (needs the libtpu wheel)")
+  ap.add_argument("--devices", type=int, default=8,
+                  help="without --topology: fake CPU devices (XLA:CPU approximation)")
   ap.add_argument("--mesh", default="", help="mesh to report, e.g. fsdp=8 or data=2,fsdp=2,tensor=2 "
                   "(default: the config's --config.mesh.*)")
-  ap.add_argument("--device-memory", default="16GiB", help="memory of one device, e.g. 16GiB, 80GB")
+  ap.add_argument("--device-memory", default="", help="memory of one device, e.g. 16GiB, 80GB "
+                  "(default: XLA:TPU's usable HBM with --topology, else 16GiB)")
   ap.add_argument("--headroom", type=float, default=0.1, help="fraction of device memory kept free")
   ap.add_argument("--micro-batch", type=int, default=0, help="override config.train.micro_batch_rows")
   ap.add_argument("--rollout-rows", type=int, default=0,
-                  help="sampler rows per call (default rollout.num_groups x group_size)")
-  ap.add_argument("--no-recommend", action="store_true", help="only the given mesh, no search")
+                  help="sampler rows per call (default: this process's groups x group_size)")
+  ap.add_argument("--programs", default="", help="comma-separated subset of the programs")
+  ap.add_argument("--search", action="store_true", help="search meshes, micro-batches and "
+                  "sampler rows per call that fit (several compiles)")
+  ap.add_argument("--no-recommend", action="store_true", help="(kept for old command lines: "
+                  "the search runs only with --search)")
   args, rest = ap.parse_known_args(argv)
   bad = [r for r in rest if not r.startswith("--config.")]
   if bad:
@@ -74,50 +91,90 @@ def main(argv=None) -> int:
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
   if args.devices < 1:
     raise SystemExit("--devices must be >= 1")
-  # The fake device count is fixed when JAX initialises: set it before importing jax.
-  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                   if "xla_force_host_platform_device_count" not in f)
-  os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}".strip()
-  os.environ["JAX_PLATFORMS"] = "cpu"
+  from hgpo_jax.training import targets
+  if args.topology:
+    reason = targets.libtpu_available()
+    if reason:
+      raise SystemExit(f"--topology {args.topology}: {reason}")
+    targets.prepare_environment()
+  else:
+    # The fake device count is fixed when JAX initialises: set it before importing jax.
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                     if "xla_force_host_platform_device_count" not in f)
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}".strip()
+    os.environ["JAX_PLATFORMS"] = "cpu"
   import jax
   from hgpo_jax import runtime
   from hgpo_jax.training import plan as plan_lib
 
-  # Candidate meshes recompile the same programs: the persistent cache makes repeats cheap.
-  runtime.enable_compilation_cache()
+  if not args.topology:
+    # Candidate meshes recompile the same programs: the persistent cache makes repeats
+    # cheap. (XLA:TPU executables of a compile-only client cannot be read back from it.)
+    runtime.enable_compilation_cache()
 
   config = load_config(args.config, overrides)
-  memory = plan_lib.parse_bytes(args.device_memory)
-  assert jax.device_count() == args.devices, jax.devices()
-  if args.mesh:
-    mesh = plan_lib.parse_mesh(args.mesh)
+  if args.topology:
+    try:
+      target = targets.resolve(args.topology)
+    except ValueError as e:
+      raise SystemExit(f"--topology: {e}") from None
+    devices = targets.devices(target)
+    label = f"{target.name} ({target.topology}, {len(devices)} chips, " \
+            f"{targets.process_count(devices)} hosts)"
+    memory = (plan_lib.parse_bytes(args.device_memory) if args.device_memory
+              else targets.available_hbm(target))
   else:
-    mesh = (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-  shapes = plan_lib.shapes_from_config(config, args.micro_batch or None, args.rollout_rows or None)
-  print(f"plan: {args.config} {' '.join(overrides)} on {args.devices} devices of "
-        f"{memory / plan_lib.GiB:.2f} GiB; model {config.model.name} ({shapes.model.dtype})", flush=True)
+    target = None
+    devices = jax.devices()[:args.devices]
+    assert len(devices) == args.devices, jax.devices()
+    label = f"{args.devices} fake CPU devices (XLA:CPU approximation)"
+    memory = plan_lib.parse_bytes(args.device_memory or "16GiB")
+  mesh = plan_lib.parse_mesh(args.mesh) if args.mesh else (
+      config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  micro = args.micro_batch or None
+  if micro is None:
+    # One row per device at least: a config written for fewer devices (smoke) gets its
+    # micro-batch raised to the data-parallel size of the target mesh.
+    from hgpo_jax.models import sharding as sharding_lib
+    m = sharding_lib.make_mesh(*mesh, devices=devices)
+    dp = m.shape["data"] * m.shape["fsdp"]
+    if config.train.micro_batch_rows % dp:
+      micro = dp
+      print(f"note: micro-batch raised from {config.train.micro_batch_rows} to {dp} rows (one per "
+            f"data-parallel device of mesh data={m.shape['data']} fsdp={m.shape['fsdp']})")
+  shapes = plan_lib.shapes_from_config(config, micro, args.rollout_rows or None)
+  print(f"plan: {args.config} {' '.join(overrides)} on {label}, {memory / plan_lib.GiB:.2f} GiB "
+        f"per device; model {config.model.name} ({shapes.model.dtype})", flush=True)
   t0 = time.perf_counter()
-  plan = plan_lib.compile_plan(config, mesh, micro_batch_rows=args.micro_batch or None,
-                               rollout_rows=args.rollout_rows or None)
-  print(plan_lib.format_plan(plan, memory, args.headroom))
-  print(plan_lib.sampler_rows_line(plan, memory, args.headroom))
+  plan = plan_lib.compile_plan(
+      config, mesh, micro_batch_rows=micro, rollout_rows=args.rollout_rows or None,
+      phases=[p for p in args.programs.split(",") if p] or None, devices=devices)
+  seconds = None
+  if target is not None:
+    seconds = plan_lib.estimated_seconds(plan, targets.seconds_per_cycle(target))
+  print(plan_lib.format_plan(plan, memory, args.headroom, seconds))
   print(f"(compiled in {time.perf_counter() - t0:.0f} s)", flush=True)
-  if args.no_recommend:
-    return 0
-  print("searching candidate meshes for the train step (update + log-probs):", flush=True)
-  best, _ = plan_lib.recommend(config, args.devices, memory, args.headroom,
-                               log=lambda s: print(s, flush=True))
-  if best is None:
-    hint = "bfloat16 (--config.model.dtype=bfloat16), " if config.model.dtype == "float32" else ""
-    print(f"recommended: none of the candidate meshes fits; use {hint}more devices, or a "
-          "shorter prompt/response (--config.rollout.max_prompt_tokens).")
-    return 1
-  d, f, t = best.mesh
-  print(f"recommended: --config.mesh.data={d} --config.mesh.fsdp={f} --config.mesh.tensor={t} "
-        f"--config.train.micro_batch_rows={best.shapes.micro_batch_rows} "
-        f"(train-step peak {best.peak() / plan_lib.GiB:.2f} GiB per device)")
-  print(plan_lib.format_plan(best, memory, args.headroom))
-  return 0
+  if args.search:
+    print("searching candidate meshes for the train step (update + log-probs):", flush=True)
+    best, _ = plan_lib.recommend(config, len(devices), memory, args.headroom,
+                                 log=lambda s: print(s, flush=True), devices=devices)
+    if best is None:
+      hint = "bfloat16 (--config.model.dtype=bfloat16), " if config.model.dtype == "float32" else ""
+      print(f"recommended: none of the candidate meshes fits; use {hint}more devices, or a "
+            "shorter prompt/response (--config.rollout.max_prompt_tokens).")
+    else:
+      d, f, t = best.mesh
+      print(f"recommended: --config.mesh.data={d} --config.mesh.fsdp={f} --config.mesh.tensor={t} "
+            f"--config.train.micro_batch_rows={best.shapes.micro_batch_rows} "
+            f"(train-step peak {best.peak() / plan_lib.GiB:.2f} GiB per device)")
+    print("searching sampler rows per generate call on the given mesh:", flush=True)
+    rows = plan_lib.largest_rollout_rows(config, mesh, memory, args.headroom,
+                                         micro_batch_rows=micro, devices=devices,
+                                         log=lambda s: print(s, flush=True))
+    print(f"sampler: at most {rows} rows per generate call fit on mesh {mesh} "
+          f"(the rollout asks for {plan.rollout_rows})")
+  print(plan_lib.verdict_line(plan, memory, args.headroom, args.topology or label), flush=True)
+  return 0 if plan.fits(memory, args.headroom) else 1
 
 
 if __name__ == "__main__":

@@ -247,3 +247,56 @@ def test_profile_window_traces_the_chosen_iterations(tmp_path):
   assert active == [False, True, True, False, False]
   assert glob.glob(os.path.join(tmp_path, "profile", "**", "*.xplane.pb"), recursive=True)
   assert glob.glob(os.path.join(tmp_path, "profile", "**", "perfetto_trace.json.gz"), recursive=True)
+
+
+# XLA:TPU writes a batched matmul (attention scores, [B=4 heads] x [256 x 64] x [64 x 256])
+# as a convolution whose batch dimension is a base-dilated spatial window, and writes no
+# known_trip_count on loops (the bound is the constant of the condition).
+_TPU_HLO = """HloModule jit_f
+
+%cond (p: (s32[], bf16[4,256,64])) -> pred[] {
+  %p = (s32[]{:T(128)}, bf16[4,256,64]{2,1,0}) parameter(0)
+  %c = s32[]{:T(128)} constant(12)
+  %i = s32[]{:T(128)} get-tuple-element(%p), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%i, %c), direction=LT
+}
+
+%body (p.1: (s32[], bf16[4,256,64])) -> (s32[], bf16[4,256,64]) {
+  %p.1 = (s32[]{:T(128)}, bf16[4,256,64]{2,1,0}) parameter(0)
+  %q = bf16[4,256,64]{2,1,0:T(8,128)(2,1)} get-tuple-element(%p.1), index=1
+  %k = bf16[4,64,256]{2,1,0:T(8,128)(2,1)} transpose(%q), dimensions={0,2,1}
+  %s = bf16[4,256,256]{2,1,0:T(8,128)(2,1)} convolution(%q, %k), window={size=4 stride=3 lhs_dilate=4}, dim_labels=0bf_0io->0bf, backend_config={"estimated_cycles":"100"}
+  %i.1 = s32[]{:T(128)} get-tuple-element(%p.1), index=0
+  ROOT %t = (s32[]{:T(128)}, bf16[4,256,64]{2,1,0}) tuple(%i.1, %q)
+}
+
+ENTRY %main (a: bf16[4,256,64]) -> (s32[], bf16[4,256,64]) {
+  %a = bf16[4,256,64]{2,1,0} parameter(0)
+  %z = s32[]{:T(128)} constant(0)
+  %t0 = (s32[]{:T(128)}, bf16[4,256,64]{2,1,0}) tuple(%z, %a)
+  ROOT %w = (s32[]{:T(128)}, bf16[4,256,64]{2,1,0}) while(%t0), condition=%cond, body=%body
+}
+"""
+
+
+def test_tpu_hlo_batched_convolution_and_loop_bound_from_the_condition():
+  """2 x 4 heads x 256 x 256 x 64 per score matrix (not x4 again for the batch window),
+  12 trips read from `i < 12`; XLA:TPU's cycle estimates are weighted the same way."""
+  one = 2 * 4 * 256 * 256 * 64
+  assert perf.hlo_matmul_flops(_TPU_HLO) == 12 * one
+  assert perf.hlo_estimated_cycles(_TPU_HLO) == 12 * 100
+  # A data-dependent exit (no constant bound) counts `unknown_trip_count` times.
+  data_dependent = _TPU_HLO.replace("compare(%i, %c), direction=LT", "and(%i, %c)")
+  assert perf.hlo_matmul_flops(data_dependent) == one
+  assert perf.hlo_matmul_flops(data_dependent, unknown_trip_count=7) == 7 * one
+
+
+def test_convolution_flops_follow_xla_cost_analysis_on_cpu():
+  """A real 2-D convolution with padding and strides: the parser's count equals XLA's."""
+  x = jnp.zeros((2, 9, 9, 3), jnp.float32)
+  w = jnp.zeros((3, 3, 3, 5), jnp.float32)
+  f = lambda x, w: jax.lax.conv_general_dilated(x, w, (2, 2), ((1, 1), (1, 1)),
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  compiled = jax.jit(f).lower(x, w).compile()
+  assert perf.compiled_flops(compiled) == pytest.approx(
+      perf.cost_analysis(compiled)["flops"], rel=0.02)

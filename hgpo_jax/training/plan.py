@@ -1,23 +1,23 @@
-"""Compiled plans: per-device memory and FLOPs of the real programs on a mesh, no weights.
+"""Compiled plans: per-device memory, FLOPs and time of the real programs on a mesh, no weights.
 
-`compile_plan(config, mesh_shape)` builds the abstract parameters, optimizer state and
-batches of a config (`nnx.eval_shape` / `jax.eval_shape`: shapes and shardings only),
-lowers and compiles on the current devices (fake CPU devices from `launch.plan`):
-  update    one optimizer step on a [mini_batch_rows, prompt + response] mini-batch,
-            micro-batched (the trainer's `Learner.update`, donated state);
-  logprobs  old/reference log-probs of the same mini-batch (`Learner.compute_logprobs`);
-  prefill   the sampler's prefill of [rollout rows, prompt - 1] into a KV cache of
-            prompt + max_new_tokens - 1 slots (as `Sampler._generate_device` does);
-  decode    one decode step of the same rows against that cache (donated);
-and reads `memory_analysis()` (argument / output / aliased / temporary bytes) and the
-FLOPs of each executable (`hgpo_jax.perf.compiled_flops`). Persistent per-device bytes
-(parameters, AdamW moments, the frozen reference parameters) come from the shardings.
-The peak of a phase is persistent + the phase's non-persistent arguments + outputs not
-aliased to an argument + temporaries; the plan fits when the largest phase peak leaves
-the requested headroom.
+`compile_plan(config, mesh_shape, devices=...)` builds the config's programs with the
+program registry (`hgpo_jax.training.programs`: the trainer's own jitted update, log-prob,
+critic and sampler programs, abstract arguments with their shardings), lowers and compiles
+each for the mesh's devices, and reads `memory_analysis()` (argument / output / aliased /
+temporary bytes), the matmul FLOPs of the executable (`hgpo_jax.perf.compiled_flops`, loops
+weighted by trip count; the decode loop by max_new_tokens, an upper bound) and, on TPU,
+XLA:TPU's own cost-model cycles (`perf.hlo_estimated_cycles`).
 
-Caveat: XLA:CPU's buffer assignment and fusion differ from TPU/GPU, so the temporary
-bytes approximate an accelerator's (persistent bytes are exact).
+The devices decide which compiler runs: TPU topology devices (`hgpo_jax.training.targets`,
+`launch.plan --topology v5e-8`) go through XLA:TPU, whose memory figures are the TPU's and
+which refuses a program that does not fit its HBM (reported here as a refused phase with
+the bytes it asked for); fake CPU devices (`launch.plan --devices N`) go through XLA:CPU,
+whose temporaries only approximate an accelerator's (persistent bytes are exact).
+
+Peak of a program = the persistent state that is not among its arguments (the frozen
+reference during the update, the optimizer state during the rollout, ...) + its own
+arguments + outputs not aliased to an argument + temporaries. The plan fits when the
+largest peak leaves the requested headroom.
 """
 
 from __future__ import annotations
@@ -26,21 +26,17 @@ import dataclasses
 from typing import Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from hgpo_jax import perf
 from hgpo_jax.models import config as model_config
-from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding as sharding_lib
-from hgpo_jax.training import train_batch as train_batch_lib
+from hgpo_jax.training import programs as programs_lib
+from hgpo_jax.training import targets as targets_lib
 from hgpo_jax.training import train_step
 
-PHASES = ("update", "logprobs", "prefill", "decode")
 GiB = 1024 ** 3
+TRAIN_PHASES = ("update", "logprobs")
 
 
 def parse_bytes(text: str) -> int:
@@ -102,7 +98,7 @@ def shapes_from_config(config, micro_batch_rows: Optional[int] = None,
 
 @dataclasses.dataclass
 class Phase:
-  """Per-device bytes and FLOPs of one compiled program."""
+  """Per-device bytes, FLOPs and cost of one compiled program (or XLA's refusal)."""
   name: str
   flops: float
   argument: int
@@ -110,6 +106,10 @@ class Phase:
   alias: int
   temp: int
   persistent_args: int  # bytes of the arguments that are persistent state (params, moments)
+  calls: int = 1  # calls in one training iteration
+  cycles: float = 0.0  # XLA:TPU's cost-model cycles per call (0 on other backends)
+  refused: bool = False  # XLA refused to compile it: out of memory (temp = bytes asked)
+  note: str = ""
 
   @property
   def transient(self) -> int:
@@ -126,144 +126,89 @@ class Plan:
   opt_state: int
   reference: int
   phases: dict[str, Phase]
+  critic: int = 0
+  platform: str = "cpu"
+  device_kind: str = "cpu"
+  rollout_rows: int = 0
+  sample_mesh: tuple[int, int, int] = (0, 0, 0)
 
   @property
   def persistent(self) -> int:
-    return self.params + self.opt_state + self.reference
+    return self.params + self.opt_state + self.reference + self.critic
 
   def peak(self, phase: Optional[str] = None) -> int:
     names = [phase] if phase else list(self.phases)
     return self.persistent + max((self.phases[n].transient for n in names), default=0)
 
+  def peak_phase(self) -> str:
+    return max(self.phases, key=lambda n: self.phases[n].transient)
+
+  def refused(self) -> list[str]:
+    return [n for n, p in self.phases.items() if p.refused]
+
   def fits(self, device_memory: int, headroom: float) -> bool:
-    return self.peak() <= device_memory * (1.0 - headroom)
+    return not self.refused() and self.peak() <= device_memory * (1.0 - headroom)
 
 
-def _sharded_bytes(tree) -> int:
-  """Per-device bytes of a tree of ShapeDtypeStructs with shardings (largest shard)."""
-  total = 0
-  for leaf in jax.tree.leaves(tree):
-    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
-    # Typed PRNG keys (extended dtypes) report their own itemsize (threefry: 8 bytes).
-    total += int(np.prod(shape, dtype=np.int64)) * int(leaf.dtype.itemsize)
-  return total
+def _mesh_tuple(mesh) -> tuple[int, int, int]:
+  m = mesh.shape
+  return (m["data"], m["fsdp"], m["tensor"])
 
 
-def _phase(name: str, compiled, persistent_args: int) -> Phase:
+def _phase(program: programs_lib.Program) -> Phase:
+  """Compiles one registry program; an out-of-memory refusal becomes a refused Phase."""
+  try:
+    compiled = program.lower().compile()
+  except Exception as e:  # noqa: BLE001  (XlaRuntimeError; only OOM is expected here)
+    if not targets_lib.is_oom(e):
+      raise
+    asked = targets_lib.parse_oom(str(e))
+    return Phase(name=program.name, flops=0.0, argument=0, output=0, alias=0,
+                 temp=asked[0] if asked else 0, persistent_args=0, calls=program.calls,
+                 refused=True, note=program.note)
   mem = perf.memory_bytes(compiled)
-  return Phase(name=name, flops=perf.compiled_flops(compiled), argument=mem["argument"],
-               output=mem["output"], alias=mem["alias"], temp=mem["temp"],
-               persistent_args=persistent_args)
-
-
-def abstract_batch(rows: int, seq: int, sharding) -> train_batch_lib.TrainBatch:
-  """ShapeDtypeStructs of a TrainBatch of [rows, seq] placed with `sharding`."""
-  sds = lambda dtype: jax.ShapeDtypeStruct((rows, seq), dtype, sharding=sharding)
-  return train_batch_lib.TrainBatch(
-      tokens=sds(jnp.int32), positions=sds(jnp.int32), input_mask=sds(jnp.bool_),
-      response_mask=sds(jnp.bool_), advantages=sds(jnp.float32), old_logprobs=sds(jnp.float32),
-      ref_logprobs=sds(jnp.float32))
-
-
-def _sampler_programs(cfg, graphdef, param_shardings, mesh, rows: int, prompt: int, new: int):
-  """Jitted prefill and decode-step functions with the sampler's shapes and masks."""
-  cache_len = prompt + new - 1
-  cache_sh = sharding_lib.cache_shardings(cfg, mesh, rows, cache_len)
-  row_spec = sharding_lib.logical_to_spec(("batch",), mesh, shape=(rows,))[0]
-  row_sh = NamedSharding(mesh, P(row_spec))
-  row2_sh = NamedSharding(mesh, P(row_spec, None))
-  slot_s = jnp.arange(cache_len)
-
-  def prefill(params, tokens_bp, lengths_b):
-    model = nnx.merge(graphdef, params)
-    cache = jax.lax.with_sharding_constraint(decoder.init_cache(cfg, rows, cache_len), cache_sh)
-    pad_b = prompt - lengths_b
-    slot_t = jnp.arange(prompt - 1)
-    positions_bt = jnp.maximum(slot_t[None, :] - pad_b[:, None], 0)
-    mask_bts = ((slot_s[None, None, :] <= slot_t[None, :, None])
-                & (slot_s[None, None, :] >= pad_b[:, None, None]))
-    _, cache = model.hidden(tokens_bp[:, :-1], positions_bt, mask_bts, cache=cache, cache_index=0)
-    return cache
-
-  def decode(params, cache, prev_b, lengths_b, step):
-    model = nnx.merge(graphdef, params)
-    slot = prompt - 1 + step
-    pad_b = prompt - lengths_b
-    positions_b1 = (lengths_b - 1 + step)[:, None]
-    mask_b1s = ((slot_s[None, :] <= slot) & (slot_s[None, :] >= pad_b[:, None]))[:, None, :]
-    logits_b1v, cache = model(prev_b[:, None], positions_b1, mask_b1s, cache=cache,
-                              cache_index=slot)
-    logp_bv = jax.nn.log_softmax(logits_b1v[:, 0].astype(jnp.float32), axis=-1)
-    token_b = jnp.argmax(logp_bv, axis=-1).astype(jnp.int32)
-    return token_b, jnp.take_along_axis(logp_bv, token_b[:, None], axis=1)[:, 0], cache
-
-  rep = NamedSharding(mesh, P())
-  prefill_jit = jax.jit(prefill, in_shardings=(param_shardings, row2_sh, row_sh),
-                        out_shardings=cache_sh)
-  decode_jit = jax.jit(decode, donate_argnums=(1,),
-                       in_shardings=(param_shardings, cache_sh, row_sh, row_sh, rep),
-                       out_shardings=(row_sh, row_sh, cache_sh))
-  i32 = lambda shape, sh: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sh)
-  cache_abs = decoder.KVCache(
-      k=jax.ShapeDtypeStruct(decoder.cache_shape(cfg, rows, cache_len), cfg.compute_dtype,
-                             sharding=cache_sh.k),
-      v=jax.ShapeDtypeStruct(decoder.cache_shape(cfg, rows, cache_len), cfg.compute_dtype,
-                             sharding=cache_sh.v))
-  prefill_args = (i32((rows, prompt), row2_sh), i32((rows,), row_sh))
-  decode_args = (cache_abs, i32((rows,), row_sh), i32((rows,), row_sh), i32((), rep))
-  return (prefill_jit, prefill_args), (decode_jit, decode_args)
+  text = compiled.as_text()
+  return Phase(name=program.name,
+               flops=perf.hlo_matmul_flops(text, program.unknown_trip_count) or
+               perf.cost_analysis(compiled).get("flops", 0.0),
+               argument=mem["argument"], output=mem["output"], alias=mem["alias"],
+               temp=mem["temp"], persistent_args=program.persistent, calls=program.calls,
+               cycles=perf.hlo_estimated_cycles(text, program.unknown_trip_count),
+               note=program.note)
 
 
 def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optional[int] = None,
-                 rollout_rows: Optional[int] = None, phases: Sequence[str] = PHASES,
-                 devices=None, update_config=None) -> Plan:
-  """Compiles the config's programs on a (data, fsdp, tensor) mesh; see module doc.
+                 rollout_rows: Optional[int] = None, phases: Optional[Sequence[str]] = None,
+                 devices=None) -> Plan:
+  """Compiles the config's registry programs on a (data, fsdp, tensor) mesh of `devices`
+  (default: this process's JAX devices); see module doc.
 
   Args:
     config: an experiment ConfigDict (configs/*.py).
     mesh_shape: (data, fsdp, tensor); data=-1 takes the remaining devices.
     micro_batch_rows: override of config.train.micro_batch_rows.
-    rollout_rows: override of the sampler's rows (num_groups x group_size).
-    phases: which programs to compile (a subset of PHASES).
-    devices: devices of the mesh (default all).
-    update_config: a `train_step.UpdateConfig` (default: the trainer's, from `config`).
+    rollout_rows: override of the sampler's rows per call on one process.
+    phases: which registry programs to compile (default: all of the config's).
+    devices: devices of the mesh: fake CPU devices, or TPU topology devices
+      (`targets.devices`) to compile with XLA:TPU.
   """
-  unknown = set(phases) - set(PHASES)
-  if unknown:
-    raise ValueError(f"unknown phases {sorted(unknown)}; choose from {PHASES}.")
   shapes = shapes_from_config(config, micro_batch_rows, rollout_rows)
-  cfg = shapes.model
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
-  if update_config is None:
-    from hgpo_jax import train as train_lib
-    update_config = train_lib.update_config(config)
-  update_config = dataclasses.replace(update_config, micro_batch_rows=shapes.micro_batch_rows)
-  abstract_model = nnx.eval_shape(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)))
-  learner = train_step.Learner(abstract_model, mesh, update_config)
-  state = learner.abstract_state()
-  params_b = _sharded_bytes(state.params)
-  opt_b = _sharded_bytes(state.opt_state)
-  state_b = _sharded_bytes(state)
-  batch = abstract_batch(shapes.mini_batch_rows, shapes.seq, learner.row_sharding)
-  out: dict[str, Phase] = {}
-  if "update" in phases:
-    out["update"] = _phase("update", learner.update.lower(state, batch).compile(), state_b)
-  if "logprobs" in phases:
-    out["logprobs"] = _phase("logprobs", learner.compute_logprobs.lower(state.params, batch).compile(),
-                             params_b)
-  if {"prefill", "decode"} & set(phases):
-    rows = shapes.rollout_rows
-    dp = learner.data_parallel
-    rows = -(-rows // dp) * dp  # the sampler rounds its batch buckets up the same way
-    (pre, pre_args), (dec, dec_args) = _sampler_programs(
-        cfg, learner.graphdef, learner.param_shardings, mesh, rows, shapes.prompt, shapes.response)
-    if "prefill" in phases:
-      out["prefill"] = _phase("prefill", pre.lower(state.params, *pre_args).compile(), params_b)
-    if "decode" in phases:
-      out["decode"] = _phase("decode", dec.lower(state.params, *dec_args).compile(), params_b)
-  m = mesh.shape
-  return Plan(mesh=(m["data"], m["fsdp"], m["tensor"]), shapes=shapes, params=params_b,
-              opt_state=opt_b, reference=params_b, phases=out)
+  registry = programs_lib.build(config, mesh, micro_batch_rows=shapes.micro_batch_rows,
+                                rollout_rows=rollout_rows)
+  names = list(registry.programs) if phases is None else list(phases)
+  unknown = set(names) - set(registry.programs)
+  if unknown:
+    raise ValueError(f"unknown programs {sorted(unknown)}; this config has "
+                     f"{sorted(registry.programs)}.")
+  out = {n: _phase(registry.programs[n]) for n in names}
+  device = mesh.devices.flat[0]
+  return Plan(mesh=_mesh_tuple(mesh), shapes=dataclasses.replace(
+                  shapes, rollout_rows=registry.rollout_rows),
+              params=registry.params_bytes, opt_state=registry.opt_bytes,
+              reference=registry.reference_bytes, critic=registry.critic_bytes, phases=out,
+              platform=registry.platform, device_kind=getattr(device, "device_kind", "cpu"),
+              rollout_rows=registry.rollout_rows, sample_mesh=_mesh_tuple(registry.sample_mesh))
 
 
 def candidate_meshes(num_devices: int, cfg: model_config.ModelConfig) -> list[tuple[int, int, int]]:
@@ -285,15 +230,11 @@ def candidate_meshes(num_devices: int, cfg: model_config.ModelConfig) -> list[tu
 
 
 def persistent_bytes(config, mesh_shape, devices=None) -> int:
-  """Parameters + AdamW moments + reference parameters per device, without compiling."""
-  shapes = shapes_from_config(config)
+  """Bytes per device that live through the iteration (actor params + AdamW moments +
+  reference, + the critic's params and moments), from the shardings, without compiling."""
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
-  abstract_model = nnx.eval_shape(lambda: decoder.Decoder(shapes.model, rngs=nnx.Rngs(0)))
-  dp_rows = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
-  learner = train_step.Learner(abstract_model, mesh, train_step.UpdateConfig(
-      mini_batch_rows=dp_rows, micro_batch_rows=dp_rows))
-  state = learner.abstract_state()
-  return 2 * _sharded_bytes(state.params) + _sharded_bytes(state.opt_state)
+  dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
+  return programs_lib.build(config, mesh, micro_batch_rows=dp).persistent
 
 
 def micro_batch_candidates(config, data_parallel: int) -> list[int]:
@@ -308,11 +249,8 @@ def micro_batch_candidates(config, data_parallel: int) -> list[int]:
   return out
 
 
-TRAIN_PHASES = ("update", "logprobs")
-
-
 def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.1,
-              log=print) -> tuple[Optional[Plan], list[tuple[tuple, int, str]]]:
+              log=print, devices=None) -> tuple[Optional[Plan], list[tuple[tuple, int, str]]]:
   """The first candidate mesh whose train step (update, then log-probs) fits, with the
   largest micro-batch that fits on it.
 
@@ -325,7 +263,7 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
   budget = device_memory * (1.0 - headroom)
   tried = []
   for mesh_shape in candidate_meshes(num_devices, shapes.model):
-    persistent = persistent_bytes(config, mesh_shape)
+    persistent = persistent_bytes(config, mesh_shape, devices=devices)
     if persistent > budget:
       tried.append((mesh_shape, 0, f"persistent {persistent / GiB:.2f} GiB > budget {budget / GiB:.2f} GiB"))
       log(f"  mesh data={mesh_shape[0]} fsdp={mesh_shape[1]} tensor={mesh_shape[2]}: {tried[-1][2]}")
@@ -334,7 +272,8 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
     for micro in micro_batch_candidates(config, mesh_shape[0] * mesh_shape[1]):
       # The update holds the largest temporaries of the train step (the log-prob pass
       # keeps no backward residuals); the log-probs are compiled for the winner below.
-      plan = compile_plan(config, mesh_shape, micro_batch_rows=micro, phases=("update",))
+      plan = compile_plan(config, mesh_shape, micro_batch_rows=micro, phases=("update",),
+                          devices=devices)
       ok = plan.fits(device_memory, headroom)
       verdict = f"peak {plan.peak() / GiB:.2f} GiB, budget {budget / GiB:.2f} GiB: {'fits' if ok else 'no'}"
       tried.append((mesh_shape, micro, verdict))
@@ -345,53 +284,106 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
       best = plan
     if best is not None:
       best = compile_plan(config, mesh_shape, micro_batch_rows=best.shapes.micro_batch_rows,
-                          phases=TRAIN_PHASES)
+                          phases=TRAIN_PHASES, devices=devices)
       if best.fits(device_memory, headroom):
         return best, tried
       tried.append((mesh_shape, best.shapes.micro_batch_rows, "log-probs do not fit"))
   return None, tried
 
 
-def sampler_rows_line(plan: Plan, device_memory: int, headroom: float = 0.1) -> str:
-  """How many sampler rows per call fit, from the prefill's bytes (linear in rows: the
-  KV cache, the [rows, prompt, cache] mask and the attention scores all are)."""
-  if "prefill" not in plan.phases:
-    return "sampler: not compiled"
+def largest_rollout_rows(config, mesh_shape, device_memory: int, headroom: float = 0.1, *,
+                         micro_batch_rows: Optional[int] = None, devices=None,
+                         log=print) -> int:
+  """The most sampler rows per generate call (a batch bucket of the sampler) whose compiled
+  program fits next to the persistent state: a bisection over the buckets, each step one
+  compile of the sampler's own program; 0 if not even the smallest bucket fits."""
+  mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
+  registry = programs_lib.build(config, mesh, micro_batch_rows=micro_batch_rows)
+  buckets = [b for b in registry.sampler.batch_buckets]
   budget = device_memory * (1.0 - headroom)
-  rows = plan.shapes.rollout_rows
-  per_row = max(plan.phases[p].transient for p in ("prefill", "decode") if p in plan.phases) / rows
-  dp = plan.mesh[0] * plan.mesh[1]
-  fit = int((budget - plan.persistent) // per_row) if per_row > 0 else rows
-  fit = max(fit // dp * dp, 0)
-  verdict = "fits" if fit >= rows else "does NOT fit"
-  return (f"sampler: {rows} rows x prompt {plan.shapes.prompt} {verdict}; about {fit} rows per "
-          f"generate call fit next to the persistent state (linear estimate from the prefill)")
+  lo, hi, best = 0, len(buckets) - 1, 0
+  while lo <= hi:
+    mid = (lo + hi) // 2
+    plan = compile_plan(config, mesh_shape, micro_batch_rows=micro_batch_rows,
+                        rollout_rows=buckets[mid], phases=("generate",), devices=devices)
+    ok = plan.fits(device_memory, headroom)
+    log(f"  sampler {buckets[mid]} rows: "
+        + (f"refused by XLA (asked {plan.phases['generate'].temp / GiB:.2f} GiB)"
+           if plan.refused() else f"peak {plan.peak() / GiB:.2f} GiB of budget "
+           f"{budget / GiB:.2f} GiB: {'fits' if ok else 'no'}"))
+    if ok:
+      best, lo = buckets[mid], mid + 1
+    else:
+      hi = mid - 1
+  return best
 
 
-def format_plan(plan: Plan, device_memory: Optional[int] = None, headroom: float = 0.1) -> str:
-  """A human-readable table of one plan (GiB per device)."""
+def estimated_seconds(plan: Plan, seconds_per_cycle: float) -> dict[str, float]:
+  """Per program: calls per iteration x XLA:TPU's cost-model cycles x seconds per cycle
+  (`targets.seconds_per_cycle`), and the iteration's total under "iteration". An XLA:TPU
+  estimate, not a measurement: collectives, host work and env steps are not in it, and the
+  decode loop is counted at max_new_tokens for every row."""
+  out = {n: p.calls * p.cycles * seconds_per_cycle for n, p in plan.phases.items()}
+  out["iteration"] = sum(out.values())
+  return out
+
+
+def format_plan(plan: Plan, device_memory: Optional[int] = None, headroom: float = 0.1,
+                seconds: Optional[dict[str, float]] = None) -> str:
+  """A human-readable table of one plan (GiB per device); `seconds` from
+  `estimated_seconds` adds XLA:TPU's estimated time per iteration of each program."""
   g = lambda b: f"{b / GiB:8.2f}"
   s = plan.shapes
+  compiler = {"tpu": "XLA:TPU", "gpu": "XLA:GPU"}.get(plan.platform, "XLA:CPU (approximation)")
   lines = [
-      f"mesh data={plan.mesh[0]} fsdp={plan.mesh[1]} tensor={plan.mesh[2]}; model "
+      f"compiled by {compiler} for {plan.device_kind}; mesh data={plan.mesh[0]} "
+      f"fsdp={plan.mesh[1]} tensor={plan.mesh[2]} (sampler data={plan.sample_mesh[0]} "
+      f"fsdp={plan.sample_mesh[1]} tensor={plan.sample_mesh[2]}); model "
       f"{s.model.num_layers}L d={s.model.hidden_dim} {s.model.dtype} remat={s.model.remat}; "
       f"update [{s.mini_batch_rows} x {s.seq}] micro-batch {s.micro_batch_rows}; sampler "
-      f"{s.rollout_rows} rows x prompt {s.prompt} + {s.response} new",
+      f"{plan.rollout_rows or s.rollout_rows} rows x prompt {s.prompt} + {s.response} new",
       f"per device: params {g(plan.params)} GiB, optimizer {g(plan.opt_state)} GiB, "
-      f"reference {g(plan.reference)} GiB (persistent {g(plan.persistent)} GiB)",
-      f"{'phase':9s} {'GFLOP':>12s} {'args':>8s} {'output':>8s} {'aliased':>8s} {'temp':>8s} {'peak':>8s}  (GiB)",
+      f"reference {g(plan.reference)} GiB, critic {g(plan.critic)} GiB "
+      f"(persistent {g(plan.persistent)} GiB)",
+      f"{'program':16s} {'calls':>5s} {'GFLOP/call':>12s} {'args':>8s} {'output':>8s} "
+      f"{'aliased':>8s} {'temp':>8s} {'peak':>8s}  (GiB per device)"
+      + ("  est. s/iteration" if seconds else ""),
   ]
   for p in plan.phases.values():
-    lines.append(f"{p.name:9s} {p.flops / 1e9:12.1f} {g(p.argument)} {g(p.output)} {g(p.alias)} "
-                 f"{g(p.temp)} {g(plan.persistent + p.transient)}")
+    if p.refused:
+      lines.append(f"{p.name:16s} {p.calls:5d} {'-':>12s} {'-':>8s} {'-':>8s} {'-':>8s} "
+                   f"{g(p.temp)} {'-':>8s}  refused by the compiler: asked {p.temp / GiB:.2f} "
+                   "GiB of temporaries")
+      continue
+    lines.append(f"{p.name:16s} {p.calls:5d} {p.flops / 1e9:12.1f} {g(p.argument)} {g(p.output)} "
+                 f"{g(p.alias)} {g(p.temp)} {g(plan.persistent + p.transient)}"
+                 + (f"  {seconds[p.name]:10.1f}" if seconds else ""))
+  if seconds:
+    lines.append(f"estimated iteration time (XLA:TPU cost model, not a measurement): "
+                 f"{seconds['iteration']:.1f} s of device compute")
   if device_memory:
     budget = device_memory * (1.0 - headroom)
-    peak = plan.peak()
-    verdict = "FITS" if peak <= budget else "DOES NOT FIT"
-    lines.append(f"{verdict}: peak {peak / GiB:.2f} GiB of {device_memory / GiB:.2f} GiB "
-                 f"({headroom:.0%} headroom kept: budget {budget / GiB:.2f} GiB, "
-                 f"left {(budget - peak) / GiB:.2f} GiB)")
-    over = [p.name for p in plan.phases.values() if plan.persistent + p.transient > budget]
+    over = [p.name for p in plan.phases.values()
+            if p.refused or plan.persistent + p.transient > budget]
     if over:
-      lines.append(f"over budget: {', '.join(over)}")
+      lines.append(f"over budget ({budget / GiB:.2f} GiB = {device_memory / GiB:.2f} GiB less "
+                   f"{headroom:.0%} headroom): {', '.join(over)}")
   return "\n".join(lines)
+
+
+def verdict_line(plan: Plan, device_memory: int, headroom: float, target: str) -> str:
+  """The plan's last line: `fits: peak X GiB of Y GiB per device on T (program)` or
+  `does not fit: ...`."""
+  refused = plan.refused()
+  if refused:
+    asked = max(plan.phases[n].temp for n in refused)
+    return (f"does not fit: {', '.join(refused)} refused by the compiler on {target} (asked "
+            f"{asked / GiB:.2f} GiB of temporaries; {device_memory / GiB:.2f} GiB per device)")
+  name = plan.peak_phase()
+  peak = plan.peak()
+  head = f"(with {headroom:.0%} headroom)" if headroom else ""
+  if plan.fits(device_memory, headroom):
+    return (f"fits: peak {peak / GiB:.2f} GiB of {device_memory / GiB:.2f} GiB per device on "
+            f"{target} ({name}) {head}".rstrip())
+  return (f"does not fit: peak {peak / GiB:.2f} GiB of {device_memory / GiB:.2f} GiB per device on "
+          f"{target} ({name}) {head}".rstrip())

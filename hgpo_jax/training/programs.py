@@ -1,0 +1,353 @@
+"""Program registry: every jitted program of a config, with abstract arguments and shardings.
+
+`build(config, mesh)` constructs the objects whose jitted methods the trainer calls — the
+actor `Learner` (update, log-probs), the `CriticLearner` for critic estimators (values,
+update), the rollout `Sampler` (its own generate program: prefill + decode loop) and the
+registered estimator — from a config and a mesh, with no weights: parameters, optimizer
+state and batches are `ShapeDtypeStruct`s carrying their target shardings. Each `Program`
+is one of those jitted objects plus the abstract arguments of the call the trainer makes
+at the config's largest shapes, and how many times one training iteration calls it.
+`launch.plan`, the FLOP accounting and the TPU compile tests take their programs from here,
+so they compile exactly the functions the trainer runs (no copies that can drift).
+
+Target platform: the mesh's devices decide (`target_platform(mesh)`), never
+`jax.default_backend()`: a CPU host compiling for TPU topology devices gets TPU programs.
+
+Shapes (the paper setting's worst case, each an upper bound of what a run compiles):
+  update, logprobs   [train.mini_batch_rows, max_prompt_tokens + max_new_tokens] rows,
+                     the unpacked layout (length-grouped or packed layouts compile smaller
+                     micro-batches of the same rows);
+  generate           this process's rollout rows (groups per process x group size, rounded
+                     up to the sampler's batch bucket) x the largest prompt bucket, free
+                     (unconstrained) decoding of max_new_tokens, each row prefilled;
+  generate_shared    the same call at an episode's first turn: each group's prompt is
+                     prefilled once and its cache rows copied to the group's rows;
+  critic_values, critic_update   the critic's (PPO, HiPER) on the update's rows;
+  advantages         the estimator on the iteration's row capacity (critic-free only).
+With several processes the training programs span the whole slice and the sampler runs on
+each process's own devices (`sampling_mesh`), as the trainer does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from hgpo_jax.models import config as model_config
+from hgpo_jax.models import critic as critic_lib
+from hgpo_jax.models import decoder
+from hgpo_jax.models import sharding as sharding_lib
+from hgpo_jax.sampling import constrained
+from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.training import critic_step
+from hgpo_jax.training import train_batch as train_batch_lib
+from hgpo_jax.training import train_step
+
+GiB = 1024 ** 3
+# Prompt buckets of the sampler: the rollout pads each turn's prompts to the smallest one
+# that holds them, capped by rollout.max_prompt_tokens (the trainer's own list).
+PROMPT_BUCKETS = (128, 256, 512, 640, 768, 1024, 1536, 2048, 3072, 4096)
+CRITIC_HEADS = {"gae": 1, "hae": 3}
+
+
+def target_platform(mesh: jax.sharding.Mesh) -> str:
+  """'tpu', 'gpu' or 'cpu': the platform of the devices the programs are compiled for."""
+  platform = mesh.devices.flat[0].platform
+  return "gpu" if platform in ("cuda", "rocm") else platform
+
+
+def prompt_buckets(max_prompt_tokens: int) -> tuple[int, ...]:
+  return tuple(b for b in PROMPT_BUCKETS if b < max_prompt_tokens) + (max_prompt_tokens,)
+
+
+def sampling_mesh(config, mesh: jax.sharding.Mesh, local_devices, num_processes: int
+                  ) -> jax.sharding.Mesh:
+  """The sampler's mesh: the training mesh with one process; with several, a mesh over one
+  process's own devices (generation is data parallel and each process samples its own
+  prompts): the config's tensor size, fsdp as far as the local devices allow, data the
+  rest. Raises ValueError when the tensor size does not divide a process's devices."""
+  if num_processes == 1:
+    return mesh
+  tensor = config.mesh.tensor
+  if len(local_devices) % tensor:
+    raise ValueError(f"config.mesh.tensor={tensor} must divide the {len(local_devices)} devices "
+                     "of each process (the sampler runs on each process's own devices)")
+  fsdp = math.gcd(config.mesh.fsdp, len(local_devices) // tensor)
+  return sharding_lib.make_mesh(-1, fsdp, tensor, devices=list(local_devices))
+
+
+def groups_per_process(config, num_processes: int) -> int:
+  """config.rollout.num_groups is global; each process plays an equal contiguous share."""
+  if config.rollout.num_groups % num_processes:
+    raise ValueError(f"rollout.num_groups={config.rollout.num_groups} is not a multiple of "
+                     f"the {num_processes} processes")
+  return config.rollout.num_groups // num_processes
+
+
+@dataclasses.dataclass
+class Program:
+  """One jitted program and the abstract arguments of the call the trainer makes."""
+  name: str
+  jitted: Any
+  args: tuple
+  static: dict
+  calls: int  # calls in one training iteration (upper bound: every episode runs to max_steps)
+  persistent: int  # per-device bytes of the arguments that stay allocated (params, moments)
+  unknown_trip_count: int = 1  # weight of a loop without a fixed trip count (decode loop)
+  note: str = ""
+
+  def lower(self):
+    return self.jitted.lower(*self.args, **self.static)
+
+
+@dataclasses.dataclass
+class Registry:
+  """The programs of one config on one mesh and the persistent bytes per device."""
+  config: Any
+  mesh: jax.sharding.Mesh
+  sample_mesh: jax.sharding.Mesh
+  model_cfg: model_config.ModelConfig
+  learner: train_step.Learner
+  critic: Optional[critic_step.CriticLearner]
+  sampler: sampler_lib.Sampler
+  programs: dict[str, Program]
+  params_bytes: int
+  opt_bytes: int
+  reference_bytes: int
+  critic_bytes: int  # critic params + moments (0 without a critic)
+  num_processes: int
+  rollout_rows: int  # sampler rows per call on one process
+
+  @property
+  def persistent(self) -> int:
+    """Bytes per device that live through the whole iteration: actor params and AdamW
+    moments, the frozen reference, and the critic's params and moments."""
+    return self.params_bytes + self.opt_bytes + self.reference_bytes + self.critic_bytes
+
+  @property
+  def platform(self) -> str:
+    return target_platform(self.mesh)
+
+
+def sharded_bytes(tree) -> int:
+  """Per-device bytes of a tree of ShapeDtypeStructs with shardings (largest shard)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    sharding = getattr(leaf, "sharding", None)
+    shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+    # Typed PRNG keys (extended dtypes) report their own itemsize (threefry: 8 bytes).
+    total += int(np.prod(shape, dtype=np.int64)) * int(leaf.dtype.itemsize)
+  return total
+
+
+def abstract_train_batch(rows: int, seq: int, sharding) -> train_batch_lib.TrainBatch:
+  """ShapeDtypeStructs of a TrainBatch of [rows, seq] placed with `sharding`."""
+  sds = lambda dtype: jax.ShapeDtypeStruct((rows, seq), dtype, sharding=sharding)
+  return train_batch_lib.TrainBatch(
+      tokens=sds(jnp.int32), positions=sds(jnp.int32), input_mask=sds(jnp.bool_),
+      response_mask=sds(jnp.bool_), advantages=sds(jnp.float32), old_logprobs=sds(jnp.float32),
+      ref_logprobs=sds(jnp.float32))
+
+
+def abstract_value_batch(rows: int, seq: int, heads: int, sharding) -> critic_step.ValueBatch:
+  sds = lambda dtype, *tail: jax.ShapeDtypeStruct((rows, seq) + tail, dtype, sharding=sharding)
+  return critic_step.ValueBatch(
+      tokens=sds(jnp.int32), positions=sds(jnp.int32), input_mask=sds(jnp.bool_),
+      response_mask=sds(jnp.bool_), value_mask=sds(jnp.bool_, heads),
+      returns=sds(jnp.float32, heads), old_values=sds(jnp.float32, heads))
+
+
+class _CompileOnlyTokenizer:
+  """What the sampler's program reads from a tokenizer: the EOS ids and the pad id, both
+  constants of the program (they change no shape or byte). `build` uses it when no real
+  tokenizer is given: a plan needs no vocabulary file."""
+
+  def __init__(self, vocab_size: int):
+    self.eos_ids = (vocab_size - 1,)
+    self.pad_id = 0
+
+  def token_strings(self):
+    raise RuntimeError("a compile-only sampler has no vocabulary; build the registry with the "
+                       "model's tokenizer to sample")
+
+
+def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: int, config):
+  """Abstract arguments of `Sampler._jit_generate` for a free-decoding call, laid out as
+  `Sampler.generate` places them (rows over the batch axes, tables replicated)."""
+  mesh = sampler.mesh
+  row_spec = sharding_lib.logical_to_spec(("batch",), mesh, shape=(rows,))[0]
+  by_row = lambda n, *tail: NamedSharding(mesh, P(row_spec, *([None] * len(tail))))
+  rep = NamedSharding(mesh, P())
+  sds = lambda shape, dtype, sh: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+  vocab = sampler.cfg.vocab_size
+  tries = constrained.build_tries([], 1)
+  trie_args = tuple(
+      sds(getattr(tries, name).shape, getattr(tries, name).dtype,
+          by_row(rows) if getattr(tries, name).shape[0] == rows else rep)
+      for name in sampler_lib._TRIE_ARRAYS)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  stop_rows = 1  # free decoding without stop strings (the rollouts' stop is EOS)
+  u_spec = sharding_lib.logical_to_spec(("batch",), mesh, shape=(unique,))[0]
+  by_u = lambda *tail: NamedSharding(mesh, P(u_spec, *([None] * len(tail))))
+  args = (sds((rows, prompt), jnp.int32, by_row(rows, prompt)), sds((rows,), jnp.int32, by_row(rows)),
+          sds((rows,), jnp.bool_, by_row(rows)),
+          sds((unique, prompt), jnp.int32, by_u(prompt)), sds((unique,), jnp.int32, by_u()),
+          sds((rows,), jnp.int32, by_row(rows)),
+          jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),
+          sds((), jnp.float32, rep), sds((), jnp.int32, rep), sds((), jnp.float32, rep),
+          sds((stop_rows, vocab), jnp.int32, rep), sds((), jnp.bool_, rep),
+          *trie_args, sds((2, vocab), jnp.bool_, rep))
+  temperature = float(config.rollout.temperature)
+  greedy = temperature == 0.0
+  filtered = not greedy and (int(config.rollout.top_k) > 0 or float(config.rollout.top_p) < 1.0)
+  static = dict(max_new_tokens=int(config.rollout.max_new_tokens), greedy=greedy,
+                filtered=filtered, constraint_mode=sampler_lib._NO_CONSTRAINT, ignore_eos=False,
+                shared_prefill=unique != rows)
+  return args, static
+
+
+def _bucket(n: int, buckets) -> int:
+  for b in buckets:
+    if b >= n:
+      return b
+  raise ValueError(f"{n} rows exceed the sampler's largest batch bucket {buckets[-1]}")
+
+
+def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = None,
+          rollout_rows: Optional[int] = None, local_devices=None, num_processes: Optional[int] = None,
+          tokenizer=None, model_cfg: Optional[model_config.ModelConfig] = None) -> Registry:
+  """The registry of `config` on `mesh` (see module doc).
+
+  Args:
+    config: an experiment ConfigDict (configs/*.py).
+    mesh: the training mesh (real devices, fake CPU devices or TPU topology devices).
+    micro_batch_rows: override of config.train.micro_batch_rows.
+    rollout_rows: override of the sampler's rows per call on one process.
+    local_devices: one process's devices (default: the mesh's devices of process 0; for TPU
+      topology devices the same chips as a one-host topology, `targets.one_host_devices`).
+    num_processes: processes of the job (default: the processes of the mesh's devices).
+    tokenizer: the model's tokenizer (default: a compile-only stand-in, see
+      `_CompileOnlyTokenizer`).
+    model_cfg: the model's architecture (default: `config.model.name`'s preset in
+      `config.model.dtype` with the run's numerics).
+  """
+  from hgpo_jax import train as train_lib  # the trainer's typed settings (train imports us)
+  devs = list(mesh.devices.flat)
+  if num_processes is None:
+    num_processes = len({d.process_index for d in devs})
+  if local_devices is None:
+    if target_platform(mesh) == "tpu":
+      from hgpo_jax.training import targets
+      local_devices = targets.one_host_devices(devs)
+    else:
+      first = devs[0].process_index
+      local_devices = [d for d in devs if d.process_index == first]
+  if model_cfg is None:
+    preset = model_config.get_preset(config.model.name).replace(param_dtype=config.model.dtype)
+    model_cfg = train_lib.model_settings(config, preset)
+  run = train_lib.validate(config)
+  update = run.update
+  if micro_batch_rows:
+    update = dataclasses.replace(update, micro_batch_rows=micro_batch_rows)
+  abstract_model = nnx.eval_shape(lambda: decoder.Decoder(model_cfg, rngs=nnx.Rngs(0)))
+  learner = train_step.Learner(abstract_model, mesh, update)
+  state = learner.abstract_state()
+  params_b, opt_b = sharded_bytes(state.params), sharded_bytes(state.opt_state)
+  seq = config.rollout.max_prompt_tokens + config.rollout.max_new_tokens
+  mini = update.mini_batch_rows
+  batch = abstract_train_batch(mini, seq, learner.row_sharding)
+  capacity = config.rollout.num_groups * config.rollout.group_size * config.env.max_steps
+  num_mini = -(-capacity // mini)
+  updates = update.ppo_epochs * num_mini
+  # The trainer computes log pi_old in the update itself when an iteration is one optimizer
+  # step (UpdateConfig.on_policy); the frozen reference policy is always kept (KL anchor).
+  on_policy = update.on_policy(capacity)
+  use_reference = True
+  logprob_calls = num_mini * (int(not on_policy) + int(use_reference))
+  programs: dict[str, Program] = {
+      "update": Program("update", learner.update, (state, batch), {}, updates,
+                        sharded_bytes(state)),
+      "logprobs": Program("logprobs", learner.compute_logprobs, (state.params, batch), {},
+                          logprob_calls, params_b,
+                          note="old and reference log-probs of one mini-batch"),
+  }
+  if on_policy:  # `update` is called with a positional static flag
+    programs["update"] = dataclasses.replace(programs["update"], args=(state, batch, True),
+                                             static={})
+
+  estimator, options = run.estimator, run.options
+  critic = None
+  critic_b = 0
+  if estimator.needs_critic:
+    heads = CRITIC_HEADS[estimator.name]
+    critic = critic_step.CriticLearner(critic_lib.abstract_critic(model_cfg, heads), mesh,
+                                       run.critic_update, run.value_loss)
+    cstate = critic.abstract_state()
+    critic_b = sharded_bytes(cstate)
+    vbatch = abstract_value_batch(critic.config.mini_batch_rows, seq, heads, critic.row_sharding)
+    programs["critic_values"] = Program("critic_values", critic.compute_values,
+                                        (cstate.params, vbatch), {}, num_mini,
+                                        sharded_bytes(cstate.params))
+    programs["critic_update"] = Program("critic_update", critic.update, (cstate, vbatch), {},
+                                        updates, critic_b)
+  else:
+    programs["advantages"] = _estimator_program(estimator, options, capacity, config)
+
+  # ---- rollout: the sampler on one process's devices --------------------------------
+  sample_mesh = sampling_mesh(config, mesh, local_devices, num_processes)
+  local_shardings = jax.tree.map(lambda s: NamedSharding(sample_mesh, s.spec),
+                                 learner.param_shardings)
+  sample_params = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state.params,
+      local_shardings)
+  sampler = sampler_lib.Sampler(nnx.merge(learner.graphdef, sample_params),
+                                tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size),
+                                prompt_buckets=prompt_buckets(config.rollout.max_prompt_tokens),
+                                mesh=sample_mesh)
+  per_process = groups_per_process(config, num_processes) * config.rollout.group_size
+  rows = _bucket(rollout_rows or per_process, sampler.batch_buckets)
+  prompt = config.rollout.max_prompt_tokens
+  sample_params_b = sharded_bytes(sample_params)
+  decode_steps = int(config.rollout.max_new_tokens)
+  args, static = _sampler_args(sampler, rows, prompt, rows, config)
+  turns = int(config.env.max_steps)
+  programs["generate"] = Program(
+      "generate", sampler._jit_generate, (sampler.model,) + args, static, max(turns - 1, 1),
+      sample_params_b, unknown_trip_count=decode_steps,
+      note=f"{rows} rows x prompt {prompt}, prefill + up to {decode_steps} decode steps")
+  unique = _bucket(max(rows // config.rollout.group_size, 1), sampler.batch_buckets)
+  if unique < rows:
+    args, static = _sampler_args(sampler, rows, prompt, unique, config)
+    programs["generate_shared"] = Program(
+        "generate_shared", sampler._jit_generate, (sampler.model,) + args, static, 1,
+        sample_params_b, unknown_trip_count=decode_steps,
+        note=f"first turn: {unique} prompts prefilled, copied to {rows} rows")
+  return Registry(config=config, mesh=mesh, sample_mesh=sample_mesh, model_cfg=model_cfg,
+                  learner=learner, critic=critic, sampler=sampler, programs=programs,
+                  params_bytes=params_b, opt_bytes=opt_b,
+                  reference_bytes=params_b if use_reference else 0, critic_bytes=critic_b,
+                  num_processes=num_processes, rollout_rows=rows)
+
+
+def _estimator_program(estimator, options, capacity: int, config) -> Program:
+  """The estimator on an abstract RowBatch of the iteration's capacity (replicated: the
+  trainer runs it on the host's default device, one call per iteration)."""
+  from hgpo_jax.advantages import grouping
+  levels = getattr(options, "k", 0) + 1
+  one = dict(group=[0], traj=[0], step=[0], anchor_obs=["o"], reward=[0.0], valid=[True],
+             done=[True])
+  grouped = grouping.build_row_batch(one, num_levels=levels, capacity=capacity,
+                                     **grouping.grouping_options(options))
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
+                          grouped.batch)
+  fn: Callable = estimator.fn
+  return Program("advantages", fn, (abstract, options), {}, 1, 0,
+                 note=f"{estimator.name} over {capacity} rows")

@@ -1,0 +1,166 @@
+"""Every program of a config compiled by XLA:TPU (the libtpu wheel) for TPU slices, no TPU.
+
+The devices come from `jax.experimental.topologies` (hgpo_jax/training/targets.py); the
+programs from the registry (hgpo_jax/training/programs.py), i.e. the trainer's own jitted
+functions. Skipped, with the reason, where libtpu is not installed (CI installs it).
+"""
+
+import pytest
+
+from configs import alfworld
+from configs import webshop
+from hgpo_jax import perf
+from hgpo_jax.models import sharding
+from hgpo_jax.training import plan as plan_lib
+from hgpo_jax.training import programs
+from hgpo_jax.training import targets
+
+pytestmark = [
+    pytest.mark.tpu_compile,
+    pytest.mark.skipif(targets.libtpu_available() is not None,
+                       reason=targets.libtpu_available() or ""),
+]
+GiB = 1024 ** 3
+
+SMOKE_CONFIGS = {
+    "alfworld-hgpo": lambda: alfworld.get_config("algo=hgpo,smoke"),
+    "alfworld-hiper": lambda: alfworld.get_config("algo=hiper,smoke"),
+    "webshop-gigpo": lambda: webshop.get_config("algo=gigpo,smoke"),
+}
+
+
+def test_target_names_and_xla_tpu_usable_hbm():
+  """Cloud TPU names resolve to topologies with the right chip count and hosts, and
+  XLA:TPU's own usable HBM per chip sits just under the nominal figure."""
+  expected = {"v5e-8": (8, 2, 16), "v5p-8": (4, 1, 96), "v6e-8": (8, 2, 32), "v4-8": (4, 1, 32)}
+  for name, (chips, hosts, nominal) in expected.items():
+    target = targets.resolve(name)
+    devs = targets.devices(target)
+    assert len(devs) == chips and targets.process_count(devs) == hosts
+    usable = targets.available_hbm(target) / GiB
+    assert 0.95 * nominal < usable <= nominal, (name, usable)
+  assert targets.resolve("v5e:4x4").chips == 16
+  assert targets.resolve("v5p:2x2x1").topology == "v5:2x2x1"
+  with pytest.raises(ValueError, match="v5e-8"):
+    targets.resolve("v5x-8")
+
+
+def test_parse_oom_reads_both_xla_messages():
+  msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+         "temporaries (20.24G) exceeds available HBM (15.75G).")
+  asked, available = targets.parse_oom(msg)
+  assert asked == int(20.24 * GiB) and available == int(15.75 * GiB)
+  assert targets.parse_oom("Used 17.5G of 15.75G hbm. Exceeded hbm capacity by 1.7G.") == (
+      int(17.5 * GiB), int(15.75 * GiB))
+  assert targets.parse_oom("some other error") is None
+
+
+@pytest.mark.parametrize("target_name", ["v5e-8", "v5p-8"])
+@pytest.mark.parametrize("config_name", sorted(SMOKE_CONFIGS))
+def test_every_program_of_the_smoke_configs_compiles_and_fits(config_name, target_name):
+  config = SMOKE_CONFIGS[config_name]()
+  target = targets.resolve(target_name)
+  devices = targets.devices(target)
+  config.train.micro_batch_rows = len(devices)  # one row per device of the data mesh
+  config.train.mini_batch_rows = max(config.train.mini_batch_rows, len(devices))
+  plan = plan_lib.compile_plan(config, (-1, 1, 1), devices=devices)
+  expected = {"update", "logprobs", "generate"}
+  expected |= {"critic_values", "critic_update"} if config_name.endswith("hiper") else {"advantages"}
+  assert expected <= set(plan.phases)
+  assert plan.platform == "tpu" and plan.device_kind.startswith("TPU")
+  memory = targets.available_hbm(target)
+  assert plan.fits(memory, headroom=0.1), plan_lib.format_plan(plan, memory)
+  # The update's state comes back aliased to the donated one.
+  assert plan.phases["update"].alias >= plan.params + plan.opt_state
+  # XLA:TPU's cost model: every program with matmuls has cycles.
+  assert plan.phases["update"].cycles > 0 and plan.phases["generate"].cycles > 0
+
+
+def test_generate_compiles_on_one_host_of_a_multi_host_slice():
+  """v5e-16 is 4 hosts x 4 chips: training programs span all 16 chips, the sampler runs
+  on one host's 4 chips with that host's share of the rollout rows."""
+  config = alfworld.get_config("algo=hgpo,smoke")
+  config.rollout.num_groups = 8
+  config.train.micro_batch_rows = config.train.mini_batch_rows = 16
+  devices = targets.devices(targets.resolve("v5e-16"))
+  mesh = sharding.make_mesh(-1, 1, 1, devices=devices)
+  registry = programs.build(config, mesh)
+  assert registry.num_processes == 4
+  assert registry.sample_mesh.devices.size == 4
+  assert {d.process_index for d in registry.sample_mesh.devices.flat} == {0}
+  assert registry.sample_mesh.devices.flat[0].device_kind == devices[0].device_kind
+  per_host = 8 // 4 * config.rollout.group_size
+  assert registry.rollout_rows == per_host
+  tokens = registry.programs["generate"].args[1]
+  assert tokens.shape == (per_host, config.rollout.max_prompt_tokens)
+  registry.programs["generate"].lower().compile()
+
+
+def test_tpu_flops_of_the_tiny_update_and_logprobs_equal_the_analytic_count():
+  """The matmul FLOPs read from XLA:TPU's HLO (convolutions, loop bounds from conditions)
+  equal 2 x params x tokens + the attention term, as on CPU (tests/test_perf.py). Remat
+  off: the backward pass then has exactly 2 forward passes' matmuls."""
+  config = alfworld.get_config("algo=hgpo,smoke")
+  config.model.remat = False
+  config.rollout.max_prompt_tokens, config.rollout.max_new_tokens = 96, 32
+  config.train.mini_batch_rows = config.train.micro_batch_rows = 8
+  devices = targets.devices(targets.resolve("v5e-8"))
+  plan = plan_lib.compile_plan(config, (8, 1, 1), phases=("update", "logprobs"), devices=devices)
+  cfg = plan.shapes.model
+  seq, scored = 96 + 32, 32
+  fwd = perf.analytic_forward_flops(cfg, rows=8, tokens=seq, keys=seq, scored=scored)
+  upd = perf.analytic_update_flops(cfg, rows=8, seq=seq, scored=scored, remat=False)
+  assert plan.phases["logprobs"].flops * 8 == pytest.approx(fwd, rel=1e-6)
+  assert plan.phases["update"].flops * 8 == pytest.approx(upd, rel=1e-6)
+
+
+def test_launch_plan_topology_prints_the_fits_line_and_exits_zero(capsys):
+  from launch import plan as plan_cli
+  code = plan_cli.main(["--config=configs/alfworld.py:algo=hgpo,smoke", "--topology", "v5e-8"])
+  out = capsys.readouterr().out.strip().splitlines()
+  assert code == 0
+  assert out[-1].startswith("fits: peak ") and "GiB per device on v5e-8" in out[-1]
+  assert any("compiled by XLA:TPU for TPU v5 lite" in line for line in out)
+  assert any("estimated iteration time (XLA:TPU cost model" in line for line in out)
+
+
+def test_a_program_xla_tpu_refuses_is_reported_with_the_bytes_it_asked_for():
+  """A program whose temporaries exceed a v5e chip is a refused phase (no traceback), with
+  XLA:TPU's byte count; the verdict line names it."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  devices = targets.devices(targets.resolve("v5e-8"))
+  mesh = jax.sharding.Mesh(np.array(devices[:1]), ("x",))
+  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  big = lambda x: jnp.sin(jnp.zeros((20 * GiB // 4,), jnp.float32) + x)
+  program = programs.Program("big", jax.jit(big, out_shardings=rep),
+                             (jax.ShapeDtypeStruct((), jnp.float32, sharding=rep),), {}, 1, 0)
+  phase = plan_lib._phase(program)
+  assert phase.refused and phase.temp >= 20 * GiB
+  plan = plan_lib.Plan(mesh=(1, 1, 1), shapes=None, params=0, opt_state=0, reference=0,
+                       phases={"big": phase}, platform="tpu")
+  line = plan_lib.verdict_line(plan, targets.available_hbm(targets.resolve("v5e-8")), 0.1, "v5e-8")
+  assert line.startswith("does not fit: big refused by the compiler on v5e-8 (asked 20.")
+
+
+def test_launch_plan_exits_one_when_the_peak_exceeds_the_device_memory(capsys):
+  from launch import plan as plan_cli
+  code = plan_cli.main(["--config=configs/alfworld.py:algo=hgpo,smoke", "--topology", "v5e-8",
+                        "--programs", "update", "--device-memory", "1MiB"])
+  last = capsys.readouterr().out.strip().splitlines()[-1]
+  assert code == 1
+  assert last.startswith("does not fit: peak ") and "of 0.00 GiB per device on v5e-8 (update)" in last
+
+
+@pytest.mark.slow
+def test_qwen2_5_1_5b_paper_update_and_logprobs_fit_a_v5e_8():
+  """The paper setting (16 x 8 groups, prompt 4096 + 512, mini-batch 256, float32, remat)
+  on mesh data=1 fsdp=4 tensor=2, micro-batch 8: update and log-probs fit 15.75 GiB."""
+  config = alfworld.get_config("algo=hgpo,model=qwen2.5-1.5b")
+  target = targets.resolve("v5e-8")
+  plan = plan_lib.compile_plan(config, (1, 4, 2), micro_batch_rows=8,
+                               phases=("update", "logprobs"), devices=targets.devices(target))
+  memory = targets.available_hbm(target)
+  assert not plan.refused()
+  assert plan.peak() <= memory, plan_lib.format_plan(plan, memory)
