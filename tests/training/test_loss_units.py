@@ -81,6 +81,19 @@ def test_actor_update_with_loss_units_equals_micro_batches_of_the_unit(micro, un
     assert got_m[key] == pytest.approx(ref_m[key], rel=1e-5), key
 
 
+@pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2)])
+def test_weighted_update_is_the_same_on_a_sharded_mesh(shape):
+  host = _host_batch()
+  cfg = _config(micro_batch_rows=8, loss_unit_rows=4)
+  ref, _ = _actor_update(cfg, host)
+  model = decoder.Decoder(TINY, rngs=nnx.Rngs(0))
+  mesh = sharding.make_mesh(*shape, devices=fake_devices.take(8))
+  learner = train_step.Learner(model, mesh, cfg)
+  new, _ = learner.update(learner.init_state(nnx.state(model, nnx.Param)),
+                          learner.put_batch(host))
+  _close(jax.device_get(new.params), ref, rtol=1e-4)
+
+
 def test_unit_equal_to_the_micro_batch_is_the_unweighted_update():
   host = _host_batch()
   assert not _config(micro_batch_rows=8, loss_unit_rows=8).unit_weighted
