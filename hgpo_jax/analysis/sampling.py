@@ -121,10 +121,11 @@ def capacity_for(n: int) -> int:
 
 
 def build(ro: Rollouts, rows: np.ndarray, anchor: Any, *, num_levels: int, gamma: float,
-          **grouping_options) -> grouping.GroupedRows:
+          extra_fields: dict | None = None, **grouping_options) -> grouping.GroupedRows:
   """RowBatch of the selected rows (bool[n] or indices) through the project's host grouping.
 
   `anchor` is the per-row anchor observation (ints or strings, aligned with all rows);
+  `extra_fields` are RowBatch critic fields aligned with the selected rows (`critics`);
   `grouping_options` go to `grouping.build_row_batch` (e.g. `horizon`/`time_bucket`
   for time-aware keys, `similarity_thresh` for GiGPO's similarity grouping).
   """
@@ -134,7 +135,8 @@ def build(ro: Rollouts, rows: np.ndarray, anchor: Any, *, num_levels: int, gamma
               step=ro.step[sel], anchor_obs=anchor if anchor.dtype != object else list(anchor),
               reward=ro.reward[sel], valid=np.ones(sel.size, bool), done=ro.done[sel])
   return grouping.build_row_batch(cols, num_levels=num_levels, gamma=gamma, invalid_penalty=0.0,
-                                  capacity=capacity_for(sel.size), **grouping_options)
+                                  capacity=capacity_for(sel.size), extra_fields=extra_fields,
+                                  **grouping_options)
 
 
 def advantages(grouped: grouping.GroupedRows, name: str, **options) -> np.ndarray:

@@ -2,6 +2,7 @@
 
   python -m launch.studies.bias            # full study, writes results/bias_study.md + PNGs
   python -m launch.studies.bias --quick    # small version (the slow test runs it)
+  python -m launch.studies.bias --critic   # only the critic-quality section (see below)
 
 What it does (library: hgpo_jax.analysis): for each setting (policy family, memory
 depth k_mem, history strength beta, horizon, observation mode) and policy seed, it
@@ -12,6 +13,13 @@ project's host grouping and scores them with the registered estimators. Metrics:
 per-step bias^2 / variance / MSE against A* (units of Var(A*)), sign agreement, the
 context-inconsistency index per level, and the cosine between each batch's policy
 gradient and the exact one, with paired differences over the same batches.
+
+Critic quality (`--critic`, hgpo_jax/analysis/critics.py): the critic-based estimators
+(PPO's GAE(gamma, lambda) and HiPER's HAE) with a critic of controlled explained variance
+(the exact V blended with per-node noise, or shrunk towards its mean), swept from EV 0
+to 1, scored by the same batch-gradient cosine next to the group-based estimators on the
+same batches. It rewrites only its own section of bias_study.md (between the markers
+`CRITIC_BEGIN` / `CRITIC_END`) and bias_study_critic.png.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import time
 import numpy as np
 
 from hgpo_jax import runtime
+from hgpo_jax.analysis import critics
 from hgpo_jax.analysis import metrics
 from hgpo_jax.analysis import sampling
 from hgpo_jax.analysis import testbed
@@ -500,7 +509,13 @@ def write_report(res: Results, plan: Plan, out_dir: str, elapsed: float, quick: 
             "criterion (c)); real-rollout inconsistency needs a dump of a trained ALFWorld-mini "
             "policy (`python -m launch.studies.consistency DUMP.jsonl`).", ""]
   text = "\n".join(lines)
-  with open(os.path.join(out_dir, "bias_study.md"), "w", encoding="utf-8") as f:
+  path = os.path.join(out_dir, "bias_study.md")
+  if os.path.exists(path):  # keep the critic-quality section (written by --critic)
+    old = open(path, encoding="utf-8").read()
+    if CRITIC_BEGIN in old and CRITIC_END in old:
+      text = splice_critic_section(text, CRITIC_BEGIN + old.split(CRITIC_BEGIN, 1)[1].split(
+          CRITIC_END, 1)[0] + CRITIC_END)
+  with open(path, "w", encoding="utf-8") as f:
     f.write(text)
   _plots(res, plan, out_dir, main, strongest, markov)
   return text
@@ -556,14 +571,244 @@ def _plots(res, plan, out_dir, main, strongest, markov):
   plt.close(fig)
 
 
+# ---------------------------------------------------------------------------------------
+# Critic quality: GAE and HAE with a critic of controlled explained variance
+# ---------------------------------------------------------------------------------------
+CRITIC_BEGIN = "<!-- critic-quality: written by python -m launch.studies.bias --critic -->"
+CRITIC_END = "<!-- /critic-quality -->"
+EXACT = "A* (exact advantage)"
+CRITIC_ESTIMATORS = (("GAE lambda=0 (TD)", "gae", 0.0), ("GAE lambda=0.95", "gae", 0.95),
+                     ("GAE lambda=1", "gae", 1.0), ("HAE (segments of 4, lambda_turn=1)", "hae", 1.0))
+"""(label, estimator, lambda): lambda is GAE's lambda or HAE's lambda_turn (lambda_seg 0.95)."""
+CRITIC_REFERENCES = ("GRPO", "GiGPO mean", STEP0, "HGPO K=2 mean", "MC: G_t - V(h_t) (noise floor)")
+HAE_SEGMENT = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticPlan:
+  settings: tuple[Setting, ...]
+  seeds: tuple[int, ...]
+  num_batches: int
+  group_size: int
+  evs: tuple[float, ...]
+  modes: tuple[str, ...]
+
+
+def make_critic_plan(quick: bool) -> CriticPlan:
+  if quick:
+    return CriticPlan((Setting("revisit2-b4", "revisit", 2, 4.0),), seeds=(0,), num_batches=16,
+                      group_size=8, evs=(0.0, 0.9, 1.0), modes=("noise",))
+  return CriticPlan(tuple(Setting(f"{f}{k}-b{b:g}", f, k, b)
+                          for f, k, b in (("revisit", 2, 0.0), ("revisit", 2, 4.0), ("cue", 4, 4.0))),
+                    seeds=(0, 1, 2), num_batches=250, group_size=8,
+                    evs=(0.0, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0), modes=critics.CRITIC_MODES)
+
+
+def run_critic_setting(setting: Setting, seed: int, cplan: CriticPlan, grid: testbed.Grid,
+                       dag_cache: dict) -> dict:
+  """Cosines per batch: {label: f64[B]} for the references and {(mode, ev, label): f64[B]}."""
+  key = (setting.k_mem, setting.horizon)
+  if key not in dag_cache:
+    dag_cache[key] = testbed.build_dag(grid, setting.k_mem, setting.horizon)
+  dag = dag_cache[key]
+  spec = testbed.calibrate_progress(
+      dag, testbed.PolicySpec(setting.family, beta=setting.beta, seed=seed), TARGET_SUCCESS)
+  sol = testbed.solve(dag, testbed.policy_logits(dag, spec), GAMMA)
+  g_star = testbed.policy_gradient(dag, sol, GAMMA, discount_states=False)
+  ro = sampling.sample(dag, sol, num_batches=cplan.num_batches, group_size=cplan.group_size,
+                       seed=777)
+  a_star, v = sampling.oracle_rows(dag, sol, ro)
+  rows = np.arange(ro.num_rows)
+  anchor = testbed.observations(grid, "exact")[ro.cell]
+
+  def cos(adv):
+    return metrics.gradient_cosines(adv, ro.batch, ro.ctx, ro.action, sol.probs, g_star,
+                                    cplan.num_batches)
+
+  out = {EXACT: cos(a_star)}
+  plain = sampling.build(ro, rows, anchor, num_levels=MAX_K + 1, gamma=GAMMA)
+  for label in CRITIC_REFERENCES:
+    est = LABEL[label]
+    if est.build is None:
+      adv = plain.to_input_order(plain.batch.returns).astype(np.float64) - v
+    else:
+      adv = sampling.advantages(plain, est.name, **dict(est.options))
+    out[label] = cos(adv)
+  grouped = critics.critic_batch(ro, rows, anchor, gamma=GAMMA, seg_len=HAE_SEGMENT)
+  node_key = ro.step.astype(np.int64) * (dag.num_nodes + 1) + ro.node
+  for m, mode in enumerate(cplan.modes):
+    for ev in cplan.evs:
+      # The same per-node errors at every EV (paired along the sweep).
+      v_hat = critics.critic_values(v, node_key, ev, mode, np.random.default_rng(1000 * seed + m))
+      for label, name, lam in CRITIC_ESTIMATORS:
+        if name == "gae":
+          adv = critics.gae_advantages(grouped, v_hat, gamma=GAMMA, lam=lam)
+        else:
+          adv = critics.hae_advantages(grouped, v_hat, gamma=GAMMA, lambda_turn=lam)
+        out[mode, ev, label] = cos(adv)
+  return dict(setting=setting, seed=seed, cos=out, success=float(sol.success.mean()))
+
+
+def _critic_mean(runs, setting_name, key):
+  vals = [r["cos"][key].mean() for r in runs if r["setting"].name == setting_name]
+  return float(np.mean(vals)), float(np.std(vals) / np.sqrt(len(vals))) if len(vals) > 1 else 0.0
+
+
+def _crossing(runs, name, mode, evs, label, reference):
+  """Smallest swept EV at which `label`'s mean cosine is >= the reference's, or None."""
+  ref = _critic_mean(runs, name, reference)[0]
+  for ev in evs:
+    if _critic_mean(runs, name, (mode, ev, label))[0] >= ref:
+      return ev
+  return None
+
+
+def _critic_reading(runs, cplan: CriticPlan) -> str:
+  """The section's summary, computed from the numbers (so it stays true on a rerun)."""
+  names = [s.name for s in cplan.settings]
+  hae_label, ppo_label = CRITIC_ESTIMATORS[3][0], CRITIC_ESTIMATORS[2][0]
+  best_group = {n: max(CRITIC_REFERENCES[:4], key=lambda r: _critic_mean(runs, n, r)[0]) for n in names}
+  exact = "; ".join(
+      f"{n}: A* {_critic_mean(runs, n, EXACT)[0]:.3f}, TD {_critic_mean(runs, n, ('noise', 1.0, CRITIC_ESTIMATORS[0][0]))[0]:.3f}, "
+      f"HAE {_critic_mean(runs, n, ('noise', 1.0, hae_label))[0]:.3f}, best group-based "
+      f"({best_group[n]}) {_critic_mean(runs, n, best_group[n])[0]:.3f}" for n in names)
+  points = [(n, m, ev) for n in names for m in cplan.modes for ev in cplan.evs]
+  wins = sum(_critic_mean(runs, n, (m, ev, hae_label))[0] > _critic_mean(runs, n, (m, ev, ppo_label))[0]
+             for n, m, ev in points)
+  cross = "; ".join(
+      f"{n} ({m}): " + ", ".join(
+          f"{r.split(' (')[0]} at EV {'—' if c is None else f'{c:g}'}"
+          for r in ("GiGPO mean", "HGPO K=2 mean")
+          for c in [_crossing(runs, n, m, cplan.evs, hae_label, r)])
+      for n in names for m in cplan.modes)
+  return (f"**Reading.** With the exact critic (EV 1): {exact}. HAE's A_low (n-step returns to the "
+          f"segment end) has a higher cosine than PPO's GAE(lambda=1) at {wins} of {len(points)} "
+          f"swept (setting, critic, EV) points. HAE reaches the group-based estimators from: {cross}. "
+          "Below those EVs the group-based estimators' gradients are closer to the exact one; a "
+          "critic's explained variance in training (critic/explained_variance) is the quantity "
+          "to compare with these thresholds, with the caveat that it is measured against "
+          "sampled returns, not against V.")
+
+
+def write_critic_section(runs, cplan: CriticPlan, out_dir: str, elapsed: float, quick: bool) -> str:
+  names = [s.name for s in cplan.settings]
+  lines = [CRITIC_BEGIN, "", "## Critic quality: GAE and HAE against the group-based estimators", ""]
+  lines.append(
+      "Beyond both papers: at what critic quality do the critic-based estimators beat the group-"
+      "based ones? The critic is the exact value function V(h_t) degraded to a given explained "
+      "variance EV = 1 - mean (V_hat - V)^2 / Var(V) over the batch's rows, either by a fixed "
+      "per-node error (*noise*: V + sigma eps(node), a systematic error of the function) or by "
+      "shrinking towards the mean (*shrink*: mean + s (V - mean), EV 0 = a constant critic). "
+      f"Estimators (registered `gae`, multi-turn, and `hae`; gamma {GAMMA}, advantages before "
+      "whitening): GAE(gamma, lambda) for lambda 0 / 0.95 / 1 and HAE's action-level advantage "
+      f"A_low with segments of {HAE_SEGMENT} turns (the gridworld has no subgoals; a fixed "
+      "segment length stands in for the planner's SWITCH), lambda_turn 1, lambda_seg 0.95, "
+      "all three critic heads = V_hat. With the exact critic (EV 1) GAE lambda=0 is A* exactly "
+      "(deterministic transitions), GAE lambda=1 is the Monte-Carlo advantage G_t - V(h_t) "
+      "(tests/analysis/test_critics.py). Metric: the batch-gradient cosine with the exact "
+      f"gradient as above, {cplan.num_batches} batches of 4 tasks x {cplan.group_size} "
+      f"trajectories, policy seeds {list(cplan.seeds)}, the same batches for every estimator "
+      "and EV; +- is one standard error over seeds.")
+  lines += ["", f"Command: `python -m launch.studies.bias --critic{' --quick' if quick else ''}` "
+            f"({elapsed / 60:.1f} min on this machine).", "", _critic_reading(runs, cplan), "",
+            "![critic](bias_study_critic.png)", ""]
+  lines.append("| setting | " + " | ".join([EXACT] + list(CRITIC_REFERENCES)) + " |")
+  lines.append("|---" * (len(CRITIC_REFERENCES) + 2) + "|")
+  for name in names:
+    cells = [f"{_critic_mean(runs, name, k)[0]:.4f}" for k in (EXACT,) + CRITIC_REFERENCES]
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  for mode in cplan.modes:
+    lines += ["", f"Cosine vs critic EV, *{mode}* critic (mean over seeds):", ""]
+    lines.append("| setting | estimator | " + " | ".join(f"EV {ev:g}" for ev in cplan.evs) + " |")
+    lines.append("|---" * (len(cplan.evs) + 2) + "|")
+    for name in names:
+      for label, _, _ in CRITIC_ESTIMATORS:
+        cells = []
+        for ev in cplan.evs:
+          m, se = _critic_mean(runs, name, (mode, ev, label))
+          cells.append(f"{m:.4f}" + (f" ± {se:.4f}" if se else ""))
+        lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
+  lines += ["", "Smallest swept EV at which a critic estimator's mean cosine reaches a group-based "
+            "one (— = not within the sweep):", ""]
+  refs = ("GiGPO mean", "HGPO K=2 mean")
+  lines.append("| setting | critic | estimator | " + " | ".join(f"reaches {r}" for r in refs) + " |")
+  lines.append("|---" * (len(refs) + 3) + "|")
+  for name in names:
+    for mode in cplan.modes:
+      for label, _, _ in CRITIC_ESTIMATORS:
+        hits = [_crossing(runs, name, mode, cplan.evs, label, r) for r in refs]
+        lines.append(f"| {name} | {mode} | {label} | "
+                     + " | ".join("—" if h is None else f"{h:g}" for h in hits) + " |")
+  lines += ["", CRITIC_END]
+  section = "\n".join(lines)
+  _critic_plot(runs, cplan, out_dir)
+  return section
+
+
+def _critic_plot(runs, cplan, out_dir):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  names = [s.name for s in cplan.settings]
+  fig, axes = plt.subplots(len(cplan.modes), len(names), figsize=(4.6 * len(names), 3.6 * len(cplan.modes)),
+                           squeeze=False)
+  for row, mode in enumerate(cplan.modes):
+    for col, name in enumerate(names):
+      ax = axes[row, col]
+      for label, _, _ in CRITIC_ESTIMATORS:
+        ax.plot(cplan.evs, [_critic_mean(runs, name, (mode, ev, label))[0] for ev in cplan.evs],
+                marker="o", label=label)
+      for k, ref in enumerate((EXACT,) + CRITIC_REFERENCES):
+        ax.axhline(_critic_mean(runs, name, ref)[0], ls=":", color=f"C{k + 4}", label=ref.split(" (")[0])
+      ax.set_title(f"{name}, {mode} critic")
+      ax.set_xlabel("critic explained variance")
+      ax.set_ylabel("gradient cosine")
+  axes[0, 0].legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out_dir, "bias_study_critic.png"), dpi=80)
+  plt.close(fig)
+
+
+def splice_critic_section(report: str, section: str) -> str:
+  """`report` with its critic section replaced (or appended when it has none)."""
+  if CRITIC_BEGIN in report and CRITIC_END in report:
+    head, rest = report.split(CRITIC_BEGIN, 1)
+    return head + section + rest.split(CRITIC_END, 1)[1]
+  return report.rstrip("\n") + "\n\n" + section + "\n"
+
+
+def run_critic_study(quick: bool, out_dir: str) -> str:
+  cplan = make_critic_plan(quick)
+  grid = testbed.make_grid()
+  start = time.time()
+  runs, dags = [], {}
+  for s in cplan.settings:
+    for seed in cplan.seeds:
+      t0 = time.time()
+      runs.append(run_critic_setting(s, seed, cplan, grid, dags))
+      print(f"critic {s.name} seed {seed}: {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+  section = write_critic_section(runs, cplan, out_dir, time.time() - start, quick)
+  path = os.path.join(out_dir, "bias_study.md")
+  report = (open(path, encoding="utf-8").read() if os.path.exists(path)
+            else "# Estimator bias study\n")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(splice_critic_section(report, section))
+  return section
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(prog="python -m launch.studies.bias", description=__doc__.split(
       "\n")[0])
   p.add_argument("--quick", action="store_true", help="1 seed, few batches (< 2 min)")
   p.add_argument("--out", default="results", help="directory of bias_study.md and the plots")
+  p.add_argument("--critic", action="store_true",
+                 help="run only the critic-quality sweep and rewrite its section of bias_study.md")
   args = p.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   runtime.enable_compilation_cache()
+  if args.critic:
+    print(run_critic_study(args.quick, args.out))
+    return 0
   plan = make_plan(args.quick)
   grid = testbed.make_grid()
   start = time.time()
