@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import os
 import pathlib
 from typing import Any, Callable
 
@@ -418,7 +417,8 @@ DIFFERENCES = (
 # results table must be regenerated after them; the others touch only values the suite
 # sets itself (iterations, prompt tokens, mini-batches, horizon, evaluation tasks).
 MINI_SUITE_CHANGES = (
-    "GRPO on WebShop-mini normalises by the std again (`norm_adv_by_std_in_grpo`).",
+    "GRPO on WebShop-mini normalises by the std (`norm_adv_by_std_in_grpo`), not the mean "
+    "only.",
     "WebShop-mini prompts show the formatted page (`format_obs`), end every admissible "
     "action with a comma and drop the history past 13,000 characters (GRPO, GiGPO; not "
     "HGPO).",
@@ -529,7 +529,7 @@ def render() -> str:
         value, src, got = table[algo][param.name]
         cell = _fmt(value)
         if src != SCRIPTS[(env, algo)]:
-          cell += f" ({os.path.basename(src[1])})"
+          cell += " (yaml)" if src[1] == YAML else f" ({src[1]})"
         if not _equal(got, value):
           cell += f" ≠ {_fmt(got)} [{listed(env, algo, param.name).name}]"
         row.append(cell)
