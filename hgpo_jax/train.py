@@ -37,6 +37,7 @@ from hgpo_jax.advantages import grouping
 from hgpo_jax.advantages import registry
 from hgpo_jax.envs import launcher
 from hgpo_jax.envs import pool as pool_lib
+from hgpo_jax.models import attention
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import critic as critic_lib
 from hgpo_jax.models import loading
@@ -146,6 +147,9 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
                       f"estimator with a critic (algo=ppo|hiper); {est.name!r} has none")
   if config.model.attn_query_chunk < 0:
     raise ConfigError(f"config.model.attn_query_chunk={config.model.attn_query_chunk} must be >= 0 (0: off)")
+  if config.model.attention_impl not in attention.CHOICES:
+    raise ConfigError(f"config.model.attention_impl={config.model.attention_impl!r}: use one of "
+                      f"{attention.CHOICES}")
   for name in ("dtype", "compute_dtype"):
     value = config.model[name]
     if value not in model_config.DTYPES and not (name == "compute_dtype" and value == ""):
@@ -173,13 +177,19 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
       eval_sampling=_typed("eval.temperature", rollout.sampling, config.eval.temperature))
 
 
-def model_settings(config: ml_collections.ConfigDict, cfg: model_config.ModelConfig) -> model_config.ModelConfig:
+def model_settings(config: ml_collections.ConfigDict, cfg: model_config.ModelConfig,
+                   mesh=None) -> model_config.ModelConfig:
   """`cfg` with the run's numerics: activations and matmul inputs in `model.compute_dtype`
   ("" = `model.dtype`, the parameters' dtype; "bfloat16" over float32 parameters is mixed
   precision: f32 weights, optimizer and gradients, bf16 products summed in f32),
-  `model.remat` and `model.attn_query_chunk`."""
+  `model.remat`, `model.attn_query_chunk` and `model.attention_impl` ("auto" resolved by the
+  platform of `mesh`'s devices when a mesh is given, `attention.resolve_impl`)."""
+  impl = config.model.attention_impl
+  if mesh is not None:
+    impl = attention.resolve_impl(impl, mesh)
   return cfg.replace(dtype=config.model.compute_dtype or config.model.dtype,
-                     remat=bool(config.model.remat), attn_query_chunk=config.model.attn_query_chunk)
+                     remat=bool(config.model.remat), attn_query_chunk=config.model.attn_query_chunk,
+                     attention_impl=impl)
 
 
 def critic_update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:
@@ -530,7 +540,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       mesh=mesh, seed=streams.model_seed)
   # Recompute each block's activations in the backward pass: the update's memory drops
   # from ~16 GB to ~3 GB for SmolLM2 at 4 x 816 tokens per micro-batch (+~30% compute).
-  model.cfg = model_settings(config, model.cfg)
+  model.cfg = model_settings(config, model.cfg, mesh)
   compute_dtype = model.cfg.dtype  # picks the device peak of the perf/* MFU metrics
   learner = train_step.Learner(model, mesh, run.update)
   init_params = nnx.state(model, nnx.Param)

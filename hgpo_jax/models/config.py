@@ -14,6 +14,8 @@ import os
 
 import jax.numpy as jnp
 
+from hgpo_jax.models import attention
+
 ROPE_LAYOUTS = ("half", "interleaved")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -47,7 +49,11 @@ class ModelConfig:
     attn_query_chunk: without a cache (training, log-probs, prefill), queries run in
       chunks of this many positions, each chunk scoring only the keys up to its end
       (causal block skipping: ~(n + 1) / 2n of the T x T scores for n chunks); the same
-      values in exact arithmetic, other float reduction order. 0: one block.
+      values in exact arithmetic, other float reduction order. 0: one block. (The "xla"
+      attention only.)
+    attention_impl: how attention is computed (`hgpo_jax.models.attention`): "auto" (by
+      the platform of the target mesh's devices: splash on TPU, cudnn on GPU, xla on
+      CPU; `attention.resolve_impl`), "xla", "chunked", "splash" or "cudnn".
   """
   vocab_size: int
   hidden_dim: int
@@ -66,8 +72,12 @@ class ModelConfig:
   param_dtype: str = "float32"
   remat: bool = False
   attn_query_chunk: int = 0
+  attention_impl: str = "auto"
 
   def __post_init__(self):
+    if self.attention_impl not in attention.CHOICES:
+      raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}: use one of "
+                       f"{attention.CHOICES}.")
     if self.attn_query_chunk < 0:
       raise ValueError(f"ModelConfig.attn_query_chunk={self.attn_query_chunk} must be >= 0 (0: off).")
     if self.rope_layout not in ROPE_LAYOUTS:

@@ -76,9 +76,10 @@ class Critic(nnx.Module):
     """f32[B, L, H]: column l = value of token l from position l - 1; column 0 is 0.
 
     Args:
-      tokens_bl: int32[B, L]; positions_bl: int32[B, L]; input_mask_bl: bool[B, L].
+      tokens_bl: int32[B, L]; positions_bl: int32[B, L]; input_mask_bl: bool[B, L] (one
+        segment per row, `Decoder.hidden`).
     """
-    hidden_bld, _ = self.backbone.hidden(tokens_bl, positions_bl, decoder.causal_mask(input_mask_bl))
+    hidden_bld, _ = self.backbone.hidden(tokens_bl, positions_bl, input_mask_bl)
     values_blh = jnp.einsum("bld,hd->blh", hidden_bld[:, :-1].astype(jnp.float32),
                             self.value_head[...].astype(jnp.float32)) + self.value_bias[...].astype(jnp.float32)
     return jnp.pad(values_blh, ((0, 0), (1, 0), (0, 0)))

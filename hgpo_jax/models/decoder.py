@@ -14,19 +14,14 @@ Softmax, RMSNorm statistics, RoPE and logits are computed in float32 whatever `c
 
 from __future__ import annotations
 
-import functools
-
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hgpo_jax.models import attention
 from hgpo_jax.models.config import ModelConfig
-
-# Large negative instead of -inf: a fully masked row (a left-pad query) then gets a
-# uniform, finite softmax instead of NaNs that would poison gradients through `where`.
-_MASKED = -1e30
 
 
 @flax.struct.dataclass
@@ -53,30 +48,6 @@ def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
   """An all-zero cache for `batch` rows of `length` positions, in cfg.dtype."""
   shape = cache_shape(cfg, batch, length)
   return KVCache(k=jnp.zeros(shape, cfg.compute_dtype), v=jnp.zeros(shape, cfg.compute_dtype))
-
-
-def causal_mask(input_mask_bt: jax.Array) -> jax.Array:
-  """bool[B, T, T]: query t may read key s iff s <= t and key s is a real (non-pad) token.
-
-  Args:
-    input_mask_bt: bool/int[B, T], 1 for real tokens, 0 for padding (left or right).
-  """
-  t = input_mask_bt.shape[1]
-  causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
-  return causal_tt[None, :, :] & input_mask_bt.astype(bool)[:, None, :]
-
-
-def segment_causal_mask(segment_ids_bt: jax.Array) -> jax.Array:
-  """bool[B, T, T] of packed rows: query t may read key s iff s <= t and both belong to
-  the same segment (ids >= 1; 0 marks padding, which reads nothing).
-
-  Args:
-    segment_ids_bt: int[B, T] segment of each token (`training.packing`).
-  """
-  t = segment_ids_bt.shape[1]
-  causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
-  same_btt = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
-  return causal_tt[None, :, :] & same_btt & (segment_ids_bt > 0)[:, None, :]
 
 
 def rope_angles(positions_bt: jax.Array, head_dim: int, theta: float):
@@ -216,93 +187,15 @@ def _matmul_bf16_bwd(res, g_bto):
 _matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
 
 
-def _attention(cfg: ModelConfig, q_btkgd, parts):
-  """Grouped-query attention of T queries over one or more key/value parts.
-
-  Args:
-    q_btkgd: queries after RoPE, [B, T, Hkv, G, Dh] (G = H / Hkv query heads per kv head).
-    parts: [(keys [B, Hkv, S_i, Dh], values [B, Hkv, S_i, Dh], mask bool[B, T, S_i])]; the
-      softmax runs over the keys of all parts together.
-  Returns:
-    [B, Hkv, G, T, Dh] in cfg.dtype.
-  """
-  dt = cfg.compute_dtype
-  scale = cfg.head_dim ** -0.5
-  if len(parts) == 1 and dt == jnp.bfloat16:
-    keys, values, mask = parts[0]
-    return attention_bf16(q_btkgd, keys, values, mask, scale)
-  scores = [jnp.where(mask[:, None, None, :, :],
-                      jnp.einsum("btkgd,bksd->bkgts", q_btkgd, keys,
-                                 preferred_element_type=jnp.float32) * scale,
-                      _MASKED)
-            for keys, _, mask in parts]
-  probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(dt)
-  attn_bkgtd, offset = 0, 0
-  for keys, values, _ in parts:
-    n = keys.shape[2]
-    attn_bkgtd = attn_bkgtd + jnp.einsum("bkgts,bksd->bkgtd", probs[..., offset:offset + n], values,
-                                         preferred_element_type=jnp.float32).astype(dt)
-    offset += n
-  return attn_bkgtd
-
-
-def _attention_probs(q_btkgd, k_bksd, mask_bts, scale):
-  """f32 softmax probabilities [B, Hkv, G, T, S] (masked keys get exactly 0)."""
-  scores = jnp.einsum("btkgd,bksd->bkgts", q_btkgd, k_bksd, preferred_element_type=jnp.float32)
-  scores = jnp.where(mask_bts[:, None, None, :, :], scores * scale, _MASKED)
-  return jax.nn.softmax(scores, axis=-1)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def attention_bf16(q_btkgd, k_bksd, v_bksd, mask_bts, scale: float):
-  """softmax(q k^T * scale, masked) v for one key/value part, with a hand-written backward
-  pass whose four products take bf16 operands (summed in f32).
-
-  The same function as `_attention`'s plain path (scores, softmax and its gradient in
-  f32); JAX's own backward of that path hands the products f32 cotangents, and an f32
-  operand makes XLA:CPU run the product in f32 (measured: README "Benchmarks",
-  iteration row). Operands of any float dtype; the output has q's dtype.
-
-  Backward (g = dL/d out):  dV = P^T g ;  dP = g V^T ;  dS = P * (dP - rowsum(dP * P)) ;
-  dQ = scale * dS K ;  dK = scale * dS^T Q.
-  """
-  return _attention_bf16_fwd(q_btkgd, k_bksd, v_bksd, mask_bts, scale)[0]
-
-
-def _attention_bf16_fwd(q_btkgd, k_bksd, v_bksd, mask_bts, scale):
-  dt = q_btkgd.dtype
-  probs = _attention_probs(q_btkgd, k_bksd, mask_bts, scale)
-  out = jnp.einsum("bkgts,bksd->bkgtd", probs.astype(dt), v_bksd, preferred_element_type=jnp.float32)
-  return out.astype(dt), (q_btkgd, k_bksd, v_bksd, mask_bts, probs)
-
-
-def _attention_bf16_bwd(scale, res, g_bkgtd):
-  q_btkgd, k_bksd, v_bksd, mask_bts, probs = res
-  dt = q_btkgd.dtype
-  g_bkgtd = g_bkgtd.astype(dt)
-  dv = jnp.einsum("bkgts,bkgtd->bksd", probs.astype(dt), g_bkgtd, preferred_element_type=jnp.float32)
-  dp = jnp.einsum("bkgtd,bksd->bkgts", g_bkgtd, v_bksd, preferred_element_type=jnp.float32)
-  ds = (probs * (dp - jnp.sum(dp * probs, axis=-1, keepdims=True)) * scale).astype(dt)
-  # (the product in [B, Hkv, G, T, Dh] order, then transposed: XLA:CPU has no kernel for
-  # a bf16 x bf16 -> f32 product written straight into the q layout)
-  dq = jnp.einsum("bkgts,bksd->bkgtd", ds, k_bksd,
-                  preferred_element_type=jnp.float32).transpose(0, 3, 1, 2, 4)
-  dk = jnp.einsum("bkgts,btkgd->bksd", ds, q_btkgd, preferred_element_type=jnp.float32)
-  return dq.astype(dt), dk.astype(k_bksd.dtype), dv.astype(v_bksd.dtype), None
-
-
-attention_bf16.defvjp(_attention_bf16_fwd, _attention_bf16_bwd)
-
-
-def _block(cfg: ModelConfig, p: dict, x_btd, cos_btk, sin_btk, mask_bts, cached=None,
-           cache_index=None):
+def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segment_ids_bt,
+           cached=None, cache_index=None, cache_start_b=None):
   """One decoder block. p holds one layer's parameters (no leading L axis).
 
-  Without a cache the block attends over its own T keys (mask_bts is [B, T, T]). With
-  one, `cached` = (k, v) of this layer, [B, Hkv, S, Dh], read only: the T new positions
-  attend over the cached keys of every slot outside [cache_index, cache_index + T) and over
-  their own new keys, which are scored as slots cache_index + t' of mask_bts ([B, T, S]).
-  The caller writes the new keys/values into the cache afterwards (see `Decoder.hidden`).
+  Without a cache the block attends over its own T keys (`attention.attention` with
+  `impl`, segment ids [B, T]). With one, `cached` = (k, v) of this layer, [B, Hkv, S, Dh],
+  read only: the T new positions attend over the cache slots [cache_start_b, cache_index)
+  of their row and over their own new keys (`attention.decode_attention`). The caller
+  writes the new keys/values into the cache afterwards (see `Decoder.hidden`).
   Returns (x_btd, (k, v) of the new positions, each [B, Hkv, T, Dh]).
   """
   dt = cfg.compute_dtype
@@ -316,36 +209,19 @@ def _block(cfg: ModelConfig, p: dict, x_btd, cos_btk, sin_btk, mask_bts, cached=
     q_bthk, k_bthk, v_bthk = q_bthk + w("q_bias"), k_bthk + w("k_bias"), v_bthk + w("v_bias")
   q_bthk = apply_rope(q_bthk, cos_btk, sin_btk, cfg.rope_layout)
   k_bthk = apply_rope(k_bthk, cos_btk, sin_btk, cfg.rope_layout)
-  k_bkth = k_bthk.transpose(0, 2, 1, 3)
-  v_bkth = v_bthk.transpose(0, 2, 1, 3)
+  scale = cfg.head_dim ** -0.5
   if cached is None:
-    parts = [(k_bkth, v_bkth, mask_bts)]
+    attn_bthk = attention.attention(q_bthk, k_bthk, v_bthk, segment_ids_bt, causal=True,
+                                    impl=impl, scale=scale, query_chunk=cfg.attn_query_chunk)
   else:
-    k_bksd, v_bksd = cached
-    slot_s = jnp.arange(mask_bts.shape[-1])
-    stale_s = (slot_s >= cache_index) & (slot_s < cache_index + t)  # overwritten by the new
-    new_mask_btt = jax.lax.dynamic_slice_in_dim(mask_bts, cache_index, t, axis=2)
-    parts = [(k_bksd.astype(dt), v_bksd.astype(dt), mask_bts & ~stale_s[None, None, :]),
-             (k_bkth, v_bkth, new_mask_btt)]
-  groups = cfg.num_heads // cfg.num_kv_heads
-  q_btkgd = q_bthk.reshape(b, t, cfg.num_kv_heads, groups, cfg.head_dim)
-  chunk = cfg.attn_query_chunk
-  if cached is None and 0 < chunk < t:
-    # Causal block skipping: queries [s, e) read keys [0, e) only (the mask hides the
-    # rest), so n chunks score ~(n + 1) / 2n of the T x T square.
-    attn_btkgd = jnp.concatenate(
-        [_attention(cfg, q_btkgd[:, s:s + chunk],
-                    [(k_bkth[:, :, :s + chunk], v_bkth[:, :, :s + chunk],
-                      mask_bts[:, s:s + chunk, :s + chunk])])
-         for s in range(0, t, chunk)], axis=3)
-  else:
-    attn_btkgd = _attention(cfg, q_btkgd, parts)
-  attn_bthk = attn_btkgd.transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads, cfg.head_dim)
+    attn_bthk = attention.decode_attention(q_bthk, k_bthk, v_bthk, segment_ids_bt, *cached,
+                                           cache_start_b=cache_start_b,
+                                           cache_index=cache_index, scale=scale)
   x_btd = x_btd + _project(attn_bthk.reshape(b, t, -1), p["o"].reshape(cfg.hidden_dim, -1))
   h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps)
   gated_btf = jax.nn.silu(_project(h_btd, p["gate"])) * _project(h_btd, p["up"])
   x_btd = x_btd + _project(gated_btf, p["down"])
-  return x_btd, (k_bkth, v_bkth)
+  return x_btd, (k_bthk.transpose(0, 2, 1, 3), v_bthk.transpose(0, 2, 1, 3))
 
 
 class Decoder(nnx.Module):
@@ -365,41 +241,51 @@ class Decoder(nnx.Module):
       self.lm_head = _param(rngs, (cfg.vocab_size, cfg.hidden_dim), cfg.hidden_dim ** -0.5, dt,
                             ("vocab", "embed"))
 
-  def hidden(self, tokens_bt, positions_bt, attn_mask_bts, cache: KVCache | None = None,
+  def hidden(self, tokens_bt, positions_bt, segment_ids_bt, cache: KVCache | None = None,
              cache_index=None):
     """Final-normed hidden states [B, T, D] (cfg.dtype) and the updated cache (or None).
 
     Args:
       tokens_bt: int32[B, T] token ids.
-      positions_bt: int32[B, T] RoPE positions (left-padded rows start later).
-      attn_mask_bts: bool[B, T, S]; S == T without cache, S == cache length with one.
+      positions_bt: int32[B, T] RoPE positions (left-padded rows start later; packed
+        segments restart at 0).
+      segment_ids_bt: int or bool [B, T]: the segment of each token, 0 on padding (a bool
+        input mask is one segment per row); tokens attend causally within their segment
+        (`attention` module docstring).
       cache: optional KVCache of length S; the T new keys/values go to
-        [cache_index, cache_index + T) in every row.
+        [cache_index, cache_index + T) in every row. Row b's earlier tokens are read from
+        the slots [cache_index - positions_bt[b, 0], cache_index): a row holds its tokens
+        contiguously, the first at position 0 (left padding before it is never read).
       cache_index: int32 scalar (may be traced); required with a cache. The Python int 0
         means a prefill of an empty cache: the new positions attend to each other only
-        (slots >= T of the cache are not read).
+        (the cache is not read).
+    Attention runs as `cfg.attention_impl` resolved against the `jax.set_mesh` mesh in
+    context, else this process's devices (`attention.resolve_impl`).
     """
     cfg = self.cfg
     if cache is not None and cache_index is None:
       raise ValueError("Decoder: a cache was given without cache_index (where to write the new "
                        "keys/values).")
+    if jnp.ndim(segment_ids_bt) != 2:
+      raise ValueError(f"Decoder: segment_ids_bt must be [B, T] segment ids (or an input mask), "
+                       f"got shape {jnp.shape(segment_ids_bt)}; dense attention masks are gone "
+                       "(hgpo_jax.models.attention).")
+    impl = attention.resolve_impl(cfg.attention_impl, attention.context_target())
     x_btd = jnp.take(self.embed[...], tokens_bt, axis=0).astype(cfg.compute_dtype)
     cos_btk, sin_btk = rope_angles(positions_bt, cfg.head_dim, cfg.rope_theta)
-    mask_bts = attn_mask_bts.astype(bool)
+    seg_bt = jnp.asarray(segment_ids_bt).astype(jnp.int32)
     layer_params = self.layers.stacked()
 
     remat = jax.checkpoint if cfg.remat else (lambda f: f)
     # A cache written from slot 0 by a Python-int index holds nothing the new positions
-    # may read: they attend to each other only (mask_bts[:, :, :T]), and the layer loop
-    # only returns their keys/values (a prefill scores T x T, not T x S).
+    # may read: they attend to each other only, and the layer loop only returns their
+    # keys/values (a prefill scores T x T, not T x S).
     fresh = cache is not None and isinstance(cache_index, int) and cache_index == 0
     if cache is None or fresh:
-      t = tokens_bt.shape[1]
-      self_mask_btt = mask_bts[:, :, :t]
 
       @remat
       def step(x, p):
-        return _block(cfg, p, x, cos_btk, sin_btk, self_mask_btt)
+        return _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt)
       x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, layer_params)
       new_cache = None
       if fresh:
@@ -409,6 +295,7 @@ class Decoder(nnx.Module):
             v=jax.lax.dynamic_update_slice(cache.v, v_lbkth.astype(cache.v.dtype), (zero,) * 5))
     else:
       index = jnp.asarray(cache_index, jnp.int32)
+      start_b = index - positions_bt[:, 0].astype(jnp.int32)
 
       # The layer loop reads the cache (as scan inputs) and returns only the new
       # positions' keys/values; one in-place write per step follows. A loop that also
@@ -417,7 +304,8 @@ class Decoder(nnx.Module):
       @remat
       def step(x, xs):
         p, k_bksd, v_bksd = xs
-        x, new_kv = _block(cfg, p, x, cos_btk, sin_btk, mask_bts, (k_bksd, v_bksd), index)
+        x, new_kv = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, (k_bksd, v_bksd), index,
+                           start_b)
         return x, new_kv
       x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, (layer_params, cache.k, cache.v))
       zero = jnp.zeros((), jnp.int32)
@@ -434,8 +322,8 @@ class Decoder(nnx.Module):
     return jnp.einsum("btd,vd->btv", hidden_btd.astype(dt), out_vd[...].astype(dt),
                       preferred_element_type=jnp.float32)
 
-  def __call__(self, tokens_bt, positions_bt, attn_mask_bts, cache: KVCache | None = None,
+  def __call__(self, tokens_bt, positions_bt, segment_ids_bt, cache: KVCache | None = None,
                cache_index=None):
     """(logits f32[B, T, V], updated cache or None); arguments as in `hidden`."""
-    hidden_btd, cache = self.hidden(tokens_bt, positions_bt, attn_mask_bts, cache, cache_index)
+    hidden_btd, cache = self.hidden(tokens_bt, positions_bt, segment_ids_bt, cache, cache_index)
     return self.logits(hidden_btd), cache

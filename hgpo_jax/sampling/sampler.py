@@ -155,6 +155,26 @@ def filter_logits(logits_bv: jax.Array, temperature, top_k, top_p) -> jax.Array:
   return jnp.where(scaled_bv >= cutoff_b, scaled_bv, -jnp.inf)
 
 
+def prefill_layout(lengths_b: jax.Array, prompt_len: int) -> tuple[jax.Array, jax.Array]:
+  """(positions, segment ids), each int32[B, P-1], of the prefill of left-padded prompts.
+
+  Row b holds its n_b = lengths_b[b] prompt tokens in slots [P - n_b, P) (module
+  docstring); the prefill runs slots [0, P-1). Slot s has position max(s - (P - n_b), 0)
+  and segment 1 if real, else 0 (padding, which real tokens never read).
+  """
+  pad_b = prompt_len - lengths_b
+  slot_t = jnp.arange(prompt_len - 1)
+  positions_bt = jnp.maximum(slot_t[None, :] - pad_b[:, None], 0)
+  return positions_bt, (slot_t[None, :] >= pad_b[:, None]).astype(jnp.int32)
+
+
+def decode_positions(lengths_b: jax.Array, step) -> jax.Array:
+  """int32[B, 1] position of the token fed at decode step `step` (the last prompt token at
+  step 0), written at cache slot P - 1 + step. The decoder reads row b's earlier tokens
+  from the slots [slot - position, slot) = [P - n_b, slot): no mask is needed."""
+  return (lengths_b - 1 + step)[:, None]
+
+
 class Sampler:
   """Jit-compiled batched sampler over a decoder with a KV cache (see module docstring).
 
@@ -402,8 +422,6 @@ class Sampler:
     batch, plen = tokens_bp.shape
     vocab = cfg.vocab_size
     cache_len = plen + max_new_tokens - 1
-    pad_b = plen - lengths_b
-    slot_s = jnp.arange(cache_len)
     eos_v = jnp.zeros((vocab,), bool).at[jnp.asarray(self.eos_ids)].set(True)
     rows_b = jnp.arange(batch)
 
@@ -418,12 +436,8 @@ class Sampler:
     if plen > 1:
       # Prefill the first P-1 slots; the last prompt token is the first decode input, so
       # the [B, P, V] logits of the prompt are never needed (only hidden is called).
-      pad_u = plen - prefill_lengths_u
-      slot_t = jnp.arange(plen - 1)
-      positions_ut = jnp.maximum(slot_t[None, :] - pad_u[:, None], 0)
-      mask_uts = ((slot_s[None, None, :] <= slot_t[None, :, None])
-                  & (slot_s[None, None, :] >= pad_u[:, None, None]))
-      _, cache = model.hidden(prefill_up[:, :-1], positions_ut, mask_uts, cache=cache,
+      positions_ut, segment_ids_ut = prefill_layout(prefill_lengths_u, plen)
+      _, cache = model.hidden(prefill_up[:, :-1], positions_ut, segment_ids_ut, cache=cache,
                               cache_index=0)
     if shared_prefill:
       cache = jax.tree.map(lambda c: jnp.take(c, source_b, axis=1), cache)
@@ -470,10 +484,10 @@ class Sampler:
       (step, cache, prev_b, toks_bm, logp_bm, done_b, reason_b, num_b, stop_state_b, phase_b,
        node_b, free_count_b) = carry
       slot = plen - 1 + step
-      positions_b1 = (lengths_b - 1 + step)[:, None]
-      mask_b1s = ((slot_s[None, :] <= slot) & (slot_s[None, :] >= pad_b[:, None]))[:, None, :]
-      logits_b1v, cache = model(prev_b[:, None], positions_b1, mask_b1s, cache=cache,
-                                cache_index=slot)
+      positions_b1 = decode_positions(lengths_b, step)
+      # The decoder reads row b's cache slots [slot - position, slot) = [pad_b, slot).
+      logits_b1v, cache = model(prev_b[:, None], positions_b1, jnp.ones_like(positions_b1),
+                                cache=cache, cache_index=slot)
       logits_bv = logits_b1v[:, 0].astype(jnp.float32)
       logp_all_bv = jax.nn.log_softmax(logits_bv, axis=-1)
 

@@ -4,8 +4,9 @@ Why: `train_batch.build_train_batch` pads every row to the iteration's prompt bu
 the response bucket, so a mini-batch whose prompts range from 300 to 640 tokens spends a
 third of the update's FLOPs on padding (`train/token_fill` 0.60-0.72 in the SmolLM2 job,
 docs/performance.md). Packing puts several steps ("segments") into one row of the same
-length, each attending only to itself (`decoder.segment_causal_mask`) with positions that
-restart at 0, so every real token sees exactly the keys and positions it sees unpacked.
+length, each attending only to itself (its segment id, `hgpo_jax.models.attention`) with
+positions that restart at 0, so every real token sees exactly the keys and positions it
+sees unpacked.
 
 What stays exact: the loss. The unpacked update averages token means over the mini-batch's
 micro-batches (verl's gradient accumulation, `train_step` module docstring), a quantity

@@ -49,7 +49,6 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import losses
@@ -217,7 +216,7 @@ def token_logprobs(model: nnx.Module, tokens_bl: jax.Array, positions_bl: jax.Ar
   Returns:
     (logp_bl f32[B, L], entropy_bl f32[B, L] or None).
   """
-  hidden_bld, _ = model.hidden(tokens_bl, positions_bl, decoder.causal_mask(input_mask_bl))
+  hidden_bld, _ = model.hidden(tokens_bl, positions_bl, input_mask_bl)
   seq = tokens_bl.shape[1]
   tail = seq - 1 if scored_tail is None else min(scored_tail, seq - 1)
   logits_blv = model.logits(hidden_bld[:, seq - 1 - tail:seq - 1]).astype(jnp.float32)
@@ -243,8 +242,7 @@ def packed_token_logprobs(model: nnx.Module, batch: packing.PackedBatch, with_en
     (logp_bs f32[R, S], entropy_bs f32[R, S] or None); unused slots hold garbage (mask
     them with `score_mask`).
   """
-  hidden_bld, _ = model.hidden(batch.tokens, batch.positions,
-                               decoder.segment_causal_mask(batch.segment_ids))
+  hidden_bld, _ = model.hidden(batch.tokens, batch.positions, batch.segment_ids)
   # the token in column l is predicted from position l - 1 (the train_batch convention)
   prev_bs = jnp.maximum(batch.score_index - 1, 0)
   hidden_bsd = jnp.take_along_axis(hidden_bld, prev_bs[..., None], axis=1)

@@ -61,14 +61,22 @@ def _decoder_at(rev: str):
   return module
 
 
-def _step_fn(decoder_cls, graphdef, batch: int, cache_len: int):
+def _step_fn(module, graphdef, batch: int, cache_len: int):
+  # Revisions before hgpo_jax.models.attention took a dense mask [B, 1, S]; the current
+  # decoder reads the slots [index - position, index) = [0, index) of a segment-1 token.
+  dense_mask = hasattr(module, "causal_mask")
+
   def step(state, cache, index):
     model = nnx.merge(graphdef, state)
     tokens = jnp.full((batch, 1), 5, jnp.int32)
     positions = jnp.full((batch, 1), index, jnp.int32)
-    mask = jnp.broadcast_to(jnp.arange(cache_len)[None, None, :] <= index, (batch, 1, cache_len))
-    hidden, cache = decoder_cls.hidden(model, tokens, positions, mask, cache=cache,
-                                       cache_index=index)
+    if dense_mask:
+      attend = jnp.broadcast_to(jnp.arange(cache_len)[None, None, :] <= index,
+                                (batch, 1, cache_len))
+    else:
+      attend = jnp.ones((batch, 1), jnp.int32)
+    hidden, cache = module.Decoder.hidden(model, tokens, positions, attend, cache=cache,
+                                          cache_index=index)
     return model.logits(hidden), cache
   return jax.jit(step, donate_argnums=(1,))
 
@@ -84,7 +92,7 @@ def main():
   model, _, cfg = loading.load_model("smollm2-135m")
   graphdef, state = nnx.split(model)
   sides = {f"baseline ({args.baseline_rev})": baseline, "current": decoder}
-  fns = {name: _step_fn(module.Decoder, graphdef, args.batch, args.cache)
+  fns = {name: _step_fn(module, graphdef, args.batch, args.cache)
          for name, module in sides.items()}
   # each side's own cache layout
   caches = {name: module.init_cache(cfg, args.batch, args.cache) for name, module in sides.items()}

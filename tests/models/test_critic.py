@@ -65,7 +65,7 @@ def test_values_are_the_head_on_the_previous_positions_hidden_state():
   tokens, positions, mask = _batch()
   values = np.asarray(model.values(tokens, positions, mask))
   assert values.shape == (2, 6, 3)
-  hidden, _ = policy.hidden(tokens, positions, decoder.causal_mask(mask))
+  hidden, _ = policy.hidden(tokens, positions, mask)
   hidden = np.asarray(hidden, np.float64)
   w, c = np.asarray(params["value_head"], np.float64), np.asarray(params["value_bias"], np.float64)
   expected = np.zeros((2, 6, 3))
@@ -94,8 +94,8 @@ def test_init_copies_the_policy_backbone_and_drops_the_output_layer():
   graphdef, _ = nnx.split(critic.abstract_critic(untied, 1), nnx.Param)
   model = nnx.merge(graphdef, params)
   tokens, positions, mask = _batch()
-  h_policy, _ = policy.hidden(tokens, positions, decoder.causal_mask(mask))
-  h_critic, _ = model.backbone.hidden(tokens, positions, decoder.causal_mask(mask))
+  h_policy, _ = policy.hidden(tokens, positions, mask)
+  h_critic, _ = model.backbone.hidden(tokens, positions, mask)
   np.testing.assert_array_equal(np.asarray(h_policy), np.asarray(h_critic))
 
 

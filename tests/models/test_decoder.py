@@ -1,4 +1,4 @@
-"""Decoder invariants on the tiny preset: masks, padding, KV cache == no cache, RoPE layouts."""
+"""Decoder invariants on the tiny preset: padding, KV cache == no cache, RoPE layouts."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import model_fixtures
-from hgpo_jax.models import Decoder, causal_mask, get_preset, init_cache, load_model
+from hgpo_jax.models import Decoder, get_preset, init_cache, load_model
 from hgpo_jax.models.decoder import apply_rope, rope_angles
 
 
@@ -20,50 +20,33 @@ def tiny():
 _forward = jax.jit(lambda m, t, p, a: m(t, p, a)[0])
 
 
-def test_causal_mask_matches_loop_reference():
-  input_mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 1]], bool)
-  got = np.asarray(causal_mask(jnp.asarray(input_mask)))
-  want = np.zeros((2, 5, 5), bool)
-  for b in range(2):
-    for t in range(5):
-      for s in range(5):
-        want[b, t, s] = s <= t and input_mask[b, s]
-  np.testing.assert_array_equal(got, want)
-
-
 def test_left_padding_does_not_change_real_tokens(tiny):
   model, _, _ = tiny
   tokens, mask, positions = model_fixtures.left_padded_batch(seed=1)
-  padded = np.asarray(_forward(model, tokens, positions, causal_mask(jnp.asarray(mask))))
+  padded = np.asarray(_forward(model, tokens, positions, jnp.asarray(mask)))
   for row in range(tokens.shape[0]):
     real = tokens[row][mask[row]][None]
     n = real.shape[1]
-    alone = np.asarray(_forward(model, real, np.arange(n)[None], causal_mask(jnp.ones((1, n), bool))))
+    alone = np.asarray(_forward(model, real, np.arange(n)[None], jnp.ones((1, n), bool)))
     np.testing.assert_allclose(padded[row][mask[row]], alone[0], atol=1e-5)
 
 
 def test_kv_cache_decoding_equals_full_forward(tiny):
   model, _, cfg = tiny
   tokens, mask, positions = model_fixtures.left_padded_batch(seed=2, length=12, pads=(0, 2, 5))
-  full = np.asarray(_forward(model, tokens, positions, causal_mask(jnp.asarray(mask))))
+  full = np.asarray(_forward(model, tokens, positions, jnp.asarray(mask)))
   batch, length, cache_len, prefill = tokens.shape[0], tokens.shape[1], 16, 6
-  # Mask over cache slots: slot s holds token s; it is readable once written and real.
-  slot_ok_bs = np.zeros((batch, cache_len), bool)
-  slot_ok_bs[:, :length] = mask
-
-  @jax.jit
-  def step(m, toks, pos, cache, index):
-    t = toks.shape[1]
-    query_slot = index + jnp.arange(t)
-    attn = (jnp.arange(cache_len)[None, None, :] <= query_slot[None, :, None]) & slot_ok_bs[:, None, :]
-    return m(toks, pos, attn, cache, index)
+  # Slot s holds token s; a row's earlier real tokens are the slots [index - position, index).
+  step = jax.jit(lambda m, toks, pos, seg, cache, index: m(toks, pos, seg, cache, index))
 
   cache = init_cache(cfg, batch, cache_len)
   assert cache.k.shape == (2, batch, 2, cache_len, 16) and cache.k.dtype == jnp.float32
-  logits, cache = step(model, tokens[:, :prefill], positions[:, :prefill], cache, jnp.int32(0))
+  logits, cache = step(model, tokens[:, :prefill], positions[:, :prefill], mask[:, :prefill],
+                       cache, jnp.int32(0))
   outs = [np.asarray(logits)]
   for i in range(prefill, length):  # index is traced: one compilation for all steps
-    logits, cache = step(model, tokens[:, i:i + 1], positions[:, i:i + 1], cache, jnp.int32(i))
+    logits, cache = step(model, tokens[:, i:i + 1], positions[:, i:i + 1], mask[:, i:i + 1],
+                         cache, jnp.int32(i))
     outs.append(np.asarray(logits))
   cached = np.concatenate(outs, axis=1)
   np.testing.assert_allclose(cached[mask], full[mask], atol=1e-5)
@@ -73,7 +56,7 @@ def test_kv_cache_decoding_equals_full_forward(tiny):
 def test_hidden_and_logits_compose(tiny):
   model, _, cfg = tiny
   tokens, mask, positions = model_fixtures.left_padded_batch(seed=4)
-  attn = causal_mask(jnp.asarray(mask))
+  attn = jnp.asarray(mask)
   hidden, cache = model.hidden(jnp.asarray(tokens), jnp.asarray(positions), attn)
   assert hidden.shape == (3, 10, cfg.hidden_dim) and cache is None
   np.testing.assert_allclose(np.asarray(model.logits(hidden)),
@@ -113,7 +96,7 @@ def test_init_is_seeded_and_params_carry_logical_axes():
 def test_remat_gives_same_loss_and_gradients(tiny):
   model, _, cfg = tiny
   tokens, mask, positions = model_fixtures.left_padded_batch(seed=5)
-  attn = causal_mask(jnp.asarray(mask))
+  attn = jnp.asarray(mask)
 
   def loss(m):
     logits, _ = m(jnp.asarray(tokens), jnp.asarray(positions), attn)
@@ -134,8 +117,8 @@ def test_remat_gives_same_loss_and_gradients(tiny):
 
 def _nll_loss(tokens, mask, positions):
   """Mean NLL of the real tokens predicted from real positions of a padded batch (pad
-  positions attend to nothing; their outputs are arbitrary), as a function of the model."""
-  attn = causal_mask(jnp.asarray(mask))
+  positions read padding only; their outputs are arbitrary), as a function of the model."""
+  attn = jnp.asarray(mask)
   scored = mask[:, :-1] & mask[:, 1:]
 
   def loss(m):
@@ -157,7 +140,7 @@ def _with_cfg(model, **changes):
 def test_query_chunks_give_the_unchunked_values_and_gradients(tiny, chunk):
   """Causal block skipping (queries [s, s+c) read keys [0, s+c) only) is the same function:
   every skipped key was masked. Equal up to float reordering of the softmax sums, with
-  left padding (pad queries attend to nothing real) and chunks that do not divide T."""
+  left padding (pad queries read padding only) and chunks that do not divide T."""
   model, _, _ = tiny
   tokens, mask, positions = model_fixtures.left_padded_batch(seed=6)
   assert tokens.shape[1] % 4 and tokens.shape[1] > 7
@@ -192,7 +175,7 @@ def test_attention_with_bf16_backward_equals_autodiff_of_the_reference(dtype):
   """`attention_bf16` (hand-written backward, products with bf16 operands) against
   float64 autodiff of the same softmax attention on the same (rounded) inputs: f32
   operands agree to f32 round-off, bf16 ones to a few bf16 ulps of the largest gradient."""
-  from hgpo_jax.models.decoder import attention_bf16
+  from hgpo_jax.models.attention import attention_bf16, segment_mask
   rng = np.random.default_rng(0)
   b, t, kv, g, d = 2, 9, 2, 3, 8
   dt = jnp.dtype(dtype)
@@ -200,7 +183,8 @@ def test_attention_with_bf16_backward_equals_autodiff_of_the_reference(dtype):
              ((b, t, kv, g, d), (b, kv, t, d), (b, kv, t, d)))
   input_mask = np.ones((b, t), bool)
   input_mask[0, :3] = False  # left padding: three pad queries see no key
-  mask = causal_mask(jnp.asarray(input_mask))
+  seg = jnp.asarray(input_mask, jnp.int32)
+  mask = segment_mask(seg, seg, True) & jnp.asarray(input_mask)[:, None, :]
   w = rng.standard_normal((b, kv, g, t, d)) * input_mask[:, None, None, :, None]
   scale = d ** -0.5
   want = _attention_reference(q, k, v, np.asarray(mask), scale)

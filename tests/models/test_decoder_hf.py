@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 import model_fixtures
-from hgpo_jax.models import causal_mask, load_model
+from hgpo_jax.models import load_model
 
 
 def _forward(model, tokens, mask, positions):
   fwd = jax.jit(lambda m, t, p, a: m(t, p, a)[0])
   return np.asarray(fwd(model, jnp.asarray(tokens), jnp.asarray(positions),
-                        causal_mask(jnp.asarray(mask))))
+                        jnp.asarray(mask)))
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

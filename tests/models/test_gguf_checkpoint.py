@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import model_fixtures
-from hgpo_jax.models import causal_mask, load_model
+from hgpo_jax.models import load_model
 from hgpo_jax.models.tokenizer import tiny_tokenizer
 
 _HF_TO_GGUF = {
@@ -102,7 +102,7 @@ def test_gguf_and_hf_directory_agree(arch, tmp_path):
 
   tokens, mask, positions = model_fixtures.left_padded_batch(seed=6)
   fwd = jax.jit(lambda m, t, p, a: m(t, p, a)[0])
-  args = (jnp.asarray(tokens), jnp.asarray(positions), causal_mask(jnp.asarray(mask)))
+  args = (jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
   want = np.asarray(fwd(hf_model, *args))
   got = np.asarray(fwd(gguf_model, *args))
   np.testing.assert_allclose(got[mask], want[mask], atol=1e-5)

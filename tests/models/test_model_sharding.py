@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 import fake_devices
 import model_fixtures
-from hgpo_jax.models import causal_mask, load_model, make_mesh, param_shardings, shard_model
+from hgpo_jax.models import load_model, make_mesh, param_shardings, shard_model
 from hgpo_jax.models import sharding as sharding_lib
 
 
@@ -42,7 +42,7 @@ def test_sharded_logits_equal_unsharded(mesh, tmp_path):
   directory = str(tmp_path)
   model_fixtures.write_hf_dir(directory, "qwen2")
   tokens, mask, positions = model_fixtures.left_padded_batch(batch=4, pads=(0, 3, 7, 1))
-  args = (jnp.asarray(tokens), jnp.asarray(positions), causal_mask(jnp.asarray(mask)))
+  args = (jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
   fwd = jax.jit(lambda m, t, p, a: m(t, p, a)[0])
   plain, _, _ = load_model(directory)
   want = np.asarray(fwd(plain, *args))

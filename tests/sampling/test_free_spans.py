@@ -183,8 +183,7 @@ def test_constrained_free_span_logprobs_are_raw_model_logprobs(smp, model, tok, 
   for b, s in enumerate(seqs):
     tokens[b, width - len(s):], mask[b, width - len(s):] = s, True
   positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
-  attn = (np.tril(np.ones((width, width), bool))[None] & mask[:, None, :])
-  logits, _ = model(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(attn))
+  logits, _ = model(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
   logp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), -1))
   for b, r in enumerate(out.tokens):
     want = [logp[b, width - len(r) - 1 + j, t] for j, t in enumerate(r)]
@@ -199,10 +198,10 @@ class ScriptedModel(nnx.Module):
     self.script = nnx.Variable(jnp.asarray(script_bm, jnp.int32))
     self.offset = nnx.Variable(jnp.asarray(prompt_lengths_b, jnp.int32) - 1)
 
-  def hidden(self, tokens_bt, positions_bt, attn_mask_bts, cache=None, cache_index=None):
+  def hidden(self, tokens_bt, positions_bt, segment_ids_bt, cache=None, cache_index=None):
     return jnp.zeros(tokens_bt.shape + (self.cfg.hidden_dim,)), cache
 
-  def __call__(self, tokens_bt, positions_bt, attn_mask_bts, cache=None, cache_index=None):
+  def __call__(self, tokens_bt, positions_bt, segment_ids_bt, cache=None, cache_index=None):
     script = self.script[...]
     b = tokens_bt.shape[0]
     step_bt = jnp.clip(positions_bt - self.offset[...][:b, None], 0, script.shape[1] - 1)

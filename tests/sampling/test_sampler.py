@@ -52,7 +52,7 @@ def _teacher_forced_logprobs(model, prompt_ids, response_ids):
     input_mask[b, width - len(s):] = True
   positions = np.maximum(np.cumsum(input_mask, axis=1) - 1, 0).astype(np.int32)
   logits, _ = model(jnp.asarray(tokens), jnp.asarray(positions),
-                    decoder.causal_mask(jnp.asarray(input_mask)))
+                    jnp.asarray(input_mask))
   logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
   out = []
   for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
@@ -64,7 +64,7 @@ def _teacher_forced_logprobs(model, prompt_ids, response_ids):
 @jax.jit
 def _forward_no_cache(model, tokens_bt, input_mask_bt):
   positions_bt = jnp.broadcast_to(jnp.arange(tokens_bt.shape[1]), tokens_bt.shape)
-  return model(tokens_bt, positions_bt, decoder.causal_mask(input_mask_bt))[0]
+  return model(tokens_bt, positions_bt, input_mask_bt)[0]
 
 
 def _greedy_no_cache(model, prompt, n, width=48):
@@ -159,10 +159,10 @@ class ScriptedModel(nnx.Module):
     self.script = nnx.Variable(jnp.asarray(script_bm, jnp.int32))
     self.offset = nnx.Variable(jnp.asarray(prompt_lengths_b, jnp.int32) - 1)
 
-  def hidden(self, tokens_bt, positions_bt, attn_mask_bts, cache=None, cache_index=None):
+  def hidden(self, tokens_bt, positions_bt, segment_ids_bt, cache=None, cache_index=None):
     return jnp.zeros(tokens_bt.shape + (self.cfg.hidden_dim,)), cache
 
-  def __call__(self, tokens_bt, positions_bt, attn_mask_bts, cache=None, cache_index=None):
+  def __call__(self, tokens_bt, positions_bt, segment_ids_bt, cache=None, cache_index=None):
     script = self.script[...]
     b = tokens_bt.shape[0]
     step_bt = jnp.clip(positions_bt - self.offset[...][:b, None], 0, script.shape[1] - 1)

@@ -106,19 +106,6 @@ def test_packing_is_deterministic_and_first_fit_decreasing():
   jax.tree.map(np.testing.assert_array_equal, p1, p2)
 
 
-def test_segment_causal_mask():
-  seg = np.array([[1, 1, 2, 2, 2, 0]])
-  m = np.asarray(decoder.segment_causal_mask(seg))[0]
-  expected = np.array([
-      [1, 0, 0, 0, 0, 0],
-      [1, 1, 0, 0, 0, 0],
-      [0, 0, 1, 0, 0, 0],
-      [0, 0, 1, 1, 0, 0],
-      [0, 0, 1, 1, 1, 0],
-      [0, 0, 0, 0, 0, 0]], bool)
-  np.testing.assert_array_equal(m, expected)
-
-
 def test_packed_logprobs_and_entropy_equal_the_unpacked_ones():
   model = _model()
   b = _host_batch()

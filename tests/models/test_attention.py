@@ -1,0 +1,218 @@
+"""The attention implementations against the readable `xla` reference: forward values and
+gradients on padded, packed, grouped-query inputs of odd lengths; decode == full
+attention; sharded == unsharded; the platform rule of 'auto'."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import fake_devices
+import model_fixtures
+from hgpo_jax.models import attention, load_model, sharding
+from hgpo_jax.models import config as model_config
+
+
+def _segments(t: int) -> np.ndarray:
+  """int32[4, T]: left padding, right padding, two packed segments + padding, no padding."""
+  seg = np.zeros((4, t), np.int32)
+  seg[0, 5:] = 1
+  seg[1, :t - 4] = 1
+  seg[2, :t // 3] = 1
+  seg[2, t // 3:t - 3] = 2
+  seg[3] = 1
+  return seg
+
+
+def _inputs(t: int, heads=4, kv_heads=2, dim=16, dtype=jnp.float32, seed=0):
+  rng = np.random.default_rng(seed)
+  b = 4
+  q = jnp.asarray(rng.standard_normal((b, t, heads, dim)), dtype)
+  k = jnp.asarray(rng.standard_normal((b, t, kv_heads, dim)), dtype)
+  v = jnp.asarray(rng.standard_normal((b, t, kv_heads, dim)), dtype)
+  w = jnp.asarray(rng.standard_normal((b, t, heads, dim)), jnp.float32)
+  return q, k, v, jnp.asarray(_segments(t)), w
+
+
+def _loss_and_grads(impl, q, k, v, seg, w, causal, **kw):
+  def loss(q, k, v):
+    out = attention.attention(q, k, v, seg, causal=causal, impl=impl, **kw)
+    return jnp.sum(out.astype(jnp.float32) * w)
+  out = jax.jit(lambda q, k, v: attention.attention(q, k, v, seg, causal=causal, impl=impl,
+                                                    **kw))(q, k, v)
+  return out, jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+
+def _assert_same(got, want, atol):
+  out, grads = got
+  want_out, want_grads = want
+  np.testing.assert_allclose(np.asarray(out, np.float64), np.asarray(want_out, np.float64),
+                             atol=atol)
+  for g, h in zip(grads, want_grads):
+    np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(h, np.float64), atol=atol)
+
+
+def test_segment_mask_matches_loop_reference():
+  seg = np.array([[0, 0, 1, 1, 1, 1], [1, 1, 2, 2, 2, 0]], np.int32)
+  got = np.asarray(attention.segment_mask(jnp.asarray(seg), jnp.asarray(seg), True))
+  want = np.zeros((2, 6, 6), bool)
+  for b in range(2):
+    for t in range(6):
+      for s in range(6):
+        want[b, t, s] = s <= t and seg[b, s] == seg[b, t]  # padding is a segment of its own
+  np.testing.assert_array_equal(got, want)
+
+
+def test_xla_equals_a_float64_loop_reference():
+  """The reference itself, by rule (1): softmax over keys of the same segment, s <= t."""
+  q, k, v, seg, _ = _inputs(11)
+  got = np.asarray(attention.attention(q, k, v, seg, impl="xla"))
+  qn, kn, vn, segn = (np.asarray(x, np.float64) for x in (q, k, v, seg))
+  want = np.zeros_like(got, np.float64)
+  for b in range(4):
+    for h in range(4):
+      for t in range(11):
+        keys = [s for s in range(t + 1) if segn[b, s] == segn[b, t]]
+        logits = np.array([qn[b, t, h] @ kn[b, s, h // 2] for s in keys]) / 4.0
+        p = np.exp(logits - logits.max())
+        want[b, t, h] = (p / p.sum()) @ vn[b, keys, h // 2]
+  np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("t,block", [(37, 8), (16, 16), (9, 512)])
+def test_chunked_equals_xla(t, block, causal):
+  """Several key blocks with a padded last one, one exact block, one block > T."""
+  q, k, v, seg, w = _inputs(t)
+  want = _loss_and_grads("xla", q, k, v, seg, w, causal)
+  _assert_same(_loss_and_grads("chunked", q, k, v, seg, w, causal, block_kv=block), want, 2e-5)
+
+
+def test_chunked_equals_xla_in_bfloat16():
+  q, k, v, seg, w = _inputs(37, dtype=jnp.bfloat16)
+  want = _loss_and_grads("xla", q, k, v, seg, w, True)
+  got = _loss_and_grads("chunked", q, k, v, seg, w, True, block_kv=8)
+  out, grads = got
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want[0], np.float32),
+                             atol=3e-2)
+  for g, h in zip(grads, want[1]):
+    g, h = np.asarray(g, np.float32), np.asarray(h, np.float32)
+    np.testing.assert_allclose(g, h, atol=3e-2 * np.max(np.abs(h)))
+
+
+@pytest.mark.parametrize("t", [37, 128])
+def test_splash_interpret_equals_xla(t):
+  """The Pallas TPU kernel in interpret mode (CPU): T padded to 128, GQA, segments."""
+  q, k, v, seg, w = _inputs(t)
+  want = _loss_and_grads("xla", q, k, v, seg, w, True)
+  _assert_same(_loss_and_grads("splash", q, k, v, seg, w, True), want, 2e-5)
+
+
+def _mesh():
+  return sharding.make_mesh(2, 2, 2, devices=fake_devices.take(8))
+
+
+@pytest.mark.parametrize("impl", ["splash", "chunked"])
+def test_sharded_equals_unsharded(impl):
+  """Rows over (data, fsdp), heads over tensor: splash runs under shard_map over the
+  `jax.set_mesh` mesh; chunked is partitioned by GSPMD."""
+  q, k, v, seg, w = _inputs(37)
+  want = _loss_and_grads(impl, q, k, v, seg, w, True)
+  mesh = _mesh()
+  assert attention.splash_specs(mesh, 4, 4, 2) == (("data", "fsdp"), "tensor")
+  place = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
+  qkv = P(("data", "fsdp"), None, "tensor", None)
+  args = (place(q, qkv), place(k, qkv), place(v, qkv), place(seg, P(("data", "fsdp"))),
+          place(w, qkv))
+  with jax.set_mesh(mesh):
+    got = _loss_and_grads(impl, *args, True)
+  _assert_same(got, want, 1e-5)
+
+
+def test_decode_attention_equals_full_attention():
+  """A left-padded prefix in the cache (valid slots [start, index)) plus new tokens gives
+  the full self-attention's rows for those tokens."""
+  t, new = 13, 3
+  q, k, v, _, _ = _inputs(t)
+  pads = np.array([0, 4, 7, 2])
+  seg = jnp.asarray((np.arange(t)[None] >= pads[:, None]).astype(np.int32))
+  full = attention.attention(q, k, v, seg, impl="xla")
+  cache_len, index = 20, t - new
+  k_cache = jnp.zeros((4, 2, cache_len, 16)).at[:, :, :index].set(
+      k[:, :index].transpose(0, 2, 1, 3))
+  v_cache = jnp.zeros((4, 2, cache_len, 16)).at[:, :, :index].set(
+      v[:, :index].transpose(0, 2, 1, 3))
+  k_cache = k_cache.at[:, :, index:].set(7.0)  # stale slots must not be read
+  got = attention.decode_attention(q[:, index:], k[:, index:], v[:, index:], seg[:, index:],
+                                   k_cache, v_cache, cache_start_b=jnp.asarray(pads),
+                                   cache_index=jnp.int32(index))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(full[:, index:]), atol=2e-6)
+
+
+def test_cudnn_refuses_float32_with_a_clear_error():
+  q, k, v, seg, _ = _inputs(8)
+  with pytest.raises(ValueError, match="needs bfloat16"):
+    attention.attention(q, k, v, seg, impl="cudnn")
+
+
+@pytest.mark.skipif(not any(d.platform == "gpu" for d in jax.devices()),
+                    reason="cudnn attention needs a GPU (this process has none)")
+def test_cudnn_equals_xla_on_gpu():
+  q, k, v, seg, w = _inputs(37, dtype=jnp.bfloat16)
+  want = _loss_and_grads("xla", q, k, v, seg, w, True)
+  got = _loss_and_grads("cudnn", q, k, v, seg, w, True)
+  np.testing.assert_allclose(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32),
+                             atol=3e-2)
+
+
+@dataclasses.dataclass
+class _Device:
+  platform: str
+
+
+def test_auto_resolves_by_the_target_devices_platform():
+  assert attention.resolve_impl("auto", _mesh()) == "xla"
+  assert attention.resolve_impl("auto", [_Device("tpu")]) == "splash"
+  assert attention.resolve_impl("auto", [_Device("gpu")]) == "cudnn"
+  assert attention.resolve_impl("chunked", [_Device("tpu")]) == "chunked"
+  with jax.set_mesh(_mesh()):
+    assert attention.resolve_impl("auto", attention.context_target()) == "xla"
+  with pytest.raises(ValueError, match="attention_impl='flash'"):
+    attention.resolve_impl("flash", _mesh())
+  with pytest.raises(ValueError, match="attention_impl"):
+    model_config.get_preset("tiny").replace(attention_impl="flash")
+
+
+def _nll(tokens, seg, positions):
+  scored = (seg[:, :-1] > 0) & (seg[:, 1:] == seg[:, :-1])
+
+  def loss(m):
+    logits, _ = m(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(seg))
+    logp = jax.nn.log_softmax(logits[:, :-1])
+    nll = -jnp.take_along_axis(logp, jnp.asarray(tokens)[:, 1:, None], -1)[..., 0]
+    return jnp.sum(nll * scored) / scored.sum()
+  return loss
+
+
+@pytest.mark.parametrize("impl", ["chunked", "splash"])
+def test_decoder_loss_and_gradients_equal_xla(impl):
+  """The tiny model end to end on left-padded and packed rows: same loss and gradients."""
+  model = load_model("tiny", seed=3)[0]
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=8, length=11)
+  seg = mask.astype(np.int32)
+  seg[0, 6:] = 2  # row 0 packs two sequences; the second restarts its positions at 0
+  positions[0, 6:] = np.arange(5)
+  loss = _nll(tokens, seg, positions)
+  grad_fn = jax.jit(nnx.value_and_grad(loss))
+  value, grads = grad_fn(model)
+  other = nnx.merge(*nnx.split(model))
+  other.cfg = model.cfg.replace(attention_impl=impl)
+  other_value, other_grads = grad_fn(other)
+  np.testing.assert_allclose(float(other_value), float(value), rtol=1e-6)
+  for g, h in zip(jax.tree.leaves(grads), jax.tree.leaves(other_grads)):
+    np.testing.assert_allclose(np.asarray(h), np.asarray(g), atol=2e-6)
