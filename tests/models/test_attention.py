@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import fake_devices
 import model_fixtures
-from hgpo_jax.models import attention, load_model, sharding
+from hgpo_jax.models import attention, decoder, load_model, sharding
 from hgpo_jax.models import config as model_config
 
 
@@ -216,3 +216,33 @@ def test_decoder_loss_and_gradients_equal_xla(impl):
   np.testing.assert_allclose(float(other_value), float(value), rtol=1e-6)
   for g, h in zip(jax.tree.leaves(grads), jax.tree.leaves(other_grads)):
     np.testing.assert_allclose(np.asarray(h), np.asarray(g), atol=2e-6)
+
+
+@pytest.mark.tpu_compile
+def test_decoder_lowers_to_the_splash_kernel_for_tpu_devices_from_a_cpu_host():
+  """'auto' on a mesh of TPU topology devices (libtpu, no TPU) picks splash; under
+  `jax.set_mesh` the kernel is a Mosaic TPU custom call inside a shard_map, not interpret
+  mode; the model is built under nnx.eval_shape and lowered from ShapeDtypeStructs."""
+  from hgpo_jax.training import targets
+  reason = targets.libtpu_available()
+  if reason is not None:
+    pytest.skip(reason)
+  mesh = sharding.make_mesh(2, 2, 2, devices=targets.devices(targets.resolve("v5e-8")))
+  impl = attention.resolve_impl("auto", mesh)
+  assert impl == "splash"
+  cfg = model_config.get_preset("tiny").replace(dtype="bfloat16", remat=True, attention_impl=impl)
+  with jax.set_mesh(mesh):
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0))))
+  shardings = sharding.param_shardings(state, mesh)
+  state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                       state, shardings)
+  rows = jax.ShapeDtypeStruct((8, 200), jnp.int32,
+                              sharding=NamedSharding(mesh, P(("data", "fsdp"), None)))
+
+  def loss(state, tokens, segment_ids):
+    hidden, _ = nnx.merge(graphdef, state).hidden(tokens, tokens, segment_ids)
+    return jnp.mean(jnp.square(hidden.astype(jnp.float32)))
+  with jax.set_mesh(mesh):
+    text = jax.jit(jax.grad(loss)).lower(state, rows, rows).as_text()
+  assert "tpu_custom_call" in text  # the Mosaic kernel, compiled for the TPU
+  assert "manual_computation" in text  # inside the shard_map over the mesh
