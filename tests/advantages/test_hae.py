@@ -370,3 +370,14 @@ def test_cli_gamma_and_invalid_penalty_reach_hae(tmp_path, capsys):
                      "--keep-penalty-mode", "fixed"] + flags) == 0
     got = [json.loads(line)["advantage"] for line in capsys.readouterr().out.splitlines()]
     assert got[0] == pytest.approx(a0 - 0.5 * 2, rel=1e-5)  # turns 1 and 2 are KEEP turns too
+
+
+def test_tag_codes_name_block_sets():
+  blocks = (hae.TAG_SWITCH, hae.TAG_SUBGOAL, hae.TAG_ACTION)
+  for code in range(8):
+    member = [bool(hae.tag_in(np.array([code]), b)[0]) for b in blocks]
+    assert hae.tag_code(*member) == code
+  assert hae.tag_code(False, True, True) == hae.TAG_SUBGOAL_ACTION == 5
+  # codes 0-3 keep their single-block meaning; out-of-range codes are in no block
+  np.testing.assert_array_equal(hae.tag_in(jnp.array([0, 3, 5, 7, 9, -1], jnp.int8), hae.TAG_ACTION),
+                                [False, True, True, True, False, False])
