@@ -14,6 +14,9 @@ parameters, optimizer state and batches, no weights) and compiles each for the t
   as not fitting with the bytes it asked for. The device memory defaults to XLA:TPU's own
   usable HBM per chip. Also prints XLA:TPU's estimated time per iteration (its cost model,
   not a measurement).
+* `--topology h100-8` (experimental): 8 x H100 SXM compiled by XLA:GPU without a GPU, through
+  the CUDA plugin's compile-only topology (needs `jax-cuda12-plugin[with-cuda]==0.10.2`,
+  not installed by default; no autotuning, so temporaries can differ from a real compile).
 * `--devices N` without a topology: N fake CPU devices compiled by XLA:CPU, a labelled
   approximation of an accelerator's temporaries (persistent bytes are exact).
 
@@ -93,7 +96,11 @@ def main(argv=None) -> int:
     raise SystemExit("--devices must be >= 1")
   from hgpo_jax.training import targets
   if args.topology:
-    reason = targets.libtpu_available()
+    try:
+      target = targets.resolve(args.topology)
+    except ValueError as e:
+      raise SystemExit(f"--topology: {e}") from None
+    reason = targets.compiler_available(target)
     if reason:
       raise SystemExit(f"--topology {args.topology}: {reason}")
     targets.prepare_environment()
@@ -114,10 +121,6 @@ def main(argv=None) -> int:
 
   config = load_config(args.config, overrides)
   if args.topology:
-    try:
-      target = targets.resolve(args.topology)
-    except ValueError as e:
-      raise SystemExit(f"--topology: {e}") from None
     devices = targets.devices(target)
     label = f"{target.name} ({target.topology}, {len(devices)} chips, " \
             f"{targets.process_count(devices)} hosts)"
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
       config, mesh, micro_batch_rows=micro, rollout_rows=args.rollout_rows or None,
       phases=[p for p in args.programs.split(",") if p] or None, devices=devices)
   seconds = None
-  if target is not None:
+  if target is not None and target.platform == "tpu":
     seconds = plan_lib.estimated_seconds(plan, targets.seconds_per_cycle(target))
   print(plan_lib.format_plan(plan, memory, args.headroom, seconds))
   print(f"(compiled in {time.perf_counter() - t0:.0f} s)", flush=True)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Sequence
 
-import jax
 import numpy as np
 
 from hgpo_jax import perf
@@ -33,7 +32,6 @@ from hgpo_jax.models import config as model_config
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import programs as programs_lib
 from hgpo_jax.training import targets as targets_lib
-from hgpo_jax.training import train_step
 
 GiB = 1024 ** 3
 TRAIN_PHASES = ("update", "logprobs")

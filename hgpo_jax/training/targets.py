@@ -34,13 +34,10 @@ class Target:
   """A named slice: `get_topology_desc` arguments and the chip's nominal HBM."""
   name: str
   topology: str
-  chip_config: str
+  chip_config: str  # TPU chip config; for GPU targets the name of the target spec
   chips: int
   hbm_gib: float  # nominal HBM per chip (Cloud TPU docs); XLA:TPU's usable figure is lower
-
-  @property
-  def platform(self) -> str:
-    return "tpu"
+  platform: str = "tpu"
 
 
 # Cloud TPU slice names -> topology strings (chips, not TensorCores, for v4/v5p).
@@ -54,6 +51,46 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("v6e-8", "v6e:2x4", "default", 8, 32),
     Target("v6e-16", "v6e:4x4", "default", 16, 32),
 )}
+# GPU targets: deviceless compiles through the CUDA plugin's compile-only topology (no GPU,
+# no driver; experimental in JAX 0.10): `get_topology_desc(platform="cuda",
+# target_config=<GpuTargetConfig text proto>, topology="slices x hosts x devices")`.
+GPU_TARGETS: dict[str, Target] = {t.name: t for t in (
+    Target("h100-8", "1x1x8", "h100_sxm", 8, 80, platform="cuda"),
+)}
+# The device description XLA:GPU compiles for (NVIDIA H100 SXM 80GB: the public datasheet's
+# 132 SMs, 1.98 GHz boost clock, 3.35 TB/s HBM3, 50 MiB L2, 227 KiB shared memory per
+# block opt-in, compute capability 9.0). No autotuning runs without a GPU, so kernel
+# choices, and with them temporaries, can differ from a compile on a real H100.
+_GPU_SPECS = {"h100_sxm": """gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: 3352320000000
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: 84942979072
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability {
+    major: 9
+  }
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info {
+  major: 8
+  minor: 9
+  patch: 4
+}
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""}
 _NOMINAL_HBM_GIB = {"v4": 32, "v5e": 16, "v5": 96, "v5p": 96, "v6e": 32}
 _RAW_TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v5|v6e):\d+(x\d+){1,2}$")
 
@@ -74,10 +111,25 @@ def libtpu_available() -> Optional[str]:
   return None
 
 
+def cuda_plugin_available() -> Optional[str]:
+  """None when XLA:GPU can compile without a GPU here, else the reason it cannot."""
+  import importlib.util
+  if importlib.util.find_spec("jax_cuda12_plugin") is None:
+    return ("the CUDA plugin is not installed: pip install 'jax-cuda12-plugin[with-cuda]==0.10.2' "
+            "'jax-cuda12-pjrt==0.10.2' (about 5.5 GB of CUDA libraries; no GPU needed)")
+  return None
+
+
+def compiler_available(target: "Target") -> Optional[str]:
+  return cuda_plugin_available() if target.platform == "cuda" else libtpu_available()
+
+
 def resolve(name: str) -> Target:
   """A Cloud TPU name (`v5e-8`) or a raw topology string (`v5e:2x4`, `v5:2x2x1`)."""
   if name in TARGETS:
     return TARGETS[name]
+  if name in GPU_TARGETS:
+    return GPU_TARGETS[name]
   if _RAW_TOPOLOGY.match(name):
     generation, _, shape = name.partition(":")
     chips = 1
@@ -87,8 +139,8 @@ def resolve(name: str) -> Target:
     topology = name.replace("v5p:", "v5:")
     return Target(name, topology, "megacore" if megacore else "default", chips,
                   _NOMINAL_HBM_GIB[generation])
-  raise ValueError(f"unknown TPU target {name!r}; use one of {sorted(TARGETS)} or a topology "
-                   "string such as v5e:2x4 or v5p:2x2x1.")
+  raise ValueError(f"unknown target {name!r}; use one of {sorted(TARGETS) + sorted(GPU_TARGETS)} "
+                   "or a TPU topology string such as v5e:2x4 or v5p:2x2x1.")
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,12 +150,22 @@ def _topology(topology: str, chip_config: str):
   return topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs)
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu_topology(topology: str, spec: str):
+  from jax.experimental import topologies
+  return topologies.get_topology_desc(platform="cuda", target_config=_GPU_SPECS[spec],
+                                      topology=topology)
+
+
 def devices(target: Target) -> list:
-  """The compile-only TPU devices of `target` (all hosts), in topology order."""
-  reason = libtpu_available()
+  """The compile-only devices of `target` (all hosts), in topology order."""
+  reason = compiler_available(target)
   if reason:
     raise RuntimeError(f"cannot compile for {target.name}: {reason}")
-  devs = list(_topology(target.topology, target.chip_config).devices)
+  if target.platform == "cuda":
+    devs = list(_gpu_topology(target.topology, target.chip_config).devices)
+  else:
+    devs = list(_topology(target.topology, target.chip_config).devices)
   if len(devs) != target.chips:
     raise RuntimeError(f"{target.name}: XLA:TPU gives {len(devs)} devices for topology "
                        f"{target.topology}, expected {target.chips}.")
@@ -159,7 +221,11 @@ def _available_hbm(device_kind: str, topology: str, chip_config: str) -> int:
 
 
 def available_hbm(target: Target) -> int:
-  """Bytes of HBM per chip that XLA:TPU lets one program use (its own figure)."""
+  """Bytes of HBM per chip that XLA:TPU lets one program use (its own figure); for a GPU
+  target the device memory of its spec (XLA:GPU refuses nothing at compile time)."""
+  if target.platform == "cuda":
+    m = re.search(r"device_memory_size: (\d+)", _GPU_SPECS[target.chip_config])
+    return int(m.group(1))
   devs = devices(target)
   return _available_hbm(devs[0].device_kind, target.topology, target.chip_config)
 
