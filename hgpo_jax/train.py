@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import time
 from typing import Any
@@ -52,14 +51,15 @@ from hgpo_jax.training import losses
 from hgpo_jax.training import metrics as metrics_lib
 from hgpo_jax.training import packing
 from hgpo_jax.training import processes
+from hgpo_jax.training import programs
 from hgpo_jax.training import progress as phases
 from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
 from hgpo_jax.training import value_targets
 
 # Critic-based estimators the trainer supports -> number of value heads.
-CRITIC_HEADS = {"gae": 1, "hae": 3}
-PROMPT_BUCKETS = (128, 256, 512, 640, 768, 1024, 1536, 2048, 3072, 4096)
+CRITIC_HEADS = programs.CRITIC_HEADS  # value heads per critic estimator (the registry's)
+PROMPT_BUCKETS = programs.PROMPT_BUCKETS  # the sampler's prompt buckets (the registry's)
 # Presets whose weights live in a user directory (config.model.path).
 MODELS_WITH_PATH = loading.PRESETS_WITH_PATH  # presets whose weights are a local directory
 
@@ -298,22 +298,6 @@ def _grouped_train_batches(batch: train_batch_lib.TrainBatch, config,
                              loss_unit_rows=config.train.loss_unit_rows)
 
 
-def _sampling_mesh(config, mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
-  """The sampler's mesh: the training mesh with one process; with several, a mesh over
-  this process's own devices (generation is data parallel, and each process samples
-  only its own prompts): the config's tensor size, fsdp as far as the local devices
-  allow, data the rest."""
-  if jax.process_count() == 1:
-    return mesh
-  local = jax.local_devices()
-  tensor = config.mesh.tensor
-  if len(local) % tensor:
-    raise ConfigError(f"config.mesh.tensor={tensor} must divide the {len(local)} devices of each "
-                      "process (the sampler runs on each process's own devices)")
-  fsdp = math.gcd(config.mesh.fsdp, len(local) // tensor)
-  return sharding.make_mesh(-1, fsdp, tensor, devices=local)
-
-
 def _sampling_model(learner, params, mesh: jax.sharding.Mesh):
   """The policy for the sampler: the training params themselves with one process; with
   several, a copy gathered to every process and placed on its sampling mesh."""
@@ -329,12 +313,11 @@ def _sampling_model(learner, params, mesh: jax.sharding.Mesh):
 # ---------------------------------------------------------------------------------------
 # Critic (estimators with needs_critic: gae = PPO, hae = HiPER)
 # ---------------------------------------------------------------------------------------
-def make_critic(config, run: RunConfig, model, policy_params, mesh):
+def make_critic(config, run: RunConfig, model, policy_params, learner: critic_step.CriticLearner):
   """(CriticLearner, TrainState): a separate value model initialised from the policy's
-  weights (the published PPO and HiPER scripts' critic), its own optimizer."""
+  weights (the published PPO and HiPER scripts' critic), its own optimizer; `learner` is
+  the registry's (`programs.build`)."""
   num_heads = CRITIC_HEADS[run.estimator.name]
-  learner = critic_step.CriticLearner(
-      critic_lib.abstract_critic(model.cfg, num_heads), mesh, run.critic_update, run.value_loss)
   params = critic_lib.params_from_policy(policy_params, model.cfg, num_heads, config.seed)
   return learner, learner.init_state(params)
 
@@ -542,13 +525,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # from ~16 GB to ~3 GB for SmolLM2 at 4 x 816 tokens per micro-batch (+~30% compute).
   model.cfg = model_settings(config, model.cfg, mesh)
   compute_dtype = model.cfg.dtype  # picks the device peak of the perf/* MFU metrics
-  learner = train_step.Learner(model, mesh, run.update)
+  # Every jitted program (update, log-probs, critic, sampler) comes from the registry that
+  # `launch.plan` compiles for a pod (hgpo_jax/training/programs.py): one construction.
+  registry = programs.build(config, mesh, tokenizer=tokenizer, model_cfg=model.cfg, model=model,
+                            local_devices=jax.local_devices(), num_processes=nproc)
+  learner = registry.learner
   init_params = nnx.state(model, nnx.Param)
   state = learner.init_state(init_params)
   ref_params = learner.reference_params(state)  # the frozen initial policy (KL anchor)
   critic_learner = critic_state = None
   if est.needs_critic:
-    critic_learner, critic_state = make_critic(config, run, model, init_params, mesh)
+    critic_learner, critic_state = make_critic(config, run, model, init_params, registry.critic)
   del model, init_params
 
   # ---- Resume: workdir > explicit path > scratch ----------------------------------------
@@ -600,11 +587,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                   for s in config.env.eval_splits}
 
     # ---- Sampler -------------------------------------------------------------------------
-    max_prompt = config.rollout.max_prompt_tokens
-    buckets = tuple(b for b in PROMPT_BUCKETS if b < max_prompt) + (max_prompt,)
-    sample_mesh = _sampling_mesh(config, mesh)
-    sampler = sampler_lib.Sampler(_sampling_model(learner, state.params, sample_mesh), tokenizer,
-                                  prompt_buckets=buckets, mesh=sample_mesh)
+    buckets = programs.prompt_buckets(config.rollout.max_prompt_tokens)
+    sample_mesh = registry.sample_mesh
+    sampler = registry.sampler
+    sampler.model = _sampling_model(learner, state.params, sample_mesh)
     # static (no recompilation across iterations); the estimator sees all processes' rows
     capacity = config.rollout.num_groups * config.rollout.group_size * config.env.max_steps
 

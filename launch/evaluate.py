@@ -41,6 +41,7 @@ def evaluate_untrained(config, workdir: str) -> dict[str, float]:
   from hgpo_jax.rollout import tasks as tasks_lib
   from hgpo_jax.sampling import sampler as sampler_lib
   from hgpo_jax.training import metrics as metrics_lib
+  from hgpo_jax.training import programs
 
   if not config.env.eval_splits:
     raise train.ConfigError("config.env.eval_splits is empty: nothing to evaluate")
@@ -52,7 +53,7 @@ def evaluate_untrained(config, workdir: str) -> dict[str, float]:
       config.model.name if config.model.name in train.MODELS_WITH_PATH or not config.model.path
       else config.model.path, path=config.model.path or None, dtype=config.model.dtype,
       mesh=mesh, seed=streams.model_seed)
-  model.cfg = train.model_settings(config, model.cfg)
+  model.cfg = train.model_settings(config, model.cfg, mesh)
   slots = config.rollout.num_groups * config.rollout.group_size
   pool = train._make_pool(config, slots)
   writer = metrics_lib.MetricsWriter(workdir, tensorboard=False)
@@ -60,8 +61,7 @@ def evaluate_untrained(config, workdir: str) -> dict[str, float]:
     splits = tuple(config.env.eval_splits)
     dataset_dir = tasks_lib.build_task_datasets(
         config.env.name, {s: pool.list_tasks(s) for s in splits}, os.path.join(workdir, "tasks"))
-    max_prompt = config.rollout.max_prompt_tokens
-    buckets = tuple(b for b in train.PROMPT_BUCKETS if b < max_prompt) + (max_prompt,)
+    buckets = programs.prompt_buckets(config.rollout.max_prompt_tokens)
     sampler = sampler_lib.Sampler(model, tokenizer, prompt_buckets=buckets, mesh=mesh)
     out = {}
     for split in splits:

@@ -202,7 +202,7 @@ def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optiona
   out = {n: _phase(registry.programs[n]) for n in names}
   device = mesh.devices.flat[0]
   return Plan(mesh=_mesh_tuple(mesh), shapes=dataclasses.replace(
-                  shapes, rollout_rows=registry.rollout_rows),
+                  shapes, rollout_rows=registry.rollout_rows, model=registry.model_cfg),
               params=registry.params_bytes, opt_state=registry.opt_bytes,
               reference=registry.reference_bytes, critic=registry.critic_bytes, phases=out,
               platform=registry.platform, device_kind=getattr(device, "device_kind", "cpu"),
@@ -337,7 +337,8 @@ def format_plan(plan: Plan, device_memory: Optional[int] = None, headroom: float
       f"compiled by {compiler} for {plan.device_kind}; mesh data={plan.mesh[0]} "
       f"fsdp={plan.mesh[1]} tensor={plan.mesh[2]} (sampler data={plan.sample_mesh[0]} "
       f"fsdp={plan.sample_mesh[1]} tensor={plan.sample_mesh[2]}); model "
-      f"{s.model.num_layers}L d={s.model.hidden_dim} {s.model.dtype} remat={s.model.remat}; "
+      f"{s.model.num_layers}L d={s.model.hidden_dim} {s.model.dtype} remat={s.model.remat} "
+      f"attention={getattr(s.model, 'attention_impl', 'xla')}; "
       f"update [{s.mini_batch_rows} x {s.seq}] micro-batch {s.micro_batch_rows}; sampler "
       f"{plan.rollout_rows or s.rollout_rows} rows x prompt {s.prompt} + {s.response} new",
       f"per device: params {g(plan.params)} GiB, optimizer {g(plan.opt_state)} GiB, "

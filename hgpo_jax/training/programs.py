@@ -223,7 +223,8 @@ def _bucket(n: int, buckets) -> int:
 
 def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = None,
           rollout_rows: Optional[int] = None, local_devices=None, num_processes: Optional[int] = None,
-          tokenizer=None, model_cfg: Optional[model_config.ModelConfig] = None) -> Registry:
+          tokenizer=None, model_cfg: Optional[model_config.ModelConfig] = None,
+          model=None) -> Registry:
   """The registry of `config` on `mesh` (see module doc).
 
   Args:
@@ -237,7 +238,9 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
     tokenizer: the model's tokenizer (default: a compile-only stand-in, see
       `_CompileOnlyTokenizer`).
     model_cfg: the model's architecture (default: `config.model.name`'s preset in
-      `config.model.dtype` with the run's numerics).
+      `config.model.dtype` with the run's numerics, attention resolved for `mesh`).
+    model: the loaded policy (the trainer's; default: its abstract structure from
+      `model_cfg`); only its graph and parameter shardings are read.
   """
   from hgpo_jax import train as train_lib  # the trainer's typed settings (train imports us)
   devs = list(mesh.devices.flat)
@@ -252,13 +255,14 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
       local_devices = [d for d in devs if d.process_index == first]
   if model_cfg is None:
     preset = model_config.get_preset(config.model.name).replace(param_dtype=config.model.dtype)
-    model_cfg = train_lib.model_settings(config, preset)
+    model_cfg = train_lib.model_settings(config, preset, mesh)
   run = train_lib.validate(config)
   update = run.update
   if micro_batch_rows:
     update = dataclasses.replace(update, micro_batch_rows=micro_batch_rows)
-  abstract_model = nnx.eval_shape(lambda: decoder.Decoder(model_cfg, rngs=nnx.Rngs(0)))
-  learner = train_step.Learner(abstract_model, mesh, update)
+  if model is None:
+    model = nnx.eval_shape(lambda: decoder.Decoder(model_cfg, rngs=nnx.Rngs(0)))
+  learner = train_step.Learner(model, mesh, update)
   state = learner.abstract_state()
   params_b, opt_b = sharded_bytes(state.params), sharded_bytes(state.opt_state)
   seq = config.rollout.max_prompt_tokens + config.rollout.max_new_tokens
