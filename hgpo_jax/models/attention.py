@@ -111,6 +111,20 @@ def context_target():
   return jax.devices() if mesh.empty else mesh
 
 
+def traced_on(mesh, fn):
+  """`fn` traced with `mesh` as the abstract mesh in context, for `jax.jit(traced_on(mesh,
+  f), ...)`: inside the trace 'auto' resolves against it and splash shard_maps over it
+  (`jax.set_mesh` itself may not be entered inside jit). mesh None: `fn` itself."""
+  if mesh is None:
+    return fn
+
+  @functools.wraps(fn)
+  def on_mesh(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+  return on_mesh
+
+
 # ---------------------------------------------------------------------------------------
 # Masks (internal: callers pass segment ids, never masks)
 # ---------------------------------------------------------------------------------------

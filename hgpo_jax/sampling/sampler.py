@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hgpo_jax.models import attention
 from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding
 from hgpo_jax.sampling import constrained
@@ -223,8 +224,9 @@ class Sampler:
     self._automata: dict[tuple[str, ...], constrained.TokenAutomaton] = {}
     self._free_masks: dict[str, np.ndarray] = {}
     self.num_compilations = 0  # traces of the jitted program (one per new bucket/flags)
+    # (traced with the mesh in context: the splash attention kernel shard_maps over it)
     self._jit_generate = jax.jit(
-        self._generate_device,
+        attention.traced_on(mesh, self._generate_device),
         static_argnames=("max_new_tokens", "greedy", "filtered", "constraint_mode", "ignore_eos",
                          "shared_prefill"))
 

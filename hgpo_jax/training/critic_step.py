@@ -30,6 +30,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from hgpo_jax.models import attention
 from hgpo_jax.training import losses
 from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
@@ -104,7 +105,7 @@ class CriticLearner(train_step.Learner):
                value_config: ValueLossConfig = ValueLossConfig(), rules: Optional[Sequence] = None):
     self.value_config = value_config
     super().__init__(model, mesh, config, rules)
-    self.compute_values = jax.jit(self._compute_values,
+    self.compute_values = jax.jit(attention.traced_on(mesh, self._compute_values),
                                   in_shardings=(self.param_shardings, self.row_sharding),
                                   out_shardings=self.row_sharding)
 

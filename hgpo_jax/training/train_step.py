@@ -38,6 +38,7 @@ State creation follows big_vision: `eval_shape(init)` -> shardings ->
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Optional, Sequence
 
 import flax.struct
@@ -49,6 +50,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from hgpo_jax.models import attention
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import losses
@@ -290,13 +292,15 @@ class Learner:
     self.state_sharding = self.state_shardings(self._abstract)
     # Fixed in/out shardings: the state an update returns has exactly the layout the
     # next call expects, so a second batch of the same bucket never recompiles.
-    self.update = jax.jit(self._update, donate_argnums=(0,), static_argnums=(2,),
+    # (traced with the mesh in context: the splash attention kernel shard_maps over it)
+    on_mesh = functools.partial(attention.traced_on, mesh)
+    self.update = jax.jit(on_mesh(self._update), donate_argnums=(0,), static_argnums=(2,),
                           in_shardings=(self.state_sharding, self.row_sharding),
                           out_shardings=(self.state_sharding, self.replicated))
     # Length-grouped micro-batches: one gradient program per micro-batch shape, the
     # gradient sum donated from call to call, then the optimizer step.
     self.zero_grads = jax.jit(self._zero_grads, out_shardings=self.param_shardings)
-    self.accumulate = jax.jit(self._accumulate, donate_argnums=(1,), static_argnums=(3,),
+    self.accumulate = jax.jit(on_mesh(self._accumulate), donate_argnums=(1,), static_argnums=(3,),
                               in_shardings=(self.param_shardings, self.param_shardings,
                                             self.row_sharding),
                               out_shardings=(self.param_shardings, self.replicated))
@@ -304,7 +308,7 @@ class Learner:
                                    in_shardings=(self.state_sharding, self.param_shardings,
                                                  self.replicated),
                                    out_shardings=(self.state_sharding, self.replicated))
-    self.compute_logprobs = jax.jit(self._compute_logprobs,
+    self.compute_logprobs = jax.jit(on_mesh(self._compute_logprobs),
                                     in_shardings=(self.param_shardings, self.row_sharding),
                                     out_shardings=self.row_sharding)
     self._init_jit = jax.jit(self._init, out_shardings=self.state_sharding)

@@ -246,3 +246,23 @@ def test_decoder_lowers_to_the_splash_kernel_for_tpu_devices_from_a_cpu_host():
     text = jax.jit(jax.grad(loss)).lower(state, rows, rows).as_text()
   assert "tpu_custom_call" in text  # the Mosaic kernel, compiled for the TPU
   assert "manual_computation" in text  # inside the shard_map over the mesh
+
+
+def test_traced_on_a_mesh_the_decoder_shard_maps_splash_and_equals_xla():
+  """`attention.traced_on(mesh, f)` (the Learner's, critic's and sampler's jits) puts the
+  mesh in context inside the trace: the decoder's splash kernel runs under shard_map on
+  rows split over 8 fake devices and gives the unsharded xla hidden states."""
+  model = load_model("tiny", seed=3)[0]
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=9, batch=4, length=11,
+                                                             pads=(0, 3, 7, 1))
+  hidden = lambda m, t, p, s: m.hidden(t, p, s)[0]
+  want = jax.jit(hidden)(model, tokens, positions, mask)
+  mesh = _mesh()
+  splash = nnx.merge(*nnx.split(model))
+  splash.cfg = model.cfg.replace(attention_impl="splash")
+  rows = NamedSharding(mesh, P(("data", "fsdp"), None))
+  args = [jax.device_put(x, rows) for x in (tokens, positions, mask)]
+  fn = jax.jit(attention.traced_on(mesh, hidden))
+  assert "manual_computation" in fn.lower(splash, *args).as_text()
+  got = fn(splash, *args)
+  np.testing.assert_allclose(np.asarray(got)[mask], np.asarray(want)[mask], atol=2e-5)
