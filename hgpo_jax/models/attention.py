@@ -31,7 +31,9 @@ Implementations (`impl`, `IMPLEMENTATIONS`):
   splash   the Pallas TPU kernel `jax.experimental.pallas.ops.tpu.splash_attention`
            (causal `MultiHeadMask`, `SegmentIds`, T padded to a multiple of 128, blocks of
            up to 512), vmapped over rows under `jax.shard_map` over the batch and head axes
-           of the mesh in context (`jax.set_mesh`); interpret mode off TPU (CPU tests).
+           of the mesh in context (`jax.set_mesh` around a lowering, or `traced_on` as the
+           Learner's, critic's and sampler's jits do; none: one unsharded call); interpret
+           mode off TPU (CPU tests).
   cudnn    `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16 only);
            segments enter as its boolean `mask` [B, 1, T, T] (the public API has no segment
            ids), which cuDNN's fused kernel adds as a bias: no [B, H, T, T] probabilities.

@@ -259,8 +259,9 @@ class Decoder(nnx.Module):
       cache_index: int32 scalar (may be traced); required with a cache. The Python int 0
         means a prefill of an empty cache: the new positions attend to each other only
         (the cache is not read).
-    Attention runs as `cfg.attention_impl` resolved against the `jax.set_mesh` mesh in
-    context, else this process's devices (`attention.resolve_impl`).
+    Attention runs as `cfg.attention_impl` resolved against the mesh in context
+    (`jax.set_mesh`, `attention.traced_on`), else this process's devices
+    (`attention.resolve_impl`).
     """
     cfg = self.cfg
     if cache is not None and cache_index is None:
