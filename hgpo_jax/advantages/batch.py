@@ -61,7 +61,9 @@ class RowBatch:
 
   # ---- optional: critic-based estimators (gae, hae) --------------------------------
   segment_start: Optional[jax.Array] = None
-  """bool[R]: HiPER: the turn starts a new subgoal segment (turn 0 always does)."""
+  """bool[R]: HiPER: the turn's parsed switch is not KEEP (missing or empty count as KEEP),
+  turn 0 included, so a KEEP at turn 0 is False; `hae` forces turn 0 to start a segment
+  itself and reads this flag for the keep penalty (`hae_fields_from_dump`)."""
   values: Optional[jax.Array] = None
   """f32[R, H] or f32[R]: per-turn critic values (HiPER: f32[R, 3], heads
   hae.HEAD_LOW / HEAD_HIGH / HEAD_TERM)."""
@@ -71,10 +73,12 @@ class RowBatch:
   """bool[R, T]: valid response tokens of each row."""
   token_tags: Optional[jax.Array] = None
   """int8[R, T]: HiPER span tags per response token: hae.TAG_OTHER / TAG_SWITCH /
-  TAG_SUBGOAL / TAG_ACTION (tag markup included in its span)."""
+  TAG_SUBGOAL / TAG_ACTION, or a multi-block code (4-7) for a token that straddles two
+  blocks (tag markup included in its span; test membership with `hae.tag_in`)."""
   subgoal_changed: Optional[jax.Array] = None
-  """bool[R]: HiPER: a KEEP turn whose parsed subgoal differs from the previous
-  turn's (both present); drives `keep_consistency_penalty` (hgpo_jax.advantages.hae)."""
+  """bool[R]: HiPER: a KEEP turn whose subgoal differs from the previous turn's (both
+  present): the token ids of the subgoal spans, tags included (released), or the stripped
+  parsed text (`hae_fields_from_dump`); drives `keep_consistency_penalty`."""
 
   @property
   def capacity(self) -> int:

@@ -120,8 +120,8 @@ def value_readout(tags) -> tuple[int, int, int]:
   first token after the subgoal block (`</subgoal>` included), else after the switch
   block, else 0; "after" means after the block's last token, so a token that straddles
   the block's end counts as the block's (multi-block codes), and a block that runs to
-  the last token falls through to the next rule. `models.critic.hiper_readout` compares
-  codes with == and so misses multi-block tokens; this is the membership-aware form.
+  the last token falls through to the next rule. The trainer reads its values here too
+  (`training.value_targets`, `models.critic.hiper_readout`).
   """
   tags = np.asarray(tags)
   for block in (TAG_SUBGOAL, TAG_SWITCH):

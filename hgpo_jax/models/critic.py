@@ -16,9 +16,10 @@ heads); this module is that separate critic, with its own parameter tree.
 HiPER read-out positions (`hiper_readout`), in response-token indices:
   V_high, V_term: the first response token of every turn (the estimator uses V_high on
     boundary turns only);
-  V_low: the first token after `</subgoal>`; without a complete subgoal span (no
-    subgoal tokens, or the subgoal runs to the end of a truncated response) the first
-    token after `</switch>`; without that the first response token.
+  V_low: the first token after `</subgoal>` (a token that straddles `</subgoal><action>`
+    is the subgoal's, so V_low is read after it, as released); without a complete subgoal
+    span (no subgoal tokens, or the subgoal runs to the end of a truncated response) the
+    first token after `</switch>`; without that the first response token.
 """
 
 from __future__ import annotations
@@ -114,27 +115,18 @@ def params_from_policy(policy_params: Any, cfg: ModelConfig, num_heads: int, see
 # ---------------------------------------------------------------------------------------
 # HiPER read-out positions
 # ---------------------------------------------------------------------------------------
-def _first_after(tags: np.ndarray, tag: int) -> int | None:
-  """Index of the first token after the last `tag` token; None if absent or at the end."""
-  hits = np.flatnonzero(tags == tag)
-  if hits.size == 0 or hits[-1] + 1 >= tags.size:
-    return None
-  return int(hits[-1]) + 1
-
-
 def hiper_readout(token_tags: Sequence[int] | np.ndarray) -> tuple[int, int, int]:
   """(low, high, term) response-token indices where a turn's three values are read.
 
   Args:
     token_tags: TAG_* codes of the turn's response tokens (hgpo_jax.advantages.hae),
-      one per token, tag markup included in its span.
+      one per token, tag markup included in its span; multi-block codes (a "><" that
+      straddles `</subgoal><action>`) count as members of each of their blocks.
 
   Returns:
-    Indices into the response: high = term = 0; low = first token after `</subgoal>`,
-    else after `</switch>`, else 0 (see the module docstring).
+    Indices into the response: high = term = 0; low = first token after the subgoal
+    block, else after the switch block, else 0 (see the module docstring). One rule for
+    the estimator and the trainer: this is `hae.value_readout` (released
+    `compute_value_mask`), which tests block membership rather than comparing codes.
   """
-  tags = np.asarray(token_tags, np.int64)
-  low = _first_after(tags, hae.TAG_SUBGOAL)
-  if low is None:
-    low = _first_after(tags, hae.TAG_SWITCH)
-  return (0 if low is None else low), 0, 0
+  return hae.value_readout(token_tags)

@@ -39,7 +39,10 @@ exactly three blocks, `<switch>KEEP|SWITCH</switch><subgoal>...</subgoal><action
   action `</action>`. After SWITCH (and at step 1, or when there is no current subgoal, after
   either) the subgoal is a free span of at most `subgoal_tokens` tokens without "<" or ">";
   after KEEP it is the current subgoal copied verbatim (the format's rule), so a constrained
-  policy never pays the consistency penalty.
+  KEEP turn never changes the subgoal's stripped text. The consistency penalty compares
+  token ids (released, and the trainer's rule): the copy is the parsed (stripped) subgoal
+  encoded afresh, whose ids can differ from the sampled span's (a leading " mi" against
+  "m", "i"), and such a KEEP turn pays the penalty, as it would in the released code.
 """
 
 from __future__ import annotations

@@ -67,12 +67,14 @@ class StepRow:
 
   def dump_record(self) -> dict[str, Any]:
     """The JSONL record (`python -m hgpo_jax.advantages` format + extras); HiPER rows add
-    `switch`, `subgoal` and `token_tags` as `hae.hae_fields_from_dump` reads them."""
+    `switch`, `subgoal`, `token_tags` and `response_ids` as `hae.hae_fields_from_dump` reads
+    them (with both lists the consistency penalty compares token ids, as the trainer does)."""
     record = rows_lib.record(self)
     record.update(won=self.won, task_id=self.task_id, task_type=self.task_type,
                   response=self.response, action=self.action)
     if self.token_tags is not None:
-      record.update(switch=self.switch, subgoal=self.subgoal, token_tags=list(self.token_tags))
+      record.update(switch=self.switch, subgoal=self.subgoal, token_tags=list(self.token_tags),
+                    response_ids=[int(x) for x in self.response_ids])
     return record
 
 

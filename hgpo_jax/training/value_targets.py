@@ -5,8 +5,8 @@ The trainer's critic path for estimators with `needs_critic` (`gae`, `hae`):
      training batch (`critic_step.compute_values`);
   2. `estimator_fields`: the RowBatch fields the estimator reads, per row in rollout
      order (PPO: `token_values` = head 0 on every response token; HiPER: `values`
-     f32[n, 3] read at `critic.hiper_readout`, `segment_start`, `subgoal_changed`,
-     `token_tags`);
+     f32[n, 3] read at `hae.value_readout`, `segment_start`, `subgoal_changed` (the
+     token ids of the subgoal spans, as released), `token_tags`);
   3. `critic_targets`: the estimator's token advantages, loss mask and value targets
      mapped back to rollout order, with the (column, head) entries the critic regresses.
 Columns here are response-relative: token j of a row's response is column P + j of the
@@ -23,7 +23,6 @@ import numpy as np
 
 from hgpo_jax.advantages import grouping
 from hgpo_jax.advantages import hae
-from hgpo_jax.models import critic as critic_lib
 from hgpo_jax.training import critic_step
 
 
@@ -80,7 +79,8 @@ def estimator_fields(estimator: str, rows: Sequence[Any], resp_values_nth: np.nd
 
   Args:
     estimator: "gae" or "hae".
-    rows: rollout StepRows (HiPER: with `switch`, `subgoal`, `token_tags`).
+    rows: rollout StepRows (HiPER: with `switch`, `subgoal`, `token_tags`; the consistency
+      penalty compares the token ids of the subgoal spans, `response_ids` + `token_tags`).
     resp_values_nth: f32[n, T, H] response-column values (`response_values`).
   """
   n, num_tokens, num_heads = resp_values_nth.shape
@@ -95,14 +95,17 @@ def estimator_fields(estimator: str, rows: Sequence[Any], resp_values_nth: np.nd
   tags = _token_tags(rows, num_tokens)
   values = np.zeros((n, len(hae.HEADS)), np.float32)
   for i in range(n):
-    low, high, term = critic_lib.hiper_readout(tags[i, :len(rows[i].response_ids)])
+    low, high, term = hae.value_readout(tags[i, :len(rows[i].response_ids)])
     values[i] = (resp_values_nth[i, low, hae.HEAD_LOW], resp_values_nth[i, high, hae.HEAD_HIGH],
                  resp_values_nth[i, term, hae.HEAD_TERM])
+  # Subgoals compare as the token ids of their spans, tags included (released core_hae.py
+  # 226-243): a KEEP copy with other ids (re-tokenised, other spacing) counts as changed.
   dump_rows = [{"traj": r.traj, "step": r.step, "switch": getattr(r, "switch", None),
                 "subgoal": getattr(r, "subgoal", None),
+                "response_ids": list(r.response_ids), "token_tags": tags[i, :len(r.response_ids)],
                 "values": dict(zip(hae.HEADS, (float(x) for x in values[i])))}
                for i, r in enumerate(rows)]
-  fields = hae.hae_fields_from_dump(dump_rows)
+  fields = hae.hae_fields_from_dump(dump_rows, num_tokens=num_tokens, subgoal_compare="token_ids")
   fields.update(token_tags=tags, response_mask=response_mask)
   return fields
 
@@ -141,7 +144,7 @@ def critic_targets(rows: Sequence[Any], columns: dict, est, opts, values_nlh: np
     targets = {h: back(out.value_targets[h]) for h in hae.HEADS}
     high_mask = back(out.value_targets["high_mask"])
     for i, r in enumerate(rows):
-      readout = critic_lib.hiper_readout(fields["token_tags"][i, :len(r.response_ids)])
+      readout = hae.value_readout(fields["token_tags"][i, :len(r.response_ids)])
       for head, pos in enumerate(readout):
         if head == hae.HEAD_HIGH and not high_mask[i]:
           continue
