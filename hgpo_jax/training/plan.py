@@ -357,6 +357,9 @@ def format_plan(plan: Plan, device_memory: Optional[int] = None, headroom: float
     lines.append(f"{p.name:16s} {p.calls:5d} {p.flops / 1e9:12.1f} {g(p.argument)} {g(p.output)} "
                  f"{g(p.alias)} {g(p.temp)} {g(plan.persistent + p.transient)}"
                  + (f"  {seconds[p.name]:10.1f}" if seconds else ""))
+  if getattr(s.model, "attention_impl", "xla") in ("splash", "cudnn"):
+    lines.append(f"(GFLOP/call leaves out the attention inside the {s.model.attention_impl} kernel: "
+                 "a custom call whose FLOPs the HLO does not show)")
   if seconds:
     lines.append(f"estimated iteration time (XLA:TPU cost model, not a measurement): "
                  f"{seconds['iteration']:.1f} s of device compute")

@@ -68,6 +68,8 @@ def test_every_program_of_the_smoke_configs_compiles_and_fits(config_name, targe
   expected |= {"critic_values", "critic_update"} if config_name.endswith("hiper") else {"advantages"}
   assert expected <= set(plan.phases)
   assert plan.platform == "tpu" and plan.device_kind.startswith("TPU")
+  # Compiled for TPU from this CPU host, `auto` attention picks the TPU kernel.
+  assert plan.shapes.model.attention_impl == "splash"
   memory = targets.available_hbm(target)
   assert plan.fits(memory, headroom=0.1), plan_lib.format_plan(plan, memory)
   # The update's state comes back aliased to the donated one.
@@ -102,6 +104,9 @@ def test_tpu_flops_of_the_tiny_update_and_logprobs_equal_the_analytic_count():
   off: the backward pass then has exactly 2 forward passes' matmuls."""
   config = alfworld.get_config("algo=hgpo,smoke")
   config.model.remat = False
+  # The dense reference attention: its matmuls are HLO convolutions (a Pallas kernel such
+  # as splash is a custom call whose FLOPs the HLO does not show).
+  config.model.attention_impl = "xla"
   config.rollout.max_prompt_tokens, config.rollout.max_new_tokens = 96, 32
   config.train.mini_batch_rows = config.train.micro_batch_rows = 8
   devices = targets.devices(targets.resolve("v5e-8"))
