@@ -1,6 +1,7 @@
 """The trainer: `train_and_evaluate(config, workdir)`.
 
-One iteration (DESIGN.md "One training iteration"):
+One iteration (docs/architecture.md "The data flow of one iteration"; its programs come
+from the registry of hgpo_jax/training/programs.py):
   tasks (TFDS, deterministic in seed/iteration/process) -> rollout through the env
   servers and the jit sampler -> host grouping -> jit advantage estimator -> token
   batch -> old/reference log-probs -> sharded, donated PPO updates -> metrics,
