@@ -134,6 +134,8 @@ def main(argv=None) -> int:
     memory = plan_lib.parse_bytes(args.device_memory or "16GiB")
   mesh = plan_lib.parse_mesh(args.mesh) if args.mesh else (
       config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  # --mesh is the run's --config.mesh.*: the sampler's per-host mesh derives from it too.
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
   micro = args.micro_batch or None
   if micro is None:
     # One row per device at least: a config written for fewer devices (smoke) gets its
