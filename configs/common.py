@@ -121,8 +121,8 @@ def _settings(steps, prompt, mini, unit, iterations, eval_tasks, critic_unit=0, 
 # verl token-averages each per-GPU micro-batch, then averages those means over gradient
 # accumulation and GPUs), critic loss unit, iterations (total_epochs, one step each),
 # evaluation tasks (val_data_size; GiGPO's and HGPO's WebShop scripts prepare 2x) and the
-# WebShop history drop of the GiGPO-family env manager (13,000 characters; the HGPO
-# recipe's is commented out). Each value is checked against its script by
+# WebShop history drop of the GiGPO-family and HiPER env managers (13,000 characters; the
+# HGPO recipe's is commented out). Each value is checked against its script by
 # tests/test_paper_settings.py.
 SCRIPT_SETTINGS = {
     ("alfworld", "grpo"): _settings(50, 2048, 256, 32, 150, 128),
@@ -136,7 +136,7 @@ SCRIPT_SETTINGS = {
     ("webshop", "gigpo"): _settings(15, 4096, 64, 8, 150, 256, drop=13000),
     ("webshop", "hgpo"): _settings(30, 4096, 64, 4, 160, 256),
     ("webshop", "ppo"): _settings(15, 4096, 64, 8, 150, 128, critic_unit=4, drop=13000),
-    ("webshop", "hiper"): _settings(50, 2048, 256, 16, 150, 128, critic_unit=16),
+    ("webshop", "hiper"): _settings(50, 2048, 256, 16, 150, 128, critic_unit=16, drop=13000),
 }
 
 

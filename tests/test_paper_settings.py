@@ -382,12 +382,6 @@ DIFFERENCES = (
         "small `max_prompt_tokens` cannot stop a run. Prompts within the limit are the same.",
         (("*", "*", "data.truncation"),)),
     Difference(
-        "hiper-history-drop",
-        "HiPER-agent's WebShop env manager also replaces prompts over 13,000 characters by the "
-        "no-history template; the project's HiPER prompt (`hgpo_jax/rollout/hiper.py`) does "
-        "not, and `rollout.history_drop_chars` applies to the react prompts only.",
-        (("webshop", "hiper", "WebShop history drop (chars)"),)),
-    Difference(
         "seed",
         "HiPER's scripts seed their environments with 6, verl-agent's with 0; the project's "
         "`seed` (0) splits into its own model, sampler, task and env streams, so no seed "

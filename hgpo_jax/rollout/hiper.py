@@ -13,6 +13,9 @@ exactly three blocks, `<switch>KEEP|SWITCH</switch><subgoal>...</subgoal><action
   Other environments get the ALFWorld wording with a generic role sentence and the task.
   `format_instructions=False` (`rollout.format_instructions`) keeps only the state parts
   (`state_only`), for small constrained models with short prompt budgets.
+  `history_drop_chars` (`rollout.history_drop_chars`; 13,000 in the WebShop paper setting)
+  replaces a prompt with history longer than that by the no-history one, as the released
+  WebShop env manager does.
 * Parser (`parse_response`), after the released `*_projection_options`: the action is the
   lower-cased text between the first `<action>` and the next `</action>` (else the last
   `fallback_chars` characters, invalid); `switch` is the content of the first
@@ -181,7 +184,7 @@ def observation_text(env_name: str, result) -> str:
 
 def render_prompt(env_name: str, memory: EpisodeMemory, observation: str,
                   admissible: Sequence[str], history_length: int, subgoal: str,
-                  format_instructions: bool = True) -> str:
+                  format_instructions: bool = True, history_drop_chars: int = 0) -> str:
   """The user-message text of one HiPER turn (see the module docstring).
 
   Args:
@@ -197,17 +200,28 @@ def render_prompt(env_name: str, memory: EpisodeMemory, observation: str,
       (the tiny byte-level tokenizer: the last 256 tokens of an ALFWorld step-1 prompt
       hold no observation and no action). For constrained decoding, which enforces the
       format anyway.
+    history_drop_chars: if > 0, a prompt with history longer than this many characters is
+      replaced by the first-step template with the same current subgoal, as the released
+      `WebshopEnvironmentManagerOptions.build_text_obs` does at 13,000 characters (its
+      no-history template gets `current_subgoal=subgoals[i]`, not "None"). The length is
+      that of the prompt as rendered (without the instructions when `format_instructions`
+      is False), as `prompts.render_prompt` measures its own.
   """
   first, step, join = _TEMPLATES.get(env_name, _GENERIC)
   if not format_instructions:
     first, step = state_only(first), state_only(step)
   actions = join([a for a in admissible if a != "help"])
+  without_history = first.format(task=memory.task, observation=observation, subgoal=subgoal,
+                                 actions=actions)
   if not memory.records or history_length <= 0:
-    return first.format(task=memory.task, observation=observation, subgoal=subgoal, actions=actions)
+    return without_history
   history, shown = memory.render(history_length)
-  return step.format(task=memory.task, steps_taken=len(memory.records), history_length=shown,
+  text = step.format(task=memory.task, steps_taken=len(memory.records), history_length=shown,
                      history=history, current_step=len(memory.records) + 1,
                      observation=observation, subgoal=subgoal, actions=actions)
+  if history_drop_chars > 0 and len(text) > history_drop_chars:
+    return without_history
+  return text
 
 
 @dataclasses.dataclass(frozen=True)

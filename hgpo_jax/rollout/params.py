@@ -57,8 +57,8 @@ class RolloutParams:
   state parts (False; `hgpo_jax.rollout.hiper.render_prompt`), for small constrained
   models whose left-truncated prompt would otherwise hold only the instructions."""
   history_drop_chars: int = 0
-  """React prompts longer than this many characters are rendered without their history
-  (verl-agent's WebShop env manager: 13,000); 0 = never."""
+  """Prompts (react and HiPER) longer than this many characters are rendered without their
+  history (verl-agent's and HiPER-agent's WebShop env managers: 13,000); 0 = never."""
 
   def __post_init__(self):
     for name in ("num_groups", "group_size", "max_new_tokens", "max_prompt_tokens",

@@ -138,8 +138,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     free_query_tokens: cap of a constrained free WebShop query.
     subgoal_tokens: cap of a constrained free HiPER subgoal.
     format_instructions: HiPER prompt with (True) or without its format instructions.
-    history_drop_chars: react prompts longer than this lose their history (0: never;
-      `prompts.render_prompt`).
+    history_drop_chars: prompts longer than this lose their history (0: never;
+      `prompts.render_prompt`, `hiper.render_prompt`).
     on_step: called as on_step(t, max_steps, active_slots) before each step's generation.
   """
   if response_format not in ("react", "hiper"):
@@ -173,7 +173,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     if is_hiper:
       shown = {i: hiper.observation_text(env_name, current[i]) for i in slots}
       texts = [hiper.render_prompt(env_name, memories[i], shown[i], current[i].admissible_actions,
-                                   history_length, subgoals[i], format_instructions)
+                                   history_length, subgoals[i], format_instructions,
+                                   history_drop_chars)
                for i in slots]
     else:
       shown = {i: prompts.observation_text(env_name, current[i]) for i in slots}

@@ -200,6 +200,70 @@ def _with_anchor(result, anchor):
   return result
 
 
+WEB_TASK = "i need a red lamp"
+WEB_ACTIONS = ["search[<your query>]", "click[b01]"]
+
+
+def _page_for_length(subgoal, length, instructions=True):
+  """A one-record WebShop memory and a page whose step-2 prompt is `length` characters."""
+  def prompt(page_chars):
+    memory = rollout.prompts.EpisodeMemory(WEB_TASK)
+    memory.add("p" * page_chars, "click[b01]")
+    return memory, hiper.render_prompt("webshop", memory, "'Search'", WEB_ACTIONS, 2, subgoal,
+                                       instructions)
+  _, empty = prompt(0)
+  return prompt(length - len(empty))
+
+
+@pytest.mark.parametrize("instructions", [True, False])
+def test_webshop_prompt_drops_its_history_above_13000_characters(instructions):
+  """The released `WebshopEnvironmentManagerOptions.build_text_obs`: a prompt with history
+  of more than 13,000 characters (`len(obs) > 13000`) becomes the no-history template with
+  the same current subgoal (`current_subgoal=subgoals[i]`, not "None")."""
+  subgoal = "find the red lamp"
+  no_history = hiper.render_prompt("webshop", rollout.prompts.EpisodeMemory(WEB_TASK),
+                                   "'Search'", WEB_ACTIONS, 2, subgoal, instructions)
+  for length, dropped in ((12_999, False), (13_000, False), (13_001, True)):
+    memory, full = _page_for_length(subgoal, length, instructions)
+    assert len(full) == length and "[Observation 1: 'ppp" in full
+    got = hiper.render_prompt("webshop", memory, "'Search'", WEB_ACTIONS, 2, subgoal,
+                              instructions, history_drop_chars=13_000)
+    assert got == (no_history if dropped else full), length
+    assert ("[Observation 1:" in got) is not dropped
+    assert ("You have already taken 1 step(s)" in got) is not dropped
+    # what stays either way: task, current observation, current subgoal, actions
+    assert f"Your task is to: {WEB_TASK}." in got
+    assert "current observation is: 'Search'." in got
+    assert f"Your current sub-goal is: {subgoal}." in got
+    assert "'search[<your query>]',\n'click[b01]',\n]" in got
+    # 0 (the base default; the WebShop configs but HGPO's set 13,000) never drops
+    assert hiper.render_prompt("webshop", memory, "'Search'", WEB_ACTIONS, 2, subgoal,
+                               instructions) == full
+  # the dropped prompt is the first-step one: 1,584 characters (307 without instructions)
+  assert len(no_history) == (1_584 if instructions else 307)
+
+
+def test_collect_passes_the_history_drop_to_hiper_prompts():
+  page = "'" + "x" * 7_000 + "'"  # two pages (history + current) are over 13,000 characters
+  obs = f"WebShop [SEP] Instruction: [SEP] {WEB_TASK} [SEP] {page}"
+  prompts_by_drop = {}
+  for drop in (0, 13_000):
+    pool = rollout_fakes.ScriptedPool([[(obs, WEB_ACTIONS, 0.0, False)] * 3])
+    pool._result = lambda slot, base=pool._result: _with_anchor(base(slot), page)
+    tok = rollout_fakes.CharTokenizer()
+    smp = rollout_fakes.ScriptedSampler(tok, [
+        "<switch>SWITCH</switch><subgoal>open b01</subgoal><action>click[b01]</action>"] * 2)
+    rollout.collect(pool, smp, tok, [Task("t0", "train", 0, 0)], 1, env_name="webshop",
+                    max_steps=2, history_length=2, sampling=None, rng=jax.random.key(0),
+                    max_prompt_tokens=100_000, response_format="hiper", history_drop_chars=drop)
+    prompts_by_drop[drop] = [texts[0] for texts, _, _ in smp.calls]
+  kept, dropped = prompts_by_drop[0][1], prompts_by_drop[13_000][1]
+  assert len(kept) > 14_000 and "[Observation 1:" in kept
+  assert len(dropped) < 10_000 and "[Observation 1:" not in dropped
+  assert "Your current sub-goal is: open b01." in dropped and page in dropped
+  assert prompts_by_drop[0][0] == prompts_by_drop[13_000][0]  # step 1 has no history
+
+
 @pytest.mark.parametrize("response,want", [
     ("<switch>SWITCH</switch><subgoal> find apple </subgoal><action>Go To Desk 1</action>",
      ("go to desk 1", True, "SWITCH", "find apple")),
