@@ -186,9 +186,10 @@ def model_settings(config: ml_collections.ConfigDict, cfg: model_config.ModelCon
   `model.remat`, `model.attn_query_chunk` and `model.attention_impl` ("auto" resolved by the
   platform of `mesh`'s devices when a mesh is given, `attention.resolve_impl`)."""
   impl = config.model.attention_impl
+  dtype = config.model.compute_dtype or config.model.dtype
   if mesh is not None:
-    impl = attention.resolve_impl(impl, mesh)
-  return cfg.replace(dtype=config.model.compute_dtype or config.model.dtype,
+    impl = attention.resolve_impl(impl, mesh, dtype)
+  return cfg.replace(dtype=dtype,
                      remat=bool(config.model.remat), attn_query_chunk=config.model.attn_query_chunk,
                      attention_impl=impl)
 

@@ -91,19 +91,25 @@ def target_platform(mesh_or_devices) -> str:
   return devices[0].platform
 
 
-def resolve_impl(name: str, mesh_or_devices) -> str:
+def resolve_impl(name: str, mesh_or_devices, dtype=None) -> str:
   """The implementation that `name` means on the target devices.
 
   Args:
     name: "auto" or one of IMPLEMENTATIONS (returned unchanged).
     mesh_or_devices: the mesh the program is compiled for (Mesh, AbstractMesh or a list
       of devices); read only for "auto".
+    dtype: the activations' dtype, if known: cuDNN's fused kernel takes bf16/fp16 only,
+      so "auto" on a GPU with float32 activations is "xla" rather than an error.
   """
   if name not in CHOICES:
     raise ValueError(f"attention_impl={name!r}: use one of {CHOICES}.")
   if name != "auto":
     return name
-  return _AUTO_BY_PLATFORM.get(target_platform(mesh_or_devices), "xla")
+  impl = _AUTO_BY_PLATFORM.get(target_platform(mesh_or_devices), "xla")
+  if impl == "cudnn" and dtype is not None and jnp.dtype(dtype) not in (
+      jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return "xla"
+  return impl
 
 
 def context_target():

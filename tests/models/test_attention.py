@@ -179,6 +179,10 @@ def test_auto_resolves_by_the_target_devices_platform():
   assert attention.resolve_impl("auto", _mesh()) == "xla"
   assert attention.resolve_impl("auto", [_Device("tpu")]) == "splash"
   assert attention.resolve_impl("auto", [_Device("gpu")]) == "cudnn"
+  # cuDNN's fused kernel is bf16/fp16 only: float32 activations on a GPU get the reference.
+  assert attention.resolve_impl("auto", [_Device("gpu")], "bfloat16") == "cudnn"
+  assert attention.resolve_impl("auto", [_Device("gpu")], "float32") == "xla"
+  assert attention.resolve_impl("auto", [_Device("tpu")], "float32") == "splash"
   assert attention.resolve_impl("chunked", [_Device("tpu")]) == "chunked"
   with jax.set_mesh(_mesh()):
     assert attention.resolve_impl("auto", attention.context_target()) == "xla"
