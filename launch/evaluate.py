@@ -5,16 +5,17 @@ r"""Evaluation without training: a prompted policy on the held-out splits of a c
 
 The trainer (`hgpo_jax.train.train_and_evaluate`) rejects `train.num_iterations=0`, so
 the prompting baselines of the results tables (an untrained model, e.g. SmolLM2-135M-
-Instruct with constrained decoding, like the papers' prompting rows) run here: the same
-model loading, env servers, task splits and `train.evaluate` (one trajectory per task at
-`config.eval.temperature`, the eval random stream of `config.seed`) as the trainer's
-final evaluation, with no update. It writes one line to `<workdir>/metrics.jsonl` with
-`step` 0 and the trainer's `eval/<split>/<metric>` keys, so `launch.sweep` reads it like
-a training run's final evaluation. `config.model.path` / `--config.checkpoint.*` are not
-read: this evaluates the initial weights of the named model. With
-`--config.rollout.dump=true` the evaluated steps (prompt and response tokens, action,
-observation, reward) go to `<workdir>/rollouts/eval_<split>_000000.jsonl`, to see what the
-model did.
+Instruct with constrained decoding, like the papers' prompting rows) run here: the
+trainer's set-up (`hgpo_jax.training.run.build(config, workdir, train=False)`: model
+loading, env servers, task splits) and its final evaluation
+(`hgpo_jax.training.evaluation`: one trajectory per task at `config.eval.temperature`,
+the eval random stream of `config.seed`), with no update. It writes one line to
+`<workdir>/metrics.jsonl` with `step` 0 and the trainer's `eval/<split>/<metric>` keys,
+so `launch.sweep` reads it like a training run's final evaluation. `config.model.path` /
+`--config.checkpoint.*` are not read: this evaluates the initial weights of the named
+model. With `--config.rollout.dump=true` the evaluated steps (prompt and response tokens,
+action, observation, reward) go to `<workdir>/rollouts/eval_<split>_000000.jsonl`, to see
+what the model did.
 """
 
 from __future__ import annotations
@@ -27,57 +28,26 @@ from absl import app
 # both entry points can be imported into one process (tests, the API reference).
 from launch import main as main_lib
 
-_CONFIG = main_lib._CONFIG
-_WORKDIR = main_lib._WORKDIR
-
 EVAL_STEP = 0  # the `step` of the single metrics line
 
 
 def evaluate_untrained(config, workdir: str) -> dict[str, float]:
   """Evaluates the config's initial model on `config.env.eval_splits`; writes metrics."""
-  import jax
-  from hgpo_jax import train
-  from hgpo_jax.models import loading
-  from hgpo_jax.rollout import tasks as tasks_lib
-  from hgpo_jax.sampling import sampler as sampler_lib
+  from hgpo_jax.training import evaluation
   from hgpo_jax.training import metrics as metrics_lib
-  from hgpo_jax.training import programs
+  from hgpo_jax.training import run as run_lib
+  from hgpo_jax.training import run_config
 
   if not config.env.eval_splits:
-    raise train.ConfigError("config.env.eval_splits is empty: nothing to evaluate")
-  run = train.validate(config)
-  os.makedirs(workdir, exist_ok=True)
-  streams = train._streams(config.seed)
-  mesh = train._make_mesh(config)
-  model, tokenizer, _ = loading.load_model(
-      config.model.name if config.model.name in train.MODELS_WITH_PATH or not config.model.path
-      else config.model.path, path=config.model.path or None, dtype=config.model.dtype,
-      mesh=mesh, seed=streams.model_seed)
-  model.cfg = train.model_settings(config, model.cfg, mesh)
-  slots = config.rollout.num_groups * config.rollout.group_size
-  pool = train._make_pool(config, slots)
-  writer = metrics_lib.MetricsWriter(workdir, tensorboard=False)
+    raise run_config.ConfigError("config.env.eval_splits is empty: nothing to evaluate")
+  run = run_lib.build(config, workdir, train=False)
   try:
-    splits = tuple(config.env.eval_splits)
-    dataset_dir = tasks_lib.build_task_datasets(
-        config.env.name, {s: pool.list_tasks(s) for s in splits}, os.path.join(workdir, "tasks"))
-    buckets = programs.prompt_buckets(config.rollout.max_prompt_tokens)
-    sampler = sampler_lib.Sampler(model, tokenizer, prompt_buckets=buckets, mesh=mesh)
-    out = {}
-    for split in splits:
-      ts = tasks_lib.TaskSampler(tasks_lib.load_split(dataset_dir, split), split,
-                                 streams.task_seed, jax.process_index(), jax.process_count())
-      # The same key as the trainer's final evaluation (iteration = num_iterations).
-      m = train.evaluate(pool, sampler, tokenizer, ts, config, run,
-                         jax.random.fold_in(streams.eval, config.train.num_iterations),
-                         dump_path=(train.eval_dump_path(workdir, split, EVAL_STEP)
-                                    if config.rollout.dump else None))
-      out.update({f"eval/{split}/{k}": v for k, v in m.items()})
-    scalars = writer.write(EVAL_STEP, out)
+    # The same key as the trainer's final evaluation (iteration = num_iterations).
+    out = evaluation.evaluate_splits(run, config.train.num_iterations, dump_step=EVAL_STEP)
+    scalars = run.writer.write(EVAL_STEP, out)
   finally:
-    pool.close()
-    writer.close()
-  for split in splits:
+    run.close()
+  for split in config.env.eval_splits:
     print(f"eval {split:>13}: success {scalars[f'eval/{split}/success']:.3f} over "
           f"{int(scalars[f'eval/{split}/num_tasks'])} tasks (T={config.eval.temperature}, "
           f"{config.model.name}, no training)", flush=True)
@@ -91,7 +61,7 @@ def main(argv):
   from hgpo_jax import runtime
   runtime.pin_cpu_isa()
   runtime.enable_compilation_cache()
-  evaluate_untrained(_CONFIG.value, _WORKDIR.value)
+  evaluate_untrained(main_lib.CONFIG.value, main_lib.WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
+# The flags of both entry points (launch/evaluate.py reads them too).
+CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file[:variant args].", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and dumps.")
+WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and dumps.")
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "off", ["off", "auto", "explicit"],
     "off: single process; auto: jax.distributed.initialize() with cluster auto-detection "
@@ -167,20 +168,20 @@ def main(argv):
 # Functions that read user input; a ValueError/KeyError/OSError raised under them is a
 # bad-input error (one line, exit 2).
 _INPUT_READERS = frozenset({"validate", "estimator_and_options", "load_model", "resume",
-                            "_make_mesh", "_make_pool"})
+                            "make_mesh", "make_pool"})
 
 
 def _main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = _CONFIG.value
+  config = CONFIG.value
   try:
     config.keys()  # a file that failed to load raises on first access
   except OSError as e:
     why = re.findall(r"\[Errno \d+\] (.*)", str(e))
     raise BadInput(f"config file could not be loaded ({why[-1] if why else _last_line(str(e))}); "
                    "pass --config=configs/<env>.py[:args] (run from the repository root)") from e
-  _check_workdir(_WORKDIR.value)
+  _check_workdir(WORKDIR.value)
   if not flags.FLAGS["verbosity"].present:
     # Orbax and JAX log every checkpoint file operation at INFO; keep the console to
     # the per-iteration summaries unless --verbosity is given.
@@ -203,7 +204,7 @@ def _main(argv):
   runtime.enable_compilation_cache()
   logging.info("process %d/%d, %d local / %d global devices", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
-  train.train_and_evaluate(config, _WORKDIR.value)
+  train.train_and_evaluate(config, WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,10 @@ from hgpo_jax.advantages import registry
 from hgpo_jax.models import config as model_config
 from hgpo_jax.rollout import params as rollout_params
 from hgpo_jax.training import checkpoint
+from hgpo_jax.training import evaluation
 from hgpo_jax.training import losses
+from hgpo_jax.training import run as run_lib
+from hgpo_jax.training import run_config
 from hgpo_jax.training import train_step
 
 
@@ -135,7 +138,7 @@ def test_training_consults_the_registry_once_before_loading_the_model(monkeypatc
   def stop(*args, **kwargs):
     raise Stop
 
-  monkeypatch.setattr(train.loading, "load_model", stop)
+  monkeypatch.setattr(run_lib.loading, "load_model", stop)
   with pytest.raises(Stop):
     train.train_and_evaluate(c, str(tmp_path))
   assert calls == ["hgpo"]
@@ -179,10 +182,10 @@ def test_rollout_params_fields_are_the_config_rollout_keys():
 
 
 def test_training_and_evaluation_rollouts_pass_every_rollout_setting(monkeypatch):
-  """Both call sites go through `train.collect`, which hands collect() the config's values
+  """Both call sites go through `evaluation.collect`, which hands collect() the config's values
   (including the free-span caps, which used to be collect()'s hard-coded defaults)."""
   seen = {}
-  monkeypatch.setattr(train.rollout_lib, "collect",
+  monkeypatch.setattr(evaluation.rollout_lib, "collect",
                       lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs) or "rollout")
   c = webshop_config.get_config("algo=grpo,smoke")
   for key, value in (("rollout.free_query_tokens", 5), ("rollout.subgoal_tokens", 7),
@@ -190,8 +193,8 @@ def test_training_and_evaluation_rollouts_pass_every_rollout_setting(monkeypatch
     _override(c, key, value)
   run = train.validate(c)
   on_step = lambda t, T, n: None
-  out = train.collect("pool", "sampler", "tok", ["task"], 2, c, run, sampling=run.eval_sampling,
-                      rng="rng", on_step=on_step)
+  out = evaluation.collect("pool", "sampler", "tok", ["task"], 2, c, run,
+                           sampling=run.eval_sampling, rng="rng", on_step=on_step)
   assert out == "rollout"
   assert seen["args"] == ("pool", "sampler", "tok", ["task"], 2)
   assert seen["kwargs"] == dict(
@@ -237,7 +240,7 @@ def test_local_variant_computes_in_float32_with_query_chunks():
   # bf16 products are opt-in (docs/performance.md): slower than float32 on the AVX2
   # reference machine and they change the training numbers; query chunks are exact.
   c = alfworld_config.get_config("algo=hgpo,k=2,model=smollm2-135m,local")
-  cfg = train.model_settings(c, model_config.get_preset("tiny").replace(dtype="bfloat16"))
+  cfg = run_config.model_settings(c, model_config.get_preset("tiny").replace(dtype="bfloat16"))
   assert (cfg.dtype, cfg.attn_query_chunk, cfg.remat) == ("float32", 256, True)
   _override(c, "model.compute_dtype", "bfloat16")
-  assert train.model_settings(c, cfg).dtype == "bfloat16"
+  assert run_config.model_settings(c, cfg).dtype == "bfloat16"

@@ -271,7 +271,7 @@ def test_alfworld_smoke_with_real_engine(tmp_path):
   assert "eval/valid_seen/success" in out["final_eval"]
   dumps = sorted(d for d in os.listdir(tmp_path / "rollouts") if d.startswith("iter_"))
   assert dumps == ["iter_000000.jsonl", "iter_000001.jsonl"]
-  # the final evaluation's steps too (train.eval_dump_path), one row per counted step
+  # the final evaluation's steps too (evaluation.eval_dump_path), one row per counted step
   evals = sorted(d for d in os.listdir(tmp_path / "rollouts") if d.startswith("eval_"))
   assert evals == ["eval_valid_seen_000002.jsonl"]
   with open(tmp_path / "rollouts" / evals[0]) as f:

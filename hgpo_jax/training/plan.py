@@ -31,6 +31,7 @@ from hgpo_jax import perf
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import programs as programs_lib
+from hgpo_jax.training import run_config
 from hgpo_jax.training import targets as targets_lib
 
 GiB = 1024 ** 3
@@ -85,8 +86,7 @@ def shapes_from_config(config, micro_batch_rows: Optional[int] = None,
   rollout.max_new_tokens] (the largest prompt bucket); the sampler sees all
   num_groups x group_size slots of a process at once, as the rollout does.
   """
-  from hgpo_jax import train  # the trainer's own model settings (not imported at top: cycle)
-  cfg = train.model_settings(
+  cfg = run_config.model_settings(
       config, model_config.get_preset(config.model.name).replace(param_dtype=config.model.dtype))
   return Shapes(model=cfg, mini_batch_rows=config.train.mini_batch_rows,
                 micro_batch_rows=micro_batch_rows or config.train.micro_batch_rows,

@@ -41,6 +41,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from hgpo_jax.advantages import grouping
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import critic as critic_lib
 from hgpo_jax.models import decoder
@@ -48,6 +49,7 @@ from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.sampling import constrained
 from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.training import critic_step
+from hgpo_jax.training import run_config
 from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
 
@@ -55,7 +57,6 @@ GiB = 1024 ** 3
 # Prompt buckets of the sampler: the rollout pads each turn's prompts to the smallest one
 # that holds them, capped by rollout.max_prompt_tokens (the trainer's own list).
 PROMPT_BUCKETS = (128, 256, 512, 640, 768, 1024, 1536, 2048, 3072, 4096)
-CRITIC_HEADS = {"gae": 1, "hae": 3}
 
 
 def target_platform(mesh: jax.sharding.Mesh) -> str:
@@ -82,14 +83,6 @@ def sampling_mesh(config, mesh: jax.sharding.Mesh, local_devices, num_processes:
                      "of each process (the sampler runs on each process's own devices)")
   fsdp = math.gcd(config.mesh.fsdp, len(local_devices) // tensor)
   return sharding_lib.make_mesh(-1, fsdp, tensor, devices=list(local_devices))
-
-
-def groups_per_process(config, num_processes: int) -> int:
-  """config.rollout.num_groups is global; each process plays an equal contiguous share."""
-  if config.rollout.num_groups % num_processes:
-    raise ValueError(f"rollout.num_groups={config.rollout.num_groups} is not a multiple of "
-                     f"the {num_processes} processes")
-  return config.rollout.num_groups // num_processes
 
 
 @dataclasses.dataclass
@@ -242,7 +235,6 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
     model: the loaded policy (the trainer's; default: its abstract structure from
       `model_cfg`); only its graph and parameter shardings are read.
   """
-  from hgpo_jax import train as train_lib  # the trainer's typed settings (train imports us)
   devs = list(mesh.devices.flat)
   if num_processes is None:
     num_processes = len({d.process_index for d in devs})
@@ -255,8 +247,8 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
       local_devices = [d for d in devs if d.process_index == first]
   if model_cfg is None:
     preset = model_config.get_preset(config.model.name).replace(param_dtype=config.model.dtype)
-    model_cfg = train_lib.model_settings(config, preset, mesh)
-  run = train_lib.validate(config)
+    model_cfg = run_config.model_settings(config, preset, mesh)
+  run = run_config.validate(config)
   update = run.update
   if micro_batch_rows:
     update = dataclasses.replace(update, micro_batch_rows=micro_batch_rows)
@@ -291,7 +283,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   critic = None
   critic_b = 0
   if estimator.needs_critic:
-    heads = CRITIC_HEADS[estimator.name]
+    heads = run_config.CRITIC_HEADS[estimator.name]
     critic = critic_step.CriticLearner(critic_lib.abstract_critic(model_cfg, heads), mesh,
                                        run.critic_update, run.value_loss)
     cstate = critic.abstract_state()
@@ -316,7 +308,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
                                 tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size),
                                 prompt_buckets=prompt_buckets(config.rollout.max_prompt_tokens),
                                 mesh=sample_mesh)
-  per_process = groups_per_process(config, num_processes) * config.rollout.group_size
+  per_process = run_config.groups_per_process(config, num_processes) * config.rollout.group_size
   rows = _bucket(rollout_rows or per_process, sampler.batch_buckets)
   prompt = config.rollout.max_prompt_tokens
   sample_params_b = sharded_bytes(sample_params)
@@ -344,7 +336,6 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
 def _estimator_program(estimator, options, capacity: int, config) -> Program:
   """The estimator on an abstract RowBatch of the iteration's capacity (replicated: the
   trainer runs it on the host's default device, one call per iteration)."""
-  from hgpo_jax.advantages import grouping
   levels = getattr(options, "k", 0) + 1
   one = dict(group=[0], traj=[0], step=[0], anchor_obs=["o"], reward=[0.0], valid=[True],
              done=[True])

@@ -40,8 +40,8 @@ def test_untrained_evaluation_writes_a_final_eval_line(tmp_path):
 def test_rollout_dump_writes_the_evaluated_steps(tmp_path):
   """With rollout.dump the evaluation's steps are a readable dump: one row per counted
   step of each task (the padding slots' are not), and the metrics follow from its rows."""
-  from hgpo_jax import train
   from hgpo_jax.advantages import dump
+  from hgpo_jax.training import evaluation
   c = sokoban_config.get_config("algo=grpo,model=tiny,smoke")
   with c.unlocked():
     c.seed = 3
@@ -50,7 +50,7 @@ def test_rollout_dump_writes_the_evaluated_steps(tmp_path):
     c.rollout.dump = True
   workdir = str(tmp_path / "eval")
   scalars = evaluate.evaluate_untrained(c, workdir)
-  path = train.eval_dump_path(workdir, "test", evaluate.EVAL_STEP)
+  path = evaluation.eval_dump_path(workdir, "test", evaluate.EVAL_STEP)
   assert os.path.basename(path) == "eval_test_000000.jsonl"
   rows = dump.read_rows(path)
   tasks = sorted({r["traj"] for r in rows})

@@ -1,0 +1,97 @@
+"""Episodes with a run's settings: `collect` (the training rollout and evaluation both play
+through it) and held-out evaluation (`evaluate`, `evaluate_splits`)."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import ml_collections
+import numpy as np
+
+from hgpo_jax.advantages import dump as dump_lib
+from hgpo_jax.rollout import rollout as rollout_lib
+from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.training import processes
+from hgpo_jax.training import progress
+from hgpo_jax.training import run as run_lib
+from hgpo_jax.training import run_config
+
+
+def collect(pool, sampler, tokenizer, tasks, group_size: int, config: ml_collections.ConfigDict,
+            settings: run_config.RunConfig, *, sampling: sampler_lib.SamplingParams,
+            rng: jax.Array, on_step=None) -> rollout_lib.Rollout:
+  """One batched rollout with the config's env and rollout settings: the training rollout
+  (`settings.sampling`) and evaluation (`settings.eval_sampling`) both play through here."""
+  r = settings.rollout
+  return rollout_lib.collect(
+      pool, sampler, tokenizer, tasks, group_size, env_name=config.env.name,
+      max_steps=config.env.max_steps, history_length=r.history_length, sampling=sampling, rng=rng,
+      max_prompt_tokens=r.max_prompt_tokens, constrained=r.constrained,
+      fallback_chars=r.fallback_chars, response_format=r.response_format,
+      free_query_tokens=r.free_query_tokens, subgoal_tokens=r.subgoal_tokens,
+      format_instructions=r.format_instructions, history_drop_chars=r.history_drop_chars,
+      on_step=on_step)
+
+
+def evaluate_splits(run: run_lib.Run, iteration: int, *,
+                    dump_step: int | None = None) -> dict[str, float]:
+  """`eval/<split>/<metric>` on every held-out split of the run, with the evaluation key of
+  `iteration` (`fold_in(streams.eval, iteration)`); with `rollout.dump` the steps go to
+  `eval_dump_path(..., dump_step)` (default: `iteration`)."""
+  config = run.config
+  out = {}
+  step = iteration if dump_step is None else dump_step
+  for split, tasks in run.eval_tasks.items():
+    dump_path = eval_dump_path(run.workdir, split, step) if config.rollout.dump else None
+    m = evaluate(run.pool, run.sampler, run.tokenizer, tasks, config, run.settings,
+                 jax.random.fold_in(run.streams.eval, iteration), dump_path=dump_path)
+    out.update({f"eval/{split}/{k}": v for k, v in m.items()})
+  return out
+
+
+def evaluate(pool, sampler, tokenizer, task_sampler, config, settings: run_config.RunConfig,
+             rng, dump_path: str | None = None) -> dict[str, float]:
+  """Success on a fixed task set at `config.eval.temperature`, one trajectory per task.
+
+  dump_path: if set, this process's evaluated steps are written there as a rollout dump
+  (`hgpo_jax.advantages.dump`; `group` and `traj` = the task's index in the eval set), to
+  read what a policy did on held-out tasks.
+  """
+  eval_tasks = task_sampler.evaluation_tasks(config.eval.num_tasks)
+  # (global task index, won, return, length, type, invalid flags of its rows) per task
+  results = []
+  dumped = []
+  slots = pool.num_slots
+  for start in range(0, len(eval_tasks), slots):
+    chunk = eval_tasks[start:start + slots]
+    padded = chunk + [chunk[-1]] * (slots - len(chunk))  # extra slots play, are not counted
+    ro = collect(
+        pool, sampler, tokenizer, padded, 1, config, settings, sampling=settings.eval_sampling,
+        rng=jax.random.fold_in(rng, start), on_step=lambda t, T, n: progress.phase(
+            "evaluation", f"{task_sampler.split} tasks {start + 1}-{start + len(chunk)}: step {t + 1}/{T}"))
+    results += [(task.group_index, ro.won[j], ro.returns[j], ro.lengths[j], ro.task_types[j],
+                 [not r.valid for r in ro.rows if r.traj == j]) for j, task in enumerate(chunk)]
+    if dump_path is not None:
+      dumped += [dict(r.dump_record(), group=chunk[r.traj].group_index,
+                      traj=chunk[r.traj].group_index, split=task_sampler.split)
+                 for r in ro.rows if r.traj < len(chunk)]
+  if dump_path is not None:
+    os.makedirs(os.path.dirname(dump_path) or ".", exist_ok=True)
+    dump_lib.write_rows(dump_path, dumped)
+  # All processes' tasks (dealt round-robin) back in task order: the metrics of one process.
+  results = sorted((r for part in processes.allgather_objects(results) for r in part), key=lambda r: r[0])
+  _, won, returns, lengths, types, invalid = (list(c) for c in zip(*results)) if results else ([],) * 6
+  invalid = [flag for flags in invalid for flag in flags]
+  m = rollout_lib.episode_metrics([], np.array(won), np.array(returns), np.array(lengths), types)
+  m["invalid_rate"] = float(np.mean(invalid)) if invalid else 0.0
+  m["num_tasks"] = float(len(won))
+  del m["num_rows"]
+  return m
+
+
+def eval_dump_path(workdir: str, split: str, iteration: int) -> str:
+  """Where `rollout.dump` writes an evaluation's steps: one file per split, iteration
+  (the trainer's count of finished iterations; 0 for `launch.evaluate`) and process."""
+  suffix = f"_p{jax.process_index()}" if jax.process_count() > 1 else ""
+  return os.path.join(workdir, "rollouts", f"eval_{split}_{iteration:06d}{suffix}.jsonl")

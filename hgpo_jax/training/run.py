@@ -1,0 +1,286 @@
+"""Set-up of a run: `build(config, workdir) -> Run`, everything the loop reads.
+
+One function turns a config into the live objects of a run, in this order: typed settings
+(`run_config.validate`, before any expensive work), random streams, mesh, the policy and
+tokenizer, the jitted programs (`programs.build`: learner, critic, sampler), the train
+state (from scratch or resumed from a checkpoint), the checkpointer and metrics writer,
+the env pool and the task samplers. The trainer (`hgpo_jax/train.py`) and the
+evaluation-only entry (`launch/evaluate.py`, `build(..., train=False)`: no learner, no
+checkpoint) share it, so both load, place and sample the model the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+import ml_collections
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from hgpo_jax.envs import launcher
+from hgpo_jax.envs import pool as pool_lib
+from hgpo_jax.models import critic as critic_lib
+from hgpo_jax.models import loading
+from hgpo_jax.models import sharding
+from hgpo_jax.rollout import tasks as tasks_lib
+from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.training import checkpoint as checkpoint_lib
+from hgpo_jax.training import critic_step
+from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import processes
+from hgpo_jax.training import programs
+from hgpo_jax.training import run_config
+from hgpo_jax.training import train_step
+
+
+@dataclasses.dataclass
+class Streams:
+  """Independent random streams derived from config.seed."""
+
+  model_seed: int
+  sampler: jax.Array
+  eval: jax.Array
+  task_seed: int
+
+
+def streams(seed: int) -> Streams:
+  """The run's random streams: model init, per-iteration sampling, evaluation, tasks."""
+  root = jax.random.key(seed)
+  # Three keys although two are used: the split stays the same, so do the streams.
+  sampler, _, evaluation = jax.random.split(jax.random.fold_in(root, 1), 3)
+  return Streams(model_seed=seed, sampler=sampler, eval=evaluation, task_seed=seed)
+
+
+def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+  """The config's mesh; an explicit mesh smaller than the machine uses its first devices
+  (single process only: every process of a multi-process run needs all its devices)."""
+  m = config.mesh
+  devices = jax.devices()
+  if m.data != -1 and jax.process_count() == 1:
+    size = m.data * m.fsdp * m.tensor
+    if size > len(devices):
+      raise run_config.ConfigError(f"config.mesh {m.data}x{m.fsdp}x{m.tensor} needs {size} "
+                                   f"devices; {len(devices)} available")
+    devices = devices[:size]
+  return sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+
+
+def make_pool(config: ml_collections.ConfigDict, num_slots: int) -> pool_lib.EnvPool:
+  """This process's env pool: the config's endpoints, or local env servers it starts."""
+  if config.env.endpoints:
+    servers = list(config.env.endpoints)  # this process's own (launch.pod.render deals them)
+  else:
+    args = dict(config.env.args.to_dict())
+    args.setdefault("max_steps", config.env.max_steps)
+    servers = launcher.LocalServers(env=config.env.name,
+                                    num_servers=min(config.env.num_servers, num_slots),
+                                    env_args=args)
+  token = tls_root_cert = None
+  if config.env.endpoints and config.env.get("token_file"):
+    with open(config.env.token_file, encoding="utf-8") as f:
+      token = f.read().strip()
+  if config.env.endpoints and config.env.get("tls_root_cert"):
+    with open(config.env.tls_root_cert, "rb") as f:
+      tls_root_cert = f.read()
+  return pool_lib.EnvPool(servers, num_slots, deadline_s=config.env.deadline_s, token=token,
+                          tls_root_cert=tls_root_cert)
+
+
+def sampling_model(learner: train_step.Learner, params, mesh: jax.sharding.Mesh):
+  """The policy for the sampler: the training params themselves with one process; with
+  several, a copy gathered to every process and placed on its sampling mesh."""
+  if jax.process_count() == 1:
+    return nnx.merge(learner.graphdef, params)
+  host = multihost_utils.process_allgather(params, tiled=True)
+  # The training layout's specs on the local mesh: its fsdp divides the training fsdp and
+  # its tensor size is the same, so every split dimension stays divisible.
+  local = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s.spec), learner.param_shardings)
+  return nnx.merge(learner.graphdef, jax.device_put(host, local))
+
+
+@dataclasses.dataclass
+class Run:
+  """The live objects of a run (`build`). The loop rebinds `state`, `critic_state` and
+  `sampler.model` after each update; the rest is fixed for the run."""
+
+  config: ml_collections.ConfigDict
+  settings: run_config.RunConfig
+  workdir: str
+  streams: Streams
+  mesh: jax.sharding.Mesh
+  tokenizer: Any
+  sampler: sampler_lib.Sampler
+  pool: pool_lib.EnvPool
+  writer: metrics_lib.MetricsWriter | metrics_lib.NullWriter
+  eval_tasks: dict[str, tasks_lib.TaskSampler]
+  """Held-out task samplers by split (`config.env.eval_splits`)."""
+  groups_per_process: int
+  # ---- training only (None with `build(..., train=False)`) ----
+  train_tasks: tasks_lib.TaskSampler | None = None
+  learner: train_step.Learner | None = None
+  state: train_step.TrainState | None = None
+  ref_params: Any = None
+  """The frozen initial policy's parameters (the KL anchor)."""
+  critic: critic_step.CriticLearner | None = None
+  """The value model's learner: critic estimators (gae, hae) only."""
+  critic_state: train_step.TrainState | None = None
+  sample_mesh: jax.sharding.Mesh | None = None
+  checkpointer: checkpoint_lib.Checkpointer | None = None
+  resume_source: str = "scratch"
+  start_iteration: int = 0
+  compute_dtype: str = ""
+  """The activations' dtype (picks the device peak of the perf/* MFU metrics)."""
+
+  def update_sampler(self) -> None:
+    """Points the sampler at the current (donated, so rebound) actor params."""
+    self.sampler.model = sampling_model(self.learner, self.state.params, self.sample_mesh)
+
+  def checkpoint(self, iteration: int, scalars: dict[str, float]) -> None:
+    """Saves the train state after `iteration` finished iterations (asynchronously): the
+    actor's TrainState (+ the critic's under "critic")."""
+    tree = self.state.to_checkpoint()
+    if self.critic_state is not None:
+      tree["critic"] = self.critic_state.to_checkpoint()
+    self.checkpointer.save(iteration, tree, cursor={"iteration": iteration},
+                           config=json.loads(self.config.to_json()), metrics=scalars)
+
+  def close(self) -> None:
+    """Stops the env servers and flushes the writer and checkpointer."""
+    self.pool.close()
+    self.writer.close()
+    if self.checkpointer is not None:
+      self.checkpointer.close()
+
+
+def _load_policy(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, seed: int):
+  """The config's policy on `mesh` with the run's numerics (`run_config.model_settings`)
+  and its tokenizer."""
+  model, tokenizer, _ = loading.load_model(
+      config.model.name if config.model.name in loading.PRESETS_WITH_PATH or not config.model.path
+      else config.model.path, path=config.model.path or None, dtype=config.model.dtype,
+      mesh=mesh, seed=seed)
+  # Recompute each block's activations in the backward pass: the update's memory drops
+  # from ~16 GB to ~3 GB for SmolLM2 at 4 x 816 tokens per micro-batch (+~30% compute).
+  model.cfg = run_config.model_settings(config, model.cfg, mesh)
+  return model, tokenizer
+
+
+def _task_samplers(config: ml_collections.ConfigDict, pool: pool_lib.EnvPool, workdir: str,
+                   task_seed: int, splits: tuple[str, ...]) -> dict[str, tasks_lib.TaskSampler]:
+  """A task sampler per split, over the TFDS datasets of the splits' task ids that process 0
+  writes to `workdir/tasks` (the other processes of a shared workdir reuse them)."""
+  pid, nproc = jax.process_index(), jax.process_count()
+  task_lists = {s: pool.list_tasks(s) for s in splits}
+  for turn in ("first", "others"):
+    if (turn == "first") == (pid == 0):
+      dataset_dir = tasks_lib.build_task_datasets(config.env.name, task_lists,
+                                                  os.path.join(workdir, "tasks"))
+    processes.barrier(f"task dataset {turn}")
+  return {s: tasks_lib.TaskSampler(tasks_lib.load_split(dataset_dir, s), s, task_seed, pid, nproc)
+          for s in splits}
+
+
+def build(config: ml_collections.ConfigDict, workdir: str, *, train: bool = True) -> Run:
+  """The run of `config` in `workdir`: validated settings, mesh, model, programs, train
+  state (resumed: workdir > `checkpoint.resume_from` > scratch), checkpointer, metrics
+  writer, env pool, task samplers and sampler.
+
+  With `train=False` (evaluation only): the loaded policy and a plain sampler over it, the
+  eval splits' tasks and a JSONL-only writer; no learner, train state or checkpoint.
+  Raises ConfigError (one line) on a config that cannot run, before any expensive work.
+  """
+  settings = run_config.validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  rng = streams(config.seed)
+  pid = jax.process_index()
+  # Evaluation plays every slot on every process (its tasks are dealt round-robin).
+  groups = run_config.groups_per_process(config) if train else config.rollout.num_groups
+  # The first collective, while the processes are still in step: on CPU, gloo gives a new
+  # communicator 30 s for all processes to arrive; later collectives wait as long as needed.
+  processes.barrier("train_and_evaluate start")
+
+  mesh = make_mesh(config)
+  model, tokenizer = _load_policy(config, mesh, rng.model_seed)
+  if train:
+    fields = _train_state(config, settings, workdir, mesh, model, tokenizer)
+  else:
+    buckets = programs.prompt_buckets(config.rollout.max_prompt_tokens)
+    sampler = sampler_lib.Sampler(model, tokenizer, prompt_buckets=buckets, mesh=mesh)
+    fields = dict(sampler=sampler, compute_dtype=model.cfg.dtype)
+  del model
+  writer = (metrics_lib.MetricsWriter(workdir, tensorboard=train) if pid == 0
+            else metrics_lib.NullWriter())
+  pool = make_pool(config, groups * config.rollout.group_size)  # this process's env slots
+  try:
+    splits = ((config.env.train_split,) if train else ()) + tuple(config.env.eval_splits)
+    tasks = _task_samplers(config, pool, workdir, rng.task_seed, splits)
+  except BaseException:
+    pool.close()
+    writer.close()
+    if train:
+      fields["checkpointer"].close()
+    raise
+  run = Run(config=config, settings=settings, workdir=workdir, streams=rng, mesh=mesh,
+            tokenizer=tokenizer, pool=pool, writer=writer,
+            eval_tasks={s: tasks[s] for s in config.env.eval_splits},
+            groups_per_process=groups,
+            train_tasks=tasks[config.env.train_split] if train else None, **fields)
+  if train:
+    run.update_sampler()
+  return run
+
+
+def _train_state(config, settings: run_config.RunConfig, workdir: str, mesh, model,
+                 tokenizer) -> dict[str, Any]:
+  """The training fields of a `Run`: programs, train state (resumed), checkpointer."""
+  pid = jax.process_index()
+  # Every jitted program (update, log-probs, critic, sampler) comes from the registry that
+  # `launch.plan` compiles for a pod (hgpo_jax/training/programs.py): one construction.
+  registry = programs.build(config, mesh, tokenizer=tokenizer, model_cfg=model.cfg, model=model,
+                            local_devices=jax.local_devices(), num_processes=jax.process_count())
+  learner = registry.learner
+  init_params = nnx.state(model, nnx.Param)
+  state = learner.init_state(init_params)
+  ref_params = learner.reference_params(state)  # the frozen initial policy (KL anchor)
+  critic = critic_state = None
+  if settings.estimator.needs_critic:
+    # A separate value model initialised from the policy's weights (the published PPO and
+    # HiPER scripts' critic), with its own optimizer.
+    critic = registry.critic
+    critic_state = critic.init_state(critic_lib.params_from_policy(
+        init_params, model.cfg, run_config.CRITIC_HEADS[settings.estimator.name], config.seed))
+  del init_params
+
+  # ---- Resume: workdir > explicit path > scratch ----------------------------------------
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  target = learner.abstract_state(state.params).to_checkpoint()
+  if critic is not None:
+    target["critic"] = critic.abstract_state(critic_state.params).to_checkpoint()
+  resumed = checkpoint_lib.resume(ckpt_dir, target,
+                                  resume_path=config.checkpoint.resume_from or None)
+  start = 0
+  if resumed.restored is not None:
+    state = train_step.TrainState.from_checkpoint(resumed.restored.state)
+    if critic is not None:
+      critic_state = train_step.TrainState.from_checkpoint(resumed.restored.state["critic"])
+    start = int(resumed.restored.cursor["iteration"])
+    if pid == 0 and resumed.source == "workdir":
+      checkpoint_lib.set_aside_steps_after(ckpt_dir, resumed.restored.step)
+  if pid == 0:  # the files of a shared workdir are process 0's to change
+    # Metric lines past the starting iteration were written after the last readable
+    # checkpoint (also with none: a kill before the first asynchronous save finished).
+    metrics_lib.truncate_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME), start)
+  processes.barrier("resumed")
+  logging.info("resume source: %s (%s); starting at iteration %d", resumed.source,
+               resumed.path, start)
+  checkpointer = checkpoint_lib.Checkpointer(ckpt_dir, max_to_keep=config.checkpoint.keep,
+                                             keep_period=config.checkpoint.keep_period or None)
+  return dict(learner=learner, state=state, ref_params=ref_params, critic=critic,
+              critic_state=critic_state, sampler=registry.sampler,
+              sample_mesh=registry.sample_mesh, checkpointer=checkpointer,
+              resume_source=resumed.source, start_iteration=start, compute_dtype=model.cfg.dtype)

@@ -1,0 +1,178 @@
+"""The typed, validated settings of a run: `validate(config) -> RunConfig`.
+
+Every check that can fail on a config runs here, before any model, env server or compile:
+an error names the key and what to set, in one line (`ConfigError`). The field checks live
+in the settings dataclasses' `__post_init__` (`UpdateConfig`, `LossConfig`,
+`ValueLossConfig`, `RolloutParams`, `SamplingParams`); this module converts the config's
+sections into them and checks what no dataclass holds (env, iteration count, server count,
+processes) and the rules across sections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import ml_collections
+
+from hgpo_jax.advantages import registry
+from hgpo_jax.models import attention
+from hgpo_jax.models import config as model_config
+from hgpo_jax.rollout import params as rollout_params
+from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.training import critic_step
+from hgpo_jax.training import losses
+from hgpo_jax.training import train_step
+
+# Critic-based estimators the trainer supports -> number of value heads.
+CRITIC_HEADS = {"gae": 1, "hae": 3}
+
+
+class ConfigError(ValueError):
+  """A config that cannot run; raised before any expensive work starts."""
+
+
+def estimator_and_options(config: ml_collections.ConfigDict):
+  """The registered estimator and its validated options (the registry is the name list)."""
+  try:
+    est = registry.get(config.algo.name)
+  except KeyError as e:
+    raise ConfigError(str(e.args[0])) from None
+  if est.needs_critic and est.name not in CRITIC_HEADS:
+    raise ConfigError(f"estimator {config.algo.name!r} needs a critic but the trainer reads "
+                      f"critic values only for {sorted(CRITIC_HEADS)}")
+  if est.name == "hae" and config.rollout.response_format != "hiper":
+    raise ConfigError("estimator 'hae' needs the HiPER response format: set "
+                      "config.rollout.response_format='hiper' (configs: algo=hiper)")
+  try:
+    opts = est.options(**config.algo.options.to_dict())
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"config.algo.options for {config.algo.name!r}: {e}") from None
+  return est, opts
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """The typed parts of a config, built and validated once by `validate`; their field
+  names are the config's (`train.lr` -> `UpdateConfig.lr`, `rollout.*` -> `RolloutParams`)."""
+
+  estimator: registry.Estimator
+  options: Any
+  """The estimator's options dataclass (`config.algo.options`)."""
+  update: train_step.UpdateConfig
+  """The actor update (`config.train`)."""
+  critic_update: train_step.UpdateConfig | None
+  """The critic update (`config.critic` lr/weight_decay/grad_clip, the actor's batching);
+  None for critic-free estimators."""
+  value_loss: critic_step.ValueLossConfig | None
+  rollout: rollout_params.RolloutParams
+  sampling: sampler_lib.SamplingParams
+  """Training rollouts (`config.rollout.temperature`)."""
+  eval_sampling: sampler_lib.SamplingParams
+  """Evaluation (`config.eval.temperature`)."""
+
+
+def _fields(cls, *sections: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The entries of the config sections that share a name with a field of `cls` (later
+  sections win)."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  return {k: v for s in sections for k, v in s.to_dict().items() if k in names}
+
+
+def _typed(section: str, build, *args, **kwargs):
+  """`build(*args, **kwargs)`; its ValueError/TypeError becomes a ConfigError naming the section."""
+  try:
+    return build(*args, **kwargs)
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"config.{section}: {e}") from None
+
+
+def validate(config: ml_collections.ConfigDict) -> RunConfig:
+  """Fails fast, with one line, on configs that cannot run; returns their typed parts.
+
+  The field checks live in the dataclasses' `__post_init__`; only the keys no dataclass
+  holds (env, iteration count, server count) and cross-section rules are checked here.
+  """
+  est, opts = estimator_and_options(config)
+  from env_servers import registry as env_registry
+  if config.env.name not in env_registry.ENVS:
+    raise ConfigError(f"unknown env {config.env.name!r}; registered: {sorted(env_registry.ENVS)}")
+  for name, value in (("env.max_steps", config.env.max_steps),
+                      ("train.num_iterations", config.train.num_iterations)):
+    if value < 1:
+      raise ConfigError(f"config.{name} must be >= 1, got {value}")
+  if config.critic.warmup_iterations < 0:
+    raise ConfigError(f"config.critic.warmup_iterations must be >= 0, got {config.critic.warmup_iterations}")
+  if config.critic.warmup_iterations and not est.needs_critic:
+    raise ConfigError(f"config.critic.warmup_iterations={config.critic.warmup_iterations} needs an "
+                      f"estimator with a critic (algo=ppo|hiper); {est.name!r} has none")
+  if config.model.attn_query_chunk < 0:
+    raise ConfigError(f"config.model.attn_query_chunk={config.model.attn_query_chunk} must be >= 0 (0: off)")
+  if config.model.attention_impl not in attention.CHOICES:
+    raise ConfigError(f"config.model.attention_impl={config.model.attention_impl!r}: use one of "
+                      f"{attention.CHOICES}")
+  for name in ("dtype", "compute_dtype"):
+    value = config.model[name]
+    if value not in model_config.DTYPES and not (name == "compute_dtype" and value == ""):
+      raise ConfigError(f"config.model.{name}={value!r}: use one of {tuple(model_config.DTYPES)}"
+                        + (' or "" (= model.dtype)' if name == "compute_dtype" else ""))
+  if not config.env.endpoints and config.env.num_servers < 1:
+    raise ConfigError("config.env.num_servers must be >= 1 when no env.endpoints are given")
+  for name in ("pack_rows", "group_by_length"):
+    if config.train[name] and est.needs_critic:
+      raise ConfigError(f"config.train.{name} lays out the actor update of critic-free estimators; "
+                        f"{est.name!r} trains a critic on the unpacked rows: set it to false")
+  rollout = _typed("rollout", rollout_params.RolloutParams, **config.rollout.to_dict())
+  if getattr(opts, "k", rollout.history_length) != rollout.history_length:
+    raise ConfigError(
+        f"config.algo.options.k={opts.k} differs from config.rollout.history_length="
+        f"{rollout.history_length}; HGPO's depth K is the prompt memory window H "
+        f"(docs/algorithms.md §6): set both, e.g. with the config argument k={opts.k}")
+  critic = est.needs_critic
+  return RunConfig(
+      estimator=est, options=opts, update=_typed("train", update_config, config),
+      critic_update=_typed("critic", critic_update_config, config) if critic else None,
+      value_loss=_typed("critic", critic_step.ValueLossConfig,
+                        **_fields(critic_step.ValueLossConfig, config.critic)) if critic else None,
+      rollout=rollout, sampling=_typed("rollout", rollout.sampling),
+      eval_sampling=_typed("eval.temperature", rollout.sampling, config.eval.temperature))
+
+
+def groups_per_process(config: ml_collections.ConfigDict, num_processes: int | None = None) -> int:
+  """config.rollout.num_groups is global; each process plays an equal contiguous share."""
+  nproc = jax.process_count() if num_processes is None else num_processes
+  if config.rollout.num_groups % nproc:
+    raise ConfigError(f"config.rollout.num_groups={config.rollout.num_groups} must be a multiple "
+                      f"of the number of processes ({nproc}): each process plays an equal share")
+  return config.rollout.num_groups // nproc
+
+
+def model_settings(config: ml_collections.ConfigDict, cfg: model_config.ModelConfig,
+                   mesh=None) -> model_config.ModelConfig:
+  """`cfg` with the run's numerics: activations and matmul inputs in `model.compute_dtype`
+  ("" = `model.dtype`, the parameters' dtype; "bfloat16" over float32 parameters is mixed
+  precision: f32 weights, optimizer and gradients, bf16 products summed in f32),
+  `model.remat`, `model.attn_query_chunk` and `model.attention_impl` ("auto" resolved by the
+  platform of `mesh`'s devices when a mesh is given, `attention.resolve_impl`)."""
+  impl = config.model.attention_impl
+  dtype = config.model.compute_dtype or config.model.dtype
+  if mesh is not None:
+    impl = attention.resolve_impl(impl, mesh, dtype)
+  return cfg.replace(dtype=dtype,
+                     remat=bool(config.model.remat), attn_query_chunk=config.model.attn_query_chunk,
+                     attention_impl=impl)
+
+
+def critic_update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:
+  """The critic's optimizer (`config.critic`: its own lr, weight decay, clip) and the actor's
+  mini/micro-batches and epochs (`config.train`), as the published scripts."""
+  return train_step.UpdateConfig(**_fields(train_step.UpdateConfig, config.train, config.critic))
+
+
+def update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:
+  """The actor update: the fields of `config.train` named like `UpdateConfig`'s and
+  `LossConfig`'s; only the response columns are scored."""
+  return train_step.UpdateConfig(
+      **_fields(train_step.UpdateConfig, config.train), scored_tail=config.rollout.max_new_tokens,
+      loss=losses.LossConfig(**_fields(losses.LossConfig, config.train)))
