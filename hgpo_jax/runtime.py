@@ -11,23 +11,48 @@ DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "hgpo_jax", 
 CPU_ISA = "AVX2"
 
 
-def pin_cpu_isa(isa: str = CPU_ISA) -> str:
-  """Caps the instruction set of XLA's CPU code generation at `isa` (XLA_FLAGS).
+# XLA:CPU settings by name; hgpo_jax.runtime.pin_cpu_numerics applies one.
+#   default:  code generation capped at AVX2 (what every table and transcript used);
+#   portable: also no YNNPACK fusions. XLA hands dots and reductions to YNNPACK, which
+#             picks its kernels at run time from the host CPU, past the ISA cap (a row sum
+#             or a matmul gives the same bits under --xla_cpu_max_isa=SSE4_2 and AVX2 with
+#             YNNPACK, other bits without it); without it dots run in the Eigen kernels
+#             built into jaxlib and reductions in XLA's own code. Measured cost and what
+#             it does and does not pin: docs/reproducibility.md.
+CPU_NUMERICS = {
+    "default": (f"--xla_cpu_max_isa={CPU_ISA}",),
+    "portable": (f"--xla_cpu_max_isa={CPU_ISA}", "--xla_cpu_experimental_ynn_fusion_type="),
+}
+CPU_NUMERICS_ENV = "HGPO_JAX_CPU_NUMERICS"
 
-  Why: XLA compiles CPU kernels for the host's vector extensions, and the extension set
-  changes float results: jitted `exp` and `tanh` give other bits with
-  `--xla_cpu_max_isa=AVX` (no FMA) than with AVX2 on the same machine
-  (tests/test_reproducibility.py; docs/reproducibility.md lists what was measured), so
-  an AVX-512 machine would not reproduce the metrics of an AVX2 one bit for bit. Capping at AVX2 (every x86 server since 2013) makes
-  the CPU programs the same on all of them. A `--xla_cpu_max_isa` already in XLA_FLAGS
-  wins (set it to use AVX-512, at the price of cross-machine equality). Accelerator
-  programs are unaffected. Must run before JAX creates its CPU backend (the first
-  computation or device query); returns the resulting XLA_FLAGS.
+
+def pin_cpu_numerics(mode: str | None = None) -> str:
+  """Adds the XLA:CPU flags of setting `mode` (CPU_NUMERICS) to XLA_FLAGS.
+
+  `mode` defaults to $HGPO_JAX_CPU_NUMERICS, else "default". A flag already in XLA_FLAGS
+  wins (its name is not added again), so an explicit `--xla_cpu_max_isa=AVX512` allows
+  AVX-512 at the price of cross-machine equality. Why the ISA cap: XLA compiles CPU
+  kernels for the host's vector extensions, and the extension set changes float results
+  (jitted `exp` and `tanh` give other bits under AVX than under AVX2 on the same machine;
+  tests/test_reproducibility.py). Accelerator programs are unaffected. Must run before
+  JAX creates its CPU backend (the first computation or device query); returns the
+  resulting XLA_FLAGS.
   """
+  mode = mode or os.environ.get(CPU_NUMERICS_ENV) or "default"
+  if mode not in CPU_NUMERICS:
+    raise ValueError(f"CPU numerics setting {mode!r} (${CPU_NUMERICS_ENV}) is not one of "
+                     f"{sorted(CPU_NUMERICS)}.")
   flags = os.environ.get("XLA_FLAGS", "")
-  if "--xla_cpu_max_isa" not in flags:
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_max_isa={isa}".strip()
-  return os.environ["XLA_FLAGS"]
+  for flag in CPU_NUMERICS[mode]:
+    if flag.split("=")[0] + "=" not in flags:
+      flags = f"{flags} {flag}".strip()
+  os.environ["XLA_FLAGS"] = flags
+  return flags
+
+
+def pin_cpu_isa() -> str:
+  """The entry points' call: pin_cpu_numerics with the default or $HGPO_JAX_CPU_NUMERICS."""
+  return pin_cpu_numerics()
 
 
 def enable_compilation_cache(cache_dir: str | None = None) -> str:

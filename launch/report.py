@@ -167,13 +167,49 @@ def within_noise(method: Sequence[SeedResult], reference: Sequence[SeedResult],
                  field: str) -> bool | None:
   """True if `field` differs from the reference by no more than seed noise (the paired
   bootstrap interval of the mean difference contains 0); None with < 2 paired seeds."""
-  ref = {r.seed: getattr(r, field) for r in reference}
-  diffs = [getattr(r, field) - ref[r.seed] for r in method
-           if r.seed in ref and getattr(r, field) is not None and ref[r.seed] is not None]
+  diffs = paired_diffs(method, reference, field)
   if len(diffs) < 2:
     return None
   lo, hi = paired_bootstrap(diffs)
   return lo <= 0.0 <= hi
+
+
+# Two-sided 95 % quantiles of Student's t by degrees of freedom (1 ... 30; 1.96 beyond).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+  return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def paired_diffs(method: Sequence[SeedResult], reference: Sequence[SeedResult],
+                 field: str) -> list[float]:
+  """method - reference of `field`, per seed that both finished (seeds share tasks)."""
+  ref = {r.seed: getattr(r, field) for r in reference}
+  return [getattr(r, field) - ref[r.seed] for r in method
+          if r.seed in ref and getattr(r, field) is not None and ref[r.seed] is not None]
+
+
+def detectable_difference(diffs: Sequence[float]) -> float | None:
+  """The smallest mean paired difference these seeds can tell from 0 at 95 %.
+
+  The half-width of the t interval of the mean paired difference, t(0.975, n-1) s / sqrt(n)
+  (s: the sample std of the per-seed differences): a difference at least this large puts
+  0 outside the interval. None with fewer than 2 paired seeds (no spread to measure).
+  """
+  if len(diffs) < 2:
+    return None
+  return t975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+
+
+def seeds_to_detect(spread: float, delta: float, max_seeds: int = 200) -> int | None:
+  """Fewest paired seeds n with t(0.975, n-1) spread / sqrt(n) <= delta (None past max)."""
+  for n in range(2, max_seeds + 1):
+    if t975(n - 1) * spread / math.sqrt(n) <= delta:
+      return n
+  return None
 
 
 # ---------------------------------------------------------------------------------------
@@ -190,6 +226,8 @@ class Cell:
   pending: str | None = None
   train_noise: bool | None = None
   eval_noise: bool | None = None
+  train_detectable: float | None = None  # detectable_difference vs the reference
+  eval_detectable: float | None = None
 
 
 def _pct(ms: tuple[float, float] | None, n: int) -> str:
@@ -213,11 +251,11 @@ def cell_columns(cell: Cell, reference: str) -> dict[str, str]:
   m, rs = cell.method, cell.results
   if cell.pending:
     return {"seeds": "pending", "train": "—", "eval": "—", "best": "—", "iters": "—",
-            "length": "—", "invalid": "—", "note": cell.pending}
+            "length": "—", "invalid": "—", "detect": "—", "note": cell.pending}
   if not rs:
     note = f"{cell.unfinished} unfinished" if cell.unfinished else "not run"
     return {"seeds": "0", "train": "—", "eval": "—", "best": "—", "iters": "—",
-            "length": "—", "invalid": "—", "note": note}
+            "length": "—", "invalid": "—", "detect": "—", "note": note}
   n = len(rs)
   trained = m.kind == suites_lib.TRAINED
   ref_mark = " (ref)" if m.name == reference else ""
@@ -246,7 +284,17 @@ def cell_columns(cell: Cell, reference: str) -> dict[str, str]:
     iters = "—"
   return {"seeds": f"{n}{ref_mark}", "train": train, "eval": evl, "best": best, "iters": iters,
           "length": _num(mean_std(_values(rs, "eval_episode_length")), n),
-          "invalid": _pct(mean_std(_values(rs, "eval_invalid_rate")), n), "note": _note(cell)}
+          "invalid": _pct(mean_std(_values(rs, "eval_invalid_rate")), n),
+          "detect": _detect(cell, reference), "note": _note(cell)}
+
+
+def _detect(cell: Cell, reference: str) -> str:
+  """The detectable-difference cell: train / held-out, in points."""
+  if cell.method.name == reference:
+    return "(ref)"
+  fmt = lambda d: "n/a (< 2 paired seeds)" if d is None else f"{100 * d:.1f}"
+  train = fmt(cell.train_detectable) if cell.method.kind == suites_lib.TRAINED else "—"
+  return f"{train} / {fmt(cell.eval_detectable)}"
 
 
 def _note(cell: Cell) -> str:
@@ -270,23 +318,58 @@ def build_cells(root: str, suite: suites_lib.Suite,
       if ref is not None and cell.method.name != suite.reference and not cell.pending:
         if cell.method.kind == suites_lib.TRAINED:
           cell.train_noise = within_noise(cell.results, ref.results, "train_final")
+          cell.train_detectable = detectable_difference(
+              paired_diffs(cell.results, ref.results, "train_final"))
         cell.eval_noise = within_noise(cell.results, ref.results, "eval_final")
+        cell.eval_detectable = detectable_difference(
+            paired_diffs(cell.results, ref.results, "eval_final"))
       cells.append(cell)
   return cells
 
 
 HEADER = ("Method", "Seeds", "Train success, last 3 it. (%)", "Held-out success at end, T=0.4 (%)",
           "Best held-out eval (%), single peak", "Iterations to 50 % train success",
-          "Episode length (eval)", "Invalid actions (eval, %)", "Note")
+          "Episode length (eval)", "Invalid actions (eval, %)",
+          "Detectable difference vs ref., train / held-out (points, 95 %)", "Note")
 
 
-def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[str]) -> str:
+def power_line(cells: Sequence[Cell], env: suites_lib.Environment, reference: str,
+               delta: float = 0.10) -> str:
+  """How many games one held-out number rests on, and the seeds a `delta` difference needs."""
+  games = env.overrides.get("eval.num_tasks")
+  parts = [f"Held-out success: {games} games per evaluation (one game = {100 / games:.1f} points)."
+           if games else "Held-out success: the split's default number of games."]
+  for field, label in (("train_final", "train"), ("eval_final", "held-out")):
+    mine = [c for c in cells if c.env.name == env.name and not c.pending and c.results]
+    ref = next((c.results for c in mine if c.method.name == reference), [])
+    spreads = [statistics.stdev(d) for d in (paired_diffs(c.results, ref, field) for c in mine
+                                             if c.method.name != reference) if len(d) >= 2]
+    spreads = [x for x in spreads if x > 0]
+    if not spreads:
+      parts.append(f"{label}: no paired spread yet (fewer than 2 seeds).")
+      continue
+    spread = statistics.median(spreads)
+    n = seeds_to_detect(spread, delta)
+    need = f"{n} seeds" if n else "more than 200 seeds"
+    parts.append(f"{label}: median std of the paired differences {100 * spread:.1f} points, so a "
+                 f"{100 * delta:.0f}-point difference needs {need} (t interval, 95 %).")
+  return " ".join(parts)
+
+
+def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[str],
+             mixed_revisions: str | None = None) -> str:
   ref_label = suite.method(suite.reference).label
   out = [f"# Results: suite `{suite.name}` ({suite.version})", "",
          f"{suite.description}. Mean ± std over finished seeds (seeds {list(suite.seeds)}); "
          f"{NOISE_MARK} = within seed noise of the reference method {ref_label} (paired bootstrap "
          "over seeds, 95 % interval of the mean difference contains 0). \"Best\" is the single "
-         "largest held-out evaluation over all seeds and evaluations: a peak, never a mean.", ""]
+         "largest held-out evaluation over all seeds and evaluations: a peak, never a mean. "
+         "\"Detectable difference\": the half-width of the 95 % t interval of the mean paired "
+         f"difference from {ref_label} over seeds; a smaller difference cannot be told from seed "
+         "noise with these seeds.", ""]
+  if mixed_revisions:
+    out += [f"**Mixed trainer revisions** (rendered with --allow-mixed-revisions): "
+            f"{mixed_revisions}. Rows from different revisions are not one experiment.", ""]
   for env in suite.environments:
     out += [f"## {env.label or env.name} (held-out split: {env.heldout_split})", "",
             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
@@ -296,8 +379,8 @@ def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[st
       c = cell_columns(cell, suite.reference)
       out.append("| " + " | ".join([cell.method.label, c["seeds"], c["train"], c["eval"],
                                      c["best"], c["iters"], c["length"], c["invalid"],
-                                     c["note"].replace("|", "/")]) + " |")
-    out.append("")
+                                     c["detect"], c["note"].replace("|", "/")]) + " |")
+    out += ["", power_line(cells, env, suite.reference), ""]
   out += ["---", ""] + [f"- {line}" for line in footer]
   return "\n".join(out) + "\n"
 
@@ -307,7 +390,7 @@ CSV_FIELDS = ("env", "method", "label", "status", "seeds", "train_final_mean", "
               "eval_best", "eval_best_seed", "eval_best_step", "iters_to_50_mean",
               "iters_to_50_std", "iters_to_50_reached", "eval_episode_length_mean",
               "eval_invalid_rate_mean", "train_episode_length_mean", "train_invalid_rate_mean",
-              "note")
+              "train_detectable", "eval_detectable", "note")
 
 
 def _r(x: float | None) -> str:
@@ -346,6 +429,7 @@ def csv_text(cells: Sequence[Cell], suite: suites_lib.Suite) -> str:
         "eval_invalid_rate_mean": avg("eval_invalid_rate"),
         "train_episode_length_mean": avg("train_episode_length") if trained else "",
         "train_invalid_rate_mean": avg("train_invalid_rate") if trained else "",
+        "train_detectable": _r(cell.train_detectable), "eval_detectable": _r(cell.eval_detectable),
         "note": cell.pending or (_note(cell) if rs else
                                  (f"{cell.unfinished} unfinished" if cell.unfinished else "")),
     })
@@ -423,8 +507,8 @@ def _machine() -> str:
           f"Python {platform.python_version()}")
 
 
-def run_revisions(root: str, suite: suites_lib.Suite) -> str:
-  """The trainer revisions recorded in the suite's run logs, with their run counts."""
+def revision_counts(root: str, suite: suites_lib.Suite) -> dict[str, int]:
+  """Finished runs per trainer revision recorded in their run logs ("not recorded" if none)."""
   counts: dict[str, int] = {}
   for env in suite.environments:
     for method in suite.methods:
@@ -441,11 +525,31 @@ def run_revisions(root: str, suite: suites_lib.Suite) -> str:
         except OSError:
           pass
         counts[revision] = counts.get(revision, 0) + 1
+  return counts
+
+
+def run_revisions(root: str, suite: suites_lib.Suite) -> str:
+  """The trainer revisions recorded in the suite's run logs, with their run counts."""
+  counts = revision_counts(root, suite)
   return ", ".join(f"{r} ({n} runs)" for r, n in sorted(counts.items())) or "no finished runs"
 
 
+class MixedRevisionsError(ValueError):
+  """The finished runs of a table come from more than one trainer revision."""
+
+
+def _display_root(root: str) -> str:
+  """`root` as the table shows it: relative to the working directory when under it, else a
+  placeholder (a committed table carries no machine's paths)."""
+  rel = os.path.relpath(os.path.abspath(root))
+  return rel if not rel.startswith("..") else "<run root>"
+
+
 def footer(suite: suites_lib.Suite, command: str, root: str) -> list[str]:
-  return [f"command: `{command}` (runs under `{root}`)",
+  shown = _display_root(root)
+  if shown != root:
+    command = command.replace(root, shown)
+  return [f"command: `{command}` (runs under `{shown}`; run directories `<env>/<method>/seed_<n>`)",
           f"suite: {suite.name}, version {suite.version}",
           f"git: {git_revision()}", f"trainer revisions of the runs: {run_revisions(root, suite)}",
           f"packages: {_versions()}", f"machine: {_machine()}"]
@@ -453,16 +557,29 @@ def footer(suite: suites_lib.Suite, command: str, root: str) -> list[str]:
 
 def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
            pending: Callable[[suites_lib.Environment, suites_lib.Method], str | None] | None = None,
-           stem: str | None = None) -> dict[str, str]:
+           stem: str | None = None, allow_mixed_revisions: bool = False) -> dict[str, str]:
   """Writes <out_dir>/<stem>.md, .csv and _curves.png (stem: the suite's name by
-  default); returns their paths."""
+  default); returns their paths.
+
+  A table compares methods run by one trainer: when the finished runs record more than
+  one trainer revision (or some record none), this raises MixedRevisionsError naming
+  them, unless `allow_mixed_revisions`, and then the table says so above its first row.
+  """
+  revisions = revision_counts(root, suite)
+  mixed = len(revisions) > 1
+  if mixed and not allow_mixed_revisions:
+    raise MixedRevisionsError(
+        f"the finished runs under {root} come from {len(revisions)} trainer revisions "
+        f"({run_revisions(root, suite)}); rerun them with one trainer or pass "
+        "--allow-mixed-revisions to render them anyway (the table then says so)")
   cells = build_cells(root, suite, pending or suites_lib.pending_reason)
   os.makedirs(out_dir, exist_ok=True)
   stem = stem or suite.name
   paths = {"md": os.path.join(out_dir, f"{stem}.md"),
            "csv": os.path.join(out_dir, f"{stem}.csv"),
            "png": os.path.join(out_dir, f"{stem}_curves.png")}
-  text = markdown(cells, suite, footer(suite, command, root))  # before any file is rewritten:
+  text = markdown(cells, suite, footer(suite, command, root),   # before any file is rewritten:
+                  mixed_revisions=run_revisions(root, suite) if mixed else None)
   with open(paths["md"], "w", encoding="utf-8") as f:            # the footer reads `git diff`
     f.write(text)
   with open(paths["csv"], "w", encoding="utf-8") as f:

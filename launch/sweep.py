@@ -226,7 +226,10 @@ def quick_main(args) -> int:
     print(f"[sweep] {failures} failed run(s); see the log.txt of each run under {args.root}")
     return 1
   command = "python -m launch.sweep quick " + shlex.join(["--root", args.root, "--out", args.out])
-  paths = report.render(args.root, suite, args.out, command, stem="quick")
+  # Finished runs are reused, so a root filled by an older trainer can mix revisions:
+  # the table then says so above its rows (report.render).
+  paths = report.render(args.root, suite, args.out, command, stem="quick",
+                        allow_mixed_revisions=True)
   with open(paths["md"], encoding="utf-8") as f:
     print(f.read())
   print(f"[sweep] quick table in {time.perf_counter() - t0:.0f} s")
@@ -244,8 +247,15 @@ def _suite_main(args) -> int:
       suite = suites_lib.column_suite(suite, args.envs)
       stem = "_".join([suite.name, *args.envs])
       argv += ["--envs", *args.envs]
+    if args.allow_mixed_revisions:
+      argv.append("--allow-mixed-revisions")
     command = "python -m launch.sweep render " + shlex.join(argv)
-    paths = report.render(args.root, suite, args.out, command, stem=stem)
+    try:
+      paths = report.render(args.root, suite, args.out, command, stem=stem,
+                            allow_mixed_revisions=args.allow_mixed_revisions)
+    except report.MixedRevisionsError as e:
+      print(f"launch.sweep: error: {e}", file=sys.stderr)
+      return 2
     for kind in ("md", "csv", "png"):
       print(f"wrote {paths[kind]}")
     return 0
@@ -304,6 +314,8 @@ def main(argv=None) -> int:
       s.add_argument("--envs", nargs="*", default=None,
                      help="render these columns only, to <out>/<suite>_<envs>.{md,csv} and "
                           "_curves.png (the whole table stays <suite>.*)")
+      s.add_argument("--allow-mixed-revisions", action="store_true",
+                     help="render runs of several trainer revisions (the table says so)")
     else:
       s.add_argument("--envs", nargs="*", default=None)
       s.add_argument("--methods", nargs="*", default=None)

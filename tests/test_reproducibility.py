@@ -21,6 +21,7 @@ import sys
 
 import pytest
 
+from hgpo_jax import runtime
 from hgpo_jax.models import tokenizer
 from hgpo_jax.training import metrics as metrics_lib
 
@@ -149,8 +150,9 @@ def digests():
 
 @pytest.mark.slow  # four fresh JAX processes
 def test_isa_pin_is_the_avx2_program(digests):
-  """runtime.pin_cpu_isa gives exactly the program that --xla_cpu_max_isa=AVX2 gives (any
-  x86 machine with AVX2, AVX-512 ones included)."""
+  """runtime.pin_cpu_isa gives exactly the program that --xla_cpu_max_isa=AVX2 gives. (On
+  another machine the kernels YNNPACK picks at run time may still differ: the cap does not
+  reach them; docs/reproducibility.md.)"""
   assert digests["pin"] == digests["AVX2"]
 
 
@@ -184,3 +186,77 @@ def test_chat_template_date_does_not_depend_on_today():
                                    chat_template=template)
   prompt = llama_like.apply_chat_template([{"role": "user", "content": "hi"}])
   assert prompt == "Today Date: 26 Jul 2024 hi"
+
+
+# --------------------------------------------------------------------- CPU numerics settings
+def test_pin_cpu_numerics_adds_the_settings_flags(monkeypatch):
+  monkeypatch.delenv(runtime.CPU_NUMERICS_ENV, raising=False)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+  assert runtime.pin_cpu_numerics() == ("--xla_force_host_platform_device_count=2 "
+                                        "--xla_cpu_max_isa=AVX2")
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX512")  # an explicit flag wins
+  assert runtime.pin_cpu_numerics("portable") == ("--xla_cpu_max_isa=AVX512 "
+                                                  "--xla_cpu_experimental_ynn_fusion_type=")
+  monkeypatch.setenv("XLA_FLAGS", "")
+  monkeypatch.setenv(runtime.CPU_NUMERICS_ENV, "portable")
+  assert runtime.pin_cpu_isa().endswith("--xla_cpu_experimental_ynn_fusion_type=")
+  monkeypatch.setenv(runtime.CPU_NUMERICS_ENV, "fast")
+  with pytest.raises(ValueError, match="'fast' .*HGPO_JAX_CPU_NUMERICS.* not one of "
+                                       "\\['default', 'portable'\\]"):
+    runtime.pin_cpu_numerics()
+
+
+_FUSIONS = """
+import re, sys
+from hgpo_jax import runtime
+runtime.pin_cpu_numerics(sys.argv[1])
+import jax, jax.numpy as jnp
+text = jax.jit(lambda a, b: jnp.tanh(a @ b).sum(-1)).lower(
+    jnp.ones((64, 128)), jnp.ones((128, 256))).compile().as_text()
+print(sorted(set(re.findall(r'"kind":"(__[a-z_]+)"', text))))
+"""
+
+
+@pytest.mark.slow  # two fresh JAX processes
+def test_portable_numerics_hands_no_kernel_to_ynnpack():
+  """Witness that the setting acts: with JAX 0.10.2 the default setting fuses a matmul and
+  its reduction into a YNNPACK call (kernels picked at run time from the host CPU); the
+  portable setting compiles no YNNPACK fusion."""
+  kinds = {}
+  for mode in ("default", "portable"):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run([sys.executable, "-c", _FUSIONS, mode], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=dict(env, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kinds[mode] = proc.stdout.strip().splitlines()[-1]
+  assert "__ynn_fusion" in kinds["default"], kinds
+  assert "ynn" not in kinds["portable"], kinds
+
+
+def test_witness_names_the_first_differing_line():
+  from launch import repro_witness
+  mine = ["# cpu: A", "op exp 1", "op tanh 2", "phase update 3"]
+  assert repro_witness.first_difference(mine, ["# cpu: B", "op exp 1", "op tanh 2",
+                                               "phase update 3"]) is None  # headers ignored
+  assert repro_witness.first_difference(mine, ["op exp 1", "op tanh 9", "phase update 8"]) == (
+      "here: op tanh 2 | there: op tanh 9")
+  assert repro_witness.first_difference(mine, ["op exp 1"]) == "3 lines here, 1 there"
+
+
+@pytest.mark.slow  # two fresh JAX processes, each compiling the tiny policy's programs
+def test_witness_is_identical_in_a_fresh_process(tmp_path):
+  """Every op and phase digest of the witness is the same in a second process."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["JAX_PLATFORMS"] = "cpu"
+  first = tmp_path / "first.txt"
+  cmd = [sys.executable, "-m", "launch.repro_witness"]
+  proc = subprocess.run(cmd + ["--out", str(first)], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = first.read_text().splitlines()
+  assert sum(l.startswith("op ") for l in lines) == 11
+  assert sum(l.startswith("phase ") for l in lines) == 11
+  proc = subprocess.run(cmd + ["--compare", str(first)], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=900)
+  assert proc.returncode == 0 and proc.stdout.strip().endswith("all lines equal"), (
+      proc.stdout[-2000:] + proc.stderr[-2000:])

@@ -81,7 +81,17 @@ def test_suite_shape(version):
   assert size < 200_000, size
 
 
-@pytest.mark.parametrize("version,hide", [("mini_v1", ""), ("mini_v2", "look,inventory,examine")])
+def test_mini_v3_extends_mini_v2():
+  """mini_v3 draws with mini_v2's streams: its train and valid_seen games are mini_v2's and
+  its first 12 held-out games too, byte for byte; 36 more held-out games follow."""
+  for split in ("train", "valid_seen", "valid_unseen"):
+    v2, v3 = _committed(split, "mini_v2"), _committed(split, "mini_v3")
+    assert [_bytes(g) for g in v3[:len(v2)]] == [_bytes(g) for g in v2], split
+  assert len(_committed("valid_unseen", "mini_v3")) == 48
+
+
+@pytest.mark.parametrize("version,hide", [("mini_v1", ""), ("mini_v2", "look,inventory,examine"),
+                                          ("mini_v3", "look,inventory,examine")])
 def test_env_plays_the_suite_folder(version, hide):
   env = env_lib.AlfworldEnv(data_dir=mini.suite_dir(version), max_steps=20, hide_actions=hide)
   try:

@@ -114,12 +114,21 @@ def test_table_cells_hand_computed(runs, tmp_path):
   # best = 0.75 (seed 3, periodic eval at it. 5); 50 % at it. 3, 5, 2: mean 3.33,
   # std sqrt(((1/3)^2 + (5/3)^2 + (4/3)^2) / 2) = 1.53; length 12 ± 2; invalid 10 ± 10 %.
   assert rows["Method A"] == ["3 (ref)", "45.0 ± 15.0", "40.0 ± 10.0", "best 75.0 (seed 3, it. 5)",
-                              "3.3 ± 1.5", "12.0 ± 2.0", "10.0 ± 10.0", ""]
+                              "3.3 ± 1.5", "12.0 ± 2.0", "10.0 ± 10.0", "(ref)", ""]
   # B: train 0.7, 0.35, 0.35 -> 46.7 ± 20.2 within noise of A; eval 0.5, 0.5, 0.8 ->
   # 60.0 ± 17.3 (diffs all > 0: no mark); its peak is a final evaluation (step 6 in the
   # file: the weights after iteration 5); only seed 1 reaches 50 % (at it. 1).
   assert rows["Method B"][:5] == ["3", "46.7 ± 20.2 ≈", "60.0 ± 17.3", "best 80.0 (seed 3, it. 5)",
                                   "1.0 (1/3 seeds)"]
+  # Detectable difference: t(0.975, 2) = 4.303 times the std of the paired differences
+  # over sqrt(3): train diffs +0.1, -0.1, +0.05 (std 0.10408) -> 25.9 points; eval diffs
+  # +0.1, +0.2, +0.3 (std 0.1) -> 24.8 points.
+  assert rows["Method B"][7] == "25.9 / 24.8"
+  # E: train diffs -0.4, -0.25, -0.1 (std 0.15) -> 37.3; prompted P: eval diffs -0.3, -0.1,
+  # -0.2 (std 0.1) -> 24.8, no training column.
+  assert rows["Method E"][7] == "37.3 / 24.8" and rows["Prompted P"][7] == "— / 24.8"
+  # The power line: median paired std 0.15 (train: B 0.104, E 0.15 ... median of B, E)
+  assert "Held-out success: the split's default number of games." in md
   assert rows["Method E"][4] == "not reached (> 5)"
   assert rows["Method E"][1:3] == ["20.0 ± 0.0", "20.0 ± 0.0"]  # diffs -0.4,-0.25,-0.1 / -0.2,-0.1,-0.3
   assert rows["Method C"][0] == "pending" and "not trainable" in rows["Method C"][-1]
@@ -130,6 +139,44 @@ def test_table_cells_hand_computed(runs, tmp_path):
   for key in ("command: `CMD`", "suite: toy_suite, version toy_v1", "git: ", "packages: jax ",
               "machine: "):
     assert key in md, key
+
+
+def test_detectable_difference_and_seeds_to_detect():
+  assert report.detectable_difference([0.1]) is None
+  assert report.detectable_difference([0.1, 0.2, 0.3]) == pytest.approx(4.303 * 0.1 / 3 ** 0.5)
+  # std 0.1 and a 10-point target: n = 6 gives 2.571 * 0.1 / sqrt(6) = 0.105 > 0.1, n = 7
+  # gives 2.447 * 0.1 / sqrt(7) = 0.0925.
+  assert report.seeds_to_detect(0.1, 0.1) == 7
+  assert report.seeds_to_detect(10.0, 0.1) is None
+
+
+def test_render_refuses_mixed_trainer_revisions_unless_told(runs, tmp_path, capsys, monkeypatch):
+  for method, revision in (("a", "abc123"), ("b", "def456")):
+    with open(os.path.join(suites.run_dir(runs, SUITE, "toy", method, 1), "log.txt"), "w",
+              encoding="utf-8") as f:
+      f.write(f"{report.REVISION_PREFIX}{revision}\n")
+  with pytest.raises(report.MixedRevisionsError, match="3 trainer revisions .*abc123 \\(1 runs\\)"):
+    report.render(runs, SUITE, str(tmp_path / "results"), "CMD", pending=pending)
+  assert not os.path.exists(tmp_path / "results")  # nothing written
+  paths = report.render(runs, SUITE, str(tmp_path / "results"), "CMD", pending=pending,
+                        allow_mixed_revisions=True)
+  md = open(paths["md"], encoding="utf-8").read()
+  assert "**Mixed trainer revisions**" in md and "def456 (1 runs)" in md
+  monkeypatch.setitem(suites.SUITES, "toy_suite", SUITE)
+  monkeypatch.setattr(suites, "pending_reason", pending)
+  assert sweep.main(["render", "--suite", "toy_suite", "--root", runs, "--out",
+                     str(tmp_path / "r2")]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("launch.sweep: error: the finished runs under") and err.count("\n") == 1
+
+
+def test_table_holds_no_machine_paths(runs, tmp_path):
+  """A run root outside the working directory is shown as a placeholder, not its path."""
+  paths = report.render(runs, SUITE, str(tmp_path / "results"), f"python -m x --root {runs}",
+                        pending=pending)
+  md = open(paths["md"], encoding="utf-8").read()
+  assert str(tmp_path) not in md and "--root '<run root>'" not in md
+  assert "`python -m x --root <run root>` (runs under `<run root>`" in md
 
 
 def test_csv_numbers(runs, tmp_path):
@@ -267,13 +314,15 @@ def test_commands_and_grouping():
 
 
 def test_mini_suite_configs_build():
-  """The real suite: every ALFWorld-mini cell builds a config on the frozen mini_v2 games
-  with the suite's sizes, and GRPO passes the trainer's validation."""
+  """The real suite: every ALFWorld-mini cell builds a config on the frozen ALFWorld-mini
+  mini_v3 games (48 held-out games, all evaluated) with the suite's sizes, and GRPO passes
+  the trainer's validation."""
   env = suites.MINI.env("alfworld_mini")
-  assert suites.MINI.version == "mini_v3"
+  assert suites.MINI.version == "mini_v4"
   for method in suites.MINI.methods:
     c = suites.build_config(env, method, 456)
-    assert c.env.args.data_dir == "env_servers/alfworld/data/mini_v2" and c.seed == 456
+    assert c.env.args.data_dir == "env_servers/alfworld/data/mini_v3" and c.seed == 456
+    assert c.eval.num_tasks == 48
     assert c.env.args.hide_actions == "look,inventory,examine"
     assert tuple(c.env.eval_splits) == ("valid_unseen",) and c.env.max_steps == 12
     assert c.rollout.num_groups * c.rollout.group_size == env.num_trajectories
@@ -285,7 +334,7 @@ def test_mini_suite_configs_build():
 
 
 def test_webshop_mini_cells_use_the_mini_shop_with_a_listed_search():
-  """WebShop-mini (suite mini_v3): the frozen option-free shop, the goal's keyword search
+  """WebShop-mini (suite mini_v3 on): the frozen option-free shop, the goal's keyword search
   listed on the search page, 15 steps, and the trainer's validation accepts the cells."""
   env = suites.MINI.env("webshop_mini")
   assert env.methods == ("grpo", "gigpo", "hgpo_k2", "smollm2_prompted")

@@ -1,0 +1,193 @@
+"""Bit witness of this machine's CPU numerics: run it on two machines and diff the output.
+
+  python -m launch.repro_witness                                # print the witness
+  python -m launch.repro_witness --out witness.txt              # and write it to a file
+  python -m launch.repro_witness --compare docs/witness/amd_epyc_avx2_2cores.txt
+  python -m launch.repro_witness --numerics portable --compare ...   # the opt-in setting
+
+Why: a run's metrics on two x86 machines part from the first update on (docs/
+reproducibility.md), and a metrics file cannot say which operation rounded differently.
+This tool computes, in a fresh process with the trainer's XLA settings, a SHA-256 of the
+exact bits of (1) single operations (exp, tanh, log1p, a row sum, logsumexp, log-softmax,
+matmuls with contraction lengths 64 ... 16384) and (2) each phase of a training iteration
+on the tiny policy with the trainer's own programs: the sampler's tokens (greedy and
+seeded) and their log-probs, the learner's log-probs, one PPO update (loss and updated
+parameters), the GiGPO and HGPO estimators on a fixed rollout. With `--compare FILE` the
+last line names the first line that differs (ops first, so the cause comes before its
+consequences), or says that all lines are equal. The header (CPU model, vector extensions,
+cache sizes, cores, XLA flags, versions) is printed but not compared.
+
+`--numerics` picks the XLA:CPU setting (hgpo_jax.runtime.CPU_NUMERICS): `default` is what
+the trainer uses; `portable` also turns off YNNPACK fusions, whose kernels XLA chooses at
+run time from the host CPU (docs/reproducibility.md says what each setting pins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import sys
+
+OP_SEED = 0
+
+
+def _digest(*arrays) -> str:
+  import numpy as np
+  h = hashlib.sha256()
+  for a in arrays:
+    a = np.ascontiguousarray(np.asarray(a))
+    h.update(str(a.dtype).encode() + str(a.shape).encode())
+    h.update(a.tobytes())
+  return h.hexdigest()[:16]
+
+
+def cpu_header() -> list[str]:
+  """What identifies this machine's numerics (printed, not compared)."""
+  import jax
+  import jaxlib
+  flags, model = set(), platform.processor()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name") and model in ("", "x86_64"):
+          model = line.split(":", 1)[1].strip()
+        if line.startswith("flags"):
+          flags = set(line.split(":", 1)[1].split())
+  except OSError:
+    pass
+  wanted = ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+            "avx512_bf16", "avx512_fp16", "amx_tile"]
+  caches = []
+  base = "/sys/devices/system/cpu/cpu0/cache"
+  for idx in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+    try:
+      read = lambda n: open(os.path.join(base, idx, n)).read().strip()
+      caches.append(f"L{read('level')}{read('type')[0].lower()}={read('size')}")
+    except OSError:
+      continue
+  return [
+      f"# cpu: {model}",
+      f"# vector extensions: {' '.join(f for f in wanted if f in flags) or 'unknown'}",
+      f"# caches (cpu0): {' '.join(caches) or 'unknown'}",
+      f"# cores usable: {len(os.sched_getaffinity(0))} of {os.cpu_count()}",
+      f"# XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}",
+      f"# python {platform.python_version()}, jax {jax.__version__}, jaxlib {jaxlib.__version__}",
+  ]
+
+
+def op_lines() -> list[str]:
+  """Single operations, each jitted alone on fixed float32 inputs."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  rng = np.random.default_rng(OP_SEED)
+  x = jnp.asarray(rng.standard_normal((64, 1000), dtype=np.float32))
+  unary = {
+      "exp": jnp.exp, "tanh": jnp.tanh, "log1p": lambda v: jnp.log1p(jnp.abs(v)),
+      "row_sum": lambda v: v.sum(-1), "logsumexp": lambda v: jax.nn.logsumexp(v, -1),
+      "log_softmax": lambda v: jax.nn.log_softmax(v, -1),
+  }
+  lines = [f"op {name:12s} [64,1000] {_digest(jax.jit(fn)(x))}" for name, fn in unary.items()]
+  for k in (64, 256, 1024, 4096, 16384):
+    a = jnp.asarray(rng.standard_normal((64, k), dtype=np.float32))
+    b = jnp.asarray(rng.standard_normal((k, 256), dtype=np.float32))
+    lines.append(f"op matmul       [64,{k}]x[{k},256] {_digest(jax.jit(jnp.matmul)(a, b))}")
+  return lines
+
+
+def phase_lines() -> list[str]:
+  """One iteration's phases on the tiny policy, through the trainer's own programs."""
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  from hgpo_jax.advantages import build_row_batch, registry
+  from hgpo_jax.models import loading, sharding
+  from hgpo_jax.sampling import sampler as sampler_lib
+  from hgpo_jax.training import train_batch, train_step
+  from launch.benchmarks.advantages import rollout_columns
+
+  lines = []
+  model, tok, cfg = loading.load_model("tiny")
+  prompts = [tok.encode(f"task {i}: put a clean mug in the coffee machine.") for i in range(8)]
+  bucket = -(-max(len(p) for p in prompts) // 8) * 8
+  smp = sampler_lib.Sampler(model, tok, prompt_buckets=(bucket,), batch_buckets=(8,))
+  for name, temperature in (("greedy", 0.0), ("seeded", 1.0)):
+    params = sampler_lib.SamplingParams(temperature=temperature, max_new_tokens=24, ignore_eos=True)
+    out = smp.generate(prompts, params, jax.random.key(7))
+    tokens = np.array([t for row in out.tokens for t in row], np.int64)
+    lines.append(f"phase rollout {name} tokens      {_digest(tokens)}")
+    lines.append(f"phase rollout {name} logprobs    {_digest(np.concatenate(out.logprobs))}")
+  responses = [list(row) for row in out.tokens]
+
+  mesh = sharding.make_mesh(1, 1, 1)
+  update_cfg = train_step.UpdateConfig(lr=1e-2, mini_batch_rows=8, micro_batch_rows=8)
+  learner = train_step.Learner(model, mesh, update_cfg)
+  state = learner.init_state(nnx.state(model, nnx.Param))
+  advantages = np.linspace(-1.0, 1.0, len(prompts)).astype(np.float32)
+  host, _ = train_batch.build_train_batch(prompts, responses, advantages, prompt_buckets=[bucket],
+                                          response_buckets=[24], row_multiple=8)
+  host = train_step.fill_logprobs(learner, state.params, None, host)
+  lines.append(f"phase learner logprobs             {_digest(host.old_logprobs)}")
+  host = host.replace(ref_logprobs=host.old_logprobs)
+  batch = learner.put_batch(host)
+  for step in range(2):
+    state, metrics = learner.update(state, batch)
+    leaves = jax.tree_util.tree_leaves(state.params)
+    lines.append(f"phase update {step} loss                {_digest(metrics['loss'])}")
+    lines.append(f"phase update {step} parameters          {_digest(*leaves)}")
+
+  cols = rollout_columns(400)
+  grouped = build_row_batch(cols, num_levels=3, capacity=len(cols["step"]))
+  rows = jax.device_put(grouped.batch)
+  for name in ("gigpo", "hgpo"):
+    est = registry.get(name)
+    opts = est.options(k=2) if name == "hgpo" else est.options()
+    lines.append(f"phase advantages {name:6s}           {_digest(est(rows, opts).advantage)}")
+  return lines
+
+
+def first_difference(mine: list[str], theirs: list[str]) -> str | None:
+  """The first compared line (not a '#' header) that differs, or None when all are equal."""
+  strip = lambda ls: [l for l in ls if l and not l.startswith("#")]
+  a, b = strip(mine), strip(theirs)
+  for x, y in zip(a, b):
+    if x != y:
+      return f"here: {x} | there: {y}"
+  if len(a) != len(b):
+    return f"{len(a)} lines here, {len(b)} there"
+  return None
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--numerics", default="default", help="XLA:CPU setting: default | portable")
+  p.add_argument("--out", help="also write the witness to this file")
+  p.add_argument("--compare", help="a witness file from another machine (or run)")
+  args = p.parse_args(argv)
+
+  from hgpo_jax import runtime
+  runtime.pin_cpu_numerics(args.numerics)  # before JAX starts its CPU backend
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  import jax
+  jax.config.update("jax_platforms", "cpu")
+
+  lines = cpu_header() + [f"# numerics: {args.numerics}"] + op_lines() + phase_lines()
+  print("\n".join(lines), flush=True)
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write("\n".join(lines) + "\n")
+  if args.compare:
+    with open(args.compare) as f:
+      theirs = f.read().splitlines()
+    diff = first_difference(lines, theirs)
+    print(f"witness vs {args.compare}: " + ("all lines equal" if diff is None else
+                                             f"first difference: {diff}"))
+    return 0 if diff is None else 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
