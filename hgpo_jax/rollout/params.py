@@ -45,7 +45,7 @@ class RolloutParams:
   """Projection fallback: a response without an action block is read as its last N chars."""
   dump: bool = False
   """Write every rollout as JSONL (`python -m hgpo_jax.advantages` format), and every
-  evaluation's steps (`train.eval_dump_path`)."""
+  evaluation's steps (`training.evaluation.eval_dump_path`)."""
   response_format: str = "react"
   """One of RESPONSE_FORMATS."""
   free_query_tokens: int = 8
