@@ -185,19 +185,34 @@ class SokobanEnv(gym.Env):
     }
 
 
+POLICIES = ("uniform", "no-undo")
+
+
 def random_play(split: str, episodes: int, dim: int = 6, num_boxes: int = 1,
-                horizons: tuple[int, ...] = (10, 15, 20)) -> dict[int, float]:
+                horizons: tuple[int, ...] = (10, 15, 20),
+                policy: str = "uniform") -> dict[int, float]:
   """Success rate of uniform-random play over the admissible moves within each horizon,
   one episode per level of the split's first `episodes` levels (seeded by the task id:
-  deterministic). The reference point of a policy's untrained success."""
+  deterministic). The reference point of a policy's untrained success.
+
+  policy="no-undo" draws uniformly among the admissible moves other than the reverse of
+  the previous move (unless it is the only one): what a policy gains by learning only
+  not to oscillate."""
+  if policy not in POLICIES:
+    raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
   env = SokobanEnv(dim=dim, num_boxes=num_boxes, max_steps=max(horizons))
   wins = dict.fromkeys(horizons, 0)
   task_ids = env.task_ids(split)[:episodes]
   for task_id in task_ids:
     rng = random.Random(f"random-play/{task_id}")
     env.reset(options={"task_id": task_id})
+    last = None
     for step in range(1, max(horizons) + 1):
-      _, _, won, truncated, _ = env.step(rng.choice(env._admissible()))
+      moves = env._admissible()
+      if policy == "no-undo" and last is not None and len(moves) > 1:
+        moves = [m for m in moves if m != OPPOSITE[last]]
+      last = rng.choice(moves)
+      _, _, won, truncated, _ = env.step(last)
       if won:
         for h in horizons:
           wins[h] += step <= h
@@ -205,6 +220,69 @@ def random_play(split: str, episodes: int, dim: int = 6, num_boxes: int = 1,
       if truncated:
         break
   return {h: wins[h] / len(task_ids) for h in horizons}
+
+
+def shortest_solution(level: Level, max_moves: int) -> int | None:
+  """Fewest moves that solve `level` (breadth-first over player and box cells), or None
+  when no solution has at most `max_moves` moves."""
+  floor, targets = level.floor, level.targets
+  start = (level.player, frozenset(level.boxes))
+  seen, frontier = {start}, [start]
+  for depth in range(1, max_moves + 1):
+    nxt_frontier = []
+    for player, boxes in frontier:
+      for d in MOVES.values():
+        p = _add(player, d)
+        if p not in floor:
+          continue
+        if p in boxes:
+          q = _add(p, d)
+          if q not in floor or q in boxes:
+            continue
+          new_boxes = (boxes - {p}) | {q}
+          if new_boxes == targets:
+            return depth
+        else:
+          new_boxes = boxes
+        state = (p, new_boxes)
+        if state not in seen:
+          seen.add(state)
+          nxt_frontier.append(state)
+    frontier = nxt_frontier
+    if not frontier:
+      return None
+  return None
+
+
+def level_stats(split: str, levels: int, dim: int = 6, num_boxes: int = 1,
+                horizons: tuple[int, ...] = (10, 15, 20)) -> dict:
+  """Over the split's first `levels` levels: the walkthrough's length and pushes (the
+  generator's solution, not a shortest one), the shortest solution's length (BFS up to
+  max(horizons) moves) and the share of levels solvable within each horizon (the ceiling
+  of any policy's success)."""
+  import statistics
+  env = SokobanEnv(dim=dim, num_boxes=num_boxes)
+  lengths, pushes, shortest = [], [], []
+  for task_id in env.task_ids(split)[:levels]:
+    level = generate_level(env.level_seed(task_id), dim, num_boxes)
+    player, boxes, n_push = level.player, set(level.boxes), 0
+    for name in level.walkthrough:
+      player = _add(player, MOVES[name])
+      if player in boxes:
+        boxes.remove(player)
+        boxes.add(_add(player, MOVES[name]))
+        n_push += 1
+    lengths.append(len(level.walkthrough))
+    pushes.append(n_push)
+    shortest.append(shortest_solution(level, max(horizons)))
+  solved = [s for s in shortest if s is not None]
+  return {
+      "walkthrough_median": statistics.median(lengths),
+      "pushes_median": statistics.median(pushes),
+      "shortest_median": statistics.median(solved) if solved else None,
+      "solvable": {h: sum(s is not None and s <= h for s in shortest) / len(shortest)
+                   for h in horizons},
+  }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,15 +295,30 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--dim", type=int, default=6)
   parser.add_argument("--boxes", type=int, default=1)
   parser.add_argument("--horizons", default="10,15,20")
+  parser.add_argument("--policy", default="uniform", choices=POLICIES,
+                      help="no-undo: never reverse the previous move (unless forced)")
+  parser.add_argument("--stats", action="store_true",
+                      help="also print the walkthrough's median length and pushes, the "
+                      "shortest solution's median length and the share of levels "
+                      "solvable within each horizon (BFS)")
   args = parser.parse_args(argv)
   try:
     horizons = tuple(int(h) for h in args.horizons.split(","))
-    rates = random_play(args.split, args.random_play, args.dim, args.boxes, horizons)
+    rates = random_play(args.split, args.random_play, args.dim, args.boxes, horizons,
+                        args.policy)
+    stats = (level_stats(args.split, args.random_play, args.dim, args.boxes, horizons)
+             if args.stats else None)
   except ValueError as e:
     parser.exit(2, f"sokoban: {e}\n")
+  policy = "" if args.policy == "uniform" else f", policy {args.policy}"
   print(f"sokoban {args.dim}x{args.dim}, {args.boxes} box(es), split {args.split}, "
-        f"{args.random_play} levels: " +
+        f"{args.random_play} levels{policy}: " +
         ", ".join(f"{100 * r:.1f} % within {h} steps" for h, r in rates.items()))
+  if stats:
+    print(f"  walkthrough median {stats['walkthrough_median']} moves, "
+          f"{stats['pushes_median']} pushes; shortest solution median "
+          f"{stats['shortest_median']} moves; solvable: " +
+          ", ".join(f"{100 * r:.1f} % within {h}" for h, r in stats["solvable"].items()))
   return 0
 
 

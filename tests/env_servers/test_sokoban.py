@@ -121,3 +121,29 @@ def test_random_play_reference_is_deterministic_and_pinned(capsys):
   assert sokoban.main(["--random-play", "200", "--split", "test"]) == 0
   assert capsys.readouterr().out.strip().endswith(
       "56.0 % within 10 steps, 62.0 % within 15 steps, 66.5 % within 20 steps")
+
+
+def test_no_undo_play_shortest_solutions_and_level_stats(capsys):
+  # The calibration options of `--random-play` (docs/environments.md, Sokoban).
+  rates = sokoban.random_play("test", 200, dim=6, num_boxes=1, horizons=(10, 15, 20),
+                              policy="no-undo")
+  assert rates == {10: 0.68, 15: 0.73, 20: 0.75}
+  with pytest.raises(ValueError, match="unknown policy 'greedy'"):
+    sokoban.random_play("test", 1, policy="greedy")
+  golden = sokoban.generate_level(0, 7, 2)  # train-00000: solved by up, right
+  assert sokoban.shortest_solution(golden, 20) == 2
+  assert sokoban.shortest_solution(golden, 1) is None
+  for seed in range(20):
+    level = sokoban.generate_level(seed, 8, 2)
+    assert sokoban.shortest_solution(level, len(level.walkthrough)) <= len(level.walkthrough)
+  stats = sokoban.level_stats("test", 200, dim=6, num_boxes=1, horizons=(10, 15, 20))
+  assert stats == {"walkthrough_median": 4.0, "pushes_median": 1.0, "shortest_median": 1.0,
+                   "solvable": {10: 1.0, 15: 1.0, 20: 1.0}}
+  assert sokoban.main(["--random-play", "200", "--split", "test", "--policy", "no-undo",
+                       "--stats"]) == 0
+  out = capsys.readouterr().out.strip().splitlines()
+  assert out[0].endswith("policy no-undo: 68.0 % within 10 steps, 73.0 % within 15 steps, "
+                         "75.0 % within 20 steps")
+  assert out[1] == ("  walkthrough median 4.0 moves, 1.0 pushes; shortest solution median "
+                    "1.0 moves; solvable: 100.0 % within 10, 100.0 % within 15, "
+                    "100.0 % within 20")
