@@ -8,6 +8,7 @@ HGPO's depth K and the memory window H cannot be split by an override.
 
 import dataclasses
 
+import jax
 import pytest
 from ml_collections.config_flags import config_path
 
@@ -18,10 +19,13 @@ from configs import webshop as webshop_config
 from hgpo_jax import train
 from hgpo_jax.advantages import registry
 from hgpo_jax.models import config as model_config
+from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.rollout import params as rollout_params
+from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import evaluation
 from hgpo_jax.training import losses
+from hgpo_jax.training import programs
 from hgpo_jax.training import run as run_lib
 from hgpo_jax.training import run_config
 from hgpo_jax.training import train_step
@@ -179,6 +183,30 @@ def test_rollout_params_fields_are_the_config_rollout_keys():
   assert sorted(names) == sorted(common.base_config().rollout.keys())
   defaults = rollout_params.RolloutParams()
   assert dataclasses.asdict(defaults) == common.base_config().rollout.to_dict()
+
+
+@pytest.mark.parametrize("value", [0, -3])
+def test_rollout_max_candidates_is_a_positive_int(value):
+  c = sokoban_config.get_config("algo=grpo,smoke")
+  # The default is the sampler's own; an override arrives in RolloutParams unchanged.
+  assert c.rollout.max_candidates == sampler_lib.DEFAULT_MAX_CANDIDATES == 256
+  assert train.validate(_override(c, "rollout.max_candidates", 64)).rollout.max_candidates == 64
+  _override(c, "rollout.max_candidates", value)
+  with pytest.raises(train.ConfigError, match=rf"^config.rollout: max_candidates must be an "
+                                              rf"int >= 1, got {value}$") as e:
+    train.validate(c)
+  assert "\n" not in str(e.value)
+  with pytest.raises(ValueError, match="max_candidates must be an int >= 1, got True"):
+    rollout_params.RolloutParams(max_candidates=True)
+
+
+def test_the_program_registry_sampler_takes_rollout_max_candidates():
+  """`programs.build` (the trainer's sampler, `launch.plan`'s generate program) passes
+  `rollout.max_candidates` to the Sampler."""
+  c = alfworld_config.get_config("algo=grpo,model=tiny,smoke")
+  c.rollout.max_candidates = 32
+  mesh = sharding_lib.make_mesh(-1, 1, 1, devices=jax.devices()[:1])
+  assert programs.build(c, mesh).sampler.max_candidates == 32
 
 
 def test_training_and_evaluation_rollouts_pass_every_rollout_setting(monkeypatch):

@@ -236,3 +236,68 @@ def test_every_estimator_option_is_documented():
     missing += [f"{options_cls.__name__}.{f.name} is not named in the section {marker}"
                 for f in dataclasses.fields(options_cls) if f"`{f.name}`" not in found[0]]
   assert not missing, "\n".join(missing)
+
+
+# Modules whose hgpo_jax imports must all be at module level (issue 34 point 5): a
+# function-local import there hid an import cycle (the estimator registry) or a reach into
+# another module at call time (the program registry).
+NO_LOCAL_IMPORTS = ("hgpo_jax/advantages/registry.py", "hgpo_jax/training/programs.py")
+
+
+def _local_hgpo_imports(source: str) -> list[str]:
+  """'line: import' for each import of an hgpo_jax module inside a function or class."""
+  import ast
+  found = []
+
+  def visit(node, nested):
+    for child in ast.iter_child_nodes(node):
+      inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
+                                           ast.ClassDef))
+      if nested and isinstance(child, ast.Import):
+        found.extend(f"{child.lineno}: import {a.name}" for a in child.names
+                     if a.name.split(".")[0] == "hgpo_jax")
+      elif nested and isinstance(child, ast.ImportFrom) and (
+          child.level or (child.module or "").split(".")[0] == "hgpo_jax"):
+        found.append(f"{child.lineno}: from {'.' * child.level}{child.module or ''} import ...")
+      visit(child, inner)
+
+  visit(ast.parse(source), False)
+  return found
+
+
+def test_no_function_local_hgpo_imports_in_the_registries():
+  """The estimator registry and the program registry import every hgpo_jax module they
+  use at the top: no cycle is dodged by importing inside a function."""
+  found = []
+  for path in NO_LOCAL_IMPORTS:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+      found += [f"{path}:{hit}" for hit in _local_hgpo_imports(f.read())]
+  assert not found, "function-local imports of hgpo_jax modules:\n" + "\n".join(found)
+
+
+def test_the_local_import_scan_sees_nested_imports():
+  probe = ("import hgpo_jax.perf\n"
+           "def f():\n  from hgpo_jax.training import targets\n  import os\n"
+           "class C:\n  def g(self):\n    import hgpo_jax.advantages.estimator\n"
+           "    from . import sibling\n")
+  assert _local_hgpo_imports(probe) == [
+      "3: from hgpo_jax.training import ...", "7: import hgpo_jax.advantages.estimator",
+      "8: from . import ..."]
+
+
+def test_estimator_modules_do_not_import_the_registry():
+  """The registry imports the estimator modules; none imports it back (no cycle)."""
+  import ast
+  from hgpo_jax.advantages import registry
+  importers = []
+  for fn in registry.ESTIMATOR_FUNCTIONS:
+    path = fn.__module__.replace(".", "/") + ".py"
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+               [f"{node.module}.{a.name}" for a in node.names]
+               if isinstance(node, ast.ImportFrom) else [])
+      importers += [f"{path}:{node.lineno}" for n in names
+                    if n.startswith("hgpo_jax.advantages.registry")]
+  assert not importers, importers

@@ -20,8 +20,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from hgpo_jax.advantages import estimator
 from hgpo_jax.advantages import group_stats
-from hgpo_jax.advantages import registry
 from hgpo_jax.advantages.batch import RowBatch
 
 NORMS = ("mean_std", "mean")
@@ -89,12 +89,12 @@ class GRPOOptions:
     check_choice("norm", self.norm, NORMS)
 
 
-@registry.register("grpo", GRPOOptions)
-def grpo(batch: RowBatch, options: GRPOOptions) -> registry.EstimatorOutput:
+@estimator.define("grpo", GRPOOptions)
+def grpo(batch: RowBatch, options: GRPOOptions) -> estimator.EstimatorOutput:
   """GRPO: A = (S - mean_G S) / (std_G S + eps), broadcast to all rows (docs/algorithms.md §3)."""
   adv_r = episode_advantage(batch, stats=options.stats, use_std=options.norm == "mean_std",
                             ddof=options.ddof, epsilon=options.epsilon)
-  return registry.EstimatorOutput(advantage=adv_r)
+  return estimator.EstimatorOutput(advantage=adv_r)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +108,8 @@ class RLOOOptions:
     check_choice("stats", self.stats, STATS)
 
 
-@registry.register("rloo", RLOOOptions)
-def rloo(batch: RowBatch, options: RLOOOptions) -> registry.EstimatorOutput:
+@estimator.define("rloo", RLOOOptions)
+def rloo(batch: RowBatch, options: RLOOOptions) -> estimator.EstimatorOutput:
   """RLOO: A = (x - mean_G x) * n / (n - 1) = x - mean of the others (docs/algorithms.md §4).
 
   n counts the statistics population (rows or trajectories); n = 1 gives the raw value.
@@ -119,4 +119,4 @@ def rloo(batch: RowBatch, options: RLOOOptions) -> registry.EstimatorOutput:
   n_r = dev.count
   adv_r = jnp.where(n_r > 1, dev.deviation * n_r / jnp.maximum(n_r - 1.0, 1.0), x_r)
   adv_r = jnp.where(member_r, adv_r, 0.0)
-  return registry.EstimatorOutput(advantage=_to_rows(adv_r, batch, options.stats))
+  return estimator.EstimatorOutput(advantage=_to_rows(adv_r, batch, options.stats))

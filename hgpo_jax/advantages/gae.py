@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hgpo_jax.advantages import registry
+from hgpo_jax.advantages import estimator
 from hgpo_jax.advantages import segments
 from hgpo_jax.advantages.batch import RowBatch, pad_token_lists
 
@@ -150,8 +150,8 @@ def _require_token_fields(batch: RowBatch, name: str) -> None:
         "fill them from the critic or the dump's `token_values`")
 
 
-@registry.register("gae", GaeOptions, needs_critic=True)
-def gae(batch: RowBatch, options: GaeOptions) -> registry.EstimatorOutput:
+@estimator.define("gae", GaeOptions, needs_critic=True)
+def gae(batch: RowBatch, options: GaeOptions) -> estimator.EstimatorOutput:
   """PPO-GAE advantages and value targets (docs/algorithms.md §7).
 
   Reads `token_values` f32[R, T], `response_mask` bool[R, T], `score` (per-row
@@ -175,7 +175,7 @@ def gae(batch: RowBatch, options: GaeOptions) -> registry.EstimatorOutput:
     adv_rt = whiten_tokens(adv_rt, valid_rt)
   first_idx_r = jnp.argmax(valid_rt, axis=1)
   adv_r = jnp.take_along_axis(adv_rt, first_idx_r[:, None], axis=1)[:, 0] * valid_rt.any(axis=1)
-  return registry.EstimatorOutput(
+  return estimator.EstimatorOutput(
       advantage=adv_r, token_advantage=adv_rt, loss_mask=valid_rt,
       value_targets={"token": returns_rt})
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 
 from hgpo_jax.advantages import episode
+from hgpo_jax.advantages import estimator
 from hgpo_jax.advantages import group_stats
-from hgpo_jax.advantages import registry
 from hgpo_jax.advantages import similarity
 from hgpo_jax.advantages.batch import RowBatch
 
@@ -56,11 +56,11 @@ def step_advantage(batch: RowBatch, options: GiGPOOptions):
       ddof=options.ddof, epsilon=options.epsilon)
 
 
-@registry.register("gigpo", GiGPOOptions)
-def gigpo(batch: RowBatch, options: GiGPOOptions) -> registry.EstimatorOutput:
+@estimator.define("gigpo", GiGPOOptions)
+def gigpo(batch: RowBatch, options: GiGPOOptions) -> estimator.EstimatorOutput:
   """GiGPO advantage per row, f32[R] (Eq. 8)."""
   use_std = options.norm == "mean_std"
   episode_r = episode.episode_advantage(batch, stats=options.stats, use_std=use_std,
                                         ddof=options.ddof, epsilon=options.epsilon)
-  return registry.EstimatorOutput(
+  return estimator.EstimatorOutput(
       advantage=episode_r + options.omega * step_advantage(batch, options))

@@ -72,7 +72,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hgpo_jax.advantages import registry
+from hgpo_jax.advantages import estimator
 from hgpo_jax.advantages import segments
 from hgpo_jax.advantages.batch import RowBatch, pad_token_lists
 
@@ -343,8 +343,8 @@ def token_spans(token_tags: jax.Array, valid_rt: jax.Array, segment_start: jax.A
   return TokenSpans(switch=switch, subgoal=subgoal, action=action)
 
 
-@registry.register("hae", HaeOptions, needs_critic=True)
-def hae(batch: RowBatch, options: HaeOptions) -> registry.EstimatorOutput:
+@estimator.define("hae", HaeOptions, needs_critic=True)
+def hae(batch: RowBatch, options: HaeOptions) -> estimator.EstimatorOutput:
   """HiPER HAE advantages, token routing and value targets (docs/algorithms.md §8).
 
   Returns:
@@ -375,7 +375,7 @@ def hae(batch: RowBatch, options: HaeOptions) -> registry.EstimatorOutput:
     token_adv = (spans.switch * a_term[:, None] + spans.subgoal * a_high[:, None]
                  + spans.action * a_low[:, None])
     loss_mask = spans.switch | spans.subgoal | spans.action
-  return registry.EstimatorOutput(
+  return estimator.EstimatorOutput(
       advantage=a_low * mask, token_advantage=token_adv, loss_mask=loss_mask,
       value_targets={"low": lv.ret_low, "high": lv.ret_high, "term": lv.ret_term,
                      "high_mask": lv.segment_start})

@@ -39,8 +39,8 @@ import dataclasses
 import jax.numpy as jnp
 
 from hgpo_jax.advantages import episode
+from hgpo_jax.advantages import estimator
 from hgpo_jax.advantages import group_stats
-from hgpo_jax.advantages import registry
 from hgpo_jax.advantages.batch import RowBatch
 
 WEIGHTS = ("recipe", "paper", "inverse_variance")
@@ -91,8 +91,8 @@ class HGPOOptions:
     episode.check_choice("stats", self.stats, episode.STATS)
 
 
-@registry.register("hgpo", HGPOOptions)
-def hgpo(batch: RowBatch, options: HGPOOptions) -> registry.EstimatorOutput:
+@estimator.define("hgpo", HGPOOptions)
+def hgpo(batch: RowBatch, options: HGPOOptions) -> estimator.EstimatorOutput:
   """HGPO advantage per row, f32[R] (Eq. 7 with the recipe's survivor rules)."""
   num_levels = options.k + 1
   if num_levels > batch.num_levels:
@@ -129,4 +129,4 @@ def hgpo(batch: RowBatch, options: HGPOOptions) -> registry.EstimatorOutput:
     den_r = den_r + base_w_r
   den_eps = options.epsilon if options.weights == "recipe" else 0.0
   adv_r = jnp.where(den_r > 0, num_r / jnp.where(den_r > 0, den_r + den_eps, 1.0), 0.0)
-  return registry.EstimatorOutput(advantage=jnp.where(batch.mask, adv_r, 0.0))
+  return estimator.EstimatorOutput(advantage=jnp.where(batch.mask, adv_r, 0.0))

@@ -33,6 +33,10 @@ class RolloutParams:
   """Nucleus sampling (1.0 = off)."""
   top_k: int = 0
   """Top-k sampling (0 = off)."""
+  max_candidates: int = sampler_lib.DEFAULT_MAX_CANDIDATES
+  """K of top-k / top-p sampling: the largest logits per row and step the sampler takes
+  with `jax.lax.top_k` (`Sampler(max_candidates=...)`); a top_k above K, or a nucleus wider
+  than K, sorts the vocabulary on that step (same tokens, slower)."""
   max_new_tokens: int = 512
   """Most tokens per response."""
   max_prompt_tokens: int = 2048
@@ -65,6 +69,9 @@ class RolloutParams:
                  "free_query_tokens", "subgoal_tokens"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if (isinstance(self.max_candidates, bool) or not isinstance(self.max_candidates, int)
+        or self.max_candidates < 1):
+      raise ValueError(f"max_candidates must be an int >= 1, got {self.max_candidates!r}")
     for name in ("history_length", "fallback_chars", "history_drop_chars"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

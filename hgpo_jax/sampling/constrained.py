@@ -53,8 +53,10 @@ MATCH = -1  # a pattern completed exactly at the end of the token
 MATCH_INSIDE = -2  # a pattern completed before the token's last character
 
 
-def _bucket(n: int, minimum: int) -> int:
-  """The smallest power of two >= max(n, minimum) (static array sizes)."""
+def power_of_two_bucket(n: int, minimum: int) -> int:
+  """The smallest power of two >= max(n, minimum) (static array sizes): the sizes of the
+  automaton tables, the tries and the sampler's free-span classes, so that inputs of
+  similar size share one compiled program."""
   size = minimum
   while size < n:
     size *= 2
@@ -125,7 +127,7 @@ def build_token_automaton(patterns: Sequence[str], token_strings: Sequence[str])
     raise ValueError(f"build_token_automaton: patterns must be non-empty strings, got {patterns!r}.")
   delta, accept = _aho_corasick(patterns)
   num_states = len(delta)
-  table = np.zeros((_bucket(num_states, 8), len(token_strings)), np.int32)
+  table = np.zeros((power_of_two_bucket(num_states, 8), len(token_strings)), np.int32)
 
   def run(state: int, text: str, start: int, end: int) -> int:
     """State after text[start:end], or MATCH/MATCH_INSIDE relative to the whole text."""
@@ -336,8 +338,8 @@ def build_tries(sequences_per_row: Sequence[Sequence[Sequence]], batch_size: int
       terminal[node] = True
     rows.append((children, terminal, free))
   max_nodes = max([len(t) for _, t, _ in rows], default=1)
-  num_nodes = _bucket(max_nodes, 16)
-  num_edges = _bucket(max_nodes - 1, 16)  # a trie has nodes - 1 edges
+  num_nodes = power_of_two_bucket(max_nodes, 16)
+  num_edges = power_of_two_bucket(max_nodes - 1, 16)  # a trie has nodes - 1 edges
   parent = np.full((batch_size, num_edges), -1, np.int32)
   token_ = np.zeros((batch_size, num_edges), np.int32)
   child = np.zeros((batch_size, num_edges), np.int32)

@@ -63,14 +63,17 @@ from hgpo_jax.models import sharding
 from hgpo_jax.sampling import constrained
 
 STOP_REASONS = ("running", "eos", "stop_string", "constraint", "length")
-# ConstraintTries arrays passed to the jitted program, in argument order.
-_TRIE_ARRAYS = ("edge_parent", "edge_token", "edge_child", "terminal", "has_children", "active",
+TRIE_ARRAYS = ("edge_parent", "edge_token", "edge_child", "terminal", "has_children", "active",
                 "free_class", "free_min", "free_max", "to_leaf")
+"""The `constrained.ConstraintTries` fields `Sampler.generate_program` takes, in argument
+order (after the stop-string flag, before the free-span masks)."""
 _EOS, _STOP, _CONSTRAINT, _LENGTH = 1, 2, 3, 4
 # Phases of a row: unconstrained, or walking its constraint trie.
 _FREE, _IN_TRIE = 0, 1
-# Constraint modes (static).
-_NO_CONSTRAINT, _WHOLE = 0, 1
+NO_CONSTRAINT = 0
+"""Static `constraint_mode` of `Sampler.generate_program`: free decoding (no `allowed`)."""
+WHOLE_CONSTRAINT = 1
+"""Static `constraint_mode` of `Sampler.generate_program`: rows walk their constraint trie."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,6 +281,15 @@ class Sampler:
     max_candidates: K of top-k / top-p sampling (`filter_logits`): the largest logits per
       row and step that `jax.lax.top_k` takes; a top_k above K, or a top_p nucleus wider
       than K candidates, costs a full-vocabulary sort on that step (exact either way).
+
+  Attributes:
+    generate_program: the jitted device program `generate` calls (prefill + decode loop),
+      public so that `hgpo_jax.training.programs` can lower and compile exactly it. Its
+      positional arguments: the model, then the arrays `generate` places (tokens, lengths,
+      row validity, prefill tokens and lengths, row sources, rng, temperature, top_k, top_p,
+      stop table, stop flag), the `TRIE_ARRAYS` in that order, and the free-span masks; its
+      static keywords: max_new_tokens, greedy, filtered, constraint_mode (`NO_CONSTRAINT` or
+      `WHOLE_CONSTRAINT`), ignore_eos, shared_prefill.
   """
 
   def __init__(self, model, tokenizer, *, prompt_buckets=(128, 256, 512, 1024, 2048, 4096),
@@ -317,7 +329,7 @@ class Sampler:
     self._warned_sort = False  # top_k > max_candidates warned once
     self.num_compilations = 0  # traces of the jitted program (one per new bucket/flags)
     # (traced with the mesh in context: the splash attention kernel shard_maps over it)
-    self._jit_generate = jax.jit(
+    self.generate_program = jax.jit(
         attention.traced_on(mesh, self._generate_device),
         static_argnames=("max_new_tokens", "greedy", "filtered", "constraint_mode", "ignore_eos",
                          "shared_prefill"))
@@ -415,9 +427,9 @@ class Sampler:
     else:
       prefill_up, prefill_lengths_u, source_b = tokens_bp, lengths_b, np.arange(batch, dtype=np.int32)
 
-    mode = _NO_CONSTRAINT
+    mode = NO_CONSTRAINT
     if allowed is not None and any(allowed):
-      mode = _WHOLE
+      mode = WHOLE_CONSTRAINT
     greedy = params.temperature == 0.0
     filtered = not greedy and (params.top_k > 0 or params.top_p < 1.0)
     vocab = self.cfg.vocab_size
@@ -430,7 +442,7 @@ class Sampler:
     stop_table = (self.automaton(tuple(params.stop_strings)).table if params.stop_strings
                   else np.zeros((1, vocab), np.int32))
     free_masks = np.zeros((2, vocab), bool)
-    if mode == _NO_CONSTRAINT:
+    if mode == NO_CONSTRAINT:
       tries = constrained.build_tries([], 1)
     else:
       encode = self.tokenizer.encode
@@ -449,7 +461,8 @@ class Sampler:
              if not isinstance(t, constrained.FreeSpan) and not 0 <= t < vocab]
       # Free-span classes: [C, V] with C a power of two (>= 2), so batches with and without
       # free spans share one program.
-      free_masks = np.zeros((constrained._bucket(len(tries.free_forbidden), 2), vocab), bool)
+      classes = constrained.power_of_two_bucket(len(tries.free_forbidden), 2)
+      free_masks = np.zeros((classes, vocab), bool)
       for c, forbidden in enumerate(tries.free_forbidden):
         free_masks[c] = self.free_mask(forbidden)
       if bad:
@@ -458,11 +471,11 @@ class Sampler:
 
     rep = self._replicate
     by_row = lambda x: self._place(x) if x.shape[0] == batch else rep(x)
-    out = self._jit_generate(
+    out = self.generate_program(
         self.model, self._place(tokens_bp), self._place(lengths_b), self._place(row_valid_b),
         self._place(prefill_up), self._place(prefill_lengths_u), self._place(source_b), rng, rep(np.float32(max(params.temperature, 1e-6))), rep(np.int32(params.top_k)),
         rep(np.float32(params.top_p)), rep(stop_table), np.bool_(bool(params.stop_strings)),
-        *(by_row(getattr(tries, name)) for name in _TRIE_ARRAYS),
+        *(by_row(getattr(tries, name)) for name in TRIE_ARRAYS),
         rep(free_masks),
         max_new_tokens=max_new, greedy=greedy, filtered=filtered, constraint_mode=mode,
         ignore_eos=params.ignore_eos, shared_prefill=shared)
@@ -591,7 +604,7 @@ class Sampler:
       logp_all_bv = jax.nn.log_softmax(logits_bv, axis=-1)
 
       masked_bv = logits_bv
-      if constraint_mode != _NO_CONSTRAINT:
+      if constraint_mode != NO_CONSTRAINT:
         in_trie_b = phase_b == _IN_TRIE
         allowed_bv, is_free_b = constraint_allowed(node_b, free_count_b, step)
         masked_bv = jnp.where(in_trie_b[:, None] & ~allowed_bv, -jnp.inf, masked_bv)
@@ -609,7 +622,7 @@ class Sampler:
       stop_state_b = jnp.maximum(next_stop_b, 0)
 
       finished_constraint_b = jnp.zeros_like(done_b)
-      if constraint_mode != _NO_CONSTRAINT:
+      if constraint_mode != NO_CONSTRAINT:
         in_trie_b = phase_b == _IN_TRIE
         match_be = (edge_parent_be == node_b[:, None]) & (edge_token_be == token_b[:, None])
         child_b = jnp.sum(jnp.where(match_be, edge_child_be, 0), axis=1)
@@ -636,7 +649,7 @@ class Sampler:
       return (step < max_new_tokens) & ~jnp.all(done_b)
 
     zeros_b = jnp.zeros((batch,), jnp.int32)
-    if constraint_mode == _WHOLE:
+    if constraint_mode == WHOLE_CONSTRAINT:
       phase_b = jnp.where(constrained_b, _IN_TRIE, _FREE)
     else:
       phase_b = zeros_b

@@ -50,6 +50,7 @@ from hgpo_jax.sampling import constrained
 from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.training import critic_step
 from hgpo_jax.training import run_config
+from hgpo_jax.training import targets
 from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
 
@@ -173,7 +174,7 @@ class _CompileOnlyTokenizer:
 
 
 def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: int, config):
-  """Abstract arguments of `Sampler._jit_generate` for a free-decoding call, laid out as
+  """Abstract arguments of `Sampler.generate_program` for a free-decoding call, laid out as
   `Sampler.generate` places them (rows over the batch axes, tables replicated)."""
   mesh = sampler.mesh
   row_spec = sharding_lib.logical_to_spec(("batch",), mesh, shape=(rows,))[0]
@@ -185,7 +186,7 @@ def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: 
   trie_args = tuple(
       sds(getattr(tries, name).shape, getattr(tries, name).dtype,
           by_row(rows) if getattr(tries, name).shape[0] == rows else rep)
-      for name in sampler_lib._TRIE_ARRAYS)
+      for name in sampler_lib.TRIE_ARRAYS)
   key = jax.eval_shape(lambda: jax.random.key(0))
   stop_rows = 1  # free decoding without stop strings (the rollouts' stop is EOS)
   u_spec = sharding_lib.logical_to_spec(("batch",), mesh, shape=(unique,))[0]
@@ -202,7 +203,7 @@ def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: 
   greedy = temperature == 0.0
   filtered = not greedy and (int(config.rollout.top_k) > 0 or float(config.rollout.top_p) < 1.0)
   static = dict(max_new_tokens=int(config.rollout.max_new_tokens), greedy=greedy,
-                filtered=filtered, constraint_mode=sampler_lib._NO_CONSTRAINT, ignore_eos=False,
+                filtered=filtered, constraint_mode=sampler_lib.NO_CONSTRAINT, ignore_eos=False,
                 shared_prefill=unique != rows)
   return args, static
 
@@ -240,7 +241,6 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
     num_processes = len({d.process_index for d in devs})
   if local_devices is None:
     if target_platform(mesh) == "tpu":
-      from hgpo_jax.training import targets
       local_devices = targets.one_host_devices(devs)
     else:
       first = devs[0].process_index
@@ -307,7 +307,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   sampler = sampler_lib.Sampler(nnx.merge(learner.graphdef, sample_params),
                                 tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size),
                                 prompt_buckets=prompt_buckets(config.rollout.max_prompt_tokens),
-                                mesh=sample_mesh)
+                                mesh=sample_mesh, max_candidates=run.rollout.max_candidates)
   per_process = run_config.groups_per_process(config, num_processes) * config.rollout.group_size
   rows = _bucket(rollout_rows or per_process, sampler.batch_buckets)
   prompt = config.rollout.max_prompt_tokens
@@ -316,14 +316,14 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   args, static = _sampler_args(sampler, rows, prompt, rows, config)
   turns = int(config.env.max_steps)
   programs["generate"] = Program(
-      "generate", sampler._jit_generate, (sampler.model,) + args, static, max(turns - 1, 1),
+      "generate", sampler.generate_program, (sampler.model,) + args, static, max(turns - 1, 1),
       sample_params_b, unknown_trip_count=decode_steps,
       note=f"{rows} rows x prompt {prompt}, prefill + up to {decode_steps} decode steps")
   unique = _bucket(max(rows // config.rollout.group_size, 1), sampler.batch_buckets)
   if unique < rows:
     args, static = _sampler_args(sampler, rows, prompt, unique, config)
     programs["generate_shared"] = Program(
-        "generate_shared", sampler._jit_generate, (sampler.model,) + args, static, 1,
+        "generate_shared", sampler.generate_program, (sampler.model,) + args, static, 1,
         sample_params_b, unknown_trip_count=decode_steps,
         note=f"first turn: {unique} prompts prefilled, copied to {rows} rows")
   return Registry(config=config, mesh=mesh, sample_mesh=sample_mesh, model_cfg=model_cfg,
