@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from env_servers import registry as env_registry
 from hgpo_jax.advantages import registry
 from hgpo_jax.models import attention
 from hgpo_jax.models import config as model_config
@@ -95,7 +96,6 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
   holds (env, iteration count, server count) and cross-section rules are checked here.
   """
   est, opts = estimator_and_options(config)
-  from env_servers import registry as env_registry
   if config.env.name not in env_registry.ENVS:
     raise ConfigError(f"unknown env {config.env.name!r}; registered: {sorted(env_registry.ENVS)}")
   for name, value in (("env.max_steps", config.env.max_steps),
