@@ -41,11 +41,14 @@ exactly three blocks, `<switch>KEEP|SWITCH</switch><subgoal>...</subgoal><action
   is `<switch>` KEEP or SWITCH `</switch><subgoal>` subgoal `</subgoal><action>` admissible
   action `</action>`. After SWITCH (and at step 1, or when there is no current subgoal, after
   either) the subgoal is a free span of at most `subgoal_tokens` tokens without "<" or ">";
-  after KEEP it is the current subgoal copied verbatim (the format's rule), so a constrained
-  KEEP turn never changes the subgoal's stripped text. The consistency penalty compares
-  token ids (released, and the trainer's rule): the copy is the parsed (stripped) subgoal
-  encoded afresh, whose ids can differ from the sampled span's (a leading " mi" against
-  "m", "i"), and such a KEEP turn pays the penalty, as it would in the released code.
+  after KEEP it is the current subgoal copied verbatim (the format's rule). The copy is the
+  previous turn's subgoal *token ids* (`subgoal_content_ids`, a `constrained.TokenIds`
+  piece), not its text encoded afresh: the consistency penalty compares token ids (released,
+  and the trainer's rule), and a sampled span's ids need not be the ones its text encodes to
+  (a sampled "m", "i" against the merged "mi"), so a re-encoded copy would pay the penalty
+  for a subgoal it did not change. With the ids copied, a constrained KEEP turn changes
+  neither the subgoal's text nor its ids. (Without the previous ids, e.g. a subgoal given
+  as text only, the text is encoded afresh.)
 """
 
 from __future__ import annotations
@@ -304,8 +307,28 @@ def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
   return [tokenizer.decode([int(i)]) for i in ids]
 
 
+def subgoal_content_ids(token_texts: Sequence[str], ids: Sequence[int]) -> tuple[int, ...]:
+  """The ids of the tokens that lie wholly inside the first complete subgoal block's content
+  (between `<subgoal>` and `</subgoal>`), or () without such a block or tokens.
+
+  On a constrained response these are exactly the subgoal's tokens as sampled (the fixed
+  tag text is tokenized on its own, so token boundaries fall on the tags' edges); they are
+  what the next KEEP turn copies (`constrained_responses`).
+  """
+  found = _block("".join(token_texts), "<subgoal>", "</subgoal>")
+  if found is None:
+    return ()
+  out, pos = [], 0
+  for piece, token in zip(token_texts, ids):
+    if pos >= found[1] and pos + len(piece) <= found[2] and piece:
+      out.append(int(token))
+    pos += len(piece)
+  return tuple(out)
+
+
 def constrained_responses(admissible: Sequence, subgoal: str, first_step: bool,
-                          subgoal_tokens: int = 12) -> list[tuple]:
+                          subgoal_tokens: int = 12,
+                          subgoal_ids: Sequence[int] = ()) -> list[tuple]:
   """The allowed responses of one HiPER turn for `Sampler.generate(allowed=...)`, to be used
   with `RESPONSE_CONSTRAINT` (the pieces carry all tags).
 
@@ -315,6 +338,9 @@ def constrained_responses(admissible: Sequence, subgoal: str, first_step: bool,
     subgoal: the current subgoal.
     first_step: step 1 (the current subgoal is only the "None" placeholder).
     subgoal_tokens: cap of a free subgoal.
+    subgoal_ids: the current subgoal's token ids as the previous turn wrote them
+      (`subgoal_content_ids`); a KEEP turn copies them exactly. Empty: the KEEP turn's
+      subgoal is `subgoal` encoded afresh.
   """
   free = constrained.FreeSpan(subgoal_tokens, SUBGOAL_FORBIDDEN)
   copy = None if first_step or subgoal in ("", NO_SUBGOAL) else subgoal
@@ -322,8 +348,12 @@ def constrained_responses(admissible: Sequence, subgoal: str, first_step: bool,
   for action in admissible:
     tail = ("</subgoal><action>",) + ((action,) if isinstance(action, str) else tuple(action)) + (
         "</action>",)
-    keep = ((f"<switch>{KEEP}</switch><subgoal>{copy}",) if copy is not None
-            else (f"<switch>{KEEP}</switch><subgoal>", free))
+    if copy is None:
+      keep = (f"<switch>{KEEP}</switch><subgoal>", free)
+    elif subgoal_ids:
+      keep = (f"<switch>{KEEP}</switch><subgoal>", constrained.TokenIds(tuple(subgoal_ids)))
+    else:
+      keep = (f"<switch>{KEEP}</switch><subgoal>{copy}",)
     out.append(keep + tail)
     out.append((f"<switch>{SWITCH}</switch><subgoal>", free) + tail)
   return out

@@ -157,6 +157,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
   current = list(current[:num])
   memories = [prompts.EpisodeMemory(_task_description(env_name, r)) for r in current]
   subgoals = [hiper.NO_SUBGOAL] * num  # HiPER: current subgoal of each slot
+  subgoal_ids = [()] * num  # HiPER: its token ids as written (what a KEEP turn copies)
   task_types = [r.info.get("task_type", "") for r in current]
   active = [not r.done for r in current]
   rows: list[StepRow] = []
@@ -186,7 +187,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
       allowed = [projection.free_query_actions(current[i].admissible_actions, free_query_tokens)
                  for i in slots]
       if is_hiper:
-        allowed = [hiper.constrained_responses(a, subgoals[i], t == 0, subgoal_tokens)
+        allowed = [hiper.constrained_responses(a, subgoals[i], t == 0, subgoal_tokens,
+                                               subgoal_ids[i])
                    for a, i in zip(allowed, slots)]
         extra = {"constraint": hiper.RESPONSE_CONSTRAINT}
     start = time.perf_counter()
@@ -201,9 +203,11 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
       if is_hiper:
         parsed = hiper.parse_response(out.texts[j], fallback_chars)
         action, valid = parsed.action, parsed.valid
-        tags = hiper.token_tags(hiper.token_texts(tokenizer, out.tokens[j]))
+        pieces = hiper.token_texts(tokenizer, out.tokens[j])
+        tags = hiper.token_tags(pieces)
         hiper_fields = dict(switch=parsed.switch, subgoal=parsed.subgoal, token_tags=tags)
         subgoals[i] = parsed.subgoal if parsed.subgoal is not None else hiper.NO_SUBGOAL
+        subgoal_ids[i] = hiper.subgoal_content_ids(pieces, out.tokens[j]) if parsed.subgoal else ()
       else:
         action, valid = projection.project_action(out.texts[j], fallback_chars,
                                                   require_think=not constrained)

@@ -39,6 +39,10 @@ free token can never be mistaken for the start of the terminator, and the free t
 contains the terminator. Several allowed entries sharing a fixed prefix share the free node
 (one free span, then a choice among the continuations: a choice among alternatives is the
 same trie as without free spans).
+
+Exact token ids (`TokenIds`). A piece may also be fixed token ids, taken as they are and
+never re-tokenized (the fixed text around it is tokenized on its own): HiPER's KEEP turn
+copies the previous subgoal's sampled ids this way, so the copy is the same tokens.
 """
 
 from __future__ import annotations
@@ -188,6 +192,22 @@ class FreeSpan:
       raise ValueError("FreeSpan.forbidden must name at least the terminator's first character.")
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenIds:
+  """Fixed text of an allowed entry given as exact token ids, taken as they are (never
+  re-tokenized): e.g. a copy of a span the model wrote earlier, whose ids need not be the
+  ones its decoded text encodes to (a sampled "m", "i" against the merged "mi").
+
+  Attributes:
+    ids: the token ids, at least one.
+  """
+  ids: tuple[int, ...]
+
+  def __post_init__(self):
+    if not self.ids or not all(isinstance(i, (int, np.integer)) and i >= 0 for i in self.ids):
+      raise ValueError(f"TokenIds({self.ids!r}): need at least one non-negative token id.")
+
+
 def split_placeholder(text: str, placeholder: str, span: FreeSpan):
   """`text` with every `placeholder` replaced by the free `span` (a tuple of pieces), or
   `text` unchanged when it does not contain the placeholder.
@@ -261,13 +281,15 @@ def _chunks(entry, constraint: ActionConstraint) -> list:
         chunks[-1] += piece
       else:
         chunks.append(piece)
+    elif isinstance(piece, TokenIds):
+      chunks.append(piece)
     else:
-      raise ValueError(f"Allowed entry {entry!r}: pieces must be str or FreeSpan, got "
-                       f"{type(piece).__name__}.")
+      raise ValueError(f"Allowed entry {entry!r}: pieces must be str, FreeSpan or TokenIds, "
+                       f"got {type(piece).__name__}.")
   for i, chunk in enumerate(chunks):
     if isinstance(chunk, FreeSpan):
       after = chunks[i + 1] if i + 1 < len(chunks) else ""
-      if not after or after[0] not in chunk.forbidden:
+      if not isinstance(after, str) or not after or after[0] not in chunk.forbidden:
         raise ValueError(f"Allowed entry {entry!r}: a free span must be followed by fixed text "
                          f"whose first character is in its forbidden set {chunk.forbidden!r}.")
   return chunks
@@ -278,8 +300,8 @@ def constrained_token_sequences(allowed: Sequence, constraint: ActionConstraint,
   """Token-id sequences of the constrained response for each allowed entry.
 
   `prefix + a + suffix` is tokenized as one string. An entry made of pieces (see
-  `FreeSpan`) gives token ids with the FreeSpan objects in place, each fixed stretch
-  tokenized as one string.
+  `FreeSpan`) gives token ids with the FreeSpan objects in place, each fixed stretch of
+  text tokenized as one string and each `TokenIds` piece taken as its ids.
   """
   sequences = []
   for entry in allowed:
@@ -287,8 +309,10 @@ def constrained_token_sequences(allowed: Sequence, constraint: ActionConstraint,
     for chunk in _chunks(entry, constraint):
       if isinstance(chunk, FreeSpan):
         seq.append(chunk)
-        continue
-      seq += list(encode(chunk)) if chunk else []
+      elif isinstance(chunk, TokenIds):
+        seq += [int(i) for i in chunk.ids]
+      elif chunk:
+        seq += list(encode(chunk))
     if not seq:
       raise ValueError(f"Allowed string {entry!r} with {constraint} tokenizes to nothing; "
                        "give a non-empty allowed string or a prefix/suffix.")

@@ -11,7 +11,7 @@ from hgpo_jax.models import config, decoder, tokenizer
 from hgpo_jax.rollout import hiper, rollout
 from hgpo_jax.rollout import params as rollout_params
 from hgpo_jax.rollout.tasks import Task
-from hgpo_jax.sampling import sampler
+from hgpo_jax.sampling import constrained, sampler
 
 OBS0 = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly "
         "around you, you see a countertop 1, and a fridge 1.\n\nYour task is to: put a cool apple "
@@ -411,8 +411,43 @@ def test_constrained_hiper_rollout_on_the_tiny_model():
   records = [dict(r.dump_record(), values={"low": 0.0, "high": 0.0, "term": 0.0}) for r in ro.rows]
   assert all("response_ids" in rec for rec in records)
   assert not hae.hae_fields_from_dump(records, subgoal_compare="text")["subgoal_changed"].any()
-  # Token ids (the default on these dumps, as released): the KEEP copy is the stripped text
-  # encoded afresh, so it can differ from a sampled span's ids (hiper.py, Grammar); only
-  # KEEP turns can be flagged.
-  changed = hae.hae_fields_from_dump(records)["subgoal_changed"]
-  assert all(ro.rows[i].switch == "KEEP" for i in np.flatnonzero(changed))
+  # Token ids (the default on these dumps, as released): the KEEP copy is the previous
+  # turn's sampled ids, so no KEEP turn is flagged either.
+  assert not hae.hae_fields_from_dump(records)["subgoal_changed"].any()
+  # ...and some copies are ids the copied text does not encode to (the case that needs them)
+  copies = [(prev, cur) for rows in by_traj.values() for prev, cur in zip(rows, rows[1:])
+            if cur.switch == "KEEP"]
+  assert copies
+  recoded = [tuple(tok.encode(prev.subgoal)) != hiper.subgoal_content_ids(
+      hiper.token_texts(tok, prev.response_ids), prev.response_ids) for prev, _ in copies]
+  assert any(recoded), "no non-canonical subgoal sampled: the test no longer covers the copy"
+
+
+def test_keep_copies_the_sampled_subgoal_ids_not_its_text_encoded_afresh():
+  """A subgoal sampled as single bytes ("d", "e", "s", "k") is copied as those ids by the
+  KEEP response, so the released token-id comparison sees no change; a text copy would
+  encode "desk" afresh with the tiny BPE's merges."""
+  tok = tokenizer.tiny_tokenizer()
+  content = [tok.encode(ch)[0] for ch in "desk"]
+  prefix = tok.encode("<switch>SWITCH</switch><subgoal>")
+  tail = tok.encode("</subgoal><action>look</action>")
+  ids = prefix + content + tail
+  assert hiper.subgoal_content_ids(hiper.token_texts(tok, ids), ids) == tuple(content)
+  assert tuple(tok.encode("desk")) != tuple(content)  # the BPE merges "desk"
+  allowed = hiper.constrained_responses(["look"], "desk", False, 6, subgoal_ids=content)
+  seqs = constrained.constrained_token_sequences(allowed, hiper.RESPONSE_CONSTRAINT, tok.encode)
+  keep = seqs[:1]  # per action: the KEEP response, then the SWITCH one (a free span)
+  assert all(isinstance(t, int) for t in keep[0])
+  assert tok.decode(keep[0]) == "<switch>KEEP</switch><subgoal>desk</subgoal><action>look</action>"
+  rows = []
+  for i, resp in enumerate([ids, keep[0]]):
+    texts = hiper.token_texts(tok, resp)
+    rows.append(dict(traj=0, step=i, switch=hiper.parse_response(tok.decode(resp)).switch,
+                     response_ids=resp, token_tags=hiper.token_tags(texts),
+                     values={"low": 0.0, "high": 0.0, "term": 0.0}))
+  assert not hae.hae_fields_from_dump(rows)["subgoal_changed"].any()
+  # the text copy (no ids given) changes the ids, which the released rule penalises
+  text_copy = hiper.constrained_responses(["look"], "desk", False, 6)
+  seq = constrained.constrained_token_sequences(text_copy, hiper.RESPONSE_CONSTRAINT, tok.encode)[0]
+  rows[1].update(response_ids=seq, token_tags=hiper.token_tags(hiper.token_texts(tok, seq)))
+  assert hae.hae_fields_from_dump(rows)["subgoal_changed"].tolist() == [False, True]

@@ -59,7 +59,7 @@ def test_token_sequences_with_free_spans():
     (("a", SPAN), "followed by fixed text"),  # a span at the end (suffix "" here)
     (("a[", SPAN, "x]"), "first character"),  # terminator does not start with a forbidden char
     (("a", SPAN, SPAN, "]"), "two free spans"),
-    (("a", 3), "pieces must be str or FreeSpan"),
+    (("a", 3), "pieces must be str, FreeSpan or TokenIds"),
 ])
 def test_bad_piece_entries_are_refused(entry, match):
   bare = constrained.ActionConstraint(prefix="", suffix="")
@@ -310,3 +310,18 @@ def test_free_spans_sharded_equals_unsharded(tok, prompts):
     assert a.tokens == b.tokens and a.stop_reason == b.stop_reason == ["constraint"] * 3
     for x, y in zip(a.logprobs, b.logprobs):
       np.testing.assert_allclose(x, y, atol=1e-5)  # same as the unconstrained sharded test
+
+
+def test_token_ids_piece_is_taken_as_its_ids_and_checked():
+  """A `TokenIds` piece contributes its ids unchanged between separately tokenized text;
+  it cannot end a free span (the terminator must be text) and may not be empty."""
+  enc = lambda s: [ord(c) for c in s]
+  seqs = constrained.constrained_token_sequences(
+      [("ab", constrained.TokenIds((900, 901)), "c")], constrained.ActionConstraint("<", ">"), enc)
+  assert seqs == [[ord("<"), ord("a"), ord("b"), 900, 901, ord("c"), ord(">")]]
+  with pytest.raises(ValueError, match="free span must be followed by fixed text"):
+    constrained.constrained_token_sequences(
+        [(constrained.FreeSpan(3, "<"), constrained.TokenIds((5,)))],
+        constrained.ActionConstraint("", ">"), enc)
+  with pytest.raises(ValueError, match="at least one"):
+    constrained.TokenIds(())
