@@ -245,7 +245,10 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
 
 def episode_metrics(rows: Sequence[StepRow], won, returns, lengths,
                     task_types) -> dict[str, float]:
-  """Success overall and per task type, return, invalid-action rate, episode length."""
+  """Success overall and per task type, return, invalid-action rate, episode length; for
+  HiPER rows also `switch_rate` (parsed SWITCH among turns after the first, whose switch
+  the estimator forces) and `subgoal_change_rate` (turns after the first whose parsed
+  subgoal text differs from the previous turn's)."""
   m = {
       "success": float(np.mean(won)),
       "episode_return": float(np.mean(returns)),
@@ -253,6 +256,12 @@ def episode_metrics(rows: Sequence[StepRow], won, returns, lengths,
       "invalid_rate": float(np.mean([not r.valid for r in rows])) if rows else 0.0,
       "num_rows": float(len(rows)),
   }
+  if rows and rows[0].token_tags is not None:
+    previous = {(r.traj, r.step): r.subgoal for r in rows}
+    later = [r for r in rows if r.step > 0]
+    m["switch_rate"] = float(np.mean([r.switch == hiper.SWITCH for r in later])) if later else 0.0
+    m["subgoal_change_rate"] = (float(np.mean([r.subgoal != previous.get((r.traj, r.step - 1))
+                                               for r in later])) if later else 0.0)
   by_type = collections.defaultdict(list)
   for i in range(len(won)):
     if task_types[i]:

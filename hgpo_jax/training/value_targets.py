@@ -157,12 +157,16 @@ def critic_targets(rows: Sequence[Any], columns: dict, est, opts, values_nlh: np
 
 
 def metrics(targets: CriticTargets, levels: Sequence[str]) -> dict[str, float]:
-  """critic/explained_variance over all regressed entries, critic/mean_value_<level>
-  and critic/mean_return_<level> per head (pre-update values)."""
+  """critic/explained_variance over all regressed entries and, per head,
+  critic/explained_variance_<level>, critic/mean_value_<level> and
+  critic/mean_return_<level> (pre-update values)."""
   out = {"critic/explained_variance": critic_step.explained_variance(
       targets.old_values, targets.returns, targets.value_mask)}
   for h, level in enumerate(levels):
     m = targets.value_mask[..., h]
+    if len(levels) > 1:
+      out[f"critic/explained_variance_{level}"] = critic_step.explained_variance(
+          targets.old_values[..., h], targets.returns[..., h], m)
     out[f"critic/mean_value_{level}"] = float(targets.old_values[..., h][m].mean()) if m.any() else 0.0
     out[f"critic/mean_return_{level}"] = float(targets.returns[..., h][m].mean()) if m.any() else 0.0
   return out

@@ -1,5 +1,7 @@
 """HiPER's response format in the rollout: prompts, parser, token span tags, constrained turns."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -451,3 +453,19 @@ def test_keep_copies_the_sampled_subgoal_ids_not_its_text_encoded_afresh():
   seq = constrained.constrained_token_sequences(text_copy, hiper.RESPONSE_CONSTRAINT, tok.encode)[0]
   rows[1].update(response_ids=seq, token_tags=hiper.token_tags(hiper.token_texts(tok, seq)))
   assert hae.hae_fields_from_dump(rows)["subgoal_changed"].tolist() == [False, True]
+
+
+def test_switch_and_subgoal_change_rates_count_turns_after_the_first():
+  """Turns after the first: (KEEP a), (SWITCH b) in trajectory 0 and (SWITCH x) after x in
+  trajectory 1: SWITCH at 2 of 3, a changed subgoal at 1 of 3 (a SWITCH may keep the text)."""
+  def row(traj, step, switch, subgoal):
+    return rollout.StepRow(group=0, traj=traj, step=step, task_id="t", task_type="", anchor_obs="",
+                           prompt_ids=[], response_ids=[], response="", action="look",
+                           valid=True, switch=switch, subgoal=subgoal, token_tags=[])
+  rows = [row(0, 0, "SWITCH", "a"), row(0, 1, "KEEP", "a"), row(0, 2, "SWITCH", "b"),
+          row(1, 0, "KEEP", "x"), row(1, 1, "SWITCH", "x")]
+  m = rollout.episode_metrics(rows, [False, True], [0.0, 1.0], [3, 2], ["", ""])
+  assert m["switch_rate"] == pytest.approx(2 / 3)
+  assert m["subgoal_change_rate"] == pytest.approx(1 / 3)
+  react = [dataclasses.replace(r, switch=None, subgoal=None, token_tags=None) for r in rows]
+  assert "switch_rate" not in rollout.episode_metrics(react, [False, True], [0.0, 1.0], [3, 2], ["", ""])

@@ -159,6 +159,9 @@ def test_hiper_trains_a_three_head_critic(hiper_run):
   for line in lines[:2]:
     for key in CRITIC_KEYS + tuple(f"critic/mean_value_{h}" for h in hae.HEADS) + ("train/loss",):
       assert math.isfinite(line[key]), key
+    for h in hae.HEADS:  # per-level explained variance, at most 1
+      assert line[f"critic/explained_variance_{h}"] <= 1.0, h
+    assert 0.0 <= line["rollout/subgoal_change_rate"] <= 1.0 and 0.0 <= line["rollout/switch_rate"] <= 1.0
     # one regressed entry per turn for low and term, plus one per segment start for high
     rows = line["rollout/num_rows"]
     assert rows * 2 <= line["critic/scored_tokens"] * line["critic/num_updates"] <= rows * 3
