@@ -40,9 +40,13 @@ Implementations (`impl`, `IMPLEMENTATIONS`):
 Decode is always the xla form: one query row per step reads the cache once (MaxText and
 tunix decode with dot-product attention too).
 
-`resolve_impl("auto", mesh)` picks by the platform of the target mesh's devices (tpu:
-splash, gpu: cudnn, else xla), so a CPU host compiling for TPU topology devices picks
-splash; the local backend is never consulted when a mesh is given.
+`resolve_impl("auto", mesh, length=T)` picks by the platform of the target mesh's devices
+(tpu: splash, gpu: cudnn, cpu and others: xla below `CPU_CHUNKED_MIN_LENGTH` tokens,
+chunked from there), so a CPU host compiling for TPU topology devices picks splash; the
+local backend is never consulted when a mesh is given. On CPU, chunked is the long-sequence
+default for memory, not speed: at T = 4096 it needs 0.39 of xla's peak temporaries for
+SmolLM2's layers and is 1.46x slower (`python -m launch.benchmarks.attention_memory`,
+`python -m launch.benchmarks.attention_speed`; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -61,7 +65,13 @@ CHOICES = ("auto",) + IMPLEMENTATIONS
 """Values of `ModelConfig.attention_impl` / `config.model.attention_impl`."""
 
 _AUTO_BY_PLATFORM = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}
-"""'auto' on these platforms; every other platform (cpu, rocm) gets 'xla'."""
+"""'auto' on these platforms; every other platform (cpu, rocm) gets 'xla', or 'chunked'
+from `CPU_CHUNKED_MIN_LENGTH` tokens."""
+
+CPU_CHUNKED_MIN_LENGTH = 4096
+"""'auto' off TPU/GPU takes 'chunked' for sequences of at least this many tokens (the
+papers' 4096 + 512): O(T) memory instead of xla's O(T²) scores, at a time cost
+(module docstring); shorter sequences keep 'xla', the faster path there."""
 
 # Large negative instead of -inf: exp(-1e30 - m) is exactly 0 for any finite row maximum
 # m, and a where() over it has finite gradients on both branches.
@@ -91,7 +101,7 @@ def target_platform(mesh_or_devices) -> str:
   return devices[0].platform
 
 
-def resolve_impl(name: str, mesh_or_devices, dtype=None) -> str:
+def resolve_impl(name: str, mesh_or_devices, dtype=None, length: int | None = None) -> str:
   """The implementation that `name` means on the target devices.
 
   Args:
@@ -100,12 +110,20 @@ def resolve_impl(name: str, mesh_or_devices, dtype=None) -> str:
       of devices); read only for "auto".
     dtype: the activations' dtype, if known: cuDNN's fused kernel takes bf16/fp16 only,
       so "auto" on a GPU with float32 activations is "xla" rather than an error.
+    length: the sequence length T, if known: off TPU/GPU, "auto" is "chunked" from
+      `CPU_CHUNKED_MIN_LENGTH` tokens; unknown (None) there, "auto" stays "auto" (the
+      attention call resolves it from its own T).
   """
   if name not in CHOICES:
     raise ValueError(f"attention_impl={name!r}: use one of {CHOICES}.")
   if name != "auto":
     return name
-  impl = _AUTO_BY_PLATFORM.get(target_platform(mesh_or_devices), "xla")
+  platform = target_platform(mesh_or_devices)
+  if platform not in _AUTO_BY_PLATFORM:
+    if length is None:
+      return "auto"
+    return "chunked" if length >= CPU_CHUNKED_MIN_LENGTH else "xla"
+  impl = _AUTO_BY_PLATFORM[platform]
   if impl == "cudnn" and dtype is not None and jnp.dtype(dtype) not in (
       jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return "xla"
@@ -460,7 +478,7 @@ def attention(q_bthd, k_bshd, v_bshd, segment_ids_bt, *, causal: bool = True,
   if k_bshd.shape[:2] != (b, t) or v_bshd.shape != k_bshd.shape or h % k_bshd.shape[2]:
     raise ValueError(f"attention: q {q_bthd.shape} and k/v {k_bshd.shape}/{v_bshd.shape} are "
                      "not [B, T, H, Dh] and [B, T, Hkv, Dh] with H a multiple of Hkv.")
-  impl = resolve_impl(impl, context_target() if mesh is None else mesh)
+  impl = resolve_impl(impl, context_target() if mesh is None else mesh, length=t)
   scale = d ** -0.5 if scale is None else scale
   seg_bt = _as_segment_ids(segment_ids_bt)
   if impl == "xla":

@@ -52,8 +52,9 @@ class ModelConfig:
       values in exact arithmetic, other float reduction order. 0: one block. (The "xla"
       attention only.)
     attention_impl: how attention is computed (`hgpo_jax.models.attention`): "auto" (by
-      the platform of the target mesh's devices: splash on TPU, cudnn on GPU, xla on
-      CPU; `attention.resolve_impl`), "xla", "chunked", "splash" or "cudnn".
+      the platform of the target mesh's devices: splash on TPU, cudnn on GPU, on CPU xla
+      below `attention.CPU_CHUNKED_MIN_LENGTH` tokens and chunked from there;
+      `attention.resolve_impl`), "xla", "chunked", "splash" or "cudnn".
   """
   vocab_size: int
   hidden_dim: int

@@ -271,7 +271,8 @@ class Decoder(nnx.Module):
       raise ValueError(f"Decoder: segment_ids_bt must be [B, T] segment ids (or an input mask), "
                        f"got shape {jnp.shape(segment_ids_bt)}; dense attention masks are gone "
                        "(hgpo_jax.models.attention).")
-    impl = attention.resolve_impl(cfg.attention_impl, attention.context_target())
+    impl = attention.resolve_impl(cfg.attention_impl, attention.context_target(),
+                                  length=tokens_bt.shape[1])
     x_btd = jnp.take(self.embed[...], tokens_bt, axis=0).astype(cfg.compute_dtype)
     cos_btk, sin_btk = rope_angles(positions_bt, cfg.head_dim, cfg.rope_theta)
     seg_bt = jnp.asarray(segment_ids_bt).astype(jnp.int32)

@@ -154,7 +154,8 @@ def model_settings(config: ml_collections.ConfigDict, cfg: model_config.ModelCon
   ("" = `model.dtype`, the parameters' dtype; "bfloat16" over float32 parameters is mixed
   precision: f32 weights, optimizer and gradients, bf16 products summed in f32),
   `model.remat`, `model.attn_query_chunk` and `model.attention_impl` ("auto" resolved by the
-  platform of `mesh`'s devices when a mesh is given, `attention.resolve_impl`)."""
+  platform of `mesh`'s devices when a mesh is given, `attention.resolve_impl`; on CPU it
+  stays "auto" and each attention call picks by its own sequence length)."""
   impl = config.model.attention_impl
   dtype = config.model.compute_dtype or config.model.dtype
   if mesh is not None:

@@ -176,20 +176,42 @@ class _Device:
 
 
 def test_auto_resolves_by_the_target_devices_platform():
-  assert attention.resolve_impl("auto", _mesh()) == "xla"
+  assert attention.resolve_impl("auto", _mesh()) == "auto"  # CPU: the call's length decides
   assert attention.resolve_impl("auto", [_Device("tpu")]) == "splash"
   assert attention.resolve_impl("auto", [_Device("gpu")]) == "cudnn"
   # cuDNN's fused kernel is bf16/fp16 only: float32 activations on a GPU get the reference.
   assert attention.resolve_impl("auto", [_Device("gpu")], "bfloat16") == "cudnn"
   assert attention.resolve_impl("auto", [_Device("gpu")], "float32") == "xla"
   assert attention.resolve_impl("auto", [_Device("tpu")], "float32") == "splash"
+  # CPU: by length (chunked for memory from CPU_CHUNKED_MIN_LENGTH), "auto" without one
+  n = attention.CPU_CHUNKED_MIN_LENGTH
+  assert attention.resolve_impl("auto", _mesh(), length=n - 1) == "xla"
+  assert attention.resolve_impl("auto", _mesh(), length=n) == "chunked"
+  assert attention.resolve_impl("auto", [_Device("tpu")], length=n) == "splash"
   assert attention.resolve_impl("chunked", [_Device("tpu")]) == "chunked"
   with jax.set_mesh(_mesh()):
-    assert attention.resolve_impl("auto", attention.context_target()) == "xla"
+    assert attention.resolve_impl("auto", attention.context_target(), length=8) == "xla"
   with pytest.raises(ValueError, match="attention_impl='flash'"):
     attention.resolve_impl("flash", _mesh())
   with pytest.raises(ValueError, match="attention_impl"):
     model_config.get_preset("tiny").replace(attention_impl="flash")
+
+
+def test_cpu_auto_runs_chunked_from_the_length_threshold(monkeypatch):
+  """The decoder's 'auto' on CPU gives chunked's exact values from CPU_CHUNKED_MIN_LENGTH
+  tokens (threshold lowered to 16 here) and xla's below it."""
+  model = decoder.Decoder(model_config.get_preset("tiny"), rngs=nnx.Rngs(0))
+  monkeypatch.setattr(attention, "CPU_CHUNKED_MIN_LENGTH", 16)
+
+  def hidden(impl, length):
+    model.cfg = model.cfg.replace(attention_impl=impl)
+    tokens = jax.random.randint(jax.random.key(length), (2, length), 0, 512)
+    positions = jnp.broadcast_to(jnp.arange(length), tokens.shape)
+    out, _ = jax.jit(lambda t, p: model.hidden(t, p, jnp.ones_like(t)))(tokens, positions)
+    return np.asarray(out)
+  np.testing.assert_array_equal(hidden("auto", 24), hidden("chunked", 24))
+  np.testing.assert_array_equal(hidden("auto", 12), hidden("xla", 12))
+  assert not np.array_equal(hidden("chunked", 24), hidden("xla", 24))  # the choice shows
 
 
 def _nll(tokens, seg, positions):
