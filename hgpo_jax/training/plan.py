@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from hgpo_jax import perf
+from hgpo_jax.models import attention
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import programs as programs_lib
@@ -326,6 +327,14 @@ def estimated_seconds(plan: Plan, seconds_per_cycle: float) -> dict[str, float]:
   return out
 
 
+def _attention_label(impl: str, seq: int) -> str:
+  """The attention a plan's update runs: "auto" on CPU picks by length (`attention`)."""
+  if impl != "auto":
+    return impl
+  from_len = attention.CPU_CHUNKED_MIN_LENGTH
+  return f"auto ({'chunked' if seq >= from_len else 'xla'} at {seq} tokens)"
+
+
 def format_plan(plan: Plan, device_memory: Optional[int] = None, headroom: float = 0.1,
                 seconds: Optional[dict[str, float]] = None) -> str:
   """A human-readable table of one plan (GiB per device); `seconds` from
@@ -338,7 +347,7 @@ def format_plan(plan: Plan, device_memory: Optional[int] = None, headroom: float
       f"fsdp={plan.mesh[1]} tensor={plan.mesh[2]} (sampler data={plan.sample_mesh[0]} "
       f"fsdp={plan.sample_mesh[1]} tensor={plan.sample_mesh[2]}); model "
       f"{s.model.num_layers}L d={s.model.hidden_dim} {s.model.dtype} remat={s.model.remat} "
-      f"attention={getattr(s.model, 'attention_impl', 'xla')}; "
+      f"attention={_attention_label(getattr(s.model, 'attention_impl', 'xla'), s.seq)}; "
       f"update [{s.mini_batch_rows} x {s.seq}] micro-batch {s.micro_batch_rows}; sampler "
       f"{plan.rollout_rows or s.rollout_rows} rows x prompt {s.prompt} + {s.response} new",
       f"per device: params {g(plan.params)} GiB, optimizer {g(plan.opt_state)} GiB, "
