@@ -538,7 +538,7 @@ class MixedRevisionsError(ValueError):
   """The finished runs of a table come from more than one trainer revision."""
 
 
-def _display_root(root: str) -> str:
+def display_root(root: str) -> str:
   """`root` as the table shows it: relative to the working directory when under it, else a
   placeholder (a committed table carries no machine's paths)."""
   rel = os.path.relpath(os.path.abspath(root))
@@ -546,7 +546,7 @@ def _display_root(root: str) -> str:
 
 
 def footer(suite: suites_lib.Suite, command: str, root: str) -> list[str]:
-  shown = _display_root(root)
+  shown = display_root(root)
   if shown != root:
     command = command.replace(root, shown)
   return [f"command: `{command}` (runs under `{shown}`; run directories `<env>/<method>/seed_<n>`)",
