@@ -224,7 +224,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.remat = True  # recompute activations in the backward pass (memory / ~30% compute)
   c.model.attn_query_chunk = 0  # >0: causal block skipping in chunks of this many queries
   c.model.attention_impl = "auto"  # auto (by the mesh's platform: TPU splash, GPU cudnn, CPU
-  #   xla) | xla | chunked | splash | cudnn (hgpo_jax/models/attention.py)
+  #   xla below 4096 tokens, chunked from there) | xla | chunked | splash | cudnn
+  #   (hgpo_jax/models/attention.py)
 
   c.env = ml_collections.ConfigDict()
   c.env.name = ""  # env server name (env_servers/registry.py)
