@@ -86,6 +86,17 @@ def sampling_mesh(config, mesh: jax.sharding.Mesh, local_devices, num_processes:
   return sharding_lib.make_mesh(-1, fsdp, tensor, devices=list(local_devices))
 
 
+def rollout_mesh(config, mesh: jax.sharding.Mesh, num_processes: int) -> jax.sharding.Mesh:
+  """Every process's sampling mesh (`sampling_mesh` over `jax.local_devices(process_index=p)`,
+  the list each process's own `jax.local_devices()` is) side by side along "data": the
+  global mesh onto which the policy is resharded device to device for sampling
+  (`run.SamplerWeights`); a process's block of it is its sampling mesh."""
+  blocks = [sampling_mesh(config, mesh, jax.local_devices(process_index=p), num_processes).devices
+            for p in range(num_processes)]
+  return jax.sharding.Mesh(np.concatenate(blocks, axis=0), sharding_lib.MESH_AXES,
+                           axis_types=(jax.sharding.AxisType.Auto,) * len(sharding_lib.MESH_AXES))
+
+
 @dataclasses.dataclass
 class Program:
   """One jitted program and the abstract arguments of the call the trainer makes."""

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 from flax import nnx
-from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
 
 from hgpo_jax.envs import launcher
 from hgpo_jax.envs import pool as pool_lib
@@ -91,16 +91,43 @@ def make_pool(config: ml_collections.ConfigDict, num_slots: int) -> pool_lib.Env
                           tls_root_cert=tls_root_cert)
 
 
-def sampling_model(learner: train_step.Learner, params, mesh: jax.sharding.Mesh):
-  """The policy for the sampler: the training params themselves with one process; with
-  several, a copy gathered to every process and placed on its sampling mesh."""
-  if jax.process_count() == 1:
-    return nnx.merge(learner.graphdef, params)
-  host = multihost_utils.process_allgather(params, tiled=True)
-  # The training layout's specs on the local mesh: its fsdp divides the training fsdp and
-  # its tensor size is the same, so every split dimension stays divisible.
-  local = jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s.spec), learner.param_shardings)
-  return nnx.merge(learner.graphdef, jax.device_put(host, local))
+class SamplerWeights:
+  """The policy the sampler plays, from the training params, device to device.
+
+  One process: the training params themselves (the sampler runs on the training mesh).
+  Several: each process samples its own rows on a mesh of its own devices
+  (`programs.sampling_mesh`), so each needs the whole policy in that layout. The params
+  are resharded onto the rollout mesh (`programs.rollout_mesh`: every process's sampling
+  mesh side by side along "data", the training specs, which never split "data"), an
+  on-device transfer (all-gathers over the devices that split a parameter); each process
+  then takes its own devices' shards as arrays on its sampling mesh without a copy
+  (`jax.make_array_from_single_device_arrays`). Nothing passes through host memory (the
+  former `process_allgather` moved the whole policy through every host each iteration:
+  ~30 GB per host for Qwen2.5-7B in float32).
+  """
+
+  def __init__(self, learner: train_step.Learner, sample_mesh: jax.sharding.Mesh,
+               rollout_mesh: jax.sharding.Mesh | None = None):
+    self.graphdef = learner.graphdef
+    self.rollout = rollout_mesh is not None
+    if self.rollout:
+      self.global_shardings = jax.tree.map(lambda s: NamedSharding(rollout_mesh, s.spec),
+                                           learner.param_shardings)
+      self.local_shardings = jax.tree.map(lambda s: NamedSharding(sample_mesh, s.spec),
+                                          learner.param_shardings)
+
+  def __call__(self, params) -> nnx.Module:
+    if not self.rollout:
+      return nnx.merge(self.graphdef, params)
+    placed = jax.device_put(params, self.global_shardings)
+    return nnx.merge(self.graphdef, jax.tree.map(_own_shards, placed, self.local_shardings))
+
+
+def _own_shards(x: jax.Array, local: NamedSharding) -> jax.Array:
+  """This process's shards of a rollout-mesh array as an array on its sampling mesh."""
+  shards = {s.device: s.data for s in x.addressable_shards}
+  devices = local.addressable_devices_indices_map(x.shape)
+  return jax.make_array_from_single_device_arrays(x.shape, local, [shards[d] for d in devices])
 
 
 @dataclasses.dataclass
@@ -130,6 +157,7 @@ class Run:
   """The value model's learner: critic estimators (gae, hae) only."""
   critic_state: train_step.TrainState | None = None
   sample_mesh: jax.sharding.Mesh | None = None
+  sampler_weights: SamplerWeights | None = None
   checkpointer: checkpoint_lib.Checkpointer | None = None
   resume_source: str = "scratch"
   start_iteration: int = 0
@@ -138,7 +166,7 @@ class Run:
 
   def update_sampler(self) -> None:
     """Points the sampler at the current (donated, so rebound) actor params."""
-    self.sampler.model = sampling_model(self.learner, self.state.params, self.sample_mesh)
+    self.sampler.model = self.sampler_weights(self.state.params)
 
   def checkpoint(self, iteration: int, scalars: dict[str, float]) -> None:
     """Saves the train state after `iteration` finished iterations (asynchronously): the
@@ -284,4 +312,8 @@ def _train_state(config, settings: run_config.RunConfig, workdir: str, mesh, mod
   return dict(learner=learner, state=state, ref_params=ref_params, critic=critic,
               critic_state=critic_state, sampler=registry.sampler,
               sample_mesh=registry.sample_mesh, checkpointer=checkpointer,
+              sampler_weights=SamplerWeights(
+                  learner, registry.sample_mesh,
+                  None if jax.process_count() == 1 else
+                  programs.rollout_mesh(config, mesh, jax.process_count())),
               resume_source=resumed.source, start_iteration=start, compute_dtype=model.cfg.dtype)

@@ -1,0 +1,47 @@
+"""run.SamplerWeights: the sampler's copy of the policy, resharded on device."""
+
+import jax
+import numpy as np
+from flax import nnx
+
+import fake_devices
+from hgpo_jax.models import config, decoder, sharding
+from hgpo_jax.training import run, train_step
+
+
+def _learner(mesh):
+  model = decoder.Decoder(config.get_preset("tiny"), rngs=nnx.Rngs(0))
+  cfg = train_step.UpdateConfig(mini_batch_rows=8, micro_batch_rows=4)
+  return model, train_step.Learner(model, mesh, cfg)
+
+
+def test_one_process_plays_the_training_params_themselves():
+  mesh = sharding.make_mesh(2, 2, 2, devices=fake_devices.take(8))
+  model, learner = _learner(mesh)
+  state = learner.init_state(nnx.state(model, nnx.Param))
+  played = run.SamplerWeights(learner, mesh)(state.params)
+  assert nnx.state(played, nnx.Param)["embed"][...] is state.params["embed"]
+
+
+def test_a_process_block_of_the_rollout_mesh_gets_the_whole_policy():
+  """Two 'processes' of 4 devices each (one real process): the training mesh splits the
+  parameters over fsdp=4 across both; the sampler's copy lives on the first block's
+  devices (its sampling mesh, fsdp=2) with the same values and the training specs."""
+  devices = fake_devices.take(8)
+  mesh = sharding.make_mesh(1, 4, 2, devices=devices)
+  blocks = [sharding.make_mesh(-1, 2, 2, devices=devices[i:i + 4]) for i in (0, 4)]
+  rollout = jax.sharding.Mesh(np.concatenate([b.devices for b in blocks]), sharding.MESH_AXES,
+                              axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  model, learner = _learner(mesh)
+  state = learner.init_state(nnx.state(model, nnx.Param))
+  played = nnx.state(run.SamplerWeights(learner, blocks[0], rollout)(state.params), nnx.Param)
+  got, want = nnx.to_pure_dict(played), state.params
+  for path, leaf in jax.tree_util.tree_leaves_with_path(got):
+    ref = want
+    for k in path:
+      ref = ref[k.key]
+    np.testing.assert_array_equal(np.asarray(leaf), np.asarray(ref))
+    assert leaf.sharding.mesh.devices.tolist() == blocks[0].devices.tolist()
+    assert leaf.sharding.spec == ref.sharding.spec
+  # something is split over fsdp (4 ways in training, 2 on the block), not all replicated
+  assert any("fsdp" in leaf.sharding.spec for leaf in jax.tree.leaves(got))
