@@ -246,6 +246,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.temperature = 1.0  # sampling temperature of training rollouts (paper: 1.0)
   c.rollout.top_p = 1.0  # nucleus sampling; 1.0 = off (verl default)
   c.rollout.top_k = 0  # top-k sampling; 0 = off (verl default)
+  c.rollout.kv_cache_dtype = "auto"  # sampler KV cache: auto (bfloat16 on TPU/GPU, the compute
+  #   dtype on CPU) | "" (the compute dtype) | float32 | bfloat16
   c.rollout.max_candidates = 256  # top-k/top-p candidates per row (lax.top_k); wider sorts
   c.rollout.max_new_tokens = 512  # most tokens per response (paper: 512)
   c.rollout.max_prompt_tokens = 2048  # tokens; longer prompts are truncated on the left

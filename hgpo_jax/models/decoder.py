@@ -29,8 +29,8 @@ class KVCache:
   """Per-layer keys and values of the tokens seen so far.
 
   Attributes:
-    k: keys after RoPE, [L, B, Hkv, S, Dh] in cfg.dtype.
-    v: values, [L, B, Hkv, S, Dh] in cfg.dtype.
+    k: keys after RoPE, [L, B, Hkv, S, Dh] in the cache's dtype (`init_cache`).
+    v: values, [L, B, Hkv, S, Dh] in the cache's dtype.
   Positions are the second-to-last axis, so a layer's keys are [B, Hkv, S, Dh] with
   (batch, kv head) leading: both attention products read them as batched matmuls
   without a transposed copy of the cache.
@@ -44,10 +44,13 @@ def cache_shape(cfg: ModelConfig, batch: int, length: int) -> tuple[int, ...]:
   return (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
 
 
-def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
-  """An all-zero cache for `batch` rows of `length` positions, in cfg.dtype."""
+def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
+  """An all-zero cache for `batch` rows of `length` positions, in `dtype` (default: the
+  compute dtype). Keys and values are cast to it when written and back to the compute
+  dtype when read (`Decoder.hidden`, `attention.decode_attention`)."""
   shape = cache_shape(cfg, batch, length)
-  return KVCache(k=jnp.zeros(shape, cfg.compute_dtype), v=jnp.zeros(shape, cfg.compute_dtype))
+  dtype = cfg.compute_dtype if dtype is None else dtype
+  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
 
 def rope_angles(positions_bt: jax.Array, head_dim: int, theta: float):

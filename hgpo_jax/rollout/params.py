@@ -37,6 +37,9 @@ class RolloutParams:
   """K of top-k / top-p sampling: the largest logits per row and step the sampler takes
   with `jax.lax.top_k` (`Sampler(max_candidates=...)`); a top_k above K, or a nucleus wider
   than K, sorts the vocabulary on that step (same tokens, slower)."""
+  kv_cache_dtype: str = "auto"
+  """The sampler's KV cache dtype (`sampler.CACHE_DTYPES`): "auto" = bfloat16 on TPU/GPU,
+  the compute dtype on CPU; "" = the compute dtype; or "float32" / "bfloat16"."""
   max_new_tokens: int = 512
   """Most tokens per response."""
   max_prompt_tokens: int = 2048
@@ -75,6 +78,9 @@ class RolloutParams:
     for name in ("history_length", "fallback_chars", "history_drop_chars"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+    if self.kv_cache_dtype not in sampler_lib.CACHE_DTYPES:
+      raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}; use one of "
+                       f"{sampler_lib.CACHE_DTYPES}")
     if self.response_format not in RESPONSE_FORMATS:
       raise ValueError(f"response_format={self.response_format!r}; use one of "
                        f"{RESPONSE_FORMATS}")

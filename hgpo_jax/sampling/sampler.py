@@ -145,6 +145,23 @@ def _bucket_for(n: int, buckets: Sequence[int], what: str) -> int:
   return buckets[i]
 
 
+CACHE_DTYPES = ("auto", "", "float32", "bfloat16")
+"""Values of `Sampler(cache_dtype=...)` / `config.rollout.kv_cache_dtype`."""
+
+
+def resolve_cache_dtype(name: str, mesh_or_devices, compute_dtype) -> jnp.dtype:
+  """The KV cache's dtype: "auto" is bfloat16 when the sampler's devices are TPUs or GPUs
+  (half the cache bytes; the field's engines keep bf16 caches) and the compute dtype
+  elsewhere (so CPU numbers are unchanged); "" is the compute dtype; else the named dtype.
+  Raises ValueError for another name."""
+  if name not in CACHE_DTYPES:
+    raise ValueError(f"kv_cache_dtype={name!r}: use one of {CACHE_DTYPES}.")
+  if name == "auto":
+    platform = attention.target_platform(mesh_or_devices)
+    return jnp.dtype(jnp.bfloat16 if platform in ("tpu", "gpu", "cuda", "rocm") else compute_dtype)
+  return jnp.dtype(compute_dtype if name == "" else name)
+
+
 DEFAULT_MAX_CANDIDATES = 256
 """Default `Sampler(max_candidates=...)`: the candidates `lax.top_k` takes per row and step
 (`filter_logits`). Covers the usual top_k (20-100) and most top_p nuclei; on the 2-core CPU
@@ -281,6 +298,9 @@ class Sampler:
     max_candidates: K of top-k / top-p sampling (`filter_logits`): the largest logits per
       row and step that `jax.lax.top_k` takes; a top_k above K, or a top_p nucleus wider
       than K candidates, costs a full-vocabulary sort on that step (exact either way).
+    cache_dtype: the KV cache's dtype, one of `CACHE_DTYPES` (`resolve_cache_dtype`
+      against the mesh's devices, else this process's): "auto" = bfloat16 on TPU/GPU, the
+      compute dtype on CPU.
 
   Attributes:
     generate_program: the jitted device program `generate` calls (prefill + decode loop),
@@ -294,7 +314,7 @@ class Sampler:
 
   def __init__(self, model, tokenizer, *, prompt_buckets=(128, 256, 512, 1024, 2048, 4096),
                batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), mesh=None, share_prefill=True,
-               max_candidates=DEFAULT_MAX_CANDIDATES):
+               max_candidates=DEFAULT_MAX_CANDIDATES, cache_dtype="auto"):
     if (isinstance(max_candidates, bool) or not isinstance(max_candidates, int)
         or max_candidates < 1):
       raise ValueError(f"Sampler: max_candidates={max_candidates!r} must be an int >= 1 (the "
@@ -305,6 +325,8 @@ class Sampler:
     self.tokenizer = tokenizer
     self.cfg = model.cfg
     self.mesh = mesh
+    self.cache_dtype = resolve_cache_dtype(
+        cache_dtype, jax.local_devices() if mesh is None else mesh, model.cfg.compute_dtype)
     self.prompt_buckets = tuple(sorted(prompt_buckets))
     data_size = 1
     if mesh is not None and not all(d.process_index == jax.process_index()
@@ -538,7 +560,7 @@ class Sampler:
     rows_b = jnp.arange(batch)
 
     def empty_cache(rows):
-      cache = decoder.init_cache(cfg, rows, cache_len)
+      cache = decoder.init_cache(cfg, rows, cache_len, self.cache_dtype)
       if self.mesh is not None:
         cache = jax.lax.with_sharding_constraint(
             cache, sharding.cache_shardings(cfg, self.mesh, rows, cache_len))

@@ -318,7 +318,8 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   sampler = sampler_lib.Sampler(nnx.merge(learner.graphdef, sample_params),
                                 tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size),
                                 prompt_buckets=prompt_buckets(config.rollout.max_prompt_tokens),
-                                mesh=sample_mesh, max_candidates=run.rollout.max_candidates)
+                                mesh=sample_mesh, max_candidates=run.rollout.max_candidates,
+                                cache_dtype=run.rollout.kv_cache_dtype)
   per_process = run_config.groups_per_process(config, num_processes) * config.rollout.group_size
   rows = _bucket(rollout_rows or per_process, sampler.batch_buckets)
   prompt = config.rollout.max_prompt_tokens

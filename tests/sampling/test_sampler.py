@@ -5,6 +5,8 @@ teacher-forced forward pass (causal + pad mask) for the log-probs, a numpy top-k
 and a scripted model (logits that spell a fixed text) for stop strings, EOS and lengths.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -321,3 +323,33 @@ def test_user_errors_are_clear(smp, prompts):
     sampler.SamplingParams(temperature=-1.0)
   with pytest.raises(ValueError, match="top_p"):
     sampler.SamplingParams(top_p=0.0)
+
+
+def test_a_bfloat16_kv_cache_holds_bfloat16_and_samples_the_teacher_forced_logprobs(
+    model, tok, prompts, monkeypatch):
+  """`cache_dtype="bfloat16"` (what "auto" is on TPU/GPU): the cache the program allocates is
+  bf16, and log-probs stay within bf16 rounding of keys/values (2^-8 relative) of the
+  float32 teacher-forced forward; "auto" on CPU keeps the compute dtype."""
+  assert sampler.Sampler(model, tok).cache_dtype == jnp.float32
+  assert sampler.resolve_cache_dtype("auto", [_Device("tpu")], jnp.float32) == jnp.bfloat16
+  assert sampler.resolve_cache_dtype("", [_Device("tpu")], jnp.float32) == jnp.float32
+  with pytest.raises(ValueError, match="kv_cache_dtype='fp8'"):
+    sampler.resolve_cache_dtype("fp8", [_Device("cpu")], jnp.float32)
+  seen = []
+  real = decoder.init_cache
+  monkeypatch.setattr(decoder, "init_cache",
+                      lambda *a: seen.append(a[-1]) or real(*a))
+  smp = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,),
+                        cache_dtype="bfloat16")
+  out = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=12),
+                     jax.random.key(3))
+  assert seen and all(jnp.dtype(d) == jnp.bfloat16 for d in seen)
+  want = _teacher_forced_logprobs(model, prompts, out.tokens)
+  for got, ref in zip(out.logprobs, want):
+    np.testing.assert_allclose(got, ref, atol=1e-2)  # measured: 1.0e-3 at most
+    assert np.max(np.abs(got - ref)) > 0  # the cache's rounding shows
+
+
+@dataclasses.dataclass
+class _Device:
+  platform: str
