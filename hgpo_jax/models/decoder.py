@@ -288,9 +288,14 @@ class Decoder(nnx.Module):
     fresh = cache is not None and isinstance(cache_index, int) and cache_index == 0
     if cache is None or fresh:
 
+      # A prefill's stacked keys/values leave the layer loop already in the cache's dtype
+      # (a bf16 cache under f32 compute then never holds an f32 copy of all layers).
+      kv_dtype = cache.k.dtype if fresh else None
+
       @remat
       def step(x, p):
-        return _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt)
+        x, (k, v) = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt)
+        return x, (k, v) if kv_dtype is None else (k.astype(kv_dtype), v.astype(kv_dtype))
       x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, layer_params)
       new_cache = None
       if fresh:
@@ -309,9 +314,9 @@ class Decoder(nnx.Module):
       @remat
       def step(x, xs):
         p, k_bksd, v_bksd = xs
-        x, new_kv = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, (k_bksd, v_bksd), index,
+        x, (k, v) = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, (k_bksd, v_bksd), index,
                            start_b)
-        return x, new_kv
+        return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
       x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, (layer_params, cache.k, cache.v))
       zero = jnp.zeros((), jnp.int32)
       start = (zero, zero, zero, index, zero)
