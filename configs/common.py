@@ -248,6 +248,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.top_k = 0  # top-k sampling; 0 = off (verl default)
   c.rollout.kv_cache_dtype = "auto"  # sampler KV cache: auto (bfloat16 on TPU/GPU, the compute
   #   dtype on CPU) | "" (the compute dtype) | float32 | bfloat16
+  c.rollout.max_trie_nodes = 0  # constrained decoding: trie nodes per row, fixed (program
+  #   shapes from the config); 0 = sized per call
   c.rollout.max_candidates = 256  # top-k/top-p candidates per row (lax.top_k); wider sorts
   c.rollout.max_new_tokens = 512  # most tokens per response (paper: 512)
   c.rollout.max_prompt_tokens = 2048  # tokens; longer prompts are truncated on the left

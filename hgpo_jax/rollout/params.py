@@ -40,6 +40,11 @@ class RolloutParams:
   kv_cache_dtype: str = "auto"
   """The sampler's KV cache dtype (`sampler.CACHE_DTYPES`): "auto" = bfloat16 on TPU/GPU,
   the compute dtype on CPU; "" = the compute dtype; or "float32" / "bfloat16"."""
+  max_trie_nodes: int = 0
+  """Nodes of a constrained row's token trie (its allowed responses' tokens, shared
+  prefixes once), fixed in every call so the constrained sampler programs take their
+  shapes from the config (`programs.build` lists them); a turn that needs more is an error
+  naming this field. 0: sized per call (the next power of two of the call's largest)."""
   max_new_tokens: int = 512
   """Most tokens per response."""
   max_prompt_tokens: int = 2048
@@ -75,7 +80,7 @@ class RolloutParams:
     if (isinstance(self.max_candidates, bool) or not isinstance(self.max_candidates, int)
         or self.max_candidates < 1):
       raise ValueError(f"max_candidates must be an int >= 1, got {self.max_candidates!r}")
-    for name in ("history_length", "fallback_chars", "history_drop_chars"):
+    for name in ("history_length", "fallback_chars", "history_drop_chars", "max_trie_nodes"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
     if self.kv_cache_dtype not in sampler_lib.CACHE_DTYPES:

@@ -67,6 +67,13 @@ def power_of_two_bucket(n: int, minimum: int) -> int:
   return size
 
 
+def automaton_rows(patterns: Sequence[str]) -> int:
+  """Rows of `build_token_automaton(patterns, ...).table`: a function of the patterns
+  alone (not of the vocabulary), so a program's stop-table shape is known from the config."""
+  delta, _ = _aho_corasick(tuple(patterns))
+  return power_of_two_bucket(len(delta), 8)
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenAutomaton:
   """Pattern matcher over token ids.
@@ -131,7 +138,7 @@ def build_token_automaton(patterns: Sequence[str], token_strings: Sequence[str])
     raise ValueError(f"build_token_automaton: patterns must be non-empty strings, got {patterns!r}.")
   delta, accept = _aho_corasick(patterns)
   num_states = len(delta)
-  table = np.zeros((power_of_two_bucket(num_states, 8), len(token_strings)), np.int32)
+  table = np.zeros((automaton_rows(patterns), len(token_strings)), np.int32)
 
   def run(state: int, text: str, start: int, end: int) -> int:
     """State after text[start:end], or MATCH/MATCH_INSIDE relative to the whole text."""
@@ -325,8 +332,8 @@ def min_length(sequence: Sequence) -> int:
   return sum(t.min_tokens if isinstance(t, FreeSpan) else 1 for t in sequence)
 
 
-def build_tries(sequences_per_row: Sequence[Sequence[Sequence]], batch_size: int
-                ) -> ConstraintTries:
+def build_tries(sequences_per_row: Sequence[Sequence[Sequence]], batch_size: int,
+                num_nodes: int = 0) -> ConstraintTries:
   """Packs one token trie per row into padded edge arrays.
 
   Args:
@@ -335,8 +342,12 @@ def build_tries(sequences_per_row: Sequence[Sequence[Sequence]], batch_size: int
       leaves the row unconstrained. Rows beyond len(sequences_per_row) up to batch_size
       are unconstrained padding rows.
     batch_size: B of the packed arrays (the batch bucket).
+    num_nodes: N and E of the packed arrays, fixed (a config maximum: the program's shape
+      does not depend on the call); 0: the next power of two (>= 16) of the largest trie.
   Returns:
-    ConstraintTries with E and N padded to powers of two (>= 16).
+    ConstraintTries with E and N padded to `num_nodes`, or to powers of two.
+  Raises:
+    ValueError: a row's trie has more than `num_nodes` nodes.
   """
   rows = []
   classes: dict[str, int] = {}
@@ -362,8 +373,14 @@ def build_tries(sequences_per_row: Sequence[Sequence[Sequence]], batch_size: int
       terminal[node] = True
     rows.append((children, terminal, free))
   max_nodes = max([len(t) for _, t, _ in rows], default=1)
-  num_nodes = power_of_two_bucket(max_nodes, 16)
-  num_edges = power_of_two_bucket(max_nodes - 1, 16)  # a trie has nodes - 1 edges
+  if num_nodes:
+    if max_nodes > num_nodes:
+      raise ValueError(f"a constrained row's token trie has {max_nodes} nodes, more than the "
+                       f"fixed {num_nodes} (rollout.max_trie_nodes); raise it.")
+    num_edges = num_nodes  # a trie has nodes - 1 edges
+  else:
+    num_nodes = power_of_two_bucket(max_nodes, 16)
+    num_edges = power_of_two_bucket(max_nodes - 1, 16)  # a trie has nodes - 1 edges
   parent = np.full((batch_size, num_edges), -1, np.int32)
   token_ = np.zeros((batch_size, num_edges), np.int32)
   child = np.zeros((batch_size, num_edges), np.int32)

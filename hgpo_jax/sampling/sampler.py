@@ -301,6 +301,10 @@ class Sampler:
     cache_dtype: the KV cache's dtype, one of `CACHE_DTYPES` (`resolve_cache_dtype`
       against the mesh's devices, else this process's): "auto" = bfloat16 on TPU/GPU, the
       compute dtype on CPU.
+    trie_nodes: nodes (and edges) of every constrained call's per-row token tries, fixed,
+      so that constrained programs take their shapes from the config
+      (`rollout.max_trie_nodes`); a call whose trie needs more raises ValueError. 0: the
+      next power of two of each call's largest trie (programs can differ between calls).
 
   Attributes:
     generate_program: the jitted device program `generate` calls (prefill + decode loop),
@@ -314,7 +318,11 @@ class Sampler:
 
   def __init__(self, model, tokenizer, *, prompt_buckets=(128, 256, 512, 1024, 2048, 4096),
                batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), mesh=None, share_prefill=True,
-               max_candidates=DEFAULT_MAX_CANDIDATES, cache_dtype="auto"):
+               max_candidates=DEFAULT_MAX_CANDIDATES, cache_dtype="auto", trie_nodes=0):
+    if isinstance(trie_nodes, bool) or not isinstance(trie_nodes, int) or trie_nodes < 0:
+      raise ValueError(f"Sampler: trie_nodes={trie_nodes!r} must be an int >= 0 "
+                       "(rollout.max_trie_nodes; 0 = sized per call).")
+    self.trie_nodes = trie_nodes
     if (isinstance(max_candidates, bool) or not isinstance(max_candidates, int)
         or max_candidates < 1):
       raise ValueError(f"Sampler: max_candidates={max_candidates!r} must be an int >= 1 (the "
@@ -478,7 +486,7 @@ class Sampler:
               f"Sampler.generate: no allowed action fits in max_new_tokens={max_new}: the "
               f"shortest, {shortest[0]!r}, needs {constrained.min_length(shortest[1])} tokens "
               f"with {constraint}; raise max_new_tokens (rollout.max_new_tokens).")
-      tries = constrained.build_tries(sequences, batch)
+      tries = constrained.build_tries(sequences, batch, self.trie_nodes)
       bad = [t for seqs in sequences for s in seqs for t in s
              if not isinstance(t, constrained.FreeSpan) and not 0 <= t < vocab]
       # Free-span classes: [C, V] with C a power of two (>= 2), so batches with and without

@@ -18,8 +18,11 @@ Shapes (the paper setting's worst case, each an upper bound of what a run compil
                      the unpacked layout (length-grouped or packed layouts compile smaller
                      micro-batches of the same rows);
   generate           this process's rollout rows (groups per process x group size, rounded
-                     up to the sampler's batch bucket) x the largest prompt bucket, free
-                     (unconstrained) decoding of max_new_tokens, each row prefilled;
+                     up to the sampler's batch bucket) x the largest prompt bucket, decoding
+                     of max_new_tokens with the rollout's stop strings, each row
+                     prefilled; constrained with tries of `rollout.max_trie_nodes` when the
+                     config constrains and fixes it (else free decoding: a constrained
+                     call's trie shapes then depend on its data);
   generate_shared    the same call at an episode's first turn: each group's prompt is
                      prefilled once and its cache rows copied to the group's rows;
   critic_values, critic_update   the critic's (PPO, HiPER) on the update's rows;
@@ -184,22 +187,27 @@ class _CompileOnlyTokenizer:
                        "model's tokenizer to sample")
 
 
-def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: int, config):
-  """Abstract arguments of `Sampler.generate_program` for a free-decoding call, laid out as
-  `Sampler.generate` places them (rows over the batch axes, tables replicated)."""
+def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: int, config,
+                  stop_strings=()):
+  """Abstract arguments of `Sampler.generate_program` for a rollout call, laid out as
+  `Sampler.generate` places them (rows over the batch axes, tables replicated): with the
+  rollout's stop strings, constrained when `rollout.constrained` with a fixed
+  `rollout.max_trie_nodes` (the tries' shapes are then the config's), else free."""
   mesh = sampler.mesh
   row_spec = sharding_lib.logical_to_spec(("batch",), mesh, shape=(rows,))[0]
   by_row = lambda n, *tail: NamedSharding(mesh, P(row_spec, *([None] * len(tail))))
   rep = NamedSharding(mesh, P())
   sds = lambda shape, dtype, sh: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
   vocab = sampler.cfg.vocab_size
-  tries = constrained.build_tries([], 1)
+  fixed_tries = bool(config.rollout.constrained) and int(config.rollout.max_trie_nodes) > 0
+  tries = (constrained.build_tries([], rows, int(config.rollout.max_trie_nodes)) if fixed_tries
+           else constrained.build_tries([], 1))
   trie_args = tuple(
       sds(getattr(tries, name).shape, getattr(tries, name).dtype,
           by_row(rows) if getattr(tries, name).shape[0] == rows else rep)
       for name in sampler_lib.TRIE_ARRAYS)
   key = jax.eval_shape(lambda: jax.random.key(0))
-  stop_rows = 1  # free decoding without stop strings (the rollouts' stop is EOS)
+  stop_rows = constrained.automaton_rows(stop_strings) if stop_strings else 1
   u_spec = sharding_lib.logical_to_spec(("batch",), mesh, shape=(unique,))[0]
   by_u = lambda *tail: NamedSharding(mesh, P(u_spec, *([None] * len(tail))))
   args = (sds((rows, prompt), jnp.int32, by_row(rows, prompt)), sds((rows,), jnp.int32, by_row(rows)),
@@ -214,7 +222,9 @@ def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: 
   greedy = temperature == 0.0
   filtered = not greedy and (int(config.rollout.top_k) > 0 or float(config.rollout.top_p) < 1.0)
   static = dict(max_new_tokens=int(config.rollout.max_new_tokens), greedy=greedy,
-                filtered=filtered, constraint_mode=sampler_lib.NO_CONSTRAINT, ignore_eos=False,
+                filtered=filtered, ignore_eos=False,
+                constraint_mode=(sampler_lib.WHOLE_CONSTRAINT if fixed_tries
+                                 else sampler_lib.NO_CONSTRAINT),
                 shared_prefill=unique != rows)
   return args, static
 
@@ -319,13 +329,15 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
                                 tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size),
                                 prompt_buckets=prompt_buckets(config.rollout.max_prompt_tokens),
                                 mesh=sample_mesh, max_candidates=run.rollout.max_candidates,
-                                cache_dtype=run.rollout.kv_cache_dtype)
+                                cache_dtype=run.rollout.kv_cache_dtype,
+                                trie_nodes=run.rollout.max_trie_nodes)
   per_process = run_config.groups_per_process(config, num_processes) * config.rollout.group_size
   rows = _bucket(rollout_rows or per_process, sampler.batch_buckets)
   prompt = config.rollout.max_prompt_tokens
   sample_params_b = sharded_bytes(sample_params)
   decode_steps = int(config.rollout.max_new_tokens)
-  args, static = _sampler_args(sampler, rows, prompt, rows, config)
+  stops = run.rollout.sampling().stop_strings
+  args, static = _sampler_args(sampler, rows, prompt, rows, config, stops)
   turns = int(config.env.max_steps)
   programs["generate"] = Program(
       "generate", sampler.generate_program, (sampler.model,) + args, static, max(turns - 1, 1),
@@ -333,7 +345,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
       note=f"{rows} rows x prompt {prompt}, prefill + up to {decode_steps} decode steps")
   unique = _bucket(max(rows // config.rollout.group_size, 1), sampler.batch_buckets)
   if unique < rows:
-    args, static = _sampler_args(sampler, rows, prompt, unique, config)
+    args, static = _sampler_args(sampler, rows, prompt, unique, config, stops)
     programs["generate_shared"] = Program(
         "generate_shared", sampler.generate_program, (sampler.model,) + args, static, 1,
         sample_params_b, unknown_trip_count=decode_steps,

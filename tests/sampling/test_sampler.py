@@ -353,3 +353,24 @@ def test_a_bfloat16_kv_cache_holds_bfloat16_and_samples_the_teacher_forced_logpr
 @dataclasses.dataclass
 class _Device:
   platform: str
+
+
+def test_fixed_trie_nodes_give_one_constrained_program_and_the_same_tokens(model, tok, prompts):
+  """`trie_nodes` (rollout.max_trie_nodes) fixes the tries' shapes: allowed sets of very
+  different sizes share one compiled constrained program and sample what per-call sized
+  tries sample; a trie over the cap is a one-line error naming the config field."""
+  small = [["look"], ["look"], ["inventory"]]
+  large = [[f"go to cabinet {i}" for i in range(1, 30)], ["look"], ["examine mug 1", "inventory"]]
+  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=24)
+  fixed = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,), trie_nodes=256)
+  sized = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,))
+  for allowed in (small, large):
+    a = fixed.generate(prompts, params, jax.random.key(7), allowed=allowed)
+    b = sized.generate(prompts, params, jax.random.key(7), allowed=allowed)
+    assert a.tokens == b.tokens
+  assert fixed.num_compilations == 1 and sized.num_compilations == 2
+  tiny_cap = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,), trie_nodes=16)
+  with pytest.raises(ValueError, match="rollout.max_trie_nodes"):
+    tiny_cap.generate(prompts, params, jax.random.key(7), allowed=large)
+  with pytest.raises(ValueError, match="trie_nodes=-1"):
+    sampler.Sampler(model, tok, trie_nodes=-1)

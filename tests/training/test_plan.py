@@ -139,3 +139,26 @@ def test_cli_rejects_bad_overrides():
     plan_cli.load_config("configs/alfworld.py:model=tiny", ["--config.train.no_such_field=1"])
   with pytest.raises(SystemExit, match="no config file"):
     plan_cli.load_config("configs/nope.py", [])
+
+
+def test_constrained_generate_takes_its_trie_shapes_from_the_config():
+  """With `rollout.max_trie_nodes` the registry's generate program is the constrained
+  rollout call with tries of exactly that many nodes and the rollout's stop table (the
+  call `Sampler.generate` makes, whatever a turn's allowed actions), and it compiles."""
+  from hgpo_jax.models import sharding
+  from hgpo_jax.sampling import constrained, sampler as sampler_lib
+  from hgpo_jax.training import programs
+  config = _config(prompt=64, response=32)
+  config.rollout.max_trie_nodes = 64
+  registry = programs.build(config, sharding.make_mesh(8, 1, 1, devices=_devices(8)))
+  gen = registry.programs["generate"]
+  assert gen.static["constraint_mode"] == sampler_lib.WHOLE_CONSTRAINT
+  assert registry.sampler.trie_nodes == 64
+  rows = registry.rollout_rows
+  tries = dict(zip(sampler_lib.TRIE_ARRAYS, gen.args[13:13 + len(sampler_lib.TRIE_ARRAYS)]))
+  assert tries["edge_parent"].shape == (rows, 64) and tries["terminal"].shape == (rows, 64)
+  assert gen.args[11].shape[0] == constrained.automaton_rows(("</action>",))  # stop table
+  gen.lower().compile()
+  config.rollout.max_trie_nodes = 0  # sized per call: the registry lists free decoding
+  free = programs.build(config, sharding.make_mesh(8, 1, 1, devices=_devices(8)))
+  assert free.programs["generate"].static["constraint_mode"] == sampler_lib.NO_CONSTRAINT
