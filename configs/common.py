@@ -248,6 +248,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.top_k = 0  # top-k sampling; 0 = off (verl default)
   c.rollout.kv_cache_dtype = "auto"  # sampler KV cache: auto (bfloat16 on TPU/GPU, the compute
   #   dtype on CPU) | "" (the compute dtype) | float32 | bfloat16
+  c.rollout.prefill_chunk_rows = 0  # sampler prefill loop: rows per step (a multiple of the
+  #   sampler mesh's batch-parallel size); 0 = all rows at once
   c.rollout.max_trie_nodes = 0  # constrained decoding: trie nodes per row, fixed (program
   #   shapes from the config); 0 = sized per call
   c.rollout.max_candidates = 256  # top-k/top-p candidates per row (lax.top_k); wider sorts

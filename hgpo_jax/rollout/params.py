@@ -40,6 +40,10 @@ class RolloutParams:
   kv_cache_dtype: str = "auto"
   """The sampler's KV cache dtype (`sampler.CACHE_DTYPES`): "auto" = bfloat16 on TPU/GPU,
   the compute dtype on CPU; "" = the compute dtype; or "float32" / "bfloat16"."""
+  prefill_chunk_rows: int = 0
+  """Rows per step of the sampler's prefill loop (`Sampler(prefill_rows=...)`): the
+  prefill's activations are this many rows' instead of the whole call's; a multiple of the
+  sampler mesh's batch-parallel size. 0: all rows in one prefill."""
   max_trie_nodes: int = 0
   """Nodes of a constrained row's token trie (its allowed responses' tokens, shared
   prefixes once), fixed in every call so the constrained sampler programs take their
@@ -80,7 +84,8 @@ class RolloutParams:
     if (isinstance(self.max_candidates, bool) or not isinstance(self.max_candidates, int)
         or self.max_candidates < 1):
       raise ValueError(f"max_candidates must be an int >= 1, got {self.max_candidates!r}")
-    for name in ("history_length", "fallback_chars", "history_drop_chars", "max_trie_nodes"):
+    for name in ("history_length", "fallback_chars", "history_drop_chars", "max_trie_nodes",
+                 "prefill_chunk_rows"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
     if self.kv_cache_dtype not in sampler_lib.CACHE_DTYPES:

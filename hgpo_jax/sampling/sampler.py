@@ -301,6 +301,11 @@ class Sampler:
     cache_dtype: the KV cache's dtype, one of `CACHE_DTYPES` (`resolve_cache_dtype`
       against the mesh's devices, else this process's): "auto" = bfloat16 on TPU/GPU, the
       compute dtype on CPU.
+    prefill_rows: rows prefilled per step of the prefill loop (`rollout.prefill_chunk_rows`;
+      a multiple of the mesh's batch-parallel size): the prefill's activations are those of
+      this many rows instead of all rows of the call (the MLP intermediates of every row
+      at once set the generate program's peak); the same keys/values. 0, or a call with
+      at most this many prefill rows or a count it does not divide: one prefill.
     trie_nodes: nodes (and edges) of every constrained call's per-row token tries, fixed,
       so that constrained programs take their shapes from the config
       (`rollout.max_trie_nodes`); a call whose trie needs more raises ValueError. 0: the
@@ -318,7 +323,8 @@ class Sampler:
 
   def __init__(self, model, tokenizer, *, prompt_buckets=(128, 256, 512, 1024, 2048, 4096),
                batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), mesh=None, share_prefill=True,
-               max_candidates=DEFAULT_MAX_CANDIDATES, cache_dtype="auto", trie_nodes=0):
+               max_candidates=DEFAULT_MAX_CANDIDATES, cache_dtype="auto", trie_nodes=0,
+               prefill_rows=0):
     if isinstance(trie_nodes, bool) or not isinstance(trie_nodes, int) or trie_nodes < 0:
       raise ValueError(f"Sampler: trie_nodes={trie_nodes!r} must be an int >= 0 "
                        "(rollout.max_trie_nodes; 0 = sized per call).")
@@ -348,6 +354,13 @@ class Sampler:
       batch_axes = () if batch_spec is None else (
           (batch_spec,) if isinstance(batch_spec, str) else tuple(batch_spec))
       data_size = int(np.prod([mesh.shape[a] for a in batch_axes]))
+    self.batch_parallel = data_size
+    if (isinstance(prefill_rows, bool) or not isinstance(prefill_rows, int) or prefill_rows < 0
+        or prefill_rows % data_size):
+      raise ValueError(f"Sampler: prefill_rows={prefill_rows!r} must be an int >= 0 and a "
+                       f"multiple of the mesh's batch-parallel size {data_size} "
+                       "(rollout.prefill_chunk_rows; 0 = one prefill).")
+    self.prefill_rows = prefill_rows
     self.batch_buckets = tuple(sorted({-(-b // data_size) * data_size for b in batch_buckets}))
     self.eos_ids = tuple(sorted(set(int(i) for i in tokenizer.eos_ids)))
     if not self.eos_ids:
@@ -546,6 +559,33 @@ class Sampler:
     return SampleOutput(tokens=tokens, logprobs=logprobs, texts=texts, stop_reason=reasons)
 
   # --------------------------------------------------------------------------- device side
+  def _chunked_prefill(self, model, tokens_ut, positions_ut, segment_ids_ut, cache):
+    """The prefill of U rows in U / prefill_rows steps of a loop, each writing its rows'
+    keys/values into `cache` in place. Rows split over D batch-parallel devices lie in
+    contiguous blocks of U / D, so step i takes rows [i c, (i + 1) c) of every device's
+    block (c = prefill_rows / D): each device prefills its own rows, no row moves."""
+    cfg = self.cfg
+    d = self.batch_parallel
+    unique, t = tokens_ut.shape
+    per, c = unique // d, self.prefill_rows // d
+    blocks = lambda x: x.reshape(d, per, *x.shape[1:])  # noqa: E731
+    tok, pos, seg = blocks(tokens_ut), blocks(positions_ut), blocks(segment_ids_ut)
+    k_all = cache.k.reshape(cache.k.shape[0], d, per, *cache.k.shape[2:])
+    v_all = cache.v.reshape(k_all.shape)
+
+    def step(i, kv):
+      k_all, v_all = kv
+      take = lambda x: jax.lax.dynamic_slice_in_dim(x, i * c, c, axis=1).reshape(d * c, t)  # noqa: E731
+      part = decoder.init_cache(cfg, d * c, t, cache.k.dtype)
+      _, part = model.hidden(take(tok), take(pos), take(seg), cache=part, cache_index=0)
+      put = lambda full, new: jax.lax.dynamic_update_slice(  # noqa: E731
+          full, new.reshape(new.shape[0], d, c, *new.shape[2:]),
+          (0, 0, i * c) + (0,) * (full.ndim - 3))
+      return put(k_all, part.k), put(v_all, part.v)
+
+    k_all, v_all = jax.lax.fori_loop(0, per // c, step, (k_all, v_all))
+    return decoder.KVCache(k=k_all.reshape(cache.k.shape), v=v_all.reshape(cache.v.shape))
+
   def _generate_device(self, model, tokens_bp, lengths_b, row_valid_b, prefill_up,
                        prefill_lengths_u, source_b, rng, temperature, top_k,
                        top_p, stop_table, use_stop, edge_parent_be, edge_token_be,
@@ -579,8 +619,13 @@ class Sampler:
       # Prefill the first P-1 slots; the last prompt token is the first decode input, so
       # the [B, P, V] logits of the prompt are never needed (only hidden is called).
       positions_ut, segment_ids_ut = prefill_layout(prefill_lengths_u, plen)
-      _, cache = model.hidden(prefill_up[:, :-1], positions_ut, segment_ids_ut, cache=cache,
-                              cache_index=0)
+      unique = prefill_up.shape[0]
+      if self.prefill_rows and unique > self.prefill_rows and unique % self.prefill_rows == 0:
+        cache = self._chunked_prefill(model, prefill_up[:, :-1], positions_ut, segment_ids_ut,
+                                      cache)
+      else:
+        _, cache = model.hidden(prefill_up[:, :-1], positions_ut, segment_ids_ut, cache=cache,
+                                cache_index=0)
     if shared_prefill:
       cache = jax.tree.map(lambda c: jnp.take(c, source_b, axis=1), cache)
       if self.mesh is not None:

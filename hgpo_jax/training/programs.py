@@ -330,7 +330,8 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
                                 prompt_buckets=prompt_buckets(config.rollout.max_prompt_tokens),
                                 mesh=sample_mesh, max_candidates=run.rollout.max_candidates,
                                 cache_dtype=run.rollout.kv_cache_dtype,
-                                trie_nodes=run.rollout.max_trie_nodes)
+                                trie_nodes=run.rollout.max_trie_nodes,
+                                prefill_rows=run.rollout.prefill_chunk_rows)
   per_process = run_config.groups_per_process(config, num_processes) * config.rollout.group_size
   rows = _bucket(rollout_rows or per_process, sampler.batch_buckets)
   prompt = config.rollout.max_prompt_tokens

@@ -241,7 +241,8 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, train: bool = True
     sampler = sampler_lib.Sampler(model, tokenizer, prompt_buckets=buckets, mesh=mesh,
                                   max_candidates=settings.rollout.max_candidates,
                                   cache_dtype=settings.rollout.kv_cache_dtype,
-                                  trie_nodes=settings.rollout.max_trie_nodes)
+                                  trie_nodes=settings.rollout.max_trie_nodes,
+                                  prefill_rows=settings.rollout.prefill_chunk_rows)
     fields = dict(sampler=sampler, compute_dtype=model.cfg.dtype)
   del model
   writer = (metrics_lib.MetricsWriter(workdir, tensorboard=train) if pid == 0

@@ -374,3 +374,35 @@ def test_fixed_trie_nodes_give_one_constrained_program_and_the_same_tokens(model
     tiny_cap.generate(prompts, params, jax.random.key(7), allowed=large)
   with pytest.raises(ValueError, match="trie_nodes=-1"):
     sampler.Sampler(model, tok, trie_nodes=-1)
+
+
+def test_prefill_in_row_chunks_equals_one_prefill(tok, prompts):
+  """`prefill_rows` (rollout.prefill_chunk_rows): 8 rows prefilled 2 (unsharded) or 4 (over
+  data=4: one row per device per step) at a time sample what one prefill of all rows
+  samples, with shared and unshared prefill; a chunk that is not a multiple of the mesh's
+  batch-parallel size is refused."""
+  cfg = config.get_preset("tiny")
+  rows = prompts + [prompts[0][:5], prompts[1][3:], prompts[2][:9], [7, 8, 9], prompts[1]]
+  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=8)
+  plain = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
+  sharded = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
+  mesh = sharding.make_mesh(data=4, fsdp=1, tensor=2, devices=fake_devices.take(8))
+  sharding.shard_model(sharded, mesh)
+  for model, kw, chunk in ((plain, {}, 2), (sharded, {"mesh": mesh}, 4)):
+    for share in (False, True):
+      ref = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(8,),
+                            share_prefill=share, **kw)
+      got = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(8,),
+                            share_prefill=share, prefill_rows=chunk, **kw)
+      traced = []
+      chunked = got._chunked_prefill
+      got._chunked_prefill = lambda *a: traced.append(1) or chunked(*a)
+      a = ref.generate(rows, params, jax.random.key(5))
+      b = got.generate(rows, params, jax.random.key(5))
+      assert traced  # the loop ran (8 prefill rows > the chunk)
+      assert a.tokens == b.tokens
+      for x, y in zip(a.logprobs, b.logprobs):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+  with pytest.raises(ValueError, match="prefill_rows=2 must be .* multiple of the mesh's "
+                                       "batch-parallel size 4"):
+    sampler.Sampler(sharded, tok, mesh=mesh, prefill_rows=2)
