@@ -152,19 +152,18 @@ def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: i
   # One optimizer step from the rollout's params: the update takes log pi_old from
   # its own forward pass (UpdateConfig.reuse_on_policy_logprobs)
   on_policy = settings.update.on_policy(batch.num_rows)
-  # real (non-pad) share of the update's [rows, prompt bucket + response] tokens
-  token_fill, update_rows = float(np.mean(batch.input_mask)), batch.num_rows
-  if settings.update.pack_rows or settings.update.group_by_length:
-    batch = update_layout(batch, config, run.tokenizer.pad_id)
-    token_fill, update_rows = packing.token_fill(batch), packing.num_rows(batch)
+  # the update's mini-batches (unpacked, packed or length-grouped) and their real token share
+  batches = update_layout(batch, config, run.tokenizer.pad_id)
+  token_fill, update_rows = packing.token_fill(batches), packing.num_rows(batches)
   if actor_updated:
     progress.phase("log-probs")
-    batch = train_step.fill_logprobs(run.learner, run.state.params, run.ref_params, batch,
-                                     old=not on_policy)
+    # laid out on the mesh with their log-probs, where the update reads them
+    batches = train_step.fill_logprobs(run.learner, run.state.params, run.ref_params, batches,
+                                       old=not on_policy)
   t1 = time.perf_counter()
   metrics: dict[str, float] = {}
   if actor_updated:
-    run.state, actor = train_step.train_iteration(run.learner, run.state, batch,
+    run.state, actor = train_step.train_iteration(run.learner, run.state, batches,
                                                   on_policy=on_policy)
     metrics.update({f"train/{k}": v for k, v in actor.items()})
     metrics["train/on_policy_logprobs"] = float(on_policy)
@@ -182,15 +181,20 @@ def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: i
   if not actor_updated:
     return metrics, dict
   passes = int(not on_policy) + int(run.ref_params is not None)
-  return metrics, functools.partial(perf.iteration_metrics, flops, batch, logprob_passes=passes,
+  # perf counts a one-part mini-batch as the one compiled `Learner.update` it runs as
+  counted = [parts[0] if len(parts) == 1 else parts for parts in batches]
+  return metrics, functools.partial(perf.iteration_metrics, flops, counted, logprob_passes=passes,
                                     logprobs_s=t1 - t0, update_s=t2 - t1, dtype=run.compute_dtype)
 
 
-def update_layout(batch, config: ml_collections.ConfigDict, pad_id: int):
-  """`batch`'s mini-batches packed into rows (`train.pack_rows`) or as length-grouped
-  micro-batches (`train.group_by_length`), hgpo_jax/training/packing.py."""
-  common = dict(mini_batch_rows=config.train.mini_batch_rows,
-                micro_batch_rows=config.train.micro_batch_rows,
+def update_layout(batch, config: ml_collections.ConfigDict, pad_id: int) -> list[tuple]:
+  """`batch`'s mini-batches as the update takes them (hgpo_jax/training/packing.py): as they
+  are, packed into rows (`train.pack_rows`) or as length-grouped micro-batches
+  (`train.group_by_length`)."""
+  mini = config.train.mini_batch_rows
+  if not (config.train.pack_rows or config.train.group_by_length):
+    return packing.plain_batch(batch, mini_batch_rows=mini)
+  common = dict(mini_batch_rows=mini, micro_batch_rows=config.train.micro_batch_rows,
                 score_multiple=config.rollout.max_new_tokens, pad_id=pad_id,
                 loss_unit_rows=config.train.loss_unit_rows)
   if config.train.pack_rows:

@@ -17,7 +17,10 @@ its scored entries (`losses.multi_head_value_loss`: HiPER-agent's dp_critic.py a
 three heads' `compute_value_loss`), with no 0.5 factor (the released `compute_value_loss`
 has none; `ValueLossConfig.loss_scale`). With a loss unit other than the micro-batch
 (`UpdateConfig.loss_unit_rows`) each head's token mean is taken per unit
-(`train_step.unit_weights`, one channel per head).
+(`train_batch.unit_weights`, one channel per head).
+
+Unlike the actor's, the critic's mini-batches keep their token rows (`ValueBatch`): the
+value head reads every column, so there is no score-slot layout to gain.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import flax.struct
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from hgpo_jax.models import attention
 from hgpo_jax.training import losses
@@ -70,6 +74,9 @@ class ValueBatch:
   """f32[B, L, H]: value targets R (0 where not scored)."""
   old_values: jax.Array
   """f32[B, L, H]: V_old, the clip anchor (0 where not scored)."""
+  loss_weights: Optional[jax.Array] = None
+  """f32[B, L, H] token weights (`train_batch.unit_weights`) when the loss unit is not the
+  micro-batch; set by the update (`CriticLearner._layout`), None otherwise."""
 
   @property
   def num_rows(self) -> int:
@@ -116,25 +123,45 @@ class CriticLearner(train_step.Learner):
     values_kmlh = jax.lax.map(lambda x: model.values(x.tokens, x.positions, x.input_mask), micro)
     return values_kmlh.reshape(batch.num_rows, *values_kmlh.shape[2:])
 
+  @property
+  def weighted_loss(self) -> bool:
+    """Token weights only for a loss unit other than the micro-batch; else the update
+    averages the micro-batches' own value losses (verl)."""
+    return self.config.unit_weighted
+
+  def _layout(self, batch: ValueBatch) -> ValueBatch:
+    """The token rows, with their unit weights when the loss unit is not the micro-batch."""
+    if not self.weighted_loss:
+      return batch
+    return batch.replace(loss_weights=train_batch_lib.unit_weights(batch.value_mask,
+                                                                   self.config.loss_unit))
+
   def _loss_mask(self, x: ValueBatch) -> jax.Array:
     """bool[B, L, H]: one token mean per value head (`losses.multi_head_value_loss`)."""
     return x.value_mask
 
-  def _loss(self, params, x: ValueBatch, on_policy: bool = False, weights=None):
+  def _loss(self, params, x: ValueBatch, on_policy: bool = False):
     del on_policy  # the value loss has no behaviour policy
     values_blh = self._model(params).values(x.tokens, x.positions, x.input_mask)
     vf_loss, clipfrac = losses.multi_head_value_loss(
         values_blh, x.old_values, x.returns, x.value_mask, self.value_config.cliprange_value,
-        self.value_config.loss_scale, weights_blh=weights)
+        self.value_config.loss_scale, weights_blh=x.loss_weights)
     return vf_loss, {"value_loss": vf_loss, "value_clipfrac": clipfrac}
 
 
 def compute_values(learner: CriticLearner, params: Any, batch: ValueBatch) -> np.ndarray:
   """f32[B, L, H] host values of a host batch, one compiled [mini_batch, L] shape."""
   out = []
-  for chunk in train_step._rows(batch, learner.config.mini_batch_rows):
-    out.append(train_step._to_host(learner.compute_values(params, learner.put_batch(chunk))))
+  for chunk in train_batch_lib.row_chunks(batch, learner.config.mini_batch_rows):
+    out.append(_to_host(learner.compute_values(params, learner.put_batch(chunk))))
   return np.concatenate(out)
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+  """A fully addressable (or replicated-across-processes) array as numpy."""
+  if x.is_fully_addressable:
+    return np.asarray(x)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def token_layout_batch(batch: train_batch_lib.TrainBatch, num_heads: int) -> ValueBatch:

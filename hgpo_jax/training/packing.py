@@ -15,10 +15,11 @@ weighted token sum, `sum_t w_t x_t` with `w_t = 1 / (k_active * n_scored(micro(t
 micro-batch taken in the *unpacked* layout. `pack_mini_batch` computes these weights on the
 host before packing, so the packed update (`losses.weighted_actor_loss`) optimises the
 same function whatever rows the segments land in; only float reduction order differs.
+(The update reads every layout this way: an unpacked mini-batch gets the same weights on
+the device, `train_batch.TrainBatch.segments`.)
 
 Scored tokens are gathered into `S` slots per packed row (`score_index`), so the output
-layer runs on the scored tokens only (the unpacked path's `scored_tail` does the same for
-its response columns).
+layer runs on the scored tokens only (an unpacked row's slots are its response columns).
 
 Layout of a packed row: `[seg 1 | seg 2 | ... | pad]`, a segment = the step's prompt then
 its response, real tokens only; `segment_ids` 1, 2, ... per row and 0 on padding.
@@ -31,55 +32,24 @@ by length and cut into micro-batches of `micro_batch_rows` steps, and each micro
 gets its own row length (its longest step, rounded up to `length_multiple`). Where no two
 steps fit in one row (packing saves nothing), the short steps still stop paying for the
 long ones' padding. The update then runs one compiled gradient program per row length
-and takes the optimizer step after the last (`train_step.Learner.update_micro_batches`).
+and takes the optimizer step after the last (`train_step.Learner.update_mini_batch`).
+
+The update takes an iteration as a list of mini-batches, each a tuple of parts (a part:
+rows of one shape, cut into micro-batches by the update): `pack_batch` gives one packed
+part per mini-batch, `group_batch` one part per micro-batch, `plain_batch` the unpacked
+rows as they are (laid out on the device, `train_batch.TrainBatch.segments`).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
-import flax.struct
-import jax
 import numpy as np
 
 from hgpo_jax.training import train_batch as train_batch_lib
 
-
-@flax.struct.dataclass
-class PackedBatch:
-  """A packed mini-batch. `R` rows of `L` tokens, `S` score slots per row."""
-
-  tokens: jax.Array
-  """int32[R, L]: segments end to end, then `pad_id`."""
-  positions: jax.Array
-  """int32[R, L]: position within the segment (0 at each segment's first token; 0 on pad)."""
-  segment_ids: jax.Array
-  """int32[R, L]: 1, 2, ... for the row's segments, 0 on padding."""
-  score_index: jax.Array
-  """int32[R, S]: column of each scored (response) token; 1 on unused slots."""
-  score_mask: jax.Array
-  """bool[R, S]: used slots."""
-  advantages: jax.Array
-  """f32[R, S]: advantage of the slot's token."""
-  loss_weights: jax.Array
-  """f32[R, S]: weight of the slot's token in the mini-batch loss (module docstring)."""
-  old_logprobs: jax.Array
-  """f32[R, S]: log pi_old of the slot's token; filled by `train_step.fill_logprobs`."""
-  ref_logprobs: jax.Array
-  """f32[R, S]: log pi_ref of the slot's token; filled by `train_step.fill_logprobs`."""
-
-  @property
-  def num_rows(self) -> int:
-    return self.tokens.shape[0]
-
-  @property
-  def seq_len(self) -> int:
-    return self.tokens.shape[1]
-
-  @property
-  def input_mask(self):
-    """bool[R, L]: real (non-padding) tokens."""
-    return self.segment_ids > 0
+PackedBatch = train_batch_lib.SegmentBatch
+"""The update's layout (`train_batch.SegmentBatch`), under the name this module's results go by."""
 
 
 def token_mean_weights(response_mask: np.ndarray, micro_batch_rows: int) -> np.ndarray:
@@ -87,7 +57,7 @@ def token_mean_weights(response_mask: np.ndarray, micro_batch_rows: int) -> np.n
 
   The mean over micro-batches that score at least one token (k_active) of each micro-batch's
   mean over its scored tokens; `micro_batch_rows` consecutive rows form a micro-batch (the
-  callers pass the loss unit, `train_step.unit_weights` on the device).
+  callers pass the loss unit; `train_batch.unit_weights` is the same on the device).
   """
   rows = response_mask.shape[0]
   if rows % micro_batch_rows:
@@ -238,15 +208,18 @@ def group_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int
 
 def _each_mini_batch(batch: train_batch_lib.TrainBatch, mini_batch_rows: int, lay_out, **options):
   """`lay_out(mini-batch, **options)` of every mini-batch of a host TrainBatch, in order."""
-  if batch.num_rows % mini_batch_rows:
-    raise ValueError(f"batch has {batch.num_rows} rows, not a multiple of mini_batch_rows={mini_batch_rows}.")
-  return [lay_out(train_batch_lib.slice_rows(batch, s, s + mini_batch_rows), **options)
-          for s in range(0, batch.num_rows, mini_batch_rows)]
+  return [lay_out(chunk, **options) for chunk in train_batch_lib.row_chunks(batch, mini_batch_rows)]
+
+
+def plain_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int) -> list[tuple]:
+  """Every mini-batch of a host TrainBatch as it is: one part each (the update lays it out
+  as one segment per row, `train_batch.TrainBatch.segments`)."""
+  return _each_mini_batch(batch, mini_batch_rows, lambda chunk: (chunk,))
 
 
 def group_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro_batch_rows: int,
                 length_multiple: int, score_multiple: int = 32,
-                pad_id: int = 0, loss_unit_rows: int = 0) -> list[tuple[PackedBatch, ...]]:
+                pad_id: int = 0, loss_unit_rows: int = 0) -> list[tuple]:
   """`group_mini_batch` of every mini-batch of a host TrainBatch, in order."""
   return _each_mini_batch(batch, mini_batch_rows, group_mini_batch, micro_batch_rows=micro_batch_rows,
                           length_multiple=length_multiple, score_multiple=score_multiple,
@@ -255,25 +228,22 @@ def group_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micr
 
 def pack_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro_batch_rows: int,
                row_multiple: Optional[int] = None, score_multiple: int = 32,
-               pad_id: int = 0, loss_unit_rows: int = 0) -> list[PackedBatch]:
-  """`pack_mini_batch` of every mini-batch of a host TrainBatch, in order."""
-  return _each_mini_batch(batch, mini_batch_rows, pack_mini_batch, micro_batch_rows=micro_batch_rows,
+               pad_id: int = 0, loss_unit_rows: int = 0) -> list[tuple]:
+  """`pack_mini_batch` of every mini-batch of a host TrainBatch, in order, one part each."""
+  pack = lambda chunk, **options: (pack_mini_batch(chunk, **options),)
+  return _each_mini_batch(batch, mini_batch_rows, pack, micro_batch_rows=micro_batch_rows,
                           row_multiple=row_multiple, score_multiple=score_multiple, pad_id=pad_id,
                           loss_unit_rows=loss_unit_rows)
 
 
-def _flat(batches: Sequence[Union[PackedBatch, Sequence[PackedBatch]]]) -> list[PackedBatch]:
-  return [b for x in batches for b in ((x,) if isinstance(x, PackedBatch) else x)]
+def num_rows(batches: Sequence[tuple]) -> int:
+  """Rows of an iteration's mini-batches (summed over their parts)."""
+  return sum(part.num_rows for parts in batches for part in parts)
 
 
-def num_rows(batches: Sequence[Union[PackedBatch, Sequence[PackedBatch]]]) -> int:
-  """Rows of packed mini-batches or of length-grouped ones (tuples of micro-batches)."""
-  return sum(b.num_rows for b in _flat(batches))
-
-
-def token_fill(batches: Sequence[Union[PackedBatch, Sequence[PackedBatch]]]) -> float:
-  """Real share of the packed tokens (the unpacked batch's `mean(input_mask)`) of packed
-  mini-batches or of length-grouped ones (tuples of micro-batches)."""
-  batches = _flat(batches)
-  real = sum(int(np.sum(np.asarray(b.segment_ids) > 0)) for b in batches)
-  return real / sum(b.num_rows * b.seq_len for b in batches)
+def token_fill(batches: Sequence[tuple]) -> float:
+  """Real share of the tokens of an iteration's mini-batches (the unpacked batch's
+  `mean(input_mask)`)."""
+  parts = [part for parts in batches for part in parts]
+  real = sum(int(np.sum(np.asarray(part.input_mask))) for part in parts)
+  return real / sum(part.num_rows * part.seq_len for part in parts)

@@ -5,7 +5,7 @@ prompt left-padded to the prompt bucket `P`, the response right-padded to the re
 bucket `Rt`, `L = P + Rt`. Padding tokens have `input_mask` False and position 0 (the
 first real token also has position 0; positions count real tokens only).
 
-Scoring convention (used by `train_step.token_logprobs` and the losses): a per-token
+Scoring convention (used by `train_step.scored_logprobs` and the losses): a per-token
 array `x_bl` holds at column `l` the quantity *of token `l`*, computed from the model
 output at position `l - 1` (the position that predicts it). `response_mask[b, l]` is
 True exactly for the real response tokens, so column 0 (always prompt or padding) is
@@ -18,6 +18,14 @@ duplicates rows with their masks, which double-counts those rows in the loss; he
 copies exist only so that every shape divides evenly (docs/algorithms.md §1: the padding is
 for divisibility), and they contribute nothing to the loss or the gradient. Copies rather
 than pad-token rows keep every attention row non-empty.
+
+The update's one layout is `SegmentBatch`: token rows of segments, each attending to
+itself only, with the scored tokens gathered into score slots. A TrainBatch mini-batch
+is one segment per row (`TrainBatch.segments`: segment id 1 on its real tokens, 0 on
+padding, score slots = its response columns); `training.packing` fills the same layout
+with several steps per row (packing) or with micro-batches of their own row lengths
+(length grouping). Each layout carries per-slot loss weights that make every
+micro-batch's loss its share of the mini-batch loss (`unit_weights`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Optional, Sequence
 
 import flax.struct
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -45,9 +54,10 @@ class TrainBatch:
   advantages: jax.Array
   """f32[B, L]: advantage of token l (0 where not scored)."""
   old_logprobs: jax.Array
-  """f32[B, L]: log pi_old(token l | tokens < l); filled by `train_step.fill_logprobs`."""
+  """f32[B, L]: log pi_old(token l | tokens < l); the builder leaves 0 (`train_step.fill_logprobs`
+  fills them in the `SegmentBatch` this batch is laid out as, on the device)."""
   ref_logprobs: jax.Array
-  """f32[B, L]: log pi_ref(token l | tokens < l); filled by `train_step.fill_logprobs`."""
+  """f32[B, L]: log pi_ref(token l | tokens < l); as `old_logprobs`."""
 
   @property
   def num_rows(self) -> int:
@@ -56,6 +66,101 @@ class TrainBatch:
   @property
   def seq_len(self) -> int:
     return self.tokens.shape[1]
+
+  def segments(self, score_columns: Optional[int], unit_rows: int) -> "SegmentBatch":
+    """This mini-batch in the update's layout, one segment per row (numpy or traced).
+
+    Args:
+      score_columns: score slots are the last `score_columns` columns (the response
+        bucket: the output layer runs there only); None: every column but the first.
+        Scored tokens must lie in them (the builder puts responses last).
+      unit_rows: rows per loss unit (`unit_weights`).
+    """
+    seq = self.seq_len
+    first = seq - (seq - 1 if score_columns is None else min(score_columns, seq - 1))
+    tail = lambda x: x[:, first:]
+    response_mask = tail(self.response_mask)
+    return SegmentBatch(
+        tokens=self.tokens, positions=self.positions,
+        segment_ids=jnp.asarray(self.input_mask).astype(jnp.int32),
+        score_index=jnp.broadcast_to(jnp.arange(first, seq, dtype=jnp.int32),
+                                     (self.num_rows, seq - first)),
+        score_mask=response_mask, advantages=tail(self.advantages),
+        loss_weights=unit_weights(response_mask[..., None], unit_rows)[..., 0],
+        old_logprobs=tail(self.old_logprobs), ref_logprobs=tail(self.ref_logprobs))
+
+
+@flax.struct.dataclass
+class SegmentBatch:
+  """The update's layout (module docstring): `R` rows of `L` tokens, `S` score slots per row.
+
+  Every log-prob pass and every update step reads this layout; a plain row is one
+  segment (`TrainBatch.segments`), a packed row several (`packing.pack_mini_batch`).
+  """
+
+  tokens: jax.Array
+  """int32[R, L]: the row's segments (left-padded prompt and response for a plain row;
+  segments end to end, then `pad_id`, for a packed one)."""
+  positions: jax.Array
+  """int32[R, L]: position within the segment (0 at each segment's first token; 0 on pad)."""
+  segment_ids: jax.Array
+  """int32[R, L]: 1, 2, ... for the row's segments, 0 on padding."""
+  score_index: jax.Array
+  """int32[R, S]: column of each scored (response) token; unused slots hold any column >= 1."""
+  score_mask: jax.Array
+  """bool[R, S]: used slots."""
+  advantages: jax.Array
+  """f32[R, S]: advantage of the slot's token."""
+  loss_weights: jax.Array
+  """f32[R, S]: weight of the slot's token in the mini-batch's token-mean loss (`unit_weights`)."""
+  old_logprobs: jax.Array
+  """f32[R, S]: log pi_old of the slot's token; filled by `train_step.fill_logprobs`."""
+  ref_logprobs: jax.Array
+  """f32[R, S]: log pi_ref of the slot's token; filled by `train_step.fill_logprobs`."""
+
+  @property
+  def num_rows(self) -> int:
+    return self.tokens.shape[0]
+
+  @property
+  def seq_len(self) -> int:
+    return self.tokens.shape[1]
+
+  @property
+  def input_mask(self):
+    """bool[R, L]: real (non-padding) tokens."""
+    return self.segment_ids > 0
+
+  def segments(self, score_columns: Optional[int], unit_rows: int) -> "SegmentBatch":
+    """Itself: already laid out (the signature of `TrainBatch.segments`)."""
+    del score_columns, unit_rows
+    return self
+
+
+def unit_weights(mask_mlc: jax.Array, unit_rows: int) -> jax.Array:
+  """f32[M, L, C] token weights of a mini-batch whose loss unit is `unit_rows` rows.
+
+  With `U` the units (consecutive `unit_rows` rows) that score an entry, `n_uc` the scored
+  entries of unit u in channel c (the actor: C = 1, its response tokens; the critic: one
+  channel per value head) and `w_t = 1 / (U * n_uc)` on the scored entries (0 elsewhere),
+
+      sum_t w_t x_t = (1 / U) sum_u sum_c token-mean_{u,c}(x),
+
+  verl's loss (per-GPU micro-batch token means, / gradient accumulation, averaged over
+  GPUs), whatever the micro-batches of the update are. With units equal to micro-batches
+  it is the mean over active micro-batches of their token means. (`packing` computes the
+  same weights on the host, `packing.token_mean_weights`, before it moves tokens.)
+
+  Args:
+    mask_mlc: bool[M, L, C] scored entries; M a multiple of unit_rows.
+    unit_rows: rows per unit.
+  """
+  mask = jnp.asarray(mask_mlc).astype(jnp.float32)
+  rows, channels = mask.shape[0], mask.shape[-1]
+  counts_uc = mask.reshape(rows // unit_rows, -1, channels).sum(axis=1)
+  active = jnp.maximum(jnp.sum(jnp.any(counts_uc > 0, axis=-1)), 1).astype(jnp.float32)
+  inv_uc = jnp.where(counts_uc > 0, 1.0 / (active * jnp.maximum(counts_uc, 1.0)), 0.0)
+  return jnp.repeat(inv_uc, unit_rows, axis=0)[:, None, :] * mask
 
 
 def pick_bucket(length: int, buckets: Sequence[int], what: str) -> int:
@@ -144,3 +249,14 @@ def build_train_batch(
 def slice_rows(batch: TrainBatch, start: int, stop: int) -> TrainBatch:
   """Rows [start, stop) of every field (host or device arrays)."""
   return jax.tree.map(lambda x: x[start:stop], batch)
+
+
+def row_chunks(batch, size: int) -> list:
+  """`batch` (any batch of rows: TrainBatch, SegmentBatch, `critic_step.ValueBatch`) in
+  consecutive chunks of `size` rows (the batch itself if it is one chunk)."""
+  if batch.num_rows % size:
+    raise ValueError(f"batch has {batch.num_rows} rows, not a multiple of mini_batch_rows={size}; "
+                     f"build it with row_multiple=mini_batch_rows.")
+  if batch.num_rows == size:
+    return [batch]
+  return [slice_rows(batch, start, start + size) for start in range(0, batch.num_rows, size)]

@@ -4,11 +4,13 @@ Flow of one iteration (docs/algorithms.md §9):
   1. `fill_logprobs`: log pi_old (current params) and log pi_ref (frozen initial params)
      of every scored token, computed in micro-batches, before any update.
   2. For each PPO epoch and each mini-batch (in order: verl `shuffle=False`), `update`:
-     the mini-batch [M, L] is split into k = M / m contiguous micro-batches; a
-     `lax.scan` accumulates gradients of `loss_i / k_active` (verl divides each
-     micro-batch loss by the accumulation count, so the optimiser sees the *mean of
-     micro-batch losses*, e.g. the mean of micro-batch token means under `token-mean`,
-     not a global token mean); then global-norm clipping and AdamW.
+     the mini-batch of M rows is split into k = M / m contiguous micro-batches; a
+     `lax.scan` accumulates the gradients of each micro-batch's share of the mini-batch
+     loss, `loss_i / k_active` (verl divides each micro-batch loss by the accumulation
+     count, so the optimiser sees the *mean of micro-batch losses*, e.g. the mean of
+     micro-batch token means under `token-mean`, not a global token mean; under
+     `token-mean` the share is the layout's weighted token sum, below); then global-norm
+     clipping and AdamW.
 
 Micro-batches are *global*: a micro-batch of m rows is sharded over the data-parallel
 axes (`data` x `fsdp`), and its token-mean is taken over all m rows. The result is
@@ -18,13 +20,18 @@ GPU; verl with G GPUs averages G per-GPU token means instead.
 k_active: micro-batches with no scored token (all-padding, see `train_batch`) add
 nothing and are not counted; without padding k_active = k exactly as in verl.
 
-Laid-out mini-batches (`training.packing`) carry per-token loss weights that make their
-loss this same mean of micro-batch means however the steps are arranged: a packed
-mini-batch (one row length) goes through the same `lax.scan`; a length-grouped one (a
-tuple of micro-batches, each with its own row length) goes through
-`update_micro_batches`: one compiled gradient program per micro-batch shape adding to
-a donated f32 gradient sum, then one compiled optimizer step (`apply_gradients`, shared
-with `update`).
+One layout (`train_batch.SegmentBatch`): every log-prob pass and every update step reads
+token rows of segments with the scored tokens in score slots and per-slot loss weights
+that make each micro-batch's loss its share of the mini-batch loss (under `token-mean`,
+the mean of micro-batch means above as a weighted token sum, `train_batch.unit_weights`).
+An unpacked mini-batch is one segment per row (laid out on the device by
+`TrainBatch.segments`); packing puts several segments in a row; length grouping gives a
+mini-batch as several parts of their own row lengths (`training.packing`). A mini-batch
+is a tuple of parts: one part goes through the `lax.scan` above (`update`), several
+through `update_mini_batch`: one compiled gradient program per part shape adding to a
+donated f32 gradient sum, then one compiled optimizer step (`apply_gradients`).
+`fill_logprobs` leaves the laid-out mini-batches on the mesh with their log-probs, so
+the update reads them there.
 
 Memory: the state holds params + 2 AdamW moments (3x params, f32), sharded by the
 model's logical rules. The reference policy is a fourth copy of the params with the
@@ -54,7 +61,6 @@ from hgpo_jax.models import attention
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import losses
-from hgpo_jax.training import packing
 from hgpo_jax.training import progress
 from hgpo_jax.training import train_batch as train_batch_lib
 
@@ -85,8 +91,9 @@ class UpdateConfig:
   loss: losses.LossConfig = losses.LossConfig()
   """Actor-loss options."""
   scored_tail: Optional[int] = None
-  """If set, only the last `scored_tail` token columns are scored (the response bucket):
-  the output layer is skipped on prompt positions. None: every column."""
+  """Score slots of an unpacked row: its last `scored_tail` columns (the response bucket),
+  so the output layer is skipped on prompt positions (`TrainBatch.segments`). None: every
+  column but the first."""
   reuse_on_policy_logprobs: bool = True
   """When an iteration is one optimizer step (`on_policy`), take log pi_old from the
   update's own forward pass (detached) instead of a separate pass before it: the same
@@ -99,7 +106,7 @@ class UpdateConfig:
   group_by_length: bool = False
   """The trainer sorts each mini-batch's steps by length into micro-batches of their own
   row length (`packing.group_mini_batch`; the same token-mean loss) and the update runs
-  them one by one (`Learner.update_micro_batches`); needs `loss.loss_agg == "token-mean"`."""
+  them one by one (`Learner.update_mini_batch`); needs `loss.loss_agg == "token-mean"`."""
   length_multiple: int = 128
   """With `group_by_length`: micro-batch row lengths are rounded up to a multiple of this
   (fewer distinct lengths, fewer compiled programs; more padding)."""
@@ -108,7 +115,7 @@ class UpdateConfig:
   rows) that score a token of each unit's own aggregate, whatever the micro-batches are
   (verl: a unit is a per-GPU micro-batch, averaged over gradient accumulation and GPUs).
   0: `micro_batch_rows` (the unit is the global micro-batch). A unit other than the
-  micro-batch needs `token-mean` (`unit_weights`)."""
+  micro-batch needs `token-mean` (`train_batch.unit_weights`)."""
 
   def __post_init__(self):
     for name in ("pack_rows", "group_by_length"):
@@ -141,8 +148,8 @@ class UpdateConfig:
 
   @property
   def unit_weighted(self) -> bool:
-    """Whether the loss unit differs from the micro-batch, so the update weights tokens
-    (`unit_weights`) instead of averaging micro-batch aggregates."""
+    """Whether the loss unit differs from the micro-batch (the critic then weights its
+    tokens, `train_batch.unit_weights`, instead of averaging micro-batch aggregates)."""
     return self.loss_unit != self.micro_batch_rows
 
   @property
@@ -198,64 +205,37 @@ def _pure(tree: Any) -> Any:
   return nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
 
 
-def token_logprobs(model: nnx.Module, tokens_bl: jax.Array, positions_bl: jax.Array,
-                   input_mask_bl: jax.Array, with_entropy: bool = True,
-                   scored_tail: Optional[int] = None):
-  """Log-prob (and full-softmax entropy) of every token given the tokens before it.
+def scored_logprobs(model: nnx.Module, batch: train_batch_lib.SegmentBatch,
+                    with_entropy: bool = True):
+  """Log-prob (and full-softmax entropy) of each score slot's token given the tokens before
+  it in its segment: the one log-prob function of the update (old, reference and current).
 
-  Column l holds the value for token l predicted from position l - 1 (the
-  `train_batch` convention); column 0 is 0.
+  Segments attend to themselves only and count positions from 0, so a slot's value is the
+  one its token gets in a row of its own; the token in column l is predicted from
+  position l - 1 (the `train_batch` convention), and the output layer runs on the slots
+  only (for an unpacked row: its response columns, not the [B, P, V] prompt logits).
 
   Args:
     model: the decoder (`hidden(...)`, `logits(hidden)`).
-    tokens_bl: int32[B, L]; positions_bl: int32[B, L]; input_mask_bl: bool[B, L].
+    batch: a SegmentBatch (`train_batch`): tokens, positions, segment_ids [R, L];
+      score_index [R, S].
     with_entropy: also return the entropy (else None).
-    scored_tail: if set (static), only the last `scored_tail` columns can be scored (the
-      response bucket of `train_batch`): the output layer runs on those positions only,
-      which saves the [B, P, V] prompt logits (the vocabulary projection is a large part
-      of a small model's cost); other columns hold 0.
 
   Returns:
-    (logp_bl f32[B, L], entropy_bl f32[B, L] or None).
-  """
-  hidden_bld, _ = model.hidden(tokens_bl, positions_bl, input_mask_bl)
-  seq = tokens_bl.shape[1]
-  tail = seq - 1 if scored_tail is None else min(scored_tail, seq - 1)
-  logits_blv = model.logits(hidden_bld[:, seq - 1 - tail:seq - 1]).astype(jnp.float32)
-  logz_bl = jax.nn.logsumexp(logits_blv, axis=-1)
-  picked_bl = jnp.take_along_axis(logits_blv, tokens_bl[:, seq - tail:, None], axis=-1)[..., 0]
-  pad = ((0, 0), (seq - tail, 0))
-  logp_bl = jnp.pad(picked_bl - logz_bl, pad)
-  if not with_entropy:
-    return logp_bl, None
-  probs_blv = jnp.exp(logits_blv - logz_bl[..., None])
-  entropy_bl = logz_bl - jnp.sum(probs_blv * logits_blv, axis=-1)
-  return logp_bl, jnp.pad(entropy_bl, pad)
-
-
-def packed_token_logprobs(model: nnx.Module, batch: packing.PackedBatch, with_entropy: bool = True):
-  """Log-prob (and entropy) of each scored slot of a packed batch (`training.packing`).
-
-  Segments attend to themselves only and count positions from 0, so each slot's value is
-  the one `token_logprobs` gives the same token unpacked; the output layer runs on the
-  scored slots only.
-
-  Returns:
-    (logp_bs f32[R, S], entropy_bs f32[R, S] or None); unused slots hold garbage (mask
+    (logp_rs f32[R, S], entropy_rs f32[R, S] or None); unused slots hold garbage (mask
     them with `score_mask`).
   """
-  hidden_bld, _ = model.hidden(batch.tokens, batch.positions, batch.segment_ids)
-  # the token in column l is predicted from position l - 1 (the train_batch convention)
-  prev_bs = jnp.maximum(batch.score_index - 1, 0)
-  hidden_bsd = jnp.take_along_axis(hidden_bld, prev_bs[..., None], axis=1)
-  logits_bsv = model.logits(hidden_bsd).astype(jnp.float32)
-  logz_bs = jax.nn.logsumexp(logits_bsv, axis=-1)
-  target_bs = jnp.take_along_axis(batch.tokens, batch.score_index, axis=1)
-  logp_bs = jnp.take_along_axis(logits_bsv, target_bs[..., None], axis=-1)[..., 0] - logz_bs
+  hidden_rld, _ = model.hidden(batch.tokens, batch.positions, batch.segment_ids)
+  prev_rs = jnp.maximum(batch.score_index - 1, 0)
+  hidden_rsd = jnp.take_along_axis(hidden_rld, prev_rs[..., None], axis=1)
+  logits_rsv = model.logits(hidden_rsd).astype(jnp.float32)
+  logz_rs = jax.nn.logsumexp(logits_rsv, axis=-1)
+  target_rs = jnp.take_along_axis(batch.tokens, batch.score_index, axis=1)
+  logp_rs = jnp.take_along_axis(logits_rsv, target_rs[..., None], axis=-1)[..., 0] - logz_rs
   if not with_entropy:
-    return logp_bs, None
-  probs_bsv = jnp.exp(logits_bsv - logz_bs[..., None])
-  return logp_bs, logz_bs - jnp.sum(probs_bsv * logits_bsv, axis=-1)
+    return logp_rs, None
+  probs_rsv = jnp.exp(logits_rsv - logz_rs[..., None])
+  return logp_rs, logz_rs - jnp.sum(probs_rsv * logits_rsv, axis=-1)
 
 
 class Learner:
@@ -297,8 +277,8 @@ class Learner:
     self.update = jax.jit(on_mesh(self._update), donate_argnums=(0,), static_argnums=(2,),
                           in_shardings=(self.state_sharding, self.row_sharding),
                           out_shardings=(self.state_sharding, self.replicated))
-    # Length-grouped micro-batches: one gradient program per micro-batch shape, the
-    # gradient sum donated from call to call, then the optimizer step.
+    # A mini-batch of several parts (length grouping): one gradient program per part
+    # shape, the gradient sum donated from call to call, then the optimizer step.
     self.zero_grads = jax.jit(self._zero_grads, out_shardings=self.param_shardings)
     self.accumulate = jax.jit(on_mesh(self._accumulate), donate_argnums=(1,), static_argnums=(3,),
                               in_shardings=(self.param_shardings, self.param_shardings,
@@ -311,6 +291,8 @@ class Learner:
     self.compute_logprobs = jax.jit(on_mesh(self._compute_logprobs),
                                     in_shardings=(self.param_shardings, self.row_sharding),
                                     out_shardings=self.row_sharding)
+    self.lay_out = jax.jit(self._layout, in_shardings=(self.row_sharding,),
+                           out_shardings=self.row_sharding)
     self._init_jit = jax.jit(self._init, out_shardings=self.state_sharding)
 
   # ---- state ------------------------------------------------------------------------
@@ -350,17 +332,20 @@ class Learner:
     return jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_shardings)(state.params)
 
   # ---- batches ----------------------------------------------------------------------
-  def put_batch(self, batch: train_batch_lib.TrainBatch) -> train_batch_lib.TrainBatch:
-    """Places a host batch on the mesh, rows split over the data-parallel axes.
+  def put_batch(self, batch: Any) -> Any:
+    """Places a batch on the mesh, rows split over the data-parallel axes.
 
-    Every process passes the same full (global) batch; each takes its own shards.
+    Every process passes the same full (global) batch; each takes its own shards. Arrays
+    already on the mesh in that layout (`fill_logprobs`' results) stay where they are.
     """
     def put(x):
+      if isinstance(x, jax.Array) and x.sharding == self.row_sharding:
+        return x
       x = np.asarray(x)
       return jax.make_array_from_callback(x.shape, self.row_sharding, lambda idx: x[idx])
     return jax.tree.map(put, batch)
 
-  def _micro(self, batch: train_batch_lib.TrainBatch) -> train_batch_lib.TrainBatch:
+  def _micro(self, batch: Any) -> Any:
     """[M, ...] -> [k, m, ...] contiguous micro-batches, each split over the data axes."""
     m = self.config.micro_batch_rows
     if batch.num_rows % m:
@@ -372,88 +357,81 @@ class Learner:
   def _model(self, params):
     return nnx.merge(self.graphdef, params)
 
-  def _compute_logprobs(self, params: Any, batch: train_batch_lib.TrainBatch) -> jax.Array:
-    """f32[M, L] log-probs of every token under `params`, micro-batch by micro-batch
-    (f32[R, S] of every score slot for a `packing.PackedBatch`)."""
+  def _layout(self, batch: Any) -> train_batch_lib.SegmentBatch:
+    """A mini-batch (part) as the loss reads it: the actor's SegmentBatch (a TrainBatch
+    is laid out one segment per row); `critic_step.CriticLearner` keeps its rows."""
+    return batch.segments(self.config.scored_tail, self.config.loss_unit)
+
+  def _compute_logprobs(self, params: Any, batch: Any) -> jax.Array:
+    """f32[R, S] log-probs of every score slot under `params` (0 on unused slots),
+    micro-batch by micro-batch."""
     model = self._model(params)
-    micro = self._micro(batch)
+    batch = self._layout(batch)
     def one(x):
-      if isinstance(x, packing.PackedBatch):
-        logp, _ = packed_token_logprobs(model, x, with_entropy=False)
-        return jnp.where(x.score_mask, logp, 0.0)
-      logp, _ = token_logprobs(model, x.tokens, x.positions, x.input_mask, with_entropy=False,
-                               scored_tail=self.config.scored_tail)
-      return jnp.where(x.response_mask, logp, 0.0)
-    logp_kml = jax.lax.map(one, micro)
-    return logp_kml.reshape(batch.num_rows, -1)
+      logp, _ = scored_logprobs(model, x, with_entropy=False)
+      return jnp.where(x.score_mask, logp, 0.0)
+    return jax.lax.map(one, self._micro(batch)).reshape(batch.num_rows, -1)
 
   # ---- update -----------------------------------------------------------------------
-  def _loss_mask(self, x: train_batch_lib.TrainBatch) -> jax.Array:
-    """bool[B, L, C]: the entries of each of the loss's C token means (the actor's one: its
-    response tokens; `critic_step.CriticLearner` has one per value head)."""
-    return x.response_mask[..., None]
+  @property
+  def weighted_loss(self) -> bool:
+    """Whether each micro-batch's loss is already its share of the mini-batch loss (the
+    layout's `loss_weights`, token-mean), so the update sums micro-batch losses; else
+    (the `seq-mean-*` modes) it averages them over the micro-batches that score a token."""
+    return self.config.loss.loss_agg == "token-mean"
 
-  def _loss(self, params, x: train_batch_lib.TrainBatch, on_policy: bool = False,
-            weights: Optional[jax.Array] = None):
+  def _loss_mask(self, x: Any) -> jax.Array:
+    """bool[B, S, C]: the entries of each of the loss's C token means (the actor's one: its
+    scored slots; `critic_step.CriticLearner` has one per value head)."""
+    return x.score_mask[..., None]
+
+  def _loss(self, params, x: train_batch_lib.SegmentBatch, on_policy: bool = False):
     """(loss, metrics) of one micro-batch; `critic_step.CriticLearner` replaces it.
 
     on_policy: log pi_old is this forward pass's own log-prob, detached
     (`UpdateConfig.on_policy`); `x.old_logprobs` is not read.
-    weights: f32[B, L, 1] token weights of `unit_weights` (a loss unit other than the
-      micro-batch): the loss is the weighted token sum, this micro-batch's share.
-    A `packing.PackedBatch` micro-batch gives its weighted share of the mini-batch loss
-    (`losses.weighted_actor_loss`).
     """
-    if isinstance(x, packing.PackedBatch):
-      logp, entropy = packed_token_logprobs(self._model(params), x)
-      old = jax.lax.stop_gradient(logp) if on_policy else x.old_logprobs
+    logp, entropy = scored_logprobs(self._model(params), x)
+    old = jax.lax.stop_gradient(logp) if on_policy else x.old_logprobs
+    if self.weighted_loss:
       return losses.weighted_actor_loss(logp, entropy, old, x.ref_logprobs, x.advantages,
                                         x.loss_weights, self.config.loss)
-    logp, entropy = token_logprobs(self._model(params), x.tokens, x.positions, x.input_mask,
-                                   scored_tail=self.config.scored_tail)
-    old = jax.lax.stop_gradient(logp) if on_policy else x.old_logprobs
-    if weights is not None:
-      return losses.weighted_actor_loss(logp, entropy, old, x.ref_logprobs, x.advantages,
-                                        weights[..., 0], self.config.loss)
-    return losses.actor_loss(logp, entropy, old, x.ref_logprobs, x.advantages,
-                             x.response_mask, self.config.loss)
+    # seq-mean-token-sum-norm without a norm_length divides by the row length, as unpacked
+    config = dataclasses.replace(self.config.loss,
+                                 norm_length=self.config.loss.norm_length or x.seq_len)
+    return losses.actor_loss(logp, entropy, old, x.ref_logprobs, x.advantages, x.score_mask,
+                             config)
 
-  def _update(self, state: TrainState, batch: train_batch_lib.TrainBatch, on_policy: bool = False):
-    """One optimizer step on a mini-batch [M, L]; returns (new state, f32[] metrics).
+  def _accumulate(self, params, grads, batch: Any, on_policy: bool = False):
+    """grads + the gradient of `batch`'s share of the mini-batch loss, its micro-batches in
+    a `lax.scan`, and the share's metrics (with `scored_tokens`).
 
     on_policy (static): old log-probs from the step's own forward pass (see `_loss`);
     valid only for the first step from the params that played the rollout.
     """
+    batch = self._layout(batch)
     micro = self._micro(batch)
-    packed = isinstance(batch, packing.PackedBatch)
-    scored = batch.score_mask if packed else batch.response_mask
-    active_k = jnp.any((micro.score_mask if packed else micro.response_mask), axis=(1, 2))
-    # A loss unit other than the micro-batch: token weights over the whole mini-batch.
-    weighted = not packed and self.config.unit_weighted
-    weights_k = None
-    if weighted:
-      weights = unit_weights(self._loss_mask(batch), self.config.loss_unit)
-      m = self.config.micro_batch_rows
-      weights_k = jax.lax.with_sharding_constraint(
-          weights.reshape(weights.shape[0] // m, m, *weights.shape[1:]), self._micro_sharding)
-    # packed or weighted micro-batch losses and metrics are shares of the mini-batch's: summed
-    n_active = (1.0 if packed or weighted
+    active_k = jnp.any(self._loss_mask(micro), axis=tuple(range(1, 4)))
+    n_active = (1.0 if self.weighted_loss
                 else jnp.maximum(jnp.sum(active_k), 1).astype(jnp.float32))
 
     def micro_step(grads, xs):
-      x, active, w = xs
-      (_, metrics), g = jax.value_and_grad(self._loss, has_aux=True)(
-          state.params, x, on_policy, *(() if w is None else (w,)))
+      x, active = xs
+      (_, metrics), g = jax.value_and_grad(self._loss, has_aux=True)(params, x, on_policy)
       scale = jnp.where(active, 1.0 / n_active, 0.0)
-      grads = jax.tree.map(lambda a, b: a + scale * b, grads, g)
-      return grads, metrics
+      return jax.tree.map(lambda a, b: a + scale * b, grads, g), metrics
 
+    grads, metrics_k = jax.lax.scan(micro_step, grads, (micro, active_k))
+    metrics = {name: jnp.sum(jnp.where(active_k, v, 0.0)) / n_active for name, v in metrics_k.items()}
+    metrics["scored_tokens"] = jnp.sum(jnp.any(self._loss_mask(batch), axis=-1)).astype(jnp.float32)
+    return grads, metrics
+
+  def _update(self, state: TrainState, batch: Any, on_policy: bool = False):
+    """One optimizer step on a one-part mini-batch [M, ...]; returns (new state, f32[] metrics)."""
     # Accumulate in f32 whatever the param dtype (bf16 sums of k terms lose bits), then
     # hand the optimizer grads in the param dtype so its state keeps a fixed dtype.
-    grads, metrics_k = jax.lax.scan(micro_step, self._zero_grads(state.params),
-                                    (micro, active_k, weights_k))
-    metrics = {name: jnp.sum(jnp.where(active_k, v, 0.0)) / n_active for name, v in metrics_k.items()}
-    metrics["scored_tokens"] = jnp.sum(scored).astype(jnp.float32)
+    grads, metrics = self._accumulate(state.params, self._zero_grads(state.params), batch,
+                                      on_policy)
     return self._apply_gradients(state, grads, metrics)
 
   def _zero_grads(self, params):
@@ -476,116 +454,74 @@ class Learner:
                               step=state.step + finite.astype(jnp.int32))
     return new_state, metrics
 
-  def _accumulate(self, params, grads, x: packing.PackedBatch, on_policy: bool = False):
-    """grads + the gradient of one packed micro-batch's weighted loss share, and that
-    share's metrics (with `scored_tokens`)."""
-    (_, metrics), g = jax.value_and_grad(self._loss, has_aux=True)(params, x, on_policy)
-    grads = jax.tree.map(lambda a, b: a + b, grads, g)
-    metrics = dict(metrics, scored_tokens=jnp.sum(x.score_mask).astype(jnp.float32))
-    return grads, metrics
+  def update_mini_batch(self, state: TrainState, parts: Sequence[Any], on_policy: bool = False):
+    """One optimizer step on a mini-batch given as its parts (`training.packing`); returns
+    (new state, metrics). Donates `state`, like `update`.
 
-  def update_micro_batches(self, state: TrainState, micro_batches: Sequence[packing.PackedBatch],
-                           on_policy: bool = False):
-    """One optimizer step on a mini-batch given as packed micro-batches of any shapes
-    (`packing.group_mini_batch`), placed on the mesh; returns (new state, metrics).
-
-    Each micro-batch runs its own compiled gradient program (one per shape), adding to a
-    donated f32 gradient sum; the metrics, weighted shares of the mini-batch's, are summed.
-    Donates `state`, like `update`.
+    One part (an unpacked or packed mini-batch) is one compiled program (`update`); several
+    (length-grouped micro-batches of their own shapes) run one gradient program per shape,
+    adding to a donated f32 gradient sum, and the metrics, weighted shares of the
+    mini-batch's, are summed.
     """
-    if not micro_batches:
-      raise ValueError("a mini-batch needs at least one micro-batch")
+    parts = [self.put_batch(x) for x in parts]
+    if len(parts) == 1:
+      return self.update(state, parts[0], on_policy)
+    if not parts or not self.weighted_loss:
+      raise ValueError(f"a mini-batch of {len(parts)} parts needs at least one part and "
+                       f"loss_agg='token-mean' (each part's loss its weighted share)")
     grads, total = self.zero_grads(state.params), None
-    for x in micro_batches:
+    for x in parts:
       grads, metrics = self.accumulate(state.params, grads, x, on_policy)
       total = metrics if total is None else jax.tree.map(jnp.add, total, metrics)
     return self.apply_gradients(state, grads, total)
 
 
-def unit_weights(mask_mlc: jax.Array, unit_rows: int) -> jax.Array:
-  """f32[M, L, C] token weights of a mini-batch whose loss unit is `unit_rows` rows.
-
-  With `U` the units (consecutive `unit_rows` rows) that score an entry, `n_uc` the scored
-  entries of unit u in channel c (the actor: C = 1, its response tokens; the critic: one
-  channel per value head) and `w_t = 1 / (U * n_uc)` on the scored entries (0 elsewhere),
-
-      sum_t w_t x_t = (1 / U) sum_u sum_c token-mean_{u,c}(x),
-
-  verl's loss (per-GPU micro-batch token means, / gradient accumulation, averaged over
-  GPUs), whatever the micro-batches of the update are. With units equal to micro-batches
-  it is the unweighted update's mean over active micro-batches.
-
-  Args:
-    mask_mlc: bool[M, L, C] scored entries; M a multiple of unit_rows.
-    unit_rows: rows per unit.
-  """
-  mask = mask_mlc.astype(jnp.float32)
-  rows, channels = mask.shape[0], mask.shape[-1]
-  counts_uc = mask.reshape(rows // unit_rows, -1, channels).sum(axis=1)
-  active = jnp.maximum(jnp.sum(jnp.any(counts_uc > 0, axis=-1)), 1).astype(jnp.float32)
-  inv_uc = jnp.where(counts_uc > 0, 1.0 / (active * jnp.maximum(counts_uc, 1.0)), 0.0)
-  return jnp.repeat(inv_uc, unit_rows, axis=0)[:, None, :] * mask
+# An iteration's rows: a batch of rows (a host TrainBatch, or a critic's ValueBatch), split
+# into one-part mini-batches of mini_batch_rows, or its mini-batches already laid out, a list
+# of tuples of parts (`packing.plain_batch`, `pack_batch`, `group_batch`).
+Batches = Any
 
 
-def _rows(batch: train_batch_lib.TrainBatch, size: int):
-  if batch.num_rows % size:
-    raise ValueError(f"batch has {batch.num_rows} rows, not a multiple of mini_batch_rows={size}; build it with row_multiple=mini_batch_rows.")
-  for start in range(0, batch.num_rows, size):
-    yield train_batch_lib.slice_rows(batch, start, start + size)
-
-
-# An iteration's rows: one TrainBatch (split into mini-batches of mini_batch_rows), or its
-# mini-batches already laid out: packed (`packing.pack_batch`: a PackedBatch each) or
-# length-grouped (`packing.group_batch`: a tuple of micro-batch PackedBatches each).
-Batches = train_batch_lib.TrainBatch | Sequence[packing.PackedBatch | tuple[packing.PackedBatch, ...]]
-
-
-def mini_batches(learner: Learner, batch: Batches) -> list:
-  """The iteration's mini-batches, in update order (a batch of rows, e.g. a TrainBatch or
-  a critic's ValueBatch, is split; a list of packed or length-grouped mini-batches is
-  taken as it is)."""
-  if isinstance(batch, (list, tuple)):
-    return list(batch)
-  return list(_rows(batch, learner.config.mini_batch_rows))
+def mini_batches(learner: Learner, batch: Batches) -> list[tuple]:
+  """The iteration's mini-batches in update order, each a tuple of parts."""
+  if isinstance(batch, list):  # laid out by the caller (`training.packing`)
+    return batch
+  return [(chunk,) for chunk in train_batch_lib.row_chunks(batch, learner.config.mini_batch_rows)]
 
 
 def fill_logprobs(learner: Learner, params: Any, ref_params: Optional[Any],
                   batch: Batches, *, old: bool = True) -> Batches:
-  """Returns the host batch with `old_logprobs` (and `ref_logprobs` if ref_params) filled.
+  """The iteration's mini-batches laid out on the mesh (SegmentBatch parts) with
+  `old_logprobs` (and `ref_logprobs` if ref_params) filled there: the update reads them
+  on the device, with no trip through the host.
 
-  Runs mini-batch by mini-batch so every call has the compiled [mini_batch, L] shape
-  (a list of packed mini-batches is filled one by one and returned as a list; a
-  length-grouped mini-batch micro-batch by micro-batch, each in its own shape).
-  old=False leaves `old_logprobs` as it is (an on-policy update computes its own, see
+  Runs part by part, so every call has a part's compiled shape. A list of mini-batches
+  comes back as a list of the same structure; a batch of rows as one SegmentBatch of the
+  same rows (its mini-batches' layouts end to end, what `Learner.update` takes).
+  old=False leaves `old_logprobs` as they are (an on-policy update computes its own, see
   `UpdateConfig.on_policy`).
   """
   filled = []
-  for chunk in mini_batches(learner, batch):
-    if isinstance(chunk, tuple):  # length-grouped: micro-batch by micro-batch
-      filled.append(tuple(fill_logprobs(learner, params, ref_params, list(chunk), old=old)))
-      continue
-    dev = learner.put_batch(chunk)
-    if old:
-      chunk = chunk.replace(old_logprobs=_to_host(learner.compute_logprobs(params, dev)))
-    if ref_params is not None:
-      chunk = chunk.replace(ref_logprobs=_to_host(learner.compute_logprobs(ref_params, dev)))
-    filled.append(chunk)
-  if isinstance(batch, (list, tuple)):
+  for parts in mini_batches(learner, batch):
+    laid_out = []
+    for part in parts:
+      x = learner.lay_out(learner.put_batch(part))
+      if old:
+        x = x.replace(old_logprobs=learner.compute_logprobs(params, x))
+      if ref_params is not None:
+        x = x.replace(ref_logprobs=learner.compute_logprobs(ref_params, x))
+      laid_out.append(x)
+    filled.append(tuple(laid_out))
+  if isinstance(batch, list):
     return filled
-  return jax.tree.map(lambda *xs: np.concatenate(xs), *filled)
-
-
-def _to_host(x: jax.Array) -> np.ndarray:
-  """A fully addressable (or replicated-across-processes) array as numpy."""
-  if x.is_fully_addressable:
-    return np.asarray(x)
-  from jax.experimental import multihost_utils
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  if len(filled) == 1:
+    return filled[0][0]
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs), *[parts[0] for parts in filled])
 
 
 def train_iteration(learner: Learner, state: TrainState, batch: Batches,
                     *, on_policy: bool = False):
-  """ppo_epochs x (rows / mini_batch_rows) updates over a filled host batch, in row order.
+  """ppo_epochs x (mini-batches) updates over a filled batch, in row order.
 
   on_policy: the iteration is one optimizer step whose old log-probs the update computes
   itself (`UpdateConfig.on_policy`; the batch's `old_logprobs` are not read).
@@ -601,15 +537,9 @@ def train_iteration(learner: Learner, state: TrainState, batch: Batches,
   history = []
   total = learner.config.ppo_epochs * len(chunks)
   for _ in range(learner.config.ppo_epochs):
-    for chunk in chunks:
+    for parts in chunks:
       progress.phase(learner.PHASE, f"mini-batch {len(history) + 1}/{total}")
-      if isinstance(chunk, tuple):  # length-grouped micro-batches
-        state, metrics = learner.update_micro_batches(
-            state, [learner.put_batch(x) for x in chunk], on_policy)
-      elif on_policy:
-        state, metrics = learner.update(state, learner.put_batch(chunk), True)  # on_policy
-      else:
-        state, metrics = learner.update(state, learner.put_batch(chunk))
+      state, metrics = learner.update_mini_batch(state, parts, on_policy)
       history.append(metrics)
   host = jax.device_get(history)
   mean = {k: float(np.mean([h[k] for h in host])) for k in host[0]}

@@ -3,7 +3,7 @@ averages, independent of the micro-batches the update runs for memory.
 
 verl averages tokens within each per-GPU micro-batch and then averages those means; the
 project's update with a unit other than its micro-batch weights each token by
-`train_step.unit_weights`. These tests pin that an update with micro-batches of m rows and
+`train_batch.unit_weights`. These tests pin that an update with micro-batches of m rows and
 units of u rows equals the update whose micro-batches *are* the u-row units, for u below
 and above m, for the actor and for the three-head critic.
 """
@@ -64,7 +64,7 @@ def test_unit_weights_are_the_mean_over_active_units_of_unit_token_means():
   mask = np.zeros((8, 3, 2), bool)
   mask[0, :2, 0] = mask[1, 0, 0] = True  # unit 0, channel 0: 3 entries
   mask[2, 1, 1] = True  # unit 1, channel 1: 1 entry; units 2 and 3 empty
-  w = np.asarray(train_step.unit_weights(mask, 2))
+  w = np.asarray(train_batch.unit_weights(mask, 2))
   assert np.allclose(w[mask], [1 / 6, 1 / 6, 1 / 6, 1 / 2]) and not w[~mask].any()
   x = np.random.default_rng(0).normal(size=mask.shape)
   expected = (x[:2, :, 0][mask[:2, :, 0]].mean() + x[2:4, :, 1][mask[2:4, :, 1]].mean()) / 2
@@ -106,7 +106,7 @@ def test_packed_and_grouped_weights_follow_the_loss_unit():
   host = _host_batch()
   mask = np.asarray(host.response_mask, bool)
   for unit in (4, 16):
-    expected = np.asarray(train_step.unit_weights(mask[..., None], unit))[..., 0]
+    expected = np.asarray(train_batch.unit_weights(mask[..., None], unit))[..., 0]
     assert np.allclose(packing.token_mean_weights(mask, unit), expected)
   packed = packing.pack_mini_batch(host, micro_batch_rows=4, loss_unit_rows=16)
   grouped = packing.group_mini_batch(host, micro_batch_rows=4, length_multiple=8,

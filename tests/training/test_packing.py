@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 import fake_devices
+import logprob_reference
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding
@@ -94,7 +95,7 @@ def test_packed_layout_holds_every_scored_step_once_with_restarting_positions():
                              np.sort(np.asarray(b.advantages)[rm]))
   np.testing.assert_allclose(np.sum(p.loss_weights), np.sum(w), rtol=1e-6)
   assert np.all(np.asarray(p.loss_weights)[~np.asarray(p.score_mask)] == 0)
-  np.testing.assert_allclose(packing.token_fill([p]),
+  np.testing.assert_allclose(packing.token_fill([(p,)]),
                              np.sum(np.asarray(b.input_mask)[scored_rows]) / (p.num_rows * p.seq_len))
 
 
@@ -109,9 +110,9 @@ def test_packing_is_deterministic_and_first_fit_decreasing():
 def test_packed_logprobs_and_entropy_equal_the_unpacked_ones():
   model = _model()
   b = _host_batch()
-  logp, ent = train_step.token_logprobs(model, b.tokens, b.positions, b.input_mask)
+  logp, ent = logprob_reference.token_logprobs(model, b.tokens, b.positions, b.input_mask)
   p = packing.pack_mini_batch(b, micro_batch_rows=4)
-  plogp, pent = train_step.packed_token_logprobs(model, p)
+  plogp, pent = train_step.scored_logprobs(model, p)
   # map each packed slot back to its unpacked (row, column) through the token sequence
   rm = np.asarray(b.response_mask)
   seg, idx, sm = np.asarray(p.segment_ids), np.asarray(p.score_index), np.asarray(p.score_mask)
@@ -153,9 +154,9 @@ def _packed_vs_unpacked(mesh, on_policy=False, layout="packed"):
   filled = train_step.fill_logprobs(learner, state.params, ref, host)
   packed = train_step.fill_logprobs(learner, state.params, ref, _layouts(host)[layout])
   if not on_policy:  # ratio e^1.5 on every token: clipped (A > 0) and dual-clipped (A < 0)
-    filled = filled.replace(old_logprobs=filled.old_logprobs - 1.5 * filled.response_mask)
     shift = lambda p: p.replace(old_logprobs=p.old_logprobs - 1.5 * p.score_mask)
-    packed = [tuple(map(shift, m)) if isinstance(m, tuple) else shift(m) for m in packed]
+    filled = shift(filled)
+    packed = [tuple(map(shift, parts)) for parts in packed]
   s1, m1 = train_step.train_iteration(learner, state, filled, on_policy=on_policy)
   p1 = jax.device_get(s1.params)
   s2, m2 = train_step.train_iteration(learner, learner.init_state(params0), packed, on_policy=on_policy)
@@ -223,12 +224,12 @@ def test_length_grouped_micro_batches_hold_every_scored_step_once_longest_first(
 def test_length_grouped_logprobs_equal_the_unpacked_ones():
   model = _model()
   b = _host_batch()
-  logp, _ = train_step.token_logprobs(model, b.tokens, b.positions, b.input_mask)
+  logp, _ = logprob_reference.token_logprobs(model, b.tokens, b.positions, b.input_mask)
   rm, im, toks = (np.asarray(x) for x in (b.response_mask, b.input_mask, b.tokens))
   by_tokens = {tuple(toks[i][im[i]]): i for i in np.flatnonzero(rm.any(1))}
   checked = 0
   for m in packing.group_mini_batch(b, micro_batch_rows=4, length_multiple=4):
-    glogp, _ = train_step.packed_token_logprobs(model, m)
+    glogp, _ = train_step.scored_logprobs(model, m)
     seg, idx, sm = np.asarray(m.segment_ids), np.asarray(m.score_index), np.asarray(m.score_mask)
     for r in range(m.num_rows):
       if not sm[r].any():

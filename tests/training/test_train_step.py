@@ -1,5 +1,8 @@
 """The jitted actor update: alignment, gradient accumulation semantics, sharding, donation."""
 
+import ast
+import pathlib
+
 import jax
 import numpy as np
 import optax
@@ -7,10 +10,12 @@ import pytest
 from flax import nnx
 
 import fake_devices
+import logprob_reference
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding
 from hgpo_jax.training import losses
+from hgpo_jax.training import packing
 from hgpo_jax.training import train_batch
 from hgpo_jax.training import train_step
 
@@ -46,10 +51,17 @@ def _config(**kw):
   return train_step.UpdateConfig(**base)
 
 
-def test_token_logprobs_alignment():
+def _reference_filled(model, host):
+  """`host` with old and reference log-probs of the readable reference (the same params)."""
+  logp, _ = logprob_reference.token_logprobs(model, host.tokens, host.positions, host.input_mask)
+  logp = np.where(host.response_mask, np.asarray(logp), 0.0).astype(np.float32)
+  return host.replace(old_logprobs=logp, ref_logprobs=logp.copy())
+
+
+def test_reference_logprobs_alignment():
   model = _model()
   b = _host_batch(4, row_multiple=4)
-  logp, ent = train_step.token_logprobs(model, b.tokens, b.positions, b.input_mask)
+  logp, ent = logprob_reference.token_logprobs(model, b.tokens, b.positions, b.input_mask)
   logits, _ = model(b.tokens, b.positions, b.input_mask)
   ls = jax.nn.log_softmax(logits, -1)
   for r, l in [(0, 9), (1, 8), (2, 12), (3, 8)]:
@@ -58,27 +70,50 @@ def test_token_logprobs_alignment():
   assert np.all(np.asarray(logp[:, 0]) == 0)
 
 
-def test_scored_tail_equals_full_logprobs_on_the_response_columns():
+@pytest.mark.parametrize("tail", [None, 8])
+def test_scored_logprobs_of_a_plain_batch_equal_the_reference(tail):
+  """The one log-prob function on an unpacked batch laid out one segment per row (score
+  slots: its last `tail` columns, the response bucket) gives the reference's numbers."""
   model = _model()
   b = _host_batch(4, row_multiple=4)
-  full, full_ent = train_step.token_logprobs(model, b.tokens, b.positions, b.input_mask)
-  response_cols = int(np.max(np.where(np.asarray(b.response_mask).any(0))[0]) + 1
-                      - np.min(np.where(np.asarray(b.response_mask).any(0))[0]))
-  tail = b.seq_len - int(np.min(np.where(np.asarray(b.response_mask).any(0))[0]))
-  assert tail >= response_cols
-  part, part_ent = train_step.token_logprobs(model, b.tokens, b.positions, b.input_mask,
-                                             scored_tail=tail)
-  mask = np.asarray(b.response_mask)
-  np.testing.assert_allclose(np.asarray(part)[mask], np.asarray(full)[mask], rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(part_ent)[mask], np.asarray(full_ent)[mask], rtol=1e-5)
-  assert np.all(np.asarray(part)[:, :b.seq_len - tail] == 0)
+  full, full_ent = logprob_reference.token_logprobs(model, b.tokens, b.positions, b.input_mask)
+  seg = b.segments(tail, 4)
+  assert seg.score_index.shape[1] == (b.seq_len - 1 if tail is None else tail)
+  logp, ent = train_step.scored_logprobs(model, seg)
+  cols = np.asarray(seg.score_index)
+  mask = np.asarray(seg.score_mask)
+  assert mask.sum() == np.asarray(b.response_mask).sum() > 0
+  for name, got, want in (("logp", logp, full), ("entropy", ent, full_ent)):
+    want = np.take_along_axis(np.asarray(want), cols, axis=1)
+    np.testing.assert_allclose(np.asarray(got)[mask], want[mask], rtol=1e-5, atol=1e-6, err_msg=name)
+  # the learner's log-prob pass: the same numbers, 0 on unused slots
+  learner = train_step.Learner(model, _mesh(), _config(mini_batch_rows=4, micro_batch_rows=4,
+                                                       scored_tail=tail))
+  state = learner.init_state(nnx.state(model, nnx.Param))
+  filled = train_step.fill_logprobs(learner, state.params, None, b)
+  np.testing.assert_allclose(np.asarray(filled.old_logprobs),
+                             np.where(mask, np.asarray(logp), 0.0), rtol=1e-5, atol=1e-6)
+
+
+def test_train_step_has_no_dispatch_on_the_batch_layout():
+  """One layout, one log-prob function, one update path: train_step.py never asks
+  whether a batch is packed, grouped (a tuple) or unpacked."""
+  source = pathlib.Path(train_step.__file__).read_text()
+  tree = ast.parse(source)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+      kinds = ast.unparse(node.args[1])
+      for word in ("PackedBatch", "SegmentBatch", "TrainBatch", "ValueBatch", "tuple"):
+        assert word not in kinds, f"line {node.lineno}: {ast.unparse(node)}"
+  assert "token_logprobs" not in source.replace("scored_logprobs", "")
 
 
 def _reference_step(params, tx, opt_state, micro_batches, cfg):
   """Readable gradient accumulation: mean over micro-batches of each micro-batch's loss grad."""
   graphdef, _ = nnx.split(_model(), nnx.Param)
   def loss(p, mb):
-    lp, ent = train_step.token_logprobs(nnx.merge(graphdef, p), mb.tokens, mb.positions, mb.input_mask)
+    lp, ent = logprob_reference.token_logprobs(nnx.merge(graphdef, p), mb.tokens, mb.positions,
+                                               mb.input_mask)
     return losses.actor_loss(lp, ent, mb.old_logprobs, mb.ref_logprobs, mb.advantages, mb.response_mask, cfg.loss)[0]
   grad_fn = jax.jit(jax.grad(loss))
   grads = [grad_fn(params, mb) for mb in micro_batches]
@@ -104,7 +139,7 @@ def test_grad_accumulation_semantics(mode):
   params0 = nnx.state(model, nnx.Param)
   learner = train_step.Learner(model, mesh, cfg_k2)
   state = learner.init_state(params0)
-  host = train_step.fill_logprobs(learner, state.params, state.params, _host_batch(16, seed=3, per_token=True))
+  host = _reference_filled(model, _host_batch(16, seed=3, per_token=True))
   # Perturb old log-probs so ratios differ from 1 and clipping is exercised.
   host = host.replace(old_logprobs=host.old_logprobs + 0.3 * np.sign(host.advantages) * host.response_mask)
   p0 = jax.device_get(state.params)
@@ -234,13 +269,33 @@ def test_updates_raise_logprob_of_positive_advantage_tokens():
   state = learner.init_state(nnx.state(model, nnx.Param))
   host = _host_batch(16, seed=7)
   host = host.replace(advantages=np.where(host.response_mask, 1.0, 0.0).astype(np.float32))
-  before = train_step.fill_logprobs(learner, state.params, None, host).old_logprobs
+  before = train_step.fill_logprobs(learner, state.params, None, host)
   for _ in range(3):
     filled = train_step.fill_logprobs(learner, state.params, None, host)
     state, _ = train_step.train_iteration(learner, state, filled)
-  after = train_step.fill_logprobs(learner, state.params, None, host).old_logprobs
-  m = host.response_mask
-  assert after[m].mean() > before[m].mean() + 0.1
+  after = train_step.fill_logprobs(learner, state.params, None, host)
+  m = np.asarray(before.score_mask)
+  assert m.sum() == host.response_mask.sum()
+  assert np.asarray(after.old_logprobs)[m].mean() > np.asarray(before.old_logprobs)[m].mean() + 0.1
+
+
+def test_filled_logprobs_stay_on_the_mesh_for_the_update():
+  """fill_logprobs leaves the laid-out mini-batches on the mesh, and the update reads them
+  there: no host-to-device copy of a batch (nor of its log-probs) during the epochs."""
+  model = _model()
+  learner = train_step.Learner(model, _mesh(8), _config(ppo_epochs=2))
+  state = learner.init_state(nnx.state(model, nnx.Param))
+  batches = train_step.fill_logprobs(learner, state.params, learner.reference_params(state),
+                                     packing.plain_batch(_host_batch(32, seed=8), mini_batch_rows=16))
+  assert [len(parts) for parts in batches] == [1, 1]
+  for parts in batches:
+    leaves = jax.tree.leaves(parts[0])
+    assert all(isinstance(x, jax.Array) and x.sharding == learner.row_sharding for x in leaves)
+    assert all(a is b for a, b in zip(jax.tree.leaves(learner.put_batch(parts[0])), leaves))
+    assert np.any(np.asarray(parts[0].old_logprobs) != 0)
+  with jax.transfer_guard_host_to_device("disallow"):
+    state, metrics = train_step.train_iteration(learner, state, batches)
+  assert int(state.step) == 4 and np.isfinite(metrics["loss"])
 
 
 def test_config_errors():

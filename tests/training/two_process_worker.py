@@ -24,7 +24,7 @@ def main(out, num_processes, process_id, port, local_devices):
 
   from hgpo_jax.models import config as model_config
   from hgpo_jax.models import decoder, sharding
-  from hgpo_jax.training import train_batch, train_step
+  from hgpo_jax.training import packing, train_batch, train_step
 
   assert jax.device_count() == 8, jax.devices()
   cfg = model_config.get_preset("tiny").replace(num_layers=1, vocab_size=64, mlp_dim=64)
@@ -38,8 +38,10 @@ def main(out, num_processes, process_id, port, local_devices):
   responses = [rng.integers(1, 64, rng.integers(1, 9)).tolist() for _ in range(16)]
   host, _ = train_batch.build_train_batch(prompts, responses, rng.normal(size=16).astype(np.float32),
                                           prompt_buckets=[8], response_buckets=[8], row_multiple=16)
-  host = train_step.fill_logprobs(learner, state.params, ref, host)
-  state, metrics = train_step.train_iteration(learner, state, host)
+  # as the trainer does: laid out and filled on the mesh, read there by the update
+  batches = train_step.fill_logprobs(learner, state.params, ref,
+                                     packing.plain_batch(host, mini_batch_rows=16))
+  state, metrics = train_step.train_iteration(learner, state, batches)
   params = multihost_utils.process_allgather(state.params, tiled=True)
   if jax.process_index() == 0:
     flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
