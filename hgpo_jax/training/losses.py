@@ -305,7 +305,7 @@ def multi_head_value_loss(values_blh: jax.Array, old_values_blh: jax.Array,
   Args:
     values_blh, old_values_blh, returns_blh: f32[B, L, H] V, V_old and R per head.
     mask_blh: bool[B, L, H] scored (column, head) entries.
-    weights_blh: None, or f32[B, L, H] token weights of `train_step.unit_weights` (a loss
+    weights_blh: None, or f32[B, L, H] token weights of `train_batch.unit_weights` (a loss
       unit other than the micro-batch, token-mean): the loss is `sum(w * error)`, this
       micro-batch's share.
     The others: as `value_loss`.
