@@ -160,7 +160,8 @@ def plot(data: dict[str, list[tuple[int, list[dict]]]], path: str) -> None:
 
 
 def markdown(data: dict[str, list[tuple[int, list[dict]]]], data_dirs: dict[str, list[str]],
-             env: str, command: str, root: str, reading: str | None) -> str:
+             env: str, command: str, root: str, reading: str | None,
+             revision: str = "unknown") -> str:
   out = [f"# Long runs of the critic methods on {env}", "",
          "Tiny policy, constrained decoding, the mini suite's settings with "
          "`train.num_iterations=60` (2 CPU cores). Mean ± std over the seeds shown; a run "
@@ -207,7 +208,7 @@ def markdown(data: dict[str, list[tuple[int, list[dict]]]], data_dirs: dict[str,
           f"--envs {env} --methods <method> --seeds <n> --override train.num_iterations=60` "
           "(HiPER also `rollout.dump=true`)",
           f"trainer revisions of the runs: {_revisions(data_dirs)}",
-          f"git (report): {report.git_revision()}",
+          f"git (report): {revision}",
           f"machine: {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"]
   if reading:
     out += ["", "## Reading", "", reading.strip()]
@@ -239,6 +240,7 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="results/hiper_long", help="output stem (.md, .csv, .png)")
   p.add_argument("--reading", help="a Markdown file appended under 'Reading'")
   args = p.parse_args(argv)
+  revision = report.git_revision()  # before this command rewrites its own outputs
   data, data_dirs = {}, {}
   for method in args.methods:
     runs = run_dirs(args.root, args.env, method)
@@ -256,7 +258,7 @@ def main(argv=None) -> int:
     f.write(csv_text(data))
   plot(data, args.out + ".png")
   with open(args.out + ".md", "w") as f:
-    f.write(markdown(data, data_dirs, args.env, command, shown, reading))
+    f.write(markdown(data, data_dirs, args.env, command, shown, reading, revision))
   print(f"wrote {args.out}.md, .csv, .png")
   return 0
 
