@@ -4,8 +4,6 @@ import csv
 import json
 import os
 
-import pytest
-
 from launch import report
 from launch.studies import long_runs
 
