@@ -160,6 +160,9 @@ def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: i
     # laid out on the mesh with their log-probs, where the update reads them
     batches = train_step.fill_logprobs(run.learner, run.state.params, run.ref_params, batches,
                                        old=not on_policy)
+    # the log-probs stay on the mesh (dispatched asynchronously): wait for them, so that
+    # time/logprobs_s (and the log-prob MFU) times the passes, not their dispatch
+    batches = jax.block_until_ready(batches)
   t1 = time.perf_counter()
   metrics: dict[str, float] = {}
   if actor_updated:
