@@ -252,6 +252,7 @@ def base_config() -> ml_collections.ConfigDict:
   #   sampler mesh's batch-parallel size); 0 = all rows at once
   c.rollout.max_trie_nodes = 0  # constrained decoding: trie nodes per row, fixed (program
   #   shapes from the config); 0 = sized per call
+  c.rollout.precompile = False  # compile every sampler program (all buckets) before iteration 1
   c.rollout.max_candidates = 256  # top-k/top-p candidates per row (lax.top_k); wider sorts
   c.rollout.max_new_tokens = 512  # most tokens per response (paper: 512)
   c.rollout.max_prompt_tokens = 2048  # tokens; longer prompts are truncated on the left

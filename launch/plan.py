@@ -21,7 +21,8 @@ parameters, optimizer state and batches, no weights) and compiles each for the t
   approximation of an accelerator's temporaries (persistent bytes are exact).
 
 Prints per device each program's argument / output / aliased / temporary / peak bytes and
-FLOPs per call; `--search` then tries candidate meshes and micro-batches for the train
+FLOPs per call; `--rollout-programs list|compile` lists (or compiles) every sampler
+program a run can call, each batch and prompt bucket (`rollout.precompile` compiles them); `--search` then tries candidate meshes and micro-batches for the train
 step and the largest sampler rows per call, with the same compiles. The last line reads
 `fits: peak X GiB of Y GiB per device on <target> (<program>)` or `does not fit: ...`;
 the exit status is 0 iff every program fits.
@@ -79,6 +80,11 @@ def parse_args(argv):
   ap.add_argument("--rollout-rows", type=int, default=0,
                   help="sampler rows per call (default: this process's groups x group_size)")
   ap.add_argument("--programs", default="", help="comma-separated subset of the programs")
+  ap.add_argument("--rollout-programs", choices=("list", "compile"), default="",
+                  help="list every sampler program a run can call (each batch and prompt "
+                  "bucket, shared and unshared prefill, training and evaluation sampling: "
+                  "what --config.rollout.precompile=true compiles) and exit, or compile them "
+                  "after the plan")
   ap.add_argument("--search", action="store_true", help="search meshes, micro-batches and "
                   "sampler rows per call that fit (several compiles)")
   ap.add_argument("--no-recommend", action="store_true", help="(kept for old command lines: "
@@ -150,6 +156,12 @@ def main(argv=None) -> int:
   shapes = plan_lib.shapes_from_config(config, micro, args.rollout_rows or None)
   print(f"plan: {args.config} {' '.join(overrides)} on {label}, {memory / plan_lib.GiB:.2f} GiB "
         f"per device; model {config.model.name} ({shapes.model.dtype})", flush=True)
+  if args.rollout_programs == "list":  # nothing to compile
+    listed = plan_lib.rollout_programs(config, mesh, rollout_rows=args.rollout_rows or None,
+                                       devices=devices)
+    print("\n".join(f"  {name}" for name, _ in listed))
+    print(f"{len(listed)} sampler programs a run can call (per process)", flush=True)
+    return 0
   t0 = time.perf_counter()
   plan = plan_lib.compile_plan(
       config, mesh, micro_batch_rows=micro, rollout_rows=args.rollout_rows or None,
@@ -159,6 +171,19 @@ def main(argv=None) -> int:
     seconds = plan_lib.estimated_seconds(plan, targets.seconds_per_cycle(target))
   print(plan_lib.format_plan(plan, memory, args.headroom, seconds))
   print(f"(compiled in {time.perf_counter() - t0:.0f} s)", flush=True)
+  if args.rollout_programs:
+    print(f"sampler programs of a run ({args.rollout_programs}):", flush=True)
+    t1 = time.perf_counter()
+    listed = plan_lib.rollout_programs(
+        config, mesh, compile_them=args.rollout_programs == "compile",
+        rollout_rows=args.rollout_rows or None, devices=devices,
+        log=lambda line: print(line, flush=True))
+    if listed:
+      worst = max(listed, key=lambda e: e[1].transient)
+      refused = [name for name, phase in listed if phase.refused]
+      print(f"{len(listed)} sampler programs compiled in {time.perf_counter() - t1:.0f} s; "
+            f"largest transient {worst[1].transient / plan_lib.GiB:.2f} GiB per device "
+            f"({worst[0]}); refused by the compiler: {refused or 'none'}", flush=True)
   if args.search:
     print("searching candidate meshes for the train step (update + log-probs):", flush=True)
     best, _ = plan_lib.recommend(config, len(devices), memory, args.headroom,

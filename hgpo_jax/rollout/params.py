@@ -49,6 +49,11 @@ class RolloutParams:
   prefixes once), fixed in every call so the constrained sampler programs take their
   shapes from the config (`programs.build` lists them); a turn that needs more is an error
   naming this field. 0: sized per call (the next power of two of the call's largest)."""
+  precompile: bool = False
+  """Compile every sampler program a run can call before the first iteration
+  (`programs.rollout_calls`: each batch and prompt bucket, shared and unshared prefill,
+  training and evaluation sampling), so that no rollout compiles mid-run (a call outside
+  that list is warned about once). Needs `max_trie_nodes` when `constrained`."""
   max_new_tokens: int = 512
   """Most tokens per response."""
   max_prompt_tokens: int = 2048
@@ -97,6 +102,9 @@ class RolloutParams:
     if not self.format_instructions and self.response_format != "hiper":
       raise ValueError("format_instructions=False exists only for response_format='hiper' "
                        "(its prompt puts the instructions after the state)")
+    if self.precompile and self.constrained and not self.max_trie_nodes:
+      raise ValueError("precompile=True with constrained decoding needs max_trie_nodes > 0 "
+                       "(the constrained programs' trie shapes otherwise follow the data)")
     self.sampling()  # validates temperature, top_p and top_k
 
   def sampling(self, temperature: float | None = None) -> sampler_lib.SamplingParams:

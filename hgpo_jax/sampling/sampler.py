@@ -294,7 +294,12 @@ class Sampler:
       already have (`hgpo_jax.models.sharding.shard_model`).
     share_prefill: rows of one call with the same prompt (a group's trajectories at
       their first step) are prefilled once and share the cache rows (the decode stays per
-      row); False prefills every row.
+      row). True: the shared prefill runs the batch bucket of the call's distinct prompts
+      (a program per pair of buckets); an int G >= 2 (the rollout's group size): it always
+      runs `shared_prefill_rows(Bb)` = the bucket of ceil(Bb / G) rows, and a call with
+      more distinct prompts than that prefills every row, so each (Bb, P) has at most two
+      programs (`hgpo_jax.training.programs.rollout_calls` lists them); False prefills
+      every row.
     max_candidates: K of top-k / top-p sampling (`filter_logits`): the largest logits per
       row and step that `jax.lax.top_k` takes; a top_k above K, or a top_p nucleus wider
       than K candidates, costs a full-vocabulary sort on that step (exact either way).
@@ -313,7 +318,8 @@ class Sampler:
 
   Attributes:
     generate_program: the jitted device program `generate` calls (prefill + decode loop),
-      public so that `hgpo_jax.training.programs` can lower and compile exactly it. Its
+      public so that `hgpo_jax.training.programs` can lower and compile exactly it (and
+      `precompile` compile its calls ahead of time). Its
       positional arguments: the model, then the arrays `generate` places (tokens, lengths,
       row validity, prefill tokens and lengths, row sources, rng, temperature, top_k, top_p,
       stop table, stop flag), the `TRIE_ARRAYS` in that order, and the free-span masks; its
@@ -334,6 +340,10 @@ class Sampler:
       raise ValueError(f"Sampler: max_candidates={max_candidates!r} must be an int >= 1 (the "
                        "top-k/top-p candidates per row; docs/performance.md).")
     self.max_candidates = max_candidates
+    if not (isinstance(share_prefill, bool)
+            or (isinstance(share_prefill, int) and share_prefill >= 2)):
+      raise ValueError(f"Sampler: share_prefill={share_prefill!r} must be a bool or an int "
+                       ">= 2 (the group size: a shared prefill runs ceil(rows / G) rows).")
     self.model = model
     self.share_prefill = share_prefill  # rows with one prompt share its prefill (generate)
     self.tokenizer = tokenizer
@@ -371,6 +381,9 @@ class Sampler:
     self._free_masks: dict[str, np.ndarray] = {}
     self._warned_sort = False  # top_k > max_candidates warned once
     self.num_compilations = 0  # traces of the jitted program (one per new bucket/flags)
+    # programs compiled ahead of time (`precompile`), by `_call_key` of their arguments
+    self._compiled: dict[tuple, jax.stages.Compiled] = {}
+    self.unlisted_calls = 0  # calls that found no precompiled program (with some compiled)
     # (traced with the mesh in context: the splash attention kernel shard_maps over it)
     self.generate_program = jax.jit(
         attention.traced_on(mesh, self._generate_device),
@@ -403,6 +416,34 @@ class Sampler:
       self._free_masks[forbidden] = constrained.free_token_mask(
           self.token_strings(), forbidden, sorted(special))
     return self._free_masks[forbidden]
+
+  def shared_prefill_rows(self, batch: int) -> int | None:
+    """Rows of the shared prefill of a call of `batch` (bucketed) rows with
+    `share_prefill=G`: the batch bucket of ceil(batch / G); None when the count follows
+    the call's distinct prompts (`share_prefill=True`) or nothing is shared."""
+    if isinstance(self.share_prefill, bool):
+      return None
+    return _bucket_for(-(-batch // self.share_prefill), self.batch_buckets, "batch size")
+
+  def precompile(self, calls) -> int:
+    """Compiles the generate programs of `calls` ahead of time for the current model.
+
+    Args:
+      calls: (arguments after the model, static keywords) of `generate_program`, arrays or
+        `jax.ShapeDtypeStruct`s with the shardings `generate` places them with
+        (`hgpo_jax.training.programs.rollout_calls`: every call a run of a config makes).
+    Returns:
+      how many programs are now compiled. A `generate` call whose argument shapes and
+      static flags are one of them runs that executable and traces nothing; any other
+      call is jit-compiled as before (and counted in `num_compilations`). The executables
+      take the model's parameters with the shardings they had here: keep them (the
+      trainer's sampler weights do).
+    """
+    for args, static in calls:
+      key = _call_key(args, static)
+      if key not in self._compiled:
+        self._compiled[key] = self.generate_program.lower(self.model, *args, **static).compile()
+    return len(self._compiled)
 
   def _place(self, x):
     """Puts a host array on the mesh, split over the batch axes on its leading dim."""
@@ -457,9 +498,13 @@ class Sampler:
     # prefill: the unique prompts are prefilled and their cache rows copied to every row.
     first_row: dict[tuple[int, ...], int] = {}
     source = [first_row.setdefault(tuple(p), len(first_row)) for p in prompts]
-    shared = self.share_prefill and plen > 1 and len(first_row) < num_rows
-    if shared:
+    shared = self.share_prefill is not False and plen > 1 and len(first_row) < num_rows
+    ubatch = self.shared_prefill_rows(batch)
+    if ubatch is None:
       ubatch = _bucket_for(len(first_row), self.batch_buckets, "batch size")
+    else:  # a fixed row count (share_prefill=G): share only what fits in it
+      shared = shared and len(first_row) <= ubatch < batch
+    if shared:
       prefill_up = np.full((ubatch, plen), self.pad_id, np.int32)
       prefill_lengths_u = np.ones((ubatch,), np.int32)
       for u, prompt in enumerate(first_row):
@@ -470,9 +515,9 @@ class Sampler:
     else:
       prefill_up, prefill_lengths_u, source_b = tokens_bp, lengths_b, np.arange(batch, dtype=np.int32)
 
-    mode = NO_CONSTRAINT
-    if allowed is not None and any(allowed):
-      mode = WHOLE_CONSTRAINT
+    # Any `allowed` (even all rows free) runs the constrained program: whether a call is
+    # constrained is then the caller's setting, not its data (free rows sample as unconstrained).
+    mode = NO_CONSTRAINT if allowed is None else WHOLE_CONSTRAINT
     greedy = params.temperature == 0.0
     filtered = not greedy and (params.top_k > 0 or params.top_p < 1.0)
     vocab = self.cfg.vocab_size
@@ -514,14 +559,23 @@ class Sampler:
 
     rep = self._replicate
     by_row = lambda x: self._place(x) if x.shape[0] == batch else rep(x)
-    out = self.generate_program(
-        self.model, self._place(tokens_bp), self._place(lengths_b), self._place(row_valid_b),
-        self._place(prefill_up), self._place(prefill_lengths_u), self._place(source_b), rng, rep(np.float32(max(params.temperature, 1e-6))), rep(np.int32(params.top_k)),
-        rep(np.float32(params.top_p)), rep(stop_table), np.bool_(bool(params.stop_strings)),
-        *(by_row(getattr(tries, name)) for name in TRIE_ARRAYS),
-        rep(free_masks),
-        max_new_tokens=max_new, greedy=greedy, filtered=filtered, constraint_mode=mode,
-        ignore_eos=params.ignore_eos, shared_prefill=shared)
+    args = (self._place(tokens_bp), self._place(lengths_b), self._place(row_valid_b),
+            self._place(prefill_up), self._place(prefill_lengths_u), self._place(source_b), rng,
+            rep(np.float32(max(params.temperature, 1e-6))), rep(np.int32(params.top_k)),
+            rep(np.float32(params.top_p)), rep(stop_table), np.bool_(bool(params.stop_strings)),
+            *(by_row(getattr(tries, name)) for name in TRIE_ARRAYS), rep(free_masks))
+    static = dict(max_new_tokens=max_new, greedy=greedy, filtered=filtered, constraint_mode=mode,
+                  ignore_eos=params.ignore_eos, shared_prefill=shared)
+    compiled = self._compiled.get(_call_key(args, static))
+    if compiled is None and self._compiled:
+      self.unlisted_calls += 1
+      if self.unlisted_calls == 1:
+        warnings.warn(f"Sampler.generate: a call of {batch} rows x prompt {plen} "
+                      f"(flags {static}) is not among the {len(self._compiled)} precompiled "
+                      "programs: compiling it now (programs.rollout_calls misses a case).",
+                      stacklevel=2)
+    out = (compiled(self.model, *args) if compiled is not None
+           else self.generate_program(self.model, *args, **static))
     out_tokens, out_logp, num_b, reason_b = jax.device_get(out)
     return self._finish(out_tokens[:num_rows], out_logp[:num_rows], num_b[:num_rows],
                         reason_b[:num_rows], params.stop_strings)
@@ -734,6 +788,13 @@ class Sampler:
              zeros_b, phase_b.astype(jnp.int32), zeros_b, zeros_b)
     carry = jax.lax.while_loop(cond, body, carry)
     return carry[3], carry[4], carry[7], carry[6]
+
+
+def _call_key(args, static: dict) -> tuple:
+  """What selects a compiled generate program: the shapes and dtypes of its arguments
+  after the model (arrays or `jax.ShapeDtypeStruct`s) and its static keywords."""
+  shapes = tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(args))
+  return shapes + tuple(sorted(static.items()))
 
 
 def _first_stop_end(text: str, stop_strings: Sequence[str]) -> int | None:

@@ -23,6 +23,7 @@ largest peak leaves the requested headroom.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Optional, Sequence
 
 import numpy as np
@@ -208,6 +209,28 @@ def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optiona
               reference=registry.reference_bytes, critic=registry.critic_bytes, phases=out,
               platform=registry.platform, device_kind=getattr(device, "device_kind", "cpu"),
               rollout_rows=registry.rollout_rows, sample_mesh=_mesh_tuple(registry.sample_mesh))
+
+
+def rollout_programs(config, mesh_shape: Sequence[int], *, compile_them: bool = False,
+                     rollout_rows: Optional[int] = None, devices=None,
+                     log=lambda line: None) -> list[tuple[str, Optional[Phase]]]:
+  """Every generate program a run of `config` can call on one process
+  (`programs.Registry.rollout_programs`: each batch and prompt bucket, shared and unshared
+  prefill, training and evaluation sampling), each compiled for the mesh's devices when
+  `compile_them` (else its Phase is None). `log` gets a line per compiled program."""
+  mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
+  registry = programs_lib.build(config, mesh, rollout_rows=rollout_rows)
+  out = []
+  for program in registry.rollout_programs():
+    phase = None
+    if compile_them:
+      start = time.perf_counter()
+      phase = _phase(program)
+      log(f"  {program.name}: peak {(phase.transient + registry.persistent) / GiB:.2f} GiB"
+          f"{' (refused)' if phase.refused else ''}, compiled in "
+          f"{time.perf_counter() - start:.0f} s")
+    out.append((program.name, phase))
+  return out
 
 
 def candidate_meshes(num_devices: int, cfg: model_config.ModelConfig) -> list[tuple[int, int, int]]:

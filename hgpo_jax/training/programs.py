@@ -25,6 +25,8 @@ Shapes (the paper setting's worst case, each an upper bound of what a run compil
                      call's trie shapes then depend on its data);
   generate_shared    the same call at an episode's first turn: each group's prompt is
                      prefilled once and its cache rows copied to the group's rows;
+                     (`Registry.rollout_programs()` lists every smaller bucket's program
+                     too: `rollout_calls`, what `rollout.precompile` compiles);
   critic_values, critic_update   the critic's (PPO, HiPER) on the update's rows;
   advantages         the estimator on the iteration's row capacity (critic-free only).
 With several processes the training programs span the whole slice and the sampler runs on
@@ -144,6 +146,15 @@ class Registry:
   def platform(self) -> str:
     return target_platform(self.mesh)
 
+  def rollout_programs(self) -> list[Program]:
+    """Every generate program a run can call on one process (`rollout_calls`), as
+    `Program`s of the registry's sampler (the "generate" entries are its largest two)."""
+    sampler = self.sampler
+    return [Program(name, sampler.generate_program, (sampler.model,) + args, static, 0,
+                    self.programs["generate"].persistent,
+                    unknown_trip_count=static["max_new_tokens"])
+            for name, args, static in rollout_calls(self.config, sampler, self.rollout_rows)]
+
 
 def sharded_bytes(tree) -> int:
   """Per-device bytes of a tree of ShapeDtypeStructs with shardings (largest shard)."""
@@ -187,27 +198,28 @@ class _CompileOnlyTokenizer:
                        "model's tokenizer to sample")
 
 
-def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: int, config,
-                  stop_strings=()):
-  """Abstract arguments of `Sampler.generate_program` for a rollout call, laid out as
-  `Sampler.generate` places them (rows over the batch axes, tables replicated): with the
-  rollout's stop strings, constrained when `rollout.constrained` with a fixed
-  `rollout.max_trie_nodes` (the tries' shapes are then the config's), else free."""
+def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: int,
+                  params: sampler_lib.SamplingParams, fixed_tries: int):
+  """Abstract arguments (after the model) and static keywords of `Sampler.generate_program`
+  for a call of `rows` x `prompt` (`unique` prefilled rows: < rows for a shared prefill),
+  laid out as `Sampler.generate` places them (rows over the batch axes, tables replicated):
+  with `params`' stop strings and flags; constrained with per-row tries of `fixed_tries`
+  nodes when > 0, else free."""
   mesh = sampler.mesh
   row_spec = sharding_lib.logical_to_spec(("batch",), mesh, shape=(rows,))[0]
   by_row = lambda n, *tail: NamedSharding(mesh, P(row_spec, *([None] * len(tail))))
   rep = NamedSharding(mesh, P())
   sds = lambda shape, dtype, sh: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
   vocab = sampler.cfg.vocab_size
-  fixed_tries = bool(config.rollout.constrained) and int(config.rollout.max_trie_nodes) > 0
-  tries = (constrained.build_tries([], rows, int(config.rollout.max_trie_nodes)) if fixed_tries
+  tries = (constrained.build_tries([], rows, fixed_tries) if fixed_tries
            else constrained.build_tries([], 1))
   trie_args = tuple(
       sds(getattr(tries, name).shape, getattr(tries, name).dtype,
           by_row(rows) if getattr(tries, name).shape[0] == rows else rep)
       for name in sampler_lib.TRIE_ARRAYS)
   key = jax.eval_shape(lambda: jax.random.key(0))
-  stop_rows = constrained.automaton_rows(stop_strings) if stop_strings else 1
+  stops = params.stop_strings
+  stop_rows = constrained.automaton_rows(stops) if stops else 1
   u_spec = sharding_lib.logical_to_spec(("batch",), mesh, shape=(unique,))[0]
   by_u = lambda *tail: NamedSharding(mesh, P(u_spec, *([None] * len(tail))))
   args = (sds((rows, prompt), jnp.int32, by_row(rows, prompt)), sds((rows,), jnp.int32, by_row(rows)),
@@ -218,15 +230,63 @@ def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: 
           sds((), jnp.float32, rep), sds((), jnp.int32, rep), sds((), jnp.float32, rep),
           sds((stop_rows, vocab), jnp.int32, rep), sds((), jnp.bool_, rep),
           *trie_args, sds((2, vocab), jnp.bool_, rep))
-  temperature = float(config.rollout.temperature)
-  greedy = temperature == 0.0
-  filtered = not greedy and (int(config.rollout.top_k) > 0 or float(config.rollout.top_p) < 1.0)
-  static = dict(max_new_tokens=int(config.rollout.max_new_tokens), greedy=greedy,
-                filtered=filtered, ignore_eos=False,
+  greedy = params.temperature == 0.0
+  filtered = not greedy and (params.top_k > 0 or params.top_p < 1.0)
+  static = dict(max_new_tokens=params.max_new_tokens, greedy=greedy, filtered=filtered,
+                ignore_eos=params.ignore_eos,
                 constraint_mode=(sampler_lib.WHOLE_CONSTRAINT if fixed_tries
                                  else sampler_lib.NO_CONSTRAINT),
                 shared_prefill=unique != rows)
   return args, static
+
+
+def _fixed_tries(config) -> int:
+  """Trie nodes of the constrained calls when the config fixes them, else 0 (free calls;
+  a constrained call's trie shapes then follow its data)."""
+  return int(config.rollout.max_trie_nodes) if bool(config.rollout.constrained) else 0
+
+
+def rollout_calls(config, sampler: sampler_lib.Sampler, rows: int
+                  ) -> list[tuple[str, tuple, dict]]:
+  """Every generate call a run of `config` can make on one process with at most `rows`
+  rows per call: (name, abstract arguments after the model, static keywords) for each
+  batch bucket up to `rows`, each prompt bucket, unshared and (when the sampler shares
+  with a fixed row count, `Sampler(share_prefill=G)`) shared prefill, at the training and
+  the evaluation temperature. `Sampler.precompile` compiles them; a run whose sampler
+  precompiled them traces no program mid-run (`rollout.precompile`).
+
+  Raises ValueError when the set is not fixed by the config: constrained decoding with
+  `rollout.max_trie_nodes=0` (trie shapes then follow the data).
+  """
+  if bool(config.rollout.constrained) and not int(config.rollout.max_trie_nodes):
+    raise ValueError("rollout.constrained with rollout.max_trie_nodes=0: the constrained "
+                     "programs' trie shapes follow the data, so they cannot be listed ahead "
+                     "of time; set rollout.max_trie_nodes (e.g. 512)")
+  settings = run_config.validate(config)
+  variants = {}
+  for label, params in (("train", settings.sampling), ("eval", settings.eval_sampling)):
+    greedy = params.temperature == 0.0
+    flags = (greedy, not greedy and (params.top_k > 0 or params.top_p < 1.0))
+    variants.setdefault(flags, (label, params))
+  calls = []
+  for label, params in variants.values():
+    for b in (b for b in sampler.batch_buckets if b <= _bucket(rows, sampler.batch_buckets)):
+      for p in sampler.prompt_buckets:
+        name = f"generate[{label} rows={b} prompt={p}]"
+        calls.append((name,) + _sampler_args(sampler, b, p, b, params, _fixed_tries(config)))
+        u = sampler.shared_prefill_rows(b)
+        if u is not None and u < b and p > 1:
+          calls.append((f"{name[:-1]} shared={u}]",)
+                       + _sampler_args(sampler, b, p, u, params, _fixed_tries(config)))
+  return calls
+
+
+def _share_prefill(config) -> int | bool:
+  """The rollout sampler's `share_prefill`: the group size (a group's trajectories share
+  their first turn's prefill, in a fixed number of rows per batch bucket); off for
+  groups of one."""
+  size = int(config.rollout.group_size)
+  return size if size >= 2 else False
 
 
 def _bucket(n: int, buckets) -> int:
@@ -329,6 +389,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
                                 tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size),
                                 prompt_buckets=prompt_buckets(config.rollout.max_prompt_tokens),
                                 mesh=sample_mesh, max_candidates=run.rollout.max_candidates,
+                                share_prefill=_share_prefill(config),
                                 cache_dtype=run.rollout.kv_cache_dtype,
                                 trie_nodes=run.rollout.max_trie_nodes,
                                 prefill_rows=run.rollout.prefill_chunk_rows)
@@ -337,16 +398,16 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   prompt = config.rollout.max_prompt_tokens
   sample_params_b = sharded_bytes(sample_params)
   decode_steps = int(config.rollout.max_new_tokens)
-  stops = run.rollout.sampling().stop_strings
-  args, static = _sampler_args(sampler, rows, prompt, rows, config, stops)
+  args, static = _sampler_args(sampler, rows, prompt, rows, run.sampling, _fixed_tries(config))
   turns = int(config.env.max_steps)
   programs["generate"] = Program(
       "generate", sampler.generate_program, (sampler.model,) + args, static, max(turns - 1, 1),
       sample_params_b, unknown_trip_count=decode_steps,
       note=f"{rows} rows x prompt {prompt}, prefill + up to {decode_steps} decode steps")
-  unique = _bucket(max(rows // config.rollout.group_size, 1), sampler.batch_buckets)
-  if unique < rows:
-    args, static = _sampler_args(sampler, rows, prompt, unique, config, stops)
+  unique = sampler.shared_prefill_rows(rows)
+  if unique is not None and unique < rows:
+    args, static = _sampler_args(sampler, rows, prompt, unique, run.sampling,
+                                 _fixed_tries(config))
     programs["generate_shared"] = Program(
         "generate_shared", sampler.generate_program, (sampler.model,) + args, static, 1,
         sample_params_b, unknown_trip_count=decode_steps,

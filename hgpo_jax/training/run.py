@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import jax
@@ -264,7 +265,18 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, train: bool = True
             train_tasks=tasks[config.env.train_split] if train else None, **fields)
   if train:
     run.update_sampler()
+    if settings.rollout.precompile:
+      _precompile_sampler(run)
   return run
+
+
+def _precompile_sampler(run: "Run") -> None:
+  """Compiles every generate program the run can call (`rollout.precompile`)."""
+  rows = run.groups_per_process * run.config.rollout.group_size
+  calls = programs.rollout_calls(run.config, run.sampler, rows)
+  start = time.perf_counter()
+  num = run.sampler.precompile([call[1:] for call in calls])
+  logging.info("precompiled %d sampler programs in %.0f s", num, time.perf_counter() - start)
 
 
 def _train_state(config, settings: run_config.RunConfig, workdir: str, mesh, model,
