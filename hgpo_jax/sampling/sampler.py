@@ -309,8 +309,9 @@ class Sampler:
     prefill_rows: rows prefilled per step of the prefill loop (`rollout.prefill_chunk_rows`;
       a multiple of the mesh's batch-parallel size): the prefill's activations are those of
       this many rows instead of all rows of the call (the MLP intermediates of every row
-      at once set the generate program's peak); the same keys/values. 0, or a call with
-      at most this many prefill rows or a count it does not divide: one prefill.
+      at once set the generate program's peak); the same keys/values. A shared prefill's
+      copy of the unique rows' cache to the call's rows goes as many rows per step. 0, or
+      a call with at most this many rows or a count it does not divide: one step.
     trie_nodes: nodes (and edges) of every constrained call's per-row token tries, fixed,
       so that constrained programs take their shapes from the config
       (`rollout.max_trie_nodes`); a call whose trie needs more raises ValueError. 0: the
@@ -613,6 +614,34 @@ class Sampler:
     return SampleOutput(tokens=tokens, logprobs=logprobs, texts=texts, stop_reason=reasons)
 
   # --------------------------------------------------------------------------- device side
+  def _chunks(self, rows: int) -> bool:
+    """Whether `rows` rows are prefilled (or, shared, copied) `prefill_rows` at a time."""
+    return bool(self.prefill_rows) and rows > self.prefill_rows and rows % self.prefill_rows == 0
+
+  def _chunked_copy(self, cache_u, source_b, cache_b):
+    """A shared prefill's B-row cache, row b = `cache_u`'s row `source_b[b]`, written into
+    the empty `cache_b` in place, `prefill_rows` rows per loop step (each device its own
+    block of rows, as `_chunked_prefill`): only the U-row cache and one step's rows are
+    live beside it. `jnp.take` of all B rows at once made XLA:TPU keep a second B-row
+    cache next to the decode loop's (docs/performance.md)."""
+    d = self.batch_parallel
+    batch = source_b.shape[0]
+    per, c = batch // d, self.prefill_rows // d
+    source = source_b.reshape(d, per)
+
+    def step(i, kv):
+      rows = jax.lax.dynamic_slice_in_dim(source, i * c, c, axis=1).reshape(d * c)
+      return tuple(
+          jax.lax.dynamic_update_slice(
+              full, jnp.take(u, rows, axis=1).reshape(u.shape[0], d, c, *u.shape[2:]),
+              (0, 0, i * c) + (0,) * (full.ndim - 3))
+          for full, u in zip(kv, (cache_u.k, cache_u.v)))
+
+    shape = (cache_b.k.shape[0], d, per) + cache_b.k.shape[2:]
+    k_b, v_b = jax.lax.fori_loop(0, per // c, step,
+                                 (cache_b.k.reshape(shape), cache_b.v.reshape(shape)))
+    return decoder.KVCache(k=k_b.reshape(cache_b.k.shape), v=v_b.reshape(cache_b.v.shape))
+
   def _chunked_prefill(self, model, tokens_ut, positions_ut, segment_ids_ut, cache):
     """The prefill of U rows in U / prefill_rows steps of a loop, each writing its rows'
     keys/values into `cache` in place. Rows split over D batch-parallel devices lie in
@@ -674,14 +703,17 @@ class Sampler:
       # the [B, P, V] logits of the prompt are never needed (only hidden is called).
       positions_ut, segment_ids_ut = prefill_layout(prefill_lengths_u, plen)
       unique = prefill_up.shape[0]
-      if self.prefill_rows and unique > self.prefill_rows and unique % self.prefill_rows == 0:
+      if self._chunks(unique):
         cache = self._chunked_prefill(model, prefill_up[:, :-1], positions_ut, segment_ids_ut,
                                       cache)
       else:
         _, cache = model.hidden(prefill_up[:, :-1], positions_ut, segment_ids_ut, cache=cache,
                                 cache_index=0)
     if shared_prefill:
-      cache = jax.tree.map(lambda c: jnp.take(c, source_b, axis=1), cache)
+      if self._chunks(batch):
+        cache = self._chunked_copy(cache, source_b, empty_cache(batch))
+      else:
+        cache = jax.tree.map(lambda c: jnp.take(c, source_b, axis=1), cache)
       if self.mesh is not None:
         cache = jax.lax.with_sharding_constraint(
             cache, sharding.cache_shardings(cfg, self.mesh, batch, cache_len))

@@ -379,7 +379,8 @@ def test_fixed_trie_nodes_give_one_constrained_program_and_the_same_tokens(model
 def test_prefill_in_row_chunks_equals_one_prefill(tok, prompts):
   """`prefill_rows` (rollout.prefill_chunk_rows): 8 rows prefilled 2 (unsharded) or 4 (over
   data=4: one row per device per step) at a time sample what one prefill of all rows
-  samples, with shared and unshared prefill; a chunk that is not a multiple of the mesh's
+  samples, with shared and unshared prefill (shared: the cache rows copied to the call's
+  rows as many per step); a chunk that is not a multiple of the mesh's
   batch-parallel size is refused."""
   cfg = config.get_preset("tiny")
   rows = prompts + [prompts[0][:5], prompts[1][3:], prompts[2][:9], [7, 8, 9], prompts[1]]
@@ -394,12 +395,14 @@ def test_prefill_in_row_chunks_equals_one_prefill(tok, prompts):
                             share_prefill=share, **kw)
       got = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(8,),
                             share_prefill=share, prefill_rows=chunk, **kw)
-      traced = []
-      chunked = got._chunked_prefill
+      traced, copied = [], []
+      chunked, copy = got._chunked_prefill, got._chunked_copy
       got._chunked_prefill = lambda *a: traced.append(1) or chunked(*a)
+      got._chunked_copy = lambda *a: copied.append(1) or copy(*a)
       a = ref.generate(rows, params, jax.random.key(5))
       b = got.generate(rows, params, jax.random.key(5))
       assert traced  # the loop ran (8 prefill rows > the chunk)
+      assert bool(copied) == share  # shared: the 8 rows' cache copied a chunk per step
       assert a.tokens == b.tokens
       for x, y in zip(a.logprobs, b.logprobs):
         np.testing.assert_allclose(x, y, atol=1e-5)
