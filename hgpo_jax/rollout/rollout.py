@@ -86,6 +86,9 @@ class Rollout:
   lengths: np.ndarray  # int[num_trajectories]: executed steps
   task_types: list[str]
   timings: dict[str, float]
+  decode_work: tuple[int, int] = (0, 0)
+  """(tokens sampled, row-steps the sampler's decode loops ran) over the rollout's
+  generate calls (`SampleOutput.decoded_tokens`, `decode_row_steps`)."""
 
   @property
   def num_trajectories(self) -> int:
@@ -146,6 +149,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     raise ValueError(f"collect: response_format={response_format!r}; use 'react' or 'hiper'")
   is_hiper = response_format == "hiper"
   t_env = t_gen = 0.0
+  decoded = row_steps = 0
   num = len(tasks) * group_size
   task_ids = [t.task_id for t in tasks for _ in range(group_size)]
   seeds = [t.seed for t in tasks for _ in range(group_size)]
@@ -195,6 +199,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     out = sampler.generate(prompt_ids, sampling, jax.random.fold_in(rng, t), allowed=allowed,
                            **extra)
     t_gen += time.perf_counter() - start
+    decoded += out.decoded_tokens
+    row_steps += out.decode_row_steps
 
     actions: list[str | None] = [None] * num
     step_rows = {}
@@ -240,7 +246,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
 
   rows.sort(key=lambda r: (r.group, r.traj, r.step))
   return Rollout(rows=rows, won=won, returns=returns.astype(np.float32), lengths=lengths,
-                 task_types=task_types, timings={"generation_s": t_gen, "env_s": t_env})
+                 task_types=task_types, timings={"generation_s": t_gen, "env_s": t_env},
+                 decode_work=(decoded, row_steps))
 
 
 def episode_metrics(rows: Sequence[StepRow], won, returns, lengths,

@@ -130,11 +130,19 @@ class SampleOutput:
       string.
     stop_reason: "eos" | "stop_string" | "length" | "constraint" (the constrained string
       was completed).
+    decoded_tokens: tokens the decode loop sampled for live rows (before stop strings
+      are cut on the host).
+    decode_row_steps: row-steps the decode loop ran: the batch bucket x its iterations
+      (the longest row's length). decoded_tokens / decode_row_steps is the fraction of
+      the loop's work that produced a token; the rest went to rows that had finished
+      (they run in lockstep until the slowest ends) and to padding rows.
   """
   tokens: list[list[int]]
   logprobs: list[np.ndarray]
   texts: list[str]
   stop_reason: list[str]
+  decoded_tokens: int = 0
+  decode_row_steps: int = 0
 
 
 def _bucket_for(n: int, buckets: Sequence[int], what: str) -> int:
@@ -578,8 +586,11 @@ class Sampler:
     out = (compiled(self.model, *args) if compiled is not None
            else self.generate_program(self.model, *args, **static))
     out_tokens, out_logp, num_b, reason_b = jax.device_get(out)
-    return self._finish(out_tokens[:num_rows], out_logp[:num_rows], num_b[:num_rows],
-                        reason_b[:num_rows], params.stop_strings)
+    result = self._finish(out_tokens[:num_rows], out_logp[:num_rows], num_b[:num_rows],
+                          reason_b[:num_rows], params.stop_strings)
+    lengths = np.asarray(num_b[:num_rows], np.int64)
+    return dataclasses.replace(result, decoded_tokens=int(lengths.sum()),
+                               decode_row_steps=batch * int(lengths.max()))
 
   def _finish(self, out_tokens, out_logp, num_b, reason_b, stop_strings) -> SampleOutput:
     """Cuts rows to length, decodes them and re-checks stop strings on the text."""

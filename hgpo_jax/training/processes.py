@@ -49,7 +49,8 @@ def gather_rollout(ro: rollout_lib.Rollout, groups_per_process: int,
   Process p played global groups [p * Gp, (p + 1) * Gp) (`tasks.TaskSampler.groups`) in
   slots numbered from 0; its rows are renumbered to the global group and slot and
   concatenated in process order, which keeps the (group, traj, step) order of one
-  process. Timings are the slowest process's (the others wait for it).
+  process. Timings are the slowest process's (the others wait for it); the decode work
+  is summed.
   """
   if jax.process_count() == 1:
     return ro
@@ -63,4 +64,5 @@ def gather_rollout(ro: rollout_lib.Rollout, groups_per_process: int,
       returns=np.concatenate([x.returns for x in parts]),
       lengths=np.concatenate([x.lengths for x in parts]),
       task_types=[t for x in parts for t in x.task_types],
-      timings={k: max(x.timings[k] for x in parts) for k in ro.timings})
+      timings={k: max(x.timings[k] for x in parts) for k in ro.timings},
+      decode_work=tuple(int(sum(x.decode_work[i] for x in parts)) for i in range(2)))

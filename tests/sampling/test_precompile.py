@@ -168,5 +168,10 @@ def test_trainer_rollout_runs_only_precompiled_programs(tmp_path):
     assert smp.num_compilations > traced
     assert [r.response_ids for r in first.rows] == [r.response_ids for r in second.rows]
     assert len(first.rows) > 4  # more than one turn
+    # the sampler's decode work: every kept token was decoded, and the loops ran at least
+    # one row-step per decoded token (rows of a call run until the slowest ends)
+    decoded, row_steps = first.decode_work
+    assert sum(len(r.response_ids) for r in first.rows) <= decoded <= row_steps
+    assert first.decode_work == second.decode_work
   finally:
     run.close()

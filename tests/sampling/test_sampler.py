@@ -409,3 +409,18 @@ def test_prefill_in_row_chunks_equals_one_prefill(tok, prompts):
   with pytest.raises(ValueError, match="prefill_rows=2 must be .* multiple of the mesh's "
                                        "batch-parallel size 4"):
     sampler.Sampler(sharded, tok, mesh=mesh, prefill_rows=2)
+
+
+def test_decode_work_counts_the_lockstep_rows(smp, prompts):
+  """`decoded_tokens` / `decode_row_steps`: 3 rows in the batch bucket of 4 decode in
+  lockstep until the longest ends; a row cut at EOS or a padding row still costs its
+  row-steps."""
+  full = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=8,
+                                                      ignore_eos=True), jax.random.key(0))
+  assert (full.decoded_tokens, full.decode_row_steps) == (24, 32)  # 3 x 8 of 4 x 8
+  out = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=48,
+                                                     stop_strings=("e",)), jax.random.key(1))
+  lengths = [len(t) for t in out.tokens]
+  assert len(set(lengths)) > 1  # rows stop at different steps
+  assert out.decoded_tokens == sum(lengths)
+  assert out.decode_row_steps == 4 * max(lengths)
