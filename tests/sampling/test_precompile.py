@@ -14,23 +14,13 @@ from flax import nnx
 
 import fake_devices
 from configs import sokoban as sokoban_config
-from hgpo_jax.models import config, decoder, sharding, tokenizer
+from hgpo_jax.models import decoder, sharding
 from hgpo_jax.sampling import sampler
 from hgpo_jax.training import programs
 from hgpo_jax.training import run_config
 
 PROMPTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
            "put a clean apple in the fridge"]
-
-
-@pytest.fixture(scope="module")
-def tok():
-  return tokenizer.tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-  return decoder.Decoder(config.get_preset("tiny"), rngs=nnx.Rngs(0))
 
 
 @pytest.fixture(scope="module")

@@ -14,21 +14,11 @@ import pytest
 from flax import nnx
 
 import fake_devices
-from hgpo_jax.models import config, decoder, sharding, tokenizer
+from hgpo_jax.models import config, decoder, sharding
 from hgpo_jax.sampling import sampler
 
 PROMPTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
            "<|im_start|>user\nput a clean apple in the fridge<|im_end|>\n<|im_start|>assistant\n"]
-
-
-@pytest.fixture(scope="module")
-def tok():
-  return tokenizer.tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-  return decoder.Decoder(config.get_preset("tiny"), rngs=nnx.Rngs(0))
 
 
 @pytest.fixture(scope="module")

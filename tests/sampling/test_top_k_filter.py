@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hgpo_jax.models import config, decoder, tokenizer
+from hgpo_jax.models import config, decoder
 from hgpo_jax.sampling import sampler
 
 PROMPTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
@@ -113,16 +113,6 @@ def test_nucleus_wider_than_the_candidates_falls_back_to_the_sort():
   # top_k above the bound (and below V): the top-k normaliser is unknown from K candidates.
   _, exact = sampler.candidate_filter(flat * 200, jnp.int32(100), jnp.float32(0.9), 64)
   assert not np.asarray(exact).any()
-
-
-@pytest.fixture(scope="module")
-def tok():
-  return tokenizer.tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-  return decoder.Decoder(config.get_preset("tiny"), rngs=nnx.Rngs(0))
 
 
 def _generate(model, tok, params, key, *, sort, max_candidates=sampler.DEFAULT_MAX_CANDIDATES,
