@@ -309,3 +309,19 @@ def test_phases_are_reported_in_order(tmp_path, monkeypatch):
   updates = [d for n, d in seen if n == "update"]
   assert updates and updates[-1] == f"mini-batch {len(updates)}/{len(updates)}"
   assert [d for n, d in seen if n == "evaluation"][0] == "test tasks 1-2: step 1/3"
+
+
+@pytest.mark.slow
+def test_bf16_reference_trains_with_a_close_kl(reference_run, tmp_path):
+  """`train.reference_dtype=bfloat16` (half the reference's bytes): the first rollout is
+  the default run's (the reference plays no part in it) and the KL to the bf16-rounded
+  reference stays close to the f32 reference's."""
+  workdir, _ = reference_run
+  train.train_and_evaluate(_sokoban(**{"train.reference_dtype": "bfloat16"}), str(tmp_path))
+  want, got = _metrics(workdir), _metrics(str(tmp_path))
+  assert {k: v for k, v in got[0].items() if k.startswith("rollout/")} == {
+      k: v for k, v in want[0].items() if k.startswith("rollout/")}
+  kl = [(a["train/kl"], b["train/kl"]) for a, b in zip(want, got) if "train/kl" in a]
+  assert len(kl) == 2 and kl[0][1] != kl[0][0]  # the reference is the rounded policy
+  for a, b in kl:
+    assert math.isfinite(b) and abs(b - a) < 1e-3

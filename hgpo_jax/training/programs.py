@@ -15,6 +15,8 @@ Target platform: the mesh's devices decide (`target_platform(mesh)`), never
 
 Shapes (the paper setting's worst case, each an upper bound of what a run compiles):
   update, logprobs   [train.mini_batch_rows, max_prompt_tokens + max_new_tokens] rows,
+                     (with `train.reference_dtype` set, "logprobs" is the reference's pass
+                     in that dtype and "logprobs_old" the old policy's, if it has one),
                      the unpacked layout (length-grouped or packed layouts compile smaller
                      micro-batches of the same rows);
   generate           this process's rollout rows (groups per process x group size, rounded
@@ -348,14 +350,27 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   # step (UpdateConfig.on_policy); the frozen reference policy is always kept (KL anchor).
   on_policy = update.on_policy(capacity)
   use_reference = True
-  logprob_calls = num_mini * (int(not on_policy) + int(use_reference))
+  reference = learner.abstract_reference(state.params)
+  reference_b = sharded_bytes(reference) if use_reference else 0
+  same_dtype = jax.tree.leaves(reference) and all(
+      r.dtype == p.dtype for r, p in zip(jax.tree.leaves(reference), jax.tree.leaves(state.params)))
   programs: dict[str, Program] = {
       "update": Program("update", learner.update, (state, batch), {}, updates,
                         sharded_bytes(state)),
-      "logprobs": Program("logprobs", learner.compute_logprobs, (state.params, batch), {},
-                          logprob_calls, params_b,
-                          note="old and reference log-probs of one mini-batch"),
   }
+  if same_dtype:  # old and reference log-probs: one program
+    programs["logprobs"] = Program(
+        "logprobs", learner.compute_logprobs, (state.params, batch), {},
+        num_mini * (int(not on_policy) + int(use_reference)), params_b,
+        note="old and reference log-probs of one mini-batch")
+  else:  # the reference in its own dtype (train.reference_dtype): a program of its own
+    programs["logprobs"] = Program(
+        "logprobs", learner.compute_logprobs, (reference, batch), {}, num_mini, reference_b,
+        note=f"reference log-probs of one mini-batch ({update.reference_dtype} parameters)")
+    if not on_policy:
+      programs["logprobs_old"] = Program(
+          "logprobs_old", learner.compute_logprobs, (state.params, batch), {}, num_mini,
+          params_b, note="old log-probs of one mini-batch")
   if on_policy:  # `update` is called with a positional static flag
     programs["update"] = dataclasses.replace(programs["update"], args=(state, batch, True),
                                              static={})
@@ -415,7 +430,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   return Registry(config=config, mesh=mesh, sample_mesh=sample_mesh, model_cfg=model_cfg,
                   learner=learner, critic=critic, sampler=sampler, programs=programs,
                   params_bytes=params_b, opt_bytes=opt_b,
-                  reference_bytes=params_b if use_reference else 0, critic_bytes=critic_b,
+                  reference_bytes=reference_b, critic_bytes=critic_b,
                   num_processes=num_processes, rollout_rows=rows)
 
 

@@ -64,6 +64,10 @@ from hgpo_jax.training import losses
 from hgpo_jax.training import progress
 from hgpo_jax.training import train_batch as train_batch_lib
 
+REFERENCE_DTYPES = ("", "float32", "bfloat16")
+"""Values of `UpdateConfig.reference_dtype` ("" = the parameters' own dtype)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateConfig:
   """Optimizer, batching and loss options of the actor update (defaults: docs/algorithms.md §9)."""
@@ -110,6 +114,10 @@ class UpdateConfig:
   length_multiple: int = 128
   """With `group_by_length`: micro-batch row lengths are rounded up to a multiple of this
   (fewer distinct lengths, fewer compiled programs; more padding)."""
+  reference_dtype: str = ""
+  """dtype of the frozen reference policy's parameters (the KL anchor): "" keeps the
+  parameters' dtype; "bfloat16" halves its bytes per device (its log-probs are computed
+  in the compute dtype from bf16-rounded weights)."""
   loss_unit_rows: int = 0
   """Rows per loss unit: the mini-batch loss is the mean over its units (of consecutive
   rows) that score a token of each unit's own aggregate, whatever the micro-batches are
@@ -125,6 +133,8 @@ class UpdateConfig:
     if self.pack_rows and self.group_by_length:
       raise ValueError("pack_rows and group_by_length are two layouts of the update's rows: "
                        "set one of them")
+    if self.reference_dtype not in REFERENCE_DTYPES:
+      raise ValueError(f"reference_dtype={self.reference_dtype!r}: use one of {REFERENCE_DTYPES}")
     if self.length_multiple < 1:
       raise ValueError(f"length_multiple={self.length_multiple} must be >= 1.")
     if self.ppo_epochs < 1 or self.micro_batch_rows < 1:
@@ -328,8 +338,22 @@ class Learner:
     return self._init_jit(jax.tree.map(to_host, _pure(params)))
 
   def reference_params(self, state: TrainState) -> Any:
-    """A frozen copy of the current params with the same shardings (call before updating)."""
-    return jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_shardings)(state.params)
+    """A frozen copy of the current params with the same shardings (call before updating),
+    floating leaves in `UpdateConfig.reference_dtype` when set."""
+    return jax.jit(lambda p: jax.tree.map(self._to_reference, p),
+                   out_shardings=self.param_shardings)(state.params)
+
+  def _to_reference(self, x):
+    dtype = self.config.reference_dtype
+    if dtype and jnp.issubdtype(x.dtype, jnp.floating):
+      return x.astype(dtype)
+    return jnp.copy(x)
+
+  def abstract_reference(self, params: Any) -> Any:
+    """The reference params' `jax.ShapeDtypeStruct`s (with their shardings) for `params`."""
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, jax.eval_shape(self._to_reference, a).dtype,
+                                          sharding=s), params, self.param_shardings)
 
   # ---- batches ----------------------------------------------------------------------
   def put_batch(self, batch: Any) -> Any:

@@ -162,3 +162,26 @@ def test_constrained_generate_takes_its_trie_shapes_from_the_config():
   config.rollout.max_trie_nodes = 0  # sized per call: the registry lists free decoding
   free = programs.build(config, sharding.make_mesh(8, 1, 1, devices=_devices(8)))
   assert free.programs["generate"].static["constraint_mode"] == sampler_lib.NO_CONSTRAINT
+
+
+def test_bf16_reference_halves_its_persistent_bytes_and_has_its_own_program():
+  """`train.reference_dtype=bfloat16`: the registry counts half the reference bytes, and
+  the reference pass is the "logprobs" program over bf16 params (the old-policy pass, when
+  an iteration has one, is "logprobs_old"); the plan compiles them."""
+  from hgpo_jax.models import sharding
+  from hgpo_jax.training import programs
+  mesh = sharding.make_mesh(2, 1, 1, devices=_devices(2))
+  base = programs.build(_config(), mesh)
+  config = _config()
+  config.train.reference_dtype = "bfloat16"
+  half = programs.build(config, mesh)
+  assert half.reference_bytes * 2 == base.reference_bytes == base.params_bytes
+  ref_args = jax.tree.leaves(half.programs["logprobs"].args[0])
+  assert {x.dtype.name for x in ref_args} == {"bfloat16"}
+  assert "logprobs_old" not in half.programs  # one optimizer step: pi_old from the update
+  config.train.ppo_epochs = 2
+  two = programs.build(config, mesh)
+  assert {x.dtype.name for x in jax.tree.leaves(two.programs["logprobs_old"].args[0])} == {"float32"}
+  plan = plan_lib.compile_plan(config, (2, 1, 1), devices=_devices(2),
+                               phases=["logprobs", "logprobs_old"])
+  assert plan.reference * 2 == plan.params

@@ -298,6 +298,38 @@ def test_filled_logprobs_stay_on_the_mesh_for_the_update():
   assert int(state.step) == 4 and np.isfinite(metrics["loss"])
 
 
+def _bytes(tree) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def test_bf16_reference_holds_half_the_bytes_and_close_logprobs():
+  """`reference_dtype="bfloat16"`: the reference's floating params are bf16 (half the bytes,
+  the same shardings), and its log-probs are those of the bf16-rounded weights: equal to
+  the f32 learner's log-probs of params rounded to bf16 and back, and within bf16 rounding
+  of the f32 reference's."""
+  model = _model()
+  mesh = _mesh(2)
+  f32 = train_step.Learner(model, mesh, _config())
+  bf16 = train_step.Learner(model, mesh, _config(reference_dtype="bfloat16"))
+  state = f32.init_state(nnx.state(model, nnx.Param))
+  ref32, ref16 = f32.reference_params(state), bf16.reference_params(state)
+  assert {x.dtype for x in jax.tree.leaves(ref16)} == {np.dtype("bfloat16")}
+  assert all(a.sharding == b.sharding for a, b in zip(jax.tree.leaves(ref16),
+                                                       jax.tree.leaves(ref32)))
+  assert _bytes(ref16) * 2 == _bytes(ref32)
+  abstract = bf16.abstract_reference(state.params)
+  assert [(a.shape, a.dtype) for a in jax.tree.leaves(abstract)] == [
+      (x.shape, x.dtype) for x in jax.tree.leaves(ref16)]
+  batch = bf16.put_batch(_host_batch(16, seed=3))
+  got = np.asarray(bf16.compute_logprobs(ref16, batch))
+  rounded = jax.tree.map(lambda x: x.astype("bfloat16").astype(x.dtype), ref32)
+  np.testing.assert_allclose(got, np.asarray(f32.compute_logprobs(rounded, batch)), atol=1e-5)
+  exact = np.asarray(f32.compute_logprobs(ref32, batch))
+  assert 0 < np.max(np.abs(got - exact)) < 0.05
+  with pytest.raises(ValueError, match="reference_dtype='float16': use one of"):
+    _config(reference_dtype="float16")
+
+
 def test_config_errors():
   with pytest.raises(ValueError, match="multiple of micro_batch_rows"):
     train_step.UpdateConfig(mini_batch_rows=10, micro_batch_rows=4)
