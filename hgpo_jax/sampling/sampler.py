@@ -101,6 +101,16 @@ class SamplingParams:
   stop_strings: tuple[str, ...] = ()
   ignore_eos: bool = False
 
+  @property
+  def greedy(self) -> bool:
+    """Argmax decoding (temperature 0): a static flag of the generate program."""
+    return self.temperature == 0.0
+
+  @property
+  def filtered(self) -> bool:
+    """Sampling with top-k or top-p on: a static flag of the generate program."""
+    return not self.greedy and (self.top_k > 0 or self.top_p < 1.0)
+
   def __post_init__(self):
     if self.temperature < 0:
       raise ValueError(f"SamplingParams.temperature={self.temperature} must be >= 0 (0 = greedy).")
@@ -527,8 +537,7 @@ class Sampler:
     # Any `allowed` (even all rows free) runs the constrained program: whether a call is
     # constrained is then the caller's setting, not its data (free rows sample as unconstrained).
     mode = NO_CONSTRAINT if allowed is None else WHOLE_CONSTRAINT
-    greedy = params.temperature == 0.0
-    filtered = not greedy and (params.top_k > 0 or params.top_p < 1.0)
+    greedy, filtered = params.greedy, params.filtered
     vocab = self.cfg.vocab_size
     if filtered and self.max_candidates < params.top_k < vocab and not self._warned_sort:
       self._warned_sort = True

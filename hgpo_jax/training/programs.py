@@ -232,9 +232,8 @@ def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: 
           sds((), jnp.float32, rep), sds((), jnp.int32, rep), sds((), jnp.float32, rep),
           sds((stop_rows, vocab), jnp.int32, rep), sds((), jnp.bool_, rep),
           *trie_args, sds((2, vocab), jnp.bool_, rep))
-  greedy = params.temperature == 0.0
-  filtered = not greedy and (params.top_k > 0 or params.top_p < 1.0)
-  static = dict(max_new_tokens=params.max_new_tokens, greedy=greedy, filtered=filtered,
+  static = dict(max_new_tokens=params.max_new_tokens, greedy=params.greedy,
+                filtered=params.filtered,
                 ignore_eos=params.ignore_eos,
                 constraint_mode=(sampler_lib.WHOLE_CONSTRAINT if fixed_tries
                                  else sampler_lib.NO_CONSTRAINT),
@@ -265,21 +264,19 @@ def rollout_calls(config, sampler: sampler_lib.Sampler, rows: int
                      "programs' trie shapes follow the data, so they cannot be listed ahead "
                      "of time; set rollout.max_trie_nodes (e.g. 512)")
   settings = run_config.validate(config)
-  variants = {}
+  variants = {}  # training and evaluation share a program when their static flags agree
   for label, params in (("train", settings.sampling), ("eval", settings.eval_sampling)):
-    greedy = params.temperature == 0.0
-    flags = (greedy, not greedy and (params.top_k > 0 or params.top_p < 1.0))
-    variants.setdefault(flags, (label, params))
+    variants.setdefault((params.greedy, params.filtered), (label, params))
+  largest, tries = _bucket(rows, sampler.batch_buckets), _fixed_tries(config)
   calls = []
   for label, params in variants.values():
-    for b in (b for b in sampler.batch_buckets if b <= _bucket(rows, sampler.batch_buckets)):
+    for b in (b for b in sampler.batch_buckets if b <= largest):
       for p in sampler.prompt_buckets:
         name = f"generate[{label} rows={b} prompt={p}]"
-        calls.append((name,) + _sampler_args(sampler, b, p, b, params, _fixed_tries(config)))
+        calls.append((name,) + _sampler_args(sampler, b, p, b, params, tries))
         u = sampler.shared_prefill_rows(b)
         if u is not None and u < b and p > 1:
-          calls.append((f"{name[:-1]} shared={u}]",)
-                       + _sampler_args(sampler, b, p, u, params, _fixed_tries(config)))
+          calls.append((f"{name[:-1]} shared={u}]",) + _sampler_args(sampler, b, p, u, params, tries))
   return calls
 
 
