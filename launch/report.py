@@ -130,7 +130,7 @@ def collect(root: str, suite: suites_lib.Suite, env: suites_lib.Environment,
             method: suites_lib.Method) -> tuple[list[SeedResult], int]:
   """Finished runs of one cell (in suite seed order) and the number of unfinished ones."""
   results, unfinished = [], 0
-  for seed in suite.seeds:
+  for seed in suite.seeds_of(env):
     rd = suites_lib.run_dir(root, suite, env.name, method.name, seed)
     if is_finished(rd):
       results.append(summarize_run(read_metrics(os.path.join(rd, "metrics.jsonl")), seed,
@@ -371,7 +371,9 @@ def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[st
     out += [f"**Mixed trainer revisions** (rendered with --allow-mixed-revisions): "
             f"{mixed_revisions}. Rows from different revisions are not one experiment.", ""]
   for env in suite.environments:
-    out += [f"## {env.label or env.name} (held-out split: {env.heldout_split})", "",
+    seeds_here = ("" if suite.seeds_of(env) == suite.seeds
+                  else f"; seeds {list(suite.seeds_of(env))}")
+    out += [f"## {env.label or env.name} (held-out split: {env.heldout_split}{seeds_here})", "",
             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for cell in cells:
       if cell.env.name != env.name:
@@ -512,7 +514,7 @@ def revision_counts(root: str, suite: suites_lib.Suite) -> dict[str, int]:
   counts: dict[str, int] = {}
   for env in suite.environments:
     for method in suite.methods:
-      for seed in suite.seeds:
+      for seed in suite.seeds_of(env):
         workdir = suites_lib.run_dir(root, suite, env.name, method.name, seed)
         if not is_finished(workdir):
           continue

@@ -184,7 +184,7 @@ def plan_suite(suite: suites_lib.Suite, root: str, envs=None, methods=None, seed
   for env in envs:
     for method in methods:
       reason = pending(env, method)
-      for seed in seeds:
+      for seed in (s for s in seeds if s in suite.seeds_of(env)):
         workdir = suites_lib.run_dir(root, suite, env.name, method.name, seed)
         status = "pending" if reason else ("done" if report.is_finished(workdir) else "todo")
         out.append({"env": env.name, "method": method.name, "seed": seed, "workdir": workdir,

@@ -7,6 +7,7 @@ computed by hand below; the sweep's resumability with a fake runner (no training
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 
@@ -337,14 +338,14 @@ def test_webshop_mini_cells_use_the_mini_shop_with_a_listed_search():
   """WebShop-mini (suite mini_v3 on): the frozen option-free shop, the goal's keyword search
   listed on the search page, 15 steps, and the trainer's validation accepts the cells."""
   env = suites.MINI.env("webshop_mini")
-  assert env.methods == ("grpo", "gigpo", "hgpo_k2", "smollm2_prompted")
-  for name in env.methods:
+  assert env.methods == ()  # all eight rows (mini_v4)
+  for name in (m.name for m in suites.MINI.methods):
     c = suites.build_config(env, suites.MINI.method(name), 123)
     assert c.env.name == "webshop" and c.env.max_steps == 15
     assert (c.env.args.data_dir, c.env.args.search_actions) == (
         "env_servers/webshop/data/mini_v3", "goal")
     assert c.rollout.max_prompt_tokens == 256 and tuple(c.env.eval_splits) == ("test",)
-    assert c.rollout.max_new_tokens == 64
+    assert c.rollout.max_new_tokens == (128 if name == "hiper" else 64)
     assert suites.pending_reason(env, suites.MINI.method(name)) is None
   # Every listed search fits in the response (the sampler refuses an action that does not).
   tok = tiny_tokenizer()
@@ -363,9 +364,22 @@ def test_plan_counts_iterations_and_evaluations(capsys, tmp_path):
   assert sweep.main(["plan", "--suite", "mini", "--envs", "alfworld_mini", "--methods", "grpo",
                      "rloo", "--root", str(tmp_path), "--iteration-s", "100", "--eval-s", "36"]) == 0
   out = capsys.readouterr().out
-  # 2 methods x 3 seeds x 14 iterations; 6 final evaluations; (84 x 100 + 6 x 36) / 3600 h
-  assert "6 runs: {'todo': 6}; to run: 6 runs, 84 training iterations, 6 evaluations" in out
-  assert "estimated wall time: 2.4 h" in out
+  # 2 methods x 5 seeds x 14 iterations; 10 final evaluations; (140 x 100 + 10 x 36) / 3600 h
+  assert "10 runs: {'todo': 10}; to run: 10 runs, 140 training iterations, 10 evaluations" in out
+  assert "estimated wall time: 4.0 h" in out
+  # Sokoban runs the suite's first three seeds only (Environment.seeds)
+  assert sweep.main(["plan", "--suite", "mini", "--envs", "sokoban", "--methods", "grpo",
+                     "--root", str(tmp_path), "--iteration-s", "100", "--eval-s", "36"]) == 0
+  out = capsys.readouterr().out
+  assert "3 runs: {'todo': 3}" in out and "seed_1011" not in out
+
+
+def test_environment_seeds_must_be_suite_seeds():
+  env = dataclasses.replace(suites.MINI.env("sokoban"), seeds=(123, 7))
+  with pytest.raises(ValueError, match=r"lists seeds \[7\] that are not suite seeds"):
+    suites.MINI.seeds_of(env)
+  assert suites.MINI.seeds_of(suites.MINI.env("alfworld_mini")) == suites.MINI.seeds
+  assert suites.MINI.seeds_of(suites.MINI.env("webshop_mini")) == (123, 456, 789)
 
 
 def test_quick_suite_is_the_main_jobs_cells_of_the_table():
