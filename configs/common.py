@@ -250,6 +250,8 @@ def base_config() -> ml_collections.ConfigDict:
   #   dtype on CPU) | "" (the compute dtype) | float32 | bfloat16
   c.rollout.prefill_chunk_rows = 0  # sampler prefill loop: rows per step (a multiple of the
   #   sampler mesh's batch-parallel size); 0 = all rows at once
+  c.rollout.decode_slots = 0  # continuous batching: KV-cache rows a larger sampler call decodes
+  #   in (finished rows free their slot for the next row); 0 = all rows in lockstep
   c.rollout.max_trie_nodes = 0  # constrained decoding: trie nodes per row, fixed (program
   #   shapes from the config); 0 = sized per call
   c.rollout.precompile = False  # compile every sampler program (all buckets) before iteration 1

@@ -268,30 +268,39 @@ def _parse_hlo(text: str):
   return comps, entry, cycles_of
 
 
-def _weighted_total(comps, entry: str, direct_of, unknown_trip_count: int) -> float:
+def _weighted_total(comps, entry: str, direct_of, unknown_trip_count) -> float:
   """Sum of `direct_of[c]` over the computations run from `entry`, callees weighted by
-  their multipliers (loops by trip count; an unknown count by `unknown_trip_count`)."""
-  memo: dict[str, float] = {}
+  their multipliers (loops by trip count; an unknown count by `unknown_trip_count`: a
+  number, or one weight per nesting depth of such loops, the last for any deeper)."""
+  weights = (tuple(unknown_trip_count) if isinstance(unknown_trip_count, (tuple, list))
+             else (unknown_trip_count,))
+  memo: dict[tuple[str, int], float] = {}
 
-  def total(c: str, stack=()) -> float:
-    if c in memo:
-      return memo[c]
+  def total(c: str, depth: int, stack=()) -> float:
+    if (c, depth) in memo:
+      return memo[c, depth]
     if c not in comps or c in stack:
       return 0.0
     _, calls = comps[c]
-    value = direct_of[c] + sum((unknown_trip_count if mult is None else mult)
-                               * total(callee, stack + (c,)) for callee, mult in calls)
-    memo[c] = value
+    value = direct_of[c]
+    for callee, mult in calls:
+      if mult is None:
+        value += weights[min(depth, len(weights) - 1)] * total(callee, depth + 1, stack + (c,))
+      else:
+        value += mult * total(callee, depth, stack + (c,))
+    memo[c, depth] = value
     return value
 
-  return total(entry)
+  return total(entry, 0)
 
 
 def hlo_matmul_flops(hlo_text: str, unknown_trip_count: int = 1) -> float:
   """Matmul FLOPs of one run of an HLO module's entry computation, loops unrolled by
   their trip counts. A loop whose count the HLO does not fix (a data-dependent exit, as
   the sampler's decode loop) counts `unknown_trip_count` times: 1 (one body), or an upper
-  bound such as max_new_tokens."""
+  bound such as max_new_tokens; a tuple gives one count per nesting depth of such loops
+  (a slotted decode loop and the admission loop inside it, whose count per decode step
+  may be a fraction)."""
   comps, entry, _ = _parse_hlo(hlo_text)
   if entry is None:
     raise ValueError("hlo_matmul_flops: no ENTRY computation in the HLO text.")

@@ -300,3 +300,27 @@ def test_convolution_flops_follow_xla_cost_analysis_on_cpu():
   compiled = jax.jit(f).lower(x, w).compile()
   assert perf.compiled_flops(compiled) == pytest.approx(
       perf.cost_analysis(compiled)["flops"], rel=0.02)
+
+
+def test_nested_data_dependent_loops_take_one_weight_per_depth():
+  """A slotted decode loop holds the admission loop: `unknown_trip_count=(outer, inner)`
+  weights the outer loop's body by `outer` and the inner loop's by `outer x inner`."""
+  w = jnp.ones((8, 8), jnp.float32)
+
+  def f(x):
+    def outer(c):
+      i, y = c
+      y = y @ w  # 2 x 8 x 8 x 8 per outer step
+
+      def inner(c2):
+        j, z = c2
+        return j + 1, (z @ w) @ w  # twice that per inner step
+      _, y = jax.lax.while_loop(lambda c2: jnp.sum(c2[1]) < 1e30, inner, (0, y))
+      return i + 1, y
+    return jax.lax.while_loop(lambda c: jnp.sum(c[1]) < 1e30, outer, (0, x))
+
+  text = jax.jit(f).lower(jnp.ones((8, 8), jnp.float32)).compile().as_text()
+  one = 2 * 8 * 8 * 8
+  assert perf.hlo_matmul_flops(text) == 3 * one  # one body of each
+  assert perf.hlo_matmul_flops(text, unknown_trip_count=4) == 4 * one + 16 * 2 * one
+  assert perf.hlo_matmul_flops(text, unknown_trip_count=(4, 0.5)) == 4 * one + 2 * 2 * one

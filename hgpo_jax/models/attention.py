@@ -494,8 +494,8 @@ def decode_attention(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cac
                      cache_start_b, cache_index, scale: float | None = None) -> jax.Array:
   """T new tokens over a KV cache (per-row valid slots) and over themselves.
 
-  Query t of row b reads cache slots [cache_start_b[b], cache_index) and new token t' by
-  rule (1) (same segment, t' <= t). The new tokens' keys are not in the cache yet (the
+  Query t of row b reads cache slots [cache_start_b[b], cache_index[b]) and new token t'
+  by rule (1) (same segment, t' <= t). The new tokens' keys are not in the cache yet (the
   caller writes them to [cache_index, cache_index + T) afterwards), so stale slots there
   are never read.
 
@@ -504,7 +504,8 @@ def decode_attention(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cac
     segment_ids_bt: int or bool [B, T] of the new tokens.
     k_cache_bksd, v_cache_bksd: one layer's cache [B, Hkv, S, Dh] (cast to q's dtype).
     cache_start_b: int32[B] first valid slot per row (left padding lies before it).
-    cache_index: int32 scalar (may be traced): slots >= it are not read from the cache.
+    cache_index: int32 scalar (may be traced), or int32[B] per row (a slotted cache whose
+      rows decode at their own offsets): slots >= it are not read from the cache.
   Returns:
     [B, T, H, Dh] in q's dtype.
   """
@@ -513,7 +514,8 @@ def decode_attention(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cac
   scale = d ** -0.5 if scale is None else scale
   seg_bt = _as_segment_ids(segment_ids_bt)
   slot_s = jnp.arange(k_cache_bksd.shape[2])
-  cached_bs = (slot_s[None, :] >= cache_start_b[:, None]) & (slot_s[None, :] < cache_index)
+  end_b1 = jnp.reshape(cache_index, (-1, 1))  # [1, 1] (one index) or [B, 1] (per row)
+  cached_bs = (slot_s[None, :] >= cache_start_b[:, None]) & (slot_s[None, :] < end_b1)
   cached_bts = jnp.broadcast_to(cached_bs[:, None, :], (b, t, slot_s.shape[0]))
   parts = [(k_cache_bksd.astype(dt), v_cache_bksd.astype(dt), cached_bts),
            (k_bthd.transpose(0, 2, 1, 3), v_bthd.transpose(0, 2, 1, 3),

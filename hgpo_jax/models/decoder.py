@@ -227,6 +227,31 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
   return x_btd, (k_bthk.transpose(0, 2, 1, 3), v_bthk.transpose(0, 2, 1, 3))
 
 
+def write_rows(cache_lbksd, new_lbktd, rows_b, slots_b, valid_b=None):
+  """`cache_lbksd` [L, R, Hkv, S, Dh] with new_lbktd[:, i] [L, Hkv, T, Dh] written at row
+  rows_b[i], slots [slots_b[i], slots_b[i] + T), for each i with valid_b[i] (all when None);
+  a write that would pass the cache's end is skipped (never clamped onto a row's past).
+
+  One in-place dynamic-update-slice per i, in a loop: XLA:TPU turned the equivalent
+  scatter (row and slot indices on two dims) into copies of the whole cache.
+  """
+  t = new_lbktd.shape[3]
+  fits_b = slots_b + t <= cache_lbksd.shape[3]
+  keep_b = fits_b if valid_b is None else fits_b & valid_b
+  rows_b = jnp.clip(rows_b, 0, cache_lbksd.shape[1] - 1)
+  slots_b = jnp.clip(slots_b, 0, cache_lbksd.shape[3] - t)
+  new_lbktd = new_lbktd.astype(cache_lbksd.dtype)
+
+  def one(i, cache):
+    start = (0, rows_b[i], 0, slots_b[i], 0)
+    size = (cache.shape[0], 1, cache.shape[2], t, cache.shape[4])
+    new = jax.lax.dynamic_slice_in_dim(new_lbktd, i, 1, axis=1)
+    old = jax.lax.dynamic_slice(cache, start, size)
+    return jax.lax.dynamic_update_slice(cache, jnp.where(keep_b[i], new, old), start)
+
+  return jax.lax.fori_loop(0, new_lbktd.shape[1], one, cache_lbksd)
+
+
 class Decoder(nnx.Module):
   """Llama / Qwen2 decoder: embedding, L pre-norm blocks, final RMSNorm, output layer.
 
@@ -261,7 +286,9 @@ class Decoder(nnx.Module):
         contiguously, the first at position 0 (left padding before it is never read).
       cache_index: int32 scalar (may be traced); required with a cache. The Python int 0
         means a prefill of an empty cache: the new positions attend to each other only
-        (the cache is not read).
+        (the cache is not read). An int32[B] gives each row its own index (a slotted
+        cache whose rows decode at their own offsets, `hgpo_jax.sampling.sampler`); a row's
+        new keys/values that would pass the cache's end are not written (`write_rows`).
     Attention runs as `cfg.attention_impl` resolved against the mesh in context
     (`jax.set_mesh`, `attention.traced_on`), else this process's devices
     (`attention.resolve_impl`).
@@ -318,10 +345,15 @@ class Decoder(nnx.Module):
                            start_b)
         return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
       x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, (layer_params, cache.k, cache.v))
-      zero = jnp.zeros((), jnp.int32)
-      start = (zero, zero, zero, index, zero)
-      k = jax.lax.dynamic_update_slice(cache.k, k_lbkth.astype(cache.k.dtype), start)
-      v = jax.lax.dynamic_update_slice(cache.v, v_lbkth.astype(cache.v.dtype), start)
+      if index.ndim == 0:
+        zero = jnp.zeros((), jnp.int32)
+        start = (zero, zero, zero, index, zero)
+        k = jax.lax.dynamic_update_slice(cache.k, k_lbkth.astype(cache.k.dtype), start)
+        v = jax.lax.dynamic_update_slice(cache.v, v_lbkth.astype(cache.v.dtype), start)
+      else:  # row b's T new slots [index[b], index[b] + T)
+        rows = jnp.arange(index.shape[0])
+        k, v = (write_rows(full, new, rows, index) for full, new in
+                ((cache.k, k_lbkth), (cache.v, v_lbkth)))
       new_cache = KVCache(k=k, v=v)
     return rms_norm(x_btd, self.final_norm[...], cfg.rms_eps), new_cache
 

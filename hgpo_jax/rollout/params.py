@@ -44,6 +44,13 @@ class RolloutParams:
   """Rows per step of the sampler's prefill loop (`Sampler(prefill_rows=...)`): the
   prefill's activations are this many rows' instead of the whole call's; a multiple of the
   sampler mesh's batch-parallel size. 0: all rows in one prefill."""
+  decode_slots: int = 0
+  """Continuous batching: a sampler call with more rows than this decodes them in this
+  many KV-cache rows ("slots"), each row prefilled when a slot frees and decoding at its own
+  offset, so a finished response stops costing decode steps and the cache holds this many
+  rows instead of the call's (`Sampler(decode_slots=...)`); a multiple of the sampler mesh's
+  batch-parallel size. Same tokens as lockstep decoding (log-probs within float rounding).
+  0: every row of a call decodes in lockstep until the slowest ends."""
   max_trie_nodes: int = 0
   """Nodes of a constrained row's token trie (its allowed responses' tokens, shared
   prefixes once), fixed in every call so the constrained sampler programs take their
@@ -90,7 +97,7 @@ class RolloutParams:
         or self.max_candidates < 1):
       raise ValueError(f"max_candidates must be an int >= 1, got {self.max_candidates!r}")
     for name in ("history_length", "fallback_chars", "history_drop_chars", "max_trie_nodes",
-                 "prefill_chunk_rows"):
+                 "prefill_chunk_rows", "decode_slots"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
     if self.kv_cache_dtype not in sampler_lib.CACHE_DTYPES:

@@ -13,6 +13,20 @@ One call of `Sampler.generate`:
      re-checked on the decoded text and the response is truncated right after the first
      one (see `SampleOutput`).
 
+Continuous batching (`Sampler(decode_slots=S)`, `rollout.decode_slots`): a call of more
+than S rows decodes them in S cache rows ("slots") instead of one per row. Each step of
+the decode loop first admits waiting rows into free slots (their prompts prefilled into
+the slot's cache, `prefill_rows` rows at a time, or copied from a shared prefill), then
+decodes every slot at its own cache offset (`Decoder.hidden` with a per-row
+`cache_index`); a row that finishes frees its slot at once. A row samples token j with the
+same key as in the lockstep loop, so the samples are the lockstep program's (log-probs
+within float rounding: the matmuls run over S rows instead of Bb). The cache holds S rows,
+and the row-steps spent on finished rows (`SampleOutput.decode_row_steps` minus the
+decoded tokens) are those of the call's last rows only. The loop runs more steps of fewer
+rows, so whether the wall time gains depends on how a step's cost grows with its rows and
+on the spread of the response lengths (`python -m launch.benchmarks.decode_slots`,
+docs/performance.md); the cache's memory shrinks to S rows in every case.
+
 Left padding: row b holds its n_b prompt tokens in slots [P - n_b, P); slot s has RoPE
 position s - (P - n_b), so the first real token has position 0 whatever the padding.
 Query slot q attends key slot s iff P - n_b <= s <= q.
@@ -330,6 +344,10 @@ class Sampler:
       at once set the generate program's peak); the same keys/values. A shared prefill's
       copy of the unique rows' cache to the call's rows goes as many rows per step. 0, or
       a call with at most this many rows or a count it does not divide: one step.
+    decode_slots: continuous batching (module docstring): a call of more bucketed rows
+      than this decodes them in this many cache rows, admitting rows as slots free (a
+      multiple of the mesh's batch-parallel size; 0 = lockstep, every row its own cache
+      row). `slots_for(Bb)` is the generate program's static `slots` flag.
     trie_nodes: nodes (and edges) of every constrained call's per-row token tries, fixed,
       so that constrained programs take their shapes from the config
       (`rollout.max_trie_nodes`); a call whose trie needs more raises ValueError. 0: the
@@ -343,13 +361,13 @@ class Sampler:
       row validity, prefill tokens and lengths, row sources, rng, temperature, top_k, top_p,
       stop table, stop flag), the `TRIE_ARRAYS` in that order, and the free-span masks; its
       static keywords: max_new_tokens, greedy, filtered, constraint_mode (`NO_CONSTRAINT` or
-      `WHOLE_CONSTRAINT`), ignore_eos, shared_prefill.
+      `WHOLE_CONSTRAINT`), ignore_eos, shared_prefill, slots.
   """
 
   def __init__(self, model, tokenizer, *, prompt_buckets=(128, 256, 512, 1024, 2048, 4096),
                batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), mesh=None, share_prefill=True,
                max_candidates=DEFAULT_MAX_CANDIDATES, cache_dtype="auto", trie_nodes=0,
-               prefill_rows=0):
+               prefill_rows=0, decode_slots=0):
     if isinstance(trie_nodes, bool) or not isinstance(trie_nodes, int) or trie_nodes < 0:
       raise ValueError(f"Sampler: trie_nodes={trie_nodes!r} must be an int >= 0 "
                        "(rollout.max_trie_nodes; 0 = sized per call).")
@@ -390,6 +408,12 @@ class Sampler:
                        f"multiple of the mesh's batch-parallel size {data_size} "
                        "(rollout.prefill_chunk_rows; 0 = one prefill).")
     self.prefill_rows = prefill_rows
+    if (isinstance(decode_slots, bool) or not isinstance(decode_slots, int) or decode_slots < 0
+        or decode_slots % data_size):
+      raise ValueError(f"Sampler: decode_slots={decode_slots!r} must be an int >= 0 and a "
+                       f"multiple of the mesh's batch-parallel size {data_size} "
+                       "(rollout.decode_slots; 0 = every row of a call decodes in lockstep).")
+    self.decode_slots = decode_slots
     self.batch_buckets = tuple(sorted({-(-b // data_size) * data_size for b in batch_buckets}))
     self.eos_ids = tuple(sorted(set(int(i) for i in tokenizer.eos_ids)))
     if not self.eos_ids:
@@ -407,7 +431,7 @@ class Sampler:
     self.generate_program = jax.jit(
         attention.traced_on(mesh, self._generate_device),
         static_argnames=("max_new_tokens", "greedy", "filtered", "constraint_mode", "ignore_eos",
-                         "shared_prefill"))
+                         "shared_prefill", "slots"))
 
   # ----------------------------------------------------------------------------- host side
   def token_strings(self) -> list[str]:
@@ -443,6 +467,28 @@ class Sampler:
     if isinstance(self.share_prefill, bool):
       return None
     return _bucket_for(-(-batch // self.share_prefill), self.batch_buckets, "batch size")
+
+  @property
+  def admit_rows(self) -> int:
+    """Rows a slotted decode admits (prefills into free slots) at a time: `prefill_rows`,
+    else the mesh's batch-parallel size (at most `decode_slots`)."""
+    return min(self.prefill_rows or self.batch_parallel, self.decode_slots or 1 << 30)
+
+  def decode_loop_weights(self, batch: int, max_new_tokens: int) -> tuple[float, ...]:
+    """Trip counts of the generate program's data-dependent loops, outermost first, as
+    upper bounds for cost estimates (`perf.hlo_matmul_flops`): lockstep, max_new_tokens
+    steps; slotted (S slots), ceil(Bb / S) x max_new_tokens steps, inside which the
+    admission loop runs ceil(Bb / admit) times in all (a fraction per step)."""
+    slots = self.slots_for(batch)
+    if not slots:
+      return (max_new_tokens,)
+    steps = -(-batch // slots) * max_new_tokens
+    return (steps, -(-batch // self.admit_rows) / steps)
+
+  def slots_for(self, batch: int) -> int:
+    """The `slots` flag of a call of `batch` (bucketed) rows: `decode_slots` when the call
+    has more rows than that, else 0 (every row has its own cache row)."""
+    return self.decode_slots if 0 < self.decode_slots < batch else 0
 
   def precompile(self, calls) -> int:
     """Compiles the generate programs of `calls` ahead of time for the current model.
@@ -583,7 +629,8 @@ class Sampler:
             rep(np.float32(params.top_p)), rep(stop_table), np.bool_(bool(params.stop_strings)),
             *(by_row(getattr(tries, name)) for name in TRIE_ARRAYS), rep(free_masks))
     static = dict(max_new_tokens=max_new, greedy=greedy, filtered=filtered, constraint_mode=mode,
-                  ignore_eos=params.ignore_eos, shared_prefill=shared)
+                  ignore_eos=params.ignore_eos, shared_prefill=shared,
+                  slots=self.slots_for(batch))
     compiled = self._compiled.get(_call_key(args, static))
     if compiled is None and self._compiled:
       self.unlisted_calls += 1
@@ -594,12 +641,12 @@ class Sampler:
                       stacklevel=2)
     out = (compiled(self.model, *args) if compiled is not None
            else self.generate_program(self.model, *args, **static))
-    out_tokens, out_logp, num_b, reason_b = jax.device_get(out)
+    out_tokens, out_logp, num_b, reason_b, steps = jax.device_get(out)
     result = self._finish(out_tokens[:num_rows], out_logp[:num_rows], num_b[:num_rows],
                           reason_b[:num_rows], params.stop_strings)
     lengths = np.asarray(num_b[:num_rows], np.int64)
     return dataclasses.replace(result, decoded_tokens=int(lengths.sum()),
-                               decode_row_steps=batch * int(lengths.max()))
+                               decode_row_steps=(static["slots"] or batch) * int(steps))
 
   def _finish(self, out_tokens, out_logp, num_b, reason_b, stop_strings) -> SampleOutput:
     """Cuts rows to length, decodes them and re-checks stop strings on the text."""
@@ -695,83 +742,53 @@ class Sampler:
                        edge_child_be, terminal_bn, has_children_bn, constrained_b, free_class_bn,
                        free_min_bn, free_max_bn, to_leaf_bn, free_masks_cv, *,
                        max_new_tokens, greedy, filtered, constraint_mode, ignore_eos,
-                       shared_prefill):
+                       shared_prefill, slots=0):
     """The jitted program: prefill + while_loop decode. Returns (tokens i32[B, M],
-    logprobs f32[B, M], lengths i32[B], stop reasons i32[B]) (indices of STOP_REASONS).
+    logprobs f32[B, M], lengths i32[B], stop reasons i32[B] (indices of STOP_REASONS),
+    decode steps i32[]).
 
     shared_prefill (static): prefill the U unique prompts `prefill_up` [U, P] (lengths
     `prefill_lengths_u`) and give row b the cache row `source_b[b]`; otherwise
-    `prefill_up` is `tokens_bp` itself."""
+    `prefill_up` is `tokens_bp` itself.
+    slots (static): 0 decodes all B rows in lockstep; S < B decodes S cache rows and
+    admits the next rows into the slots that finished (`_slotted_decode`)."""
     self.num_compilations += 1  # runs at trace time only
     cfg = self.cfg
     batch, plen = tokens_bp.shape
-    vocab = cfg.vocab_size
     cache_len = plen + max_new_tokens - 1
-    eos_v = jnp.zeros((vocab,), bool).at[jnp.asarray(self.eos_ids)].set(True)
-    rows_b = jnp.arange(batch)
+    rules = _TokenRules(
+        self, rng, temperature, top_k, top_p, stop_table, use_stop,
+        (edge_parent_be, edge_token_be, edge_child_be, terminal_bn, has_children_bn,
+         free_class_bn, free_min_bn, free_max_bn, to_leaf_bn), free_masks_cv,
+        max_new_tokens=max_new_tokens, greedy=greedy, filtered=filtered,
+        constraint_mode=constraint_mode, ignore_eos=ignore_eos)
+    if constraint_mode == WHOLE_CONSTRAINT:
+      phase_b = jnp.where(constrained_b, _IN_TRIE, _FREE).astype(jnp.int32)
+    else:
+      phase_b = jnp.zeros((batch,), jnp.int32)
 
-    def empty_cache(rows):
-      cache = decoder.init_cache(cfg, rows, cache_len, self.cache_dtype)
-      if self.mesh is not None:
-        cache = jax.lax.with_sharding_constraint(
-            cache, sharding.cache_shardings(cfg, self.mesh, rows, cache_len))
-      return cache
-
-    cache = empty_cache(prefill_up.shape[0])
+    if slots:  # rows are prefilled as they enter a slot; a shared prefill's rows first
+      shared_cache = None
+      if shared_prefill and plen > 1:
+        shared_cache = self._prefill(model, prefill_up, prefill_lengths_u,
+                                     self._empty_cache(prefill_up.shape[0], plen - 1))
+      return self._slotted_decode(model, rules, shared_cache, tokens_bp, lengths_b,
+                                  row_valid_b, source_b, phase_b, slots=slots)
+    cache = self._empty_cache(prefill_up.shape[0], cache_len)
     if plen > 1:
       # Prefill the first P-1 slots; the last prompt token is the first decode input, so
       # the [B, P, V] logits of the prompt are never needed (only hidden is called).
-      positions_ut, segment_ids_ut = prefill_layout(prefill_lengths_u, plen)
-      unique = prefill_up.shape[0]
-      if self._chunks(unique):
-        cache = self._chunked_prefill(model, prefill_up[:, :-1], positions_ut, segment_ids_ut,
-                                      cache)
-      else:
-        _, cache = model.hidden(prefill_up[:, :-1], positions_ut, segment_ids_ut, cache=cache,
-                                cache_index=0)
+      cache = self._prefill(model, prefill_up, prefill_lengths_u, cache)
     if shared_prefill:
       if self._chunks(batch):
-        cache = self._chunked_copy(cache, source_b, empty_cache(batch))
+        cache = self._chunked_copy(cache, source_b, self._empty_cache(batch, cache_len))
       else:
         cache = jax.tree.map(lambda c: jnp.take(c, source_b, axis=1), cache)
       if self.mesh is not None:
         cache = jax.lax.with_sharding_constraint(
             cache, sharding.cache_shardings(cfg, self.mesh, batch, cache_len))
 
-    def choose(logits_bv, step):
-      if greedy:
-        return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
-      if filtered:
-        logits_bv = filter_logits(logits_bv, temperature, top_k, top_p, self.max_candidates)
-      else:
-        logits_bv = logits_bv / temperature
-      keys_b = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.fold_in(rng, step), rows_b)
-      return jax.vmap(jax.random.categorical)(keys_b, logits_bv).astype(jnp.int32)
-
-    def trie_allowed(node_b):
-      on_node_be = edge_parent_be == node_b[:, None]
-      targets_be = jnp.where(on_node_be, edge_token_be, vocab)  # vocab = dropped
-      allowed_bv = jnp.zeros((batch, vocab), bool).at[rows_b[:, None], targets_be].set(
-          True, mode="drop")
-      at_terminal_b = jnp.take_along_axis(terminal_bn, node_b[:, None], axis=1)[:, 0]
-      return allowed_bv | (at_terminal_b[:, None] & eos_v[None, :])
-
-    def at_node(table_bn, node_b):
-      return jnp.take_along_axis(table_bn, node_b[:, None], axis=1)[:, 0]
-
-    def constraint_allowed(node_b, free_count_b, step):
-      """bool[B, V] tokens allowed at a trie node; at a free node also the free tokens
-      (below the cap, and while the shortest completion still fits in max_new_tokens),
-      and its edges once `min_tokens` free tokens were written or no more may be."""
-      edges_bv = trie_allowed(node_b)
-      free_class_b = at_node(free_class_bn, node_b)
-      is_free_b = free_class_b >= 0
-      free_bv = free_masks_cv[jnp.maximum(free_class_b, 0)]
-      fits_b = step + 1 + at_node(to_leaf_bn, node_b) <= max_new_tokens
-      may_write_b = (free_count_b < at_node(free_max_bn, node_b)) & fits_b
-      may_end_b = (free_count_b >= at_node(free_min_bn, node_b)) | ~may_write_b
-      at_free_bv = (edges_bv & may_end_b[:, None]) | (free_bv & may_write_b[:, None])
-      return jnp.where(is_free_b[:, None], at_free_bv, edges_bv), is_free_b
+    rows_b = jnp.arange(batch)
 
     def body(carry):
       (step, cache, prev_b, toks_bm, logp_bm, done_b, reason_b, num_b, stop_state_b, phase_b,
@@ -781,45 +798,13 @@ class Sampler:
       # The decoder reads row b's cache slots [slot - position, slot) = [pad_b, slot).
       logits_b1v, cache = model(prev_b[:, None], positions_b1, jnp.ones_like(positions_b1),
                                 cache=cache, cache_index=slot)
-      logits_bv = logits_b1v[:, 0].astype(jnp.float32)
-      logp_all_bv = jax.nn.log_softmax(logits_bv, axis=-1)
-
-      masked_bv = logits_bv
-      if constraint_mode != NO_CONSTRAINT:
-        in_trie_b = phase_b == _IN_TRIE
-        allowed_bv, is_free_b = constraint_allowed(node_b, free_count_b, step)
-        masked_bv = jnp.where(in_trie_b[:, None] & ~allowed_bv, -jnp.inf, masked_bv)
-      token_b = choose(masked_bv, step)
-      token_logp_b = jnp.take_along_axis(logp_all_bv, token_b[:, None], axis=1)[:, 0]
-
+      token_b, token_logp_b, new_reason_b, stop_state_b, node_b, free_count_b = rules.step(
+          logits_b1v[:, 0], rows_b, step, rules.tables, phase_b, node_b, free_count_b,
+          stop_state_b)
       live_b = ~done_b
       toks_bm = toks_bm.at[:, step].set(jnp.where(live_b, token_b, self.pad_id))
       logp_bm = logp_bm.at[:, step].set(jnp.where(live_b, token_logp_b, 0.0))
       num_b = num_b + live_b.astype(jnp.int32)
-
-      is_eos_b = eos_v[token_b] & (not ignore_eos)
-      next_stop_b = stop_table[stop_state_b, token_b]
-      stop_hit_b = use_stop & (next_stop_b < 0)
-      stop_state_b = jnp.maximum(next_stop_b, 0)
-
-      finished_constraint_b = jnp.zeros_like(done_b)
-      if constraint_mode != NO_CONSTRAINT:
-        in_trie_b = phase_b == _IN_TRIE
-        match_be = (edge_parent_be == node_b[:, None]) & (edge_token_be == token_b[:, None])
-        child_b = jnp.sum(jnp.where(match_be, edge_child_be, 0), axis=1)
-        child_is_leaf_b = ~jnp.take_along_axis(has_children_bn, child_b[:, None], axis=1)[:, 0]
-        took_edge_b = in_trie_b & jnp.any(match_be, axis=1)
-        finished_constraint_b = took_edge_b & child_is_leaf_b
-        # Stop strings inside the forced text are the caller's own strings: not a stop.
-        stop_hit_b = stop_hit_b & ~in_trie_b
-        # A token at a free node that is no edge is a free token: stay, count it.
-        wrote_free_b = in_trie_b & is_free_b & ~took_edge_b
-        node_b = jnp.where(took_edge_b, child_b, node_b)
-        free_count_b = jnp.where(took_edge_b, 0, free_count_b + wrote_free_b.astype(jnp.int32))
-
-      new_reason_b = jnp.select(
-          [finished_constraint_b, is_eos_b, stop_hit_b, step + 1 >= max_new_tokens],
-          [_CONSTRAINT, _EOS, _STOP, _LENGTH], 0)
       reason_b = jnp.where(live_b & (new_reason_b > 0), new_reason_b, reason_b)
       done_b = done_b | (new_reason_b > 0)
       return (step + 1, cache, token_b, toks_bm, logp_bm, done_b, reason_b, num_b, stop_state_b,
@@ -830,16 +815,218 @@ class Sampler:
       return (step < max_new_tokens) & ~jnp.all(done_b)
 
     zeros_b = jnp.zeros((batch,), jnp.int32)
-    if constraint_mode == WHOLE_CONSTRAINT:
-      phase_b = jnp.where(constrained_b, _IN_TRIE, _FREE)
-    else:
-      phase_b = zeros_b
     carry = (jnp.int32(0), cache, tokens_bp[:, -1],
              jnp.full((batch, max_new_tokens), self.pad_id, jnp.int32),
              jnp.zeros((batch, max_new_tokens), jnp.float32), ~row_valid_b, zeros_b, zeros_b,
-             zeros_b, phase_b.astype(jnp.int32), zeros_b, zeros_b)
+             zeros_b, phase_b, zeros_b, zeros_b)
     carry = jax.lax.while_loop(cond, body, carry)
-    return carry[3], carry[4], carry[7], carry[6]
+    return carry[3], carry[4], carry[7], carry[6], carry[0]
+
+  def _empty_cache(self, rows: int, length: int) -> decoder.KVCache:
+    cache = decoder.init_cache(self.cfg, rows, length, self.cache_dtype)
+    if self.mesh is not None:
+      cache = jax.lax.with_sharding_constraint(
+          cache, sharding.cache_shardings(self.cfg, self.mesh, rows, length))
+    return cache
+
+  def _prefill(self, model, tokens_up, lengths_u, cache):
+    """`cache` with slots [0, P-1) of its U rows holding the left-padded prompts
+    `tokens_up` [U, P] minus their last token (`_chunked_prefill` when `_chunks(U)`)."""
+    positions_ut, segment_ids_ut = prefill_layout(lengths_u, tokens_up.shape[1])
+    if self._chunks(tokens_up.shape[0]):
+      return self._chunked_prefill(model, tokens_up[:, :-1], positions_ut, segment_ids_ut,
+                                   cache)
+    _, cache = model.hidden(tokens_up[:, :-1], positions_ut, segment_ids_ut, cache=cache,
+                            cache_index=0)
+    return cache
+
+  def _slotted_decode(self, model, rules, shared_cache, tokens_bp, lengths_b, row_valid_b,
+                      source_b, phase_b, *, slots):
+    """The decode of B rows in S < B cache rows ("slots"), each slot at its own offset.
+
+    A while loop of decode steps over the S slots; before each step, while rows wait and
+    enough slots are free, the next `admit` rows (`prefill_rows`, else the batch-parallel
+    size) are prefilled into free slots (or, with `shared_cache`, their shared prefill's
+    rows copied there). A slot decodes row r's token j at cache slot P - 1 + j with row r's
+    key (`fold_in(fold_in(rng, j), r)`, as the lockstep loop), so a row samples what the
+    lockstep program samples for it; a finished row frees its slot at once instead of
+    running with the slowest row of the call. Returns what `_generate_device` returns;
+    its decode steps count steps of S slots.
+    """
+    cfg = self.cfg
+    batch, plen = tokens_bp.shape
+    max_new = rules.max_new_tokens
+    cache_len = plen + max_new - 1
+    admit = self.admit_rows
+    cache = self._empty_cache(slots, cache_len)
+    n_valid = jnp.sum(row_valid_b.astype(jnp.int32))
+    none_s = jnp.full((slots,), batch, jnp.int32)  # row `batch`: no row (writes dropped)
+
+    def admit_rows(state):
+      """The next `admit` rows into the first free slots (fewer at the end of the call)."""
+      (cache, row_s, step_s, prev_s, active_s, stop_state_s, phase_s, node_s, free_count_s,
+       next_row) = state
+      rows_a = next_row + jnp.arange(admit)
+      real_a = rows_a < n_valid
+      free_a = jnp.nonzero(~active_s, size=admit, fill_value=slots)[0]
+      slot_a = jnp.where(real_a, free_a, slots)  # slot `slots`: dropped
+      take_a = jnp.minimum(rows_a, batch - 1)
+      if plen > 1:
+        if shared_cache is None:
+          part = self._prefill(model, tokens_bp[take_a], lengths_b[take_a],
+                               self._empty_cache(admit, plen - 1))
+        else:
+          part = jax.tree.map(lambda c: jnp.take(c, source_b[take_a], axis=1), shared_cache)
+        zero_a = jnp.zeros((admit,), jnp.int32)
+        cache = jax.tree.map(
+            lambda full, new: decoder.write_rows(full, new, slot_a, zero_a, real_a), cache,
+            part)
+        if self.mesh is not None:
+          cache = jax.lax.with_sharding_constraint(
+              cache, sharding.cache_shardings(cfg, self.mesh, slots, cache_len))
+      put = lambda x_s, v_a: x_s.at[slot_a].set(v_a, mode="drop")  # noqa: E731
+      zero_a = jnp.zeros((admit,), jnp.int32)
+      return (cache, put(row_s, rows_a), put(step_s, zero_a), put(prev_s, tokens_bp[take_a, -1]),
+              put(active_s, real_a), put(stop_state_s, zero_a), put(phase_s, phase_b[take_a]),
+              put(node_s, zero_a), put(free_count_s, zero_a),
+              next_row + jnp.sum(real_a.astype(jnp.int32)))
+
+    def may_admit(state):
+      active_s, next_row = state[4], state[-1]
+      waiting = n_valid - next_row
+      free = slots - jnp.sum(active_s.astype(jnp.int32))
+      return (waiting > 0) & (free >= jnp.minimum(admit, waiting))
+
+    def body(carry):
+      state, toks_bm, logp_bm, reason_b, num_b, steps = carry
+      state = jax.lax.while_loop(may_admit, admit_rows, state)
+      (cache, row_s, step_s, prev_s, active_s, stop_state_s, phase_s, node_s, free_count_s,
+       next_row) = state
+      take_s = jnp.minimum(row_s, batch - 1)
+      positions_s1 = (lengths_b[take_s] - 1 + step_s)[:, None]
+      logits_s1v, cache = model(prev_s[:, None], positions_s1, jnp.ones_like(positions_s1),
+                                cache=cache, cache_index=plen - 1 + step_s)
+      tables = tuple(t[take_s] for t in rules.tables)
+      token_s, token_logp_s, new_reason_s, stop_state_s, node_s, free_count_s = rules.step(
+          logits_s1v[:, 0], take_s, step_s, tables, phase_s, node_s, free_count_s,
+          stop_state_s)
+      row_or_none_s = jnp.where(active_s, row_s, batch)
+      toks_bm = toks_bm.at[row_or_none_s, step_s].set(token_s, mode="drop")
+      logp_bm = logp_bm.at[row_or_none_s, step_s].set(token_logp_s, mode="drop")
+      num_b = num_b.at[row_or_none_s].add(1, mode="drop")
+      ended_s = active_s & (new_reason_s > 0)
+      reason_b = reason_b.at[jnp.where(ended_s, row_s, batch)].set(new_reason_s, mode="drop")
+      state = (cache, row_s, step_s + active_s.astype(jnp.int32), token_s, active_s & ~ended_s,
+               stop_state_s, phase_s, node_s, free_count_s, next_row)
+      return state, toks_bm, logp_bm, reason_b, num_b, steps + 1
+
+    def cond(carry):
+      state = carry[0]
+      return (state[-1] < n_valid) | jnp.any(state[4])
+
+    zeros_s = jnp.zeros((slots,), jnp.int32)
+    state = (cache, none_s, zeros_s, zeros_s, jnp.zeros((slots,), bool), zeros_s, zeros_s,
+             zeros_s, zeros_s, jnp.int32(0))
+    zeros_b = jnp.zeros((batch,), jnp.int32)
+    carry = (state, jnp.full((batch, max_new), self.pad_id, jnp.int32),
+             jnp.zeros((batch, max_new), jnp.float32), zeros_b, zeros_b, jnp.int32(0))
+    _, toks_bm, logp_bm, reason_b, num_b, steps = jax.lax.while_loop(cond, body, carry)
+    return toks_bm, logp_bm, num_b, reason_b, steps
+
+
+class _TokenRules:
+  """What a decode step does with B rows' logits, shared by the lockstep and the slotted
+  decode: constraint masks, sampling, stop strings, constraint transitions, stop reasons.
+  `tables` are the per-row constraint arrays (`TRIE_ARRAYS` less `active`, in order);
+  `step` takes them already gathered for its rows."""
+
+  def __init__(self, sampler, rng, temperature, top_k, top_p, stop_table, use_stop, tables,
+               free_masks_cv, *, max_new_tokens, greedy, filtered, constraint_mode,
+               ignore_eos):
+    self.vocab = sampler.cfg.vocab_size
+    self.max_candidates = sampler.max_candidates
+    self.eos_v = jnp.zeros((self.vocab,), bool).at[jnp.asarray(sampler.eos_ids)].set(True)
+    self.rng, self.temperature, self.top_k, self.top_p = rng, temperature, top_k, top_p
+    self.stop_table, self.use_stop = stop_table, use_stop
+    self.tables, self.free_masks_cv = tables, free_masks_cv
+    self.max_new_tokens, self.greedy, self.filtered = max_new_tokens, greedy, filtered
+    self.constraint_mode, self.ignore_eos = constraint_mode, ignore_eos
+
+  def choose(self, logits_bv, rows_b, step):
+    if self.greedy:
+      return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+    if self.filtered:
+      logits_bv = filter_logits(logits_bv, self.temperature, self.top_k, self.top_p,
+                                self.max_candidates)
+    else:
+      logits_bv = logits_bv / self.temperature
+    if jnp.ndim(step) == 0:
+      keys_b = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.fold_in(self.rng, step),
+                                                       rows_b)
+    else:  # each row at its own step (slotted decode): the same key per (row, step)
+      keys_b = jax.vmap(lambda j, r: jax.random.fold_in(jax.random.fold_in(self.rng, j), r))(
+          step, rows_b)
+    return jax.vmap(jax.random.categorical)(keys_b, logits_bv).astype(jnp.int32)
+
+  def step(self, logits_bv, rows_b, step, tables, phase_b, node_b, free_count_b,
+           stop_state_b):
+    """(token, its raw log-prob, stop reason (0 = none), stop state, trie node, free
+    count) of each row; `step` is a scalar or per row."""
+    (edge_parent_be, edge_token_be, edge_child_be, terminal_bn, has_children_bn,
+     free_class_bn, free_min_bn, free_max_bn, to_leaf_bn) = tables
+    vocab, max_new_tokens = self.vocab, self.max_new_tokens
+    batch = logits_bv.shape[0]
+    logits_bv = logits_bv.astype(jnp.float32)
+    logp_all_bv = jax.nn.log_softmax(logits_bv, axis=-1)
+    at_node = lambda table_bn: jnp.take_along_axis(table_bn, node_b[:, None], axis=1)[:, 0]  # noqa: E731
+
+    masked_bv = logits_bv
+    constrained_run = self.constraint_mode != NO_CONSTRAINT
+    if constrained_run:
+      # Tokens allowed at a trie node; at a free node also the free tokens (below the
+      # cap, and while the shortest completion still fits in max_new_tokens), and its
+      # edges once `min_tokens` free tokens were written or no more may be.
+      in_trie_b = phase_b == _IN_TRIE
+      on_node_be = edge_parent_be == node_b[:, None]
+      targets_be = jnp.where(on_node_be, edge_token_be, vocab)  # vocab = dropped
+      edges_bv = jnp.zeros((batch, vocab), bool).at[jnp.arange(batch)[:, None], targets_be].set(
+          True, mode="drop")
+      edges_bv = edges_bv | (at_node(terminal_bn)[:, None] & self.eos_v[None, :])
+      free_class_b = at_node(free_class_bn)
+      is_free_b = free_class_b >= 0
+      free_bv = self.free_masks_cv[jnp.maximum(free_class_b, 0)]
+      fits_b = step + 1 + at_node(to_leaf_bn) <= max_new_tokens
+      may_write_b = (free_count_b < at_node(free_max_bn)) & fits_b
+      may_end_b = (free_count_b >= at_node(free_min_bn)) | ~may_write_b
+      at_free_bv = (edges_bv & may_end_b[:, None]) | (free_bv & may_write_b[:, None])
+      allowed_bv = jnp.where(is_free_b[:, None], at_free_bv, edges_bv)
+      masked_bv = jnp.where(in_trie_b[:, None] & ~allowed_bv, -jnp.inf, masked_bv)
+    token_b = self.choose(masked_bv, rows_b, step)
+    token_logp_b = jnp.take_along_axis(logp_all_bv, token_b[:, None], axis=1)[:, 0]
+
+    is_eos_b = self.eos_v[token_b] & (not self.ignore_eos)
+    next_stop_b = self.stop_table[stop_state_b, token_b]
+    stop_hit_b = self.use_stop & (next_stop_b < 0)
+    stop_state_b = jnp.maximum(next_stop_b, 0)
+
+    finished_constraint_b = jnp.zeros((batch,), bool)
+    if constrained_run:
+      match_be = (edge_parent_be == node_b[:, None]) & (edge_token_be == token_b[:, None])
+      child_b = jnp.sum(jnp.where(match_be, edge_child_be, 0), axis=1)
+      child_is_leaf_b = ~jnp.take_along_axis(has_children_bn, child_b[:, None], axis=1)[:, 0]
+      took_edge_b = in_trie_b & jnp.any(match_be, axis=1)
+      finished_constraint_b = took_edge_b & child_is_leaf_b
+      # Stop strings inside the forced text are the caller's own strings: not a stop.
+      stop_hit_b = stop_hit_b & ~in_trie_b
+      # A token at a free node that is no edge is a free token: stay, count it.
+      wrote_free_b = in_trie_b & is_free_b & ~took_edge_b
+      node_b = jnp.where(took_edge_b, child_b, node_b)
+      free_count_b = jnp.where(took_edge_b, 0, free_count_b + wrote_free_b.astype(jnp.int32))
+
+    new_reason_b = jnp.select(
+        [finished_constraint_b, is_eos_b, stop_hit_b, step + 1 >= max_new_tokens],
+        [_CONSTRAINT, _EOS, _STOP, _LENGTH], 0)
+    return token_b, token_logp_b, new_reason_b, stop_state_b, node_b, free_count_b
 
 
 def _call_key(args, static: dict) -> tuple:

@@ -113,7 +113,8 @@ class Program:
   static: dict
   calls: int  # calls in one training iteration (upper bound: every episode runs to max_steps)
   persistent: int  # per-device bytes of the arguments that stay allocated (params, moments)
-  unknown_trip_count: int = 1  # weight of a loop without a fixed trip count (decode loop)
+  # weight of a loop without a fixed trip count (decode loop), or one per nesting depth
+  unknown_trip_count: int | tuple[float, ...] = 1
   note: str = ""
 
   def lower(self):
@@ -154,7 +155,8 @@ class Registry:
     sampler = self.sampler
     return [Program(name, sampler.generate_program, (sampler.model,) + args, static, 0,
                     self.programs["generate"].persistent,
-                    unknown_trip_count=static["max_new_tokens"])
+                    unknown_trip_count=sampler.decode_loop_weights(
+                        args[0].shape[0], static["max_new_tokens"]))
             for name, args, static in rollout_calls(self.config, sampler, self.rollout_rows)]
 
 
@@ -237,7 +239,7 @@ def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: 
                 ignore_eos=params.ignore_eos,
                 constraint_mode=(sampler_lib.WHOLE_CONSTRAINT if fixed_tries
                                  else sampler_lib.NO_CONSTRAINT),
-                shared_prefill=unique != rows)
+                shared_prefill=unique != rows, slots=sampler.slots_for(rows))
   return args, static
 
 
@@ -404,7 +406,8 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
                                 share_prefill=_share_prefill(config),
                                 cache_dtype=run.rollout.kv_cache_dtype,
                                 trie_nodes=run.rollout.max_trie_nodes,
-                                prefill_rows=run.rollout.prefill_chunk_rows)
+                                prefill_rows=run.rollout.prefill_chunk_rows,
+                                decode_slots=run.rollout.decode_slots)
   per_process = run_config.groups_per_process(config, num_processes) * config.rollout.group_size
   rows = _bucket(rollout_rows or per_process, sampler.batch_buckets)
   prompt = config.rollout.max_prompt_tokens
@@ -414,15 +417,16 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   turns = int(config.env.max_steps)
   programs["generate"] = Program(
       "generate", sampler.generate_program, (sampler.model,) + args, static, max(turns - 1, 1),
-      sample_params_b, unknown_trip_count=decode_steps,
-      note=f"{rows} rows x prompt {prompt}, prefill + up to {decode_steps} decode steps")
+      sample_params_b, unknown_trip_count=sampler.decode_loop_weights(rows, decode_steps),
+      note=f"{rows} rows x prompt {prompt}, prefill + up to {decode_steps} decode steps"
+           + (f" in {static['slots']} slots" if static["slots"] else ""))
   unique = sampler.shared_prefill_rows(rows)
   if unique is not None and unique < rows:
     args, static = _sampler_args(sampler, rows, prompt, unique, run.sampling,
                                  _fixed_tries(config))
     programs["generate_shared"] = Program(
         "generate_shared", sampler.generate_program, (sampler.model,) + args, static, 1,
-        sample_params_b, unknown_trip_count=decode_steps,
+        sample_params_b, unknown_trip_count=sampler.decode_loop_weights(rows, decode_steps),
         note=f"first turn: {unique} prompts prefilled, copied to {rows} rows")
   return Registry(config=config, mesh=mesh, sample_mesh=sample_mesh, model_cfg=model_cfg,
                   learner=learner, critic=critic, sampler=sampler, programs=programs,

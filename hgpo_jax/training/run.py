@@ -243,7 +243,8 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, train: bool = True
                                   max_candidates=settings.rollout.max_candidates,
                                   cache_dtype=settings.rollout.kv_cache_dtype,
                                   trie_nodes=settings.rollout.max_trie_nodes,
-                                  prefill_rows=settings.rollout.prefill_chunk_rows)
+                                  prefill_rows=settings.rollout.prefill_chunk_rows,
+                                  decode_slots=settings.rollout.decode_slots)
     fields = dict(sampler=sampler, compute_dtype=model.cfg.dtype)
   del model
   writer = (metrics_lib.MetricsWriter(workdir, tensorboard=train) if pid == 0

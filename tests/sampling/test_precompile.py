@@ -80,7 +80,8 @@ def _sampler(model, tok, c):
   sharded = decoder.Decoder(model.cfg, rngs=nnx.Rngs(0))
   sharding.shard_model(sharded, mesh)
   return sampler.Sampler(sharded, tok, prompt_buckets=programs.prompt_buckets(
-      c.rollout.max_prompt_tokens), mesh=mesh, share_prefill=c.rollout.group_size)
+      c.rollout.max_prompt_tokens), mesh=mesh, share_prefill=c.rollout.group_size,
+      decode_slots=c.rollout.decode_slots)
 
 
 def test_rollout_calls_are_every_bucket_and_prefill_variant(model, tok):
@@ -98,6 +99,11 @@ def test_rollout_calls_are_every_bucket_and_prefill_variant(model, tok):
   assert len(greedy_eval) == 14 and greedy_eval[7][0] == "generate[eval rows=1 prompt=32]"
   with pytest.raises(ValueError, match="rollout.max_trie_nodes=0: the constrained"):
     programs.rollout_calls(_config(**{"rollout.constrained": True}), smp, rows=8)
+  # continuous batching: the calls with more rows than slots run the slotted program
+  slotted = _config(**{"rollout.decode_slots": 2})
+  calls = programs.rollout_calls(slotted, _sampler(model, tok, slotted), rows=8)
+  assert [call[0] for call in calls] == names
+  assert [call[2]["slots"] for call in calls] == [0, 0, 0, 2, 2, 2, 2]
   fixed = programs.rollout_calls(
       _config(**{"rollout.constrained": True, "rollout.max_trie_nodes": 64}), smp, rows=8)
   assert {call[2]["constraint_mode"] for call in fixed} == {sampler.WHOLE_CONSTRAINT}
@@ -165,3 +171,31 @@ def test_trainer_rollout_runs_only_precompiled_programs(tmp_path):
     assert first.decode_work == second.decode_work
   finally:
     run.close()
+
+
+@pytest.mark.slow
+def test_trainer_rollout_with_decode_slots_samples_the_lockstep_rollout(tmp_path):
+  """`rollout.decode_slots=2` (2 groups x 2 trajectories: 4-row calls in 2 slots) with
+  `rollout.precompile`: the slotted programs are listed and compiled at set-up, the rollout
+  traces nothing and plays the same responses as the lockstep trainer."""
+  from hgpo_jax import train
+  from hgpo_jax.training import run as run_lib
+  rows = {}
+  for slots in (0, 2):
+    c = sokoban_config.get_config("algo=grpo,smoke")
+    with c.unlocked():
+      c.update_from_flattened_dict({"mesh.data": 1, "rollout.precompile": True,
+                                    "rollout.max_trie_nodes": 64, "rollout.decode_slots": slots})
+    run = run_lib.build(c, str(tmp_path / f"slots_{slots}"))
+    try:
+      smp = run.sampler
+      assert len(smp._compiled) == 15 and smp.decode_slots == slots
+      traced = smp.num_compilations
+      rollout = train.rollout(run, 0)
+      assert smp.num_compilations == traced and smp.unlisted_calls == 0
+      rows[slots] = rollout.rows
+    finally:
+      run.close()
+  assert len(rows[0]) > 4
+  assert [r.response_ids for r in rows[2]] == [r.response_ids for r in rows[0]]
+  assert [(r.action, r.reward) for r in rows[2]] == [(r.action, r.reward) for r in rows[0]]
