@@ -402,17 +402,15 @@ class Sampler:
           (batch_spec,) if isinstance(batch_spec, str) else tuple(batch_spec))
       data_size = int(np.prod([mesh.shape[a] for a in batch_axes]))
     self.batch_parallel = data_size
-    if (isinstance(prefill_rows, bool) or not isinstance(prefill_rows, int) or prefill_rows < 0
-        or prefill_rows % data_size):
-      raise ValueError(f"Sampler: prefill_rows={prefill_rows!r} must be an int >= 0 and a "
-                       f"multiple of the mesh's batch-parallel size {data_size} "
-                       "(rollout.prefill_chunk_rows; 0 = one prefill).")
+    for name, value, meaning in (
+        ("prefill_rows", prefill_rows, "rollout.prefill_chunk_rows; 0 = one prefill"),
+        ("decode_slots", decode_slots,
+         "rollout.decode_slots; 0 = every row of a call decodes in lockstep")):
+      if (isinstance(value, bool) or not isinstance(value, int) or value < 0
+          or value % data_size):
+        raise ValueError(f"Sampler: {name}={value!r} must be an int >= 0 and a multiple of "
+                         f"the mesh's batch-parallel size {data_size} ({meaning}).")
     self.prefill_rows = prefill_rows
-    if (isinstance(decode_slots, bool) or not isinstance(decode_slots, int) or decode_slots < 0
-        or decode_slots % data_size):
-      raise ValueError(f"Sampler: decode_slots={decode_slots!r} must be an int >= 0 and a "
-                       f"multiple of the mesh's batch-parallel size {data_size} "
-                       "(rollout.decode_slots; 0 = every row of a call decodes in lockstep).")
     self.decode_slots = decode_slots
     self.batch_buckets = tuple(sorted({-(-b // data_size) * data_size for b in batch_buckets}))
     self.eos_ids = tuple(sorted(set(int(i) for i in tokenizer.eos_ids)))
