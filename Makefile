@@ -33,7 +33,7 @@ run-llm: venv
 # The full CPU table (results/mini.md, .csv, _curves.png); resumable, see launch/sweep.py.
 table: venv
 	$(PY) -m launch.sweep suite --suite mini
-	$(PY) -m launch.sweep render --suite mini
+	$(PY) -m launch.sweep render --suite mini $(if $(wildcard results/mini_reading.md),--reading results/mini_reading.md)
 
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) tests

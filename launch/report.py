@@ -357,7 +357,7 @@ def power_line(cells: Sequence[Cell], env: suites_lib.Environment, reference: st
 
 
 def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[str],
-             mixed_revisions: str | None = None) -> str:
+             mixed_revisions: str | None = None, reading: str | None = None) -> str:
   ref_label = suite.method(suite.reference).label
   out = [f"# Results: suite `{suite.name}` ({suite.version})", "",
          f"{suite.description}. Mean ± std over finished seeds (seeds {list(suite.seeds)}); "
@@ -383,6 +383,8 @@ def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[st
                                      c["best"], c["iters"], c["length"], c["invalid"],
                                      c["detect"], c["note"].replace("|", "/")]) + " |")
     out += ["", power_line(cells, env, suite.reference), ""]
+  if reading:
+    out += ["## Reading", "", reading.strip(), ""]
   out += ["---", ""] + [f"- {line}" for line in footer]
   return "\n".join(out) + "\n"
 
@@ -559,9 +561,11 @@ def footer(suite: suites_lib.Suite, command: str, root: str) -> list[str]:
 
 def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
            pending: Callable[[suites_lib.Environment, suites_lib.Method], str | None] | None = None,
-           stem: str | None = None, allow_mixed_revisions: bool = False) -> dict[str, str]:
+           stem: str | None = None, allow_mixed_revisions: bool = False,
+           reading: str | None = None) -> dict[str, str]:
   """Writes <out_dir>/<stem>.md, .csv and _curves.png (stem: the suite's name by
-  default); returns their paths.
+  default); returns their paths. `reading` (Markdown: a hand-written reading of the
+  numbers) goes under the tables, as "Reading", above the footer.
 
   A table compares methods run by one trainer: when the finished runs record more than
   one trainer revision (or some record none), this raises MixedRevisionsError naming
@@ -581,7 +585,7 @@ def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
            "csv": os.path.join(out_dir, f"{stem}.csv"),
            "png": os.path.join(out_dir, f"{stem}_curves.png")}
   text = markdown(cells, suite, footer(suite, command, root),   # before any file is rewritten:
-                  mixed_revisions=run_revisions(root, suite) if mixed else None)
+                  mixed_revisions=run_revisions(root, suite) if mixed else None, reading=reading)
   with open(paths["md"], "w", encoding="utf-8") as f:            # the footer reads `git diff`
     f.write(text)
   with open(paths["csv"], "w", encoding="utf-8") as f:

@@ -8,7 +8,8 @@ r"""Sweeps: run a named suite (or a grid of config variants x seeds) and render 
   python -m launch.sweep suite --suite mini [--envs alfworld_mini] [--methods grpo gigpo] \
       [--seeds 123] [--root workdirs/sweeps] [--print]
   # tables and curves from the run directories: results/mini.md, .csv, _curves.png
-  python -m launch.sweep render --suite mini [--root workdirs/sweeps] [--out results]
+  python -m launch.sweep render --suite mini [--root workdirs/sweeps] [--out results] \
+      [--reading results/mini_reading.md]      # a hand-written reading, under the tables
   # one column alone (its runs done, the others not yet): results/mini_webshop_mini.*
   python -m launch.sweep render --suite mini --envs webshop_mini
 
@@ -249,10 +250,19 @@ def _suite_main(args) -> int:
       argv += ["--envs", *args.envs]
     if args.allow_mixed_revisions:
       argv.append("--allow-mixed-revisions")
+    reading = None
+    if args.reading:
+      argv += ["--reading", args.reading]
+      try:
+        with open(args.reading, encoding="utf-8") as f:
+          reading = f.read()
+      except OSError as e:
+        print(f"launch.sweep: error: --reading {args.reading}: {e.strerror}", file=sys.stderr)
+        return 2
     command = "python -m launch.sweep render " + shlex.join(argv)
     try:
       paths = report.render(args.root, suite, args.out, command, stem=stem,
-                            allow_mixed_revisions=args.allow_mixed_revisions)
+                            allow_mixed_revisions=args.allow_mixed_revisions, reading=reading)
     except report.MixedRevisionsError as e:
       print(f"launch.sweep: error: {e}", file=sys.stderr)
       return 2
@@ -316,6 +326,8 @@ def main(argv=None) -> int:
                           "_curves.png (the whole table stays <suite>.*)")
       s.add_argument("--allow-mixed-revisions", action="store_true",
                      help="render runs of several trainer revisions (the table says so)")
+      s.add_argument("--reading", default=None, metavar="FILE",
+                     help="a Markdown file (a reading of the numbers) put under the tables")
     else:
       s.add_argument("--envs", nargs="*", default=None)
       s.add_argument("--methods", nargs="*", default=None)

@@ -171,6 +171,29 @@ def test_render_refuses_mixed_trainer_revisions_unless_told(runs, tmp_path, caps
   assert err.startswith("launch.sweep: error: the finished runs under") and err.count("\n") == 1
 
 
+def test_render_puts_the_reading_under_the_tables(runs, tmp_path, monkeypatch, capsys):
+  """`render --reading FILE`: the file's text under "## Reading", after the last table
+  and before the footer, and the command says it; a missing file: one-line error."""
+  monkeypatch.setitem(suites.SUITES, "toy_suite", SUITE)
+  monkeypatch.setattr(suites, "pending_reason", pending)
+  reading = tmp_path / "reading.md"
+  reading.write_text("Method B beats A held out (+20 points).\n", encoding="utf-8")
+  out = tmp_path / "results"
+  assert sweep.main(["render", "--suite", "toy_suite", "--root", runs, "--out", str(out),
+                     "--reading", str(reading)]) == 0
+  md = (out / "toy_suite.md").read_text(encoding="utf-8")
+  last_row = md.rindex("| Prompted P |")
+  at = md.index("## Reading\n\nMethod B beats A held out (+20 points).\n")
+  assert last_row < at < md.index("\n---\n") < md.index("--reading")
+  capsys.readouterr()
+  assert sweep.main(["render", "--suite", "toy_suite", "--root", runs, "--out", str(out),
+                     "--reading", str(tmp_path / "none.md")]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("launch.sweep: error: --reading") and err.count("\n") == 1
+  plain = report.render(runs, SUITE, str(tmp_path / "plain"), "CMD", pending=pending)
+  assert "## Reading" not in open(plain["md"], encoding="utf-8").read()
+
+
 def test_table_holds_no_machine_paths(runs, tmp_path):
   """A run root outside the working directory is shown as a placeholder, not its path."""
   paths = report.render(runs, SUITE, str(tmp_path / "results"), f"python -m x --root {runs}",
