@@ -303,6 +303,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.clip_ratio_c = 3.0  # dual-clip constant c > 1 (verl default)
   c.train.kl_coef = 0.01  # low_var_kl (k3) to the frozen reference (scripts: 0.01)
   c.train.reference_dtype = ""  # the frozen reference's parameters: "" (as the policy's) | bfloat16
+  # where the reference lives between its log-prob passes: device | host (pinned host
+  # memory, copied onto the devices per pass; verl's ref.fsdp_config.param_offload=True)
+  c.train.reference_memory = "device"
   c.train.entropy_coeff = 0.001  # entropy bonus weight (verl-agent yaml)
   c.train.loss_agg = "token-mean"  # token-loss reduction, losses.LOSS_AGG_MODES (scripts)
 

@@ -119,6 +119,7 @@ def main(argv=None) -> int:
   import jax
   from hgpo_jax import runtime
   from hgpo_jax.training import plan as plan_lib
+  from hgpo_jax.training import run_config
 
   if not args.topology:
     # Candidate meshes recompile the same programs: the persistent cache makes repeats
@@ -156,6 +157,8 @@ def main(argv=None) -> int:
   shapes = plan_lib.shapes_from_config(config, micro, args.rollout_rows or None)
   print(f"plan: {args.config} {' '.join(overrides)} on {label}, {memory / plan_lib.GiB:.2f} GiB "
         f"per device; model {config.model.name} ({shapes.model.dtype})", flush=True)
+  for line in run_config.precision_warnings(config):
+    print(f"warning: {line}", flush=True)
   if args.rollout_programs == "list":  # nothing to compile
     listed = plan_lib.rollout_programs(config, mesh, rollout_rows=args.rollout_rows or None,
                                        devices=devices)

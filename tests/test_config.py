@@ -272,3 +272,28 @@ def test_local_variant_computes_in_float32_with_query_chunks():
   assert (cfg.dtype, cfg.attn_query_chunk, cfg.remat) == ("float32", 256, True)
   _override(c, "model.compute_dtype", "bfloat16")
   assert run_config.model_settings(c, cfg).dtype == "bfloat16"
+
+
+def test_bf16_parameters_at_a_small_learning_rate_are_warned_about():
+  """bf16 parameters at the papers' lr 1e-6: one warning line per optimizer whose steps
+  round away (the critic's only with a critic); float32 parameters, or a large enough lr,
+  none. The rounding it warns about, measured: a +-1e-6 step changes few N(0, 0.02) bf16
+  weights, a +-1e-6 step on float32 weights changes them all."""
+  import numpy as np
+  c = alfworld_config.get_config("algo=ppo,model=qwen2.5-1.5b")
+  assert run_config.precision_warnings(c) == []
+  c.model.dtype = "bfloat16"
+  lines = run_config.precision_warnings(c)
+  assert [line.split(":")[0] for line in lines] == [
+      "model.dtype=bfloat16 with train.lr=1e-06", "model.dtype=bfloat16 with critic.lr=1e-05"]
+  g = alfworld_config.get_config("algo=gigpo,model=qwen2.5-1.5b")
+  g.model.dtype = "bfloat16"
+  assert len(run_config.precision_warnings(g)) == 1
+  g.train.lr = run_config.BF16_LOST_STEP_LR
+  assert run_config.precision_warnings(g) == []
+  rng = np.random.default_rng(0)
+  w = rng.normal(0, 0.02, 100_000).astype(np.float32)
+  step = rng.choice([-1e-6, 1e-6], w.size).astype(np.float32)
+  bf16 = jax.numpy.asarray(w, jax.numpy.bfloat16)
+  moved = np.asarray((bf16.astype(np.float32) + step).astype(jax.numpy.bfloat16) != bf16)
+  assert moved.mean() < 0.05 and np.all(w + step != w)

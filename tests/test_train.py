@@ -325,3 +325,14 @@ def test_bf16_reference_trains_with_a_close_kl(reference_run, tmp_path):
   assert len(kl) == 2 and kl[0][1] != kl[0][0]  # the reference is the rounded policy
   for a, b in kl:
     assert math.isfinite(b) and abs(b - a) < 1e-3
+
+
+@pytest.mark.slow
+def test_reference_in_host_memory_repeats_the_default_run(reference_run, tmp_path):
+  """`train.reference_memory=host` (the reference in pinned host memory, copied onto the
+  device per pass): every deterministic metric, KL included, equals the default run's."""
+  workdir, _ = reference_run
+  train.train_and_evaluate(_sokoban(**{"train.reference_memory": "host"}), str(tmp_path))
+  want, got = _metrics(workdir), _metrics(str(tmp_path))
+  assert any("train/kl" in m for m in got)
+  assert [_deterministic(m) for m in got] == [_deterministic(m) for m in want]

@@ -131,6 +131,7 @@ class Plan:
   device_kind: str = "cpu"
   rollout_rows: int = 0
   sample_mesh: tuple[int, int, int] = (0, 0, 0)
+  reference_host: int = 0  # the offloaded reference, in each device's host memory
 
   @property
   def persistent(self) -> int:
@@ -207,6 +208,7 @@ def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optiona
                   shapes, rollout_rows=registry.rollout_rows, model=registry.model_cfg),
               params=registry.params_bytes, opt_state=registry.opt_bytes,
               reference=registry.reference_bytes, critic=registry.critic_bytes, phases=out,
+              reference_host=registry.reference_host_bytes,
               platform=registry.platform, device_kind=getattr(device, "device_kind", "cpu"),
               rollout_rows=registry.rollout_rows, sample_mesh=_mesh_tuple(registry.sample_mesh))
 
@@ -374,8 +376,9 @@ def format_plan(plan: Plan, device_memory: Optional[int] = None, headroom: float
       f"update [{s.mini_batch_rows} x {s.seq}] micro-batch {s.micro_batch_rows}; sampler "
       f"{plan.rollout_rows or s.rollout_rows} rows x prompt {s.prompt} + {s.response} new",
       f"per device: params {g(plan.params)} GiB, optimizer {g(plan.opt_state)} GiB, "
-      f"reference {g(plan.reference)} GiB, critic {g(plan.critic)} GiB "
-      f"(persistent {g(plan.persistent)} GiB)",
+      f"reference {g(plan.reference)} GiB"
+      + (f" (+{plan.reference_host / GiB:.2f} GiB in host memory)" if plan.reference_host else "")
+      + f", critic {g(plan.critic)} GiB (persistent {g(plan.persistent)} GiB)",
       f"{'program':16s} {'calls':>5s} {'GFLOP/call':>12s} {'args':>8s} {'output':>8s} "
       f"{'aliased':>8s} {'temp':>8s} {'peak':>8s}  (GiB per device)"
       + ("  est. s/iteration" if seconds else ""),

@@ -15,8 +15,9 @@ Target platform: the mesh's devices decide (`target_platform(mesh)`), never
 
 Shapes (the paper setting's worst case, each an upper bound of what a run compiles):
   update, logprobs   [train.mini_batch_rows, max_prompt_tokens + max_new_tokens] rows,
-                     (with `train.reference_dtype` set, "logprobs" is the reference's pass
-                     in that dtype and "logprobs_old" the old policy's, if it has one),
+                     (with `train.reference_dtype` or `train.reference_memory=host` set,
+                     "logprobs" is the reference's pass, in that dtype or copying it from
+                     host memory, and "logprobs_old" the old policy's, if it has one),
                      the unpacked layout (length-grouped or packed layouts compile smaller
                      micro-batches of the same rows);
   generate           this process's rollout rows (groups per process x group size, rounded
@@ -134,7 +135,8 @@ class Registry:
   programs: dict[str, Program]
   params_bytes: int
   opt_bytes: int
-  reference_bytes: int
+  reference_bytes: int  # on the devices (0 when the reference is offloaded)
+  reference_host_bytes: int  # per device, in its host memory (train.reference_memory=host)
   critic_bytes: int  # critic params + moments (0 without a critic)
   num_processes: int
   rollout_rows: int  # sampler rows per call on one process
@@ -351,21 +353,27 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   use_reference = True
   reference = learner.abstract_reference(state.params)
   reference_b = sharded_bytes(reference) if use_reference else 0
+  # An offloaded reference (train.reference_memory=host) lives in the devices' host memory:
+  # no device bytes between passes; its pass copies it onto the devices (temporaries).
+  on_host = update.reference_memory == "host"
+  reference_host_b, reference_b = (reference_b, 0) if on_host else (0, reference_b)
   same_dtype = jax.tree.leaves(reference) and all(
       r.dtype == p.dtype for r, p in zip(jax.tree.leaves(reference), jax.tree.leaves(state.params)))
   programs: dict[str, Program] = {
       "update": Program("update", learner.update, (state, batch), {}, updates,
                         sharded_bytes(state)),
   }
-  if same_dtype:  # old and reference log-probs: one program
+  if same_dtype and not on_host:  # old and reference log-probs: one program
     programs["logprobs"] = Program(
         "logprobs", learner.compute_logprobs, (state.params, batch), {},
         num_mini * (int(not on_policy) + int(use_reference)), params_b,
         note="old and reference log-probs of one mini-batch")
-  else:  # the reference in its own dtype (train.reference_dtype): a program of its own
+  else:  # the reference in its own dtype or memory: a program of its own
+    what = ([f"{update.reference_dtype} parameters"] if not same_dtype else []) + (
+        ["copied from host memory"] if on_host else [])
     programs["logprobs"] = Program(
-        "logprobs", learner.compute_logprobs, (reference, batch), {}, num_mini, reference_b,
-        note=f"reference log-probs of one mini-batch ({update.reference_dtype} parameters)")
+        "logprobs", learner.compute_reference_logprobs, (reference, batch), {}, num_mini,
+        reference_b, note=f"reference log-probs of one mini-batch ({', '.join(what)})")
     if not on_policy:
       programs["logprobs_old"] = Program(
           "logprobs_old", learner.compute_logprobs, (state.params, batch), {}, num_mini,
@@ -431,7 +439,8 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   return Registry(config=config, mesh=mesh, sample_mesh=sample_mesh, model_cfg=model_cfg,
                   learner=learner, critic=critic, sampler=sampler, programs=programs,
                   params_bytes=params_b, opt_bytes=opt_b,
-                  reference_bytes=reference_b, critic_bytes=critic_b,
+                  reference_bytes=reference_b, reference_host_bytes=reference_host_b,
+                  critic_bytes=critic_b,
                   num_processes=num_processes, rollout_rows=rows)
 
 

@@ -224,6 +224,8 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, train: bool = True
   Raises ConfigError (one line) on a config that cannot run, before any expensive work.
   """
   settings = run_config.validate(config)
+  for line in run_config.precision_warnings(config):
+    logging.warning("%s", line)
   os.makedirs(workdir, exist_ok=True)
   rng = streams(config.seed)
   pid = jax.process_index()

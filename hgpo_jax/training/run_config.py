@@ -89,6 +89,39 @@ def _typed(section: str, build, *args, **kwargs):
     raise ConfigError(f"config.{section}: {e}") from None
 
 
+BF16_LOST_STEP_LR = 1e-4
+"""Below this learning rate, AdamW steps on bf16 parameters round away for most weights."""
+
+
+def precision_warnings(config: ml_collections.ConfigDict) -> list[str]:
+  """Settings that run but do not do what they say, one line each (the trainer logs them,
+  `launch.plan` prints them).
+
+  bf16 parameters keep 8 significant bits, so a weight w moves only under a step larger
+  than about |w| x 2^-9; AdamW's step is about the learning rate per weight. At the
+  papers' lr 1e-6, a +-1e-6 step changes 1.9 % of N(0, 0.02) bf16 weights (docs/
+  performance.md, "bf16 parameters"): the policy barely trains. float32 parameters with
+  bf16 compute (`model.compute_dtype=bfloat16`) are the mixed precision of the papers.
+  """
+  out = []
+  if config.model.dtype == "bfloat16":
+    for name in ("train.lr", "critic.lr"):
+      section, key = name.split(".")
+      lr = config[section][key]
+      if lr < BF16_LOST_STEP_LR and (section == "train" or _needs_critic(config)):
+        out.append(f"model.dtype=bfloat16 with {name}={lr:g}: AdamW's steps (~lr per weight) "
+                   f"are below bf16's spacing for most weights and round away; keep float32 "
+                   f"parameters and set model.compute_dtype=bfloat16 (docs/performance.md)")
+  return out
+
+
+def _needs_critic(config: ml_collections.ConfigDict) -> bool:
+  try:
+    return estimator_and_options(config)[0].needs_critic
+  except Exception:  # noqa: BLE001  (validate reports a bad estimator with its own line)
+    return False
+
+
 def validate(config: ml_collections.ConfigDict) -> RunConfig:
   """Fails fast, with one line, on configs that cannot run; returns their typed parts.
 

@@ -35,8 +35,10 @@ the update reads them there.
 
 Memory: the state holds params + 2 AdamW moments (3x params, f32), sharded by the
 model's logical rules. The reference policy is a fourth copy of the params with the
-same shardings, kept on the mesh (verl offloads it to host memory): for SmolLM2-135M
-that is 0.54 GB extra in f32; with FSDP it is divided over the fsdp devices.
+same shardings: for SmolLM2-135M that is 0.54 GB extra in f32; with FSDP it is divided
+over the fsdp devices. It stays on the mesh by default; `reference_memory="host"` keeps
+it in the devices' pinned host memory and copies it in for each reference pass (verl's
+`ref.fsdp_config.param_offload=True`), and `reference_dtype="bfloat16"` halves it.
 
 State creation follows big_vision: `eval_shape(init)` -> shardings ->
 `jit(init, out_shardings=...)`, so the optimizer state is born sharded.
@@ -66,6 +68,8 @@ from hgpo_jax.training import train_batch as train_batch_lib
 
 REFERENCE_DTYPES = ("", "float32", "bfloat16")
 """Values of `UpdateConfig.reference_dtype` ("" = the parameters' own dtype)."""
+REFERENCE_MEMORIES = ("device", "host")
+"""Values of `UpdateConfig.reference_memory`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +122,13 @@ class UpdateConfig:
   """dtype of the frozen reference policy's parameters (the KL anchor): "" keeps the
   parameters' dtype; "bfloat16" halves its bytes per device (its log-probs are computed
   in the compute dtype from bf16-rounded weights)."""
+  reference_memory: str = "device"
+  """Where the frozen reference policy's parameters live between its log-prob passes:
+  "device" (in accelerator memory, beside the policy) or "host" (the host memory of each
+  device, `pinned_host`; each reference log-prob pass copies them onto the devices and
+  drops the copy when it ends: one model's bytes less per device through the rollout and
+  the update, a host-to-device copy per pass). verl-agent's scripts offload the reference
+  the same way (`actor_rollout_ref.ref.fsdp_config.param_offload=True`)."""
   loss_unit_rows: int = 0
   """Rows per loss unit: the mini-batch loss is the mean over its units (of consecutive
   rows) that score a token of each unit's own aggregate, whatever the micro-batches are
@@ -135,6 +146,9 @@ class UpdateConfig:
                        "set one of them")
     if self.reference_dtype not in REFERENCE_DTYPES:
       raise ValueError(f"reference_dtype={self.reference_dtype!r}: use one of {REFERENCE_DTYPES}")
+    if self.reference_memory not in REFERENCE_MEMORIES:
+      raise ValueError(f"reference_memory={self.reference_memory!r}: use one of "
+                       f"{REFERENCE_MEMORIES}")
     if self.length_multiple < 1:
       raise ValueError(f"length_multiple={self.length_multiple} must be >= 1.")
     if self.ppo_epochs < 1 or self.micro_batch_rows < 1:
@@ -301,6 +315,14 @@ class Learner:
     self.compute_logprobs = jax.jit(on_mesh(self._compute_logprobs),
                                     in_shardings=(self.param_shardings, self.row_sharding),
                                     out_shardings=self.row_sharding)
+    self.reference_shardings = self._reference_shardings(mesh)
+    if self.config.reference_memory == "host":
+      self.compute_reference_logprobs = jax.jit(
+          on_mesh(self._compute_offloaded_logprobs),
+          in_shardings=(self.reference_shardings, self.row_sharding),
+          out_shardings=self.row_sharding)
+    else:
+      self.compute_reference_logprobs = self.compute_logprobs
     self.lay_out = jax.jit(self._layout, in_shardings=(self.row_sharding,),
                            out_shardings=self.row_sharding)
     self._init_jit = jax.jit(self._init, out_shardings=self.state_sharding)
@@ -339,9 +361,27 @@ class Learner:
 
   def reference_params(self, state: TrainState) -> Any:
     """A frozen copy of the current params with the same shardings (call before updating),
-    floating leaves in `UpdateConfig.reference_dtype` when set."""
+    floating leaves in `UpdateConfig.reference_dtype` when set, in the memory of
+    `UpdateConfig.reference_memory` (the devices' host memory for "host")."""
     return jax.jit(lambda p: jax.tree.map(self._to_reference, p),
-                   out_shardings=self.param_shardings)(state.params)
+                   out_shardings=self.reference_shardings)(state.params)
+
+  def _reference_shardings(self, mesh: jax.sharding.Mesh) -> Any:
+    """The reference's shardings: the params' layout, in host memory when offloaded."""
+    if self.config.reference_memory != "host":
+      return self.param_shardings
+    device = mesh.devices.flat[0]
+    kinds = {m.kind for m in device.addressable_memories()}
+    if "pinned_host" not in kinds:
+      raise ValueError(f"reference_memory='host': the mesh's {device.platform} devices have no "
+                       f"pinned_host memory (they have {sorted(kinds)}); use 'device'")
+    return jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), self.param_shardings)
+
+  def _compute_offloaded_logprobs(self, ref_params, x):
+    """Log-probs of the host-resident reference: its params copied onto the devices (the
+    params' device shardings) for this pass only."""
+    on_device = jax.tree.map(lambda s: s.with_memory_kind("device"), self.param_shardings)
+    return self._compute_logprobs(jax.device_put(ref_params, on_device), x)
 
   def _to_reference(self, x):
     dtype = self.config.reference_dtype
@@ -350,10 +390,11 @@ class Learner:
     return jnp.copy(x)
 
   def abstract_reference(self, params: Any) -> Any:
-    """The reference params' `jax.ShapeDtypeStruct`s (with their shardings) for `params`."""
+    """The reference params' `jax.ShapeDtypeStruct`s (with their shardings and memory) for
+    `params`."""
     return jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, jax.eval_shape(self._to_reference, a).dtype,
-                                          sharding=s), params, self.param_shardings)
+                                          sharding=s), params, self.reference_shardings)
 
   # ---- batches ----------------------------------------------------------------------
   def put_batch(self, batch: Any) -> Any:
@@ -533,7 +574,7 @@ def fill_logprobs(learner: Learner, params: Any, ref_params: Optional[Any],
       if old:
         x = x.replace(old_logprobs=learner.compute_logprobs(params, x))
       if ref_params is not None:
-        x = x.replace(ref_logprobs=learner.compute_logprobs(ref_params, x))
+        x = x.replace(ref_logprobs=learner.compute_reference_logprobs(ref_params, x))
       laid_out.append(x)
     filled.append(tuple(laid_out))
   if isinstance(batch, list):

@@ -164,6 +164,28 @@ def test_constrained_generate_takes_its_trie_shapes_from_the_config():
   assert free.programs["generate"].static["constraint_mode"] == sampler_lib.NO_CONSTRAINT
 
 
+def test_host_reference_leaves_the_persistent_device_bytes_and_has_its_own_program():
+  """`train.reference_memory=host`: the registry counts the reference in host memory, not
+  in the devices' persistent bytes, and its pass is the "logprobs" program over
+  pinned-host params (the trainer's `compute_reference_logprobs`)."""
+  from hgpo_jax.models import sharding
+  from hgpo_jax.training import programs
+  mesh = sharding.make_mesh(2, 1, 1, devices=_devices(2))
+  base = programs.build(_config(), mesh)
+  config = _config()
+  config.train.reference_memory = "host"
+  offloaded = programs.build(config, mesh)
+  assert offloaded.reference_bytes == 0 and base.reference_host_bytes == 0
+  assert offloaded.reference_host_bytes == base.reference_bytes == base.params_bytes
+  assert offloaded.persistent == base.persistent - base.reference_bytes
+  program = offloaded.programs["logprobs"]
+  assert program.jitted is offloaded.learner.compute_reference_logprobs and program.persistent == 0
+  assert {x.sharding.memory_kind for x in jax.tree.leaves(program.args[0])} == {"pinned_host"}
+  plan = plan_lib.compile_plan(config, (2, 1, 1), devices=_devices(2), phases=["logprobs"])
+  assert plan.reference == 0 and plan.reference_host == base.reference_bytes
+  assert " GiB in host memory), critic" in plan_lib.format_plan(plan)
+
+
 def test_bf16_reference_halves_its_persistent_bytes_and_has_its_own_program():
   """`train.reference_dtype=bfloat16`: the registry counts half the reference bytes, and
   the reference pass is the "logprobs" program over bf16 params (the old-policy pass, when

@@ -119,6 +119,37 @@ def test_tpu_flops_of_the_tiny_update_and_logprobs_equal_the_analytic_count():
   assert plan.phases["update"].flops * 8 == pytest.approx(upd, rel=1e-6)
 
 
+def test_xla_tpu_keeps_the_offloaded_reference_in_host_memory():
+  """`train.reference_memory=host` compiled by XLA:TPU: the reference pass reads its params
+  from host memory (XLA:TPU's host argument bytes are the reference's, its device
+  arguments the batch) and copies them onto the device among its temporaries; the
+  device-resident reference's pass has them as device arguments instead."""
+  import jax
+  devices = targets.devices(targets.resolve("v5e-8"))
+  plans = {}
+  for memory in ("device", "host"):
+    config = alfworld.get_config("algo=hgpo,smoke")
+    config.train.micro_batch_rows = config.train.mini_batch_rows = 8
+    config.train.reference_memory = memory
+    mesh = sharding.make_mesh(8, 1, 1, devices=devices)
+    registry = programs.build(config, mesh, micro_batch_rows=8)
+    program = registry.programs["logprobs"]
+    compiled = program.lower().compile()
+    plans[memory] = (registry, compiled.memory_analysis(),
+                     sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(program.args[1]))
+                     // len(devices))
+  (dev_reg, dev_mem, batch_b), (host_reg, host_mem, _) = plans["device"], plans["host"]
+  ref_b = host_reg.reference_host_bytes
+  assert ref_b == dev_reg.reference_bytes > 0 and host_reg.reference_bytes == 0
+  # XLA:TPU's bytes are of its tiled layouts (small arrays padded to whole tiles): the
+  # params' host bytes are what leaves the device arguments, at least their logical bytes.
+  moved = host_mem.host_argument_size_in_bytes
+  assert moved >= ref_b and dev_mem.host_argument_size_in_bytes == 0
+  assert host_mem.argument_size_in_bytes == dev_mem.argument_size_in_bytes - moved
+  assert host_mem.argument_size_in_bytes <= 2 * batch_b
+  assert host_mem.temp_size_in_bytes >= dev_mem.temp_size_in_bytes + ref_b
+
+
 def test_launch_plan_topology_prints_the_fits_line_and_exits_zero(capsys):
   from launch import plan as plan_cli
   code = plan_cli.main(["--config=configs/alfworld.py:algo=hgpo,smoke", "--topology", "v5e-8"])

@@ -330,6 +330,35 @@ def test_bf16_reference_holds_half_the_bytes_and_close_logprobs():
     _config(reference_dtype="float16")
 
 
+def test_host_reference_lives_in_host_memory_and_gives_the_same_logprobs():
+  """`reference_memory="host"`: the reference's params are in the devices' pinned host
+  memory with the params' layout; its log-probs (copied onto the devices for the pass) equal
+  the device-resident reference's bit for bit, through `fill_logprobs` on a data x fsdp
+  mesh; the policy's own arrays stay on the devices."""
+  model = _model()
+  mesh = _mesh(2, 2)
+  on_device = train_step.Learner(model, mesh, _config())
+  offloaded = train_step.Learner(model, mesh, _config(reference_memory="host"))
+  state = on_device.init_state(nnx.state(model, nnx.Param))
+  ref_dev = on_device.reference_params(state)
+  ref_host = offloaded.reference_params(offloaded.init_state(nnx.state(model, nnx.Param)))
+  for h, d in zip(jax.tree.leaves(ref_host), jax.tree.leaves(ref_dev)):
+    assert h.sharding.memory_kind == "pinned_host" and d.sharding.memory_kind == "device"
+    assert h.sharding.spec == d.sharding.spec
+    np.testing.assert_array_equal(np.asarray(h), np.asarray(d))
+  assert all(a.sharding.memory_kind == "pinned_host"
+             for a in jax.tree.leaves(offloaded.abstract_reference(state.params)))
+  host = _host_batch(32, seed=4)
+  a = train_step.fill_logprobs(on_device, state.params, ref_dev, host)
+  b = train_step.fill_logprobs(offloaded, state.params, ref_host, host)
+  assert np.any(np.asarray(a.ref_logprobs) != 0)
+  np.testing.assert_array_equal(np.asarray(b.ref_logprobs), np.asarray(a.ref_logprobs))
+  np.testing.assert_array_equal(np.asarray(b.old_logprobs), np.asarray(a.old_logprobs))
+  assert b.ref_logprobs.sharding.memory_kind == "device"
+  with pytest.raises(ValueError, match="reference_memory='disk': use one of"):
+    _config(reference_memory="disk")
+
+
 def test_config_errors():
   with pytest.raises(ValueError, match="multiple of micro_batch_rows"):
     train_step.UpdateConfig(mini_batch_rows=10, micro_batch_rows=4)
