@@ -1,9 +1,11 @@
 r"""Text Sokoban (env_servers/sokoban: seeded procedural rooms, solvable by construction).
 
-A fast, cheap environment (thousands of steps/s) for curriculum, debugging and the
-end-to-end tests; not one of the papers' benchmarks.
+A fast, cheap environment (thousands of steps/s: `python -m launch.benchmarks.env_grpc
+--env sokoban`, README) for curriculum, debugging and the end-to-end tests; not one of the
+papers' benchmarks.
 
-Variants: algo=..., k=2, model=tiny|smollm2-135m|..., dim=6, boxes=1, smoke
+Variants: algo=..., k=2, model=tiny|smollm2-135m|..., dim=6, boxes=1, levels=0 (the train
+split's first N levels; 0: all 1000), smoke
   python -m launch.main --config=configs/sokoban.py:algo=gigpo,model=tiny,smoke --workdir=/tmp/sok
 
 algo=ppo / algo=hiper: PPO with a critic and HiPER as in configs/alfworld.py (128 ungrouped
@@ -19,13 +21,14 @@ from configs import common
 
 def get_config(arg: str | None = None):
   a = common.parse_arg(arg, algo="hgpo", k=2, model="smollm2-135m", dim=6, boxes=1,
-                       smoke=False)
+                       levels=0, smoke=False)
   if a.model not in common.MODELS:
     raise ValueError(f"unknown model {a.model!r}; choose one of {common.MODELS}")
   c = common.base_config()
   c.model.name = a.model
   c.env.name = "sokoban"
-  c.env.args = common.ml_collections.ConfigDict({"dim": a.dim, "num_boxes": a.boxes})
+  c.env.args = common.ml_collections.ConfigDict({"dim": a.dim, "num_boxes": a.boxes,
+                                                 "train_levels": a.levels})
   c.env.max_steps = 20
   c.env.train_split = "train"
   c.env.eval_splits = ("test",)

@@ -366,7 +366,9 @@ def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[st
          "largest held-out evaluation over all seeds and evaluations: a peak, never a mean. "
          "\"Detectable difference\": the half-width of the 95 % t interval of the mean paired "
          f"difference from {ref_label} over seeds; a smaller difference cannot be told from seed "
-         "noise with these seeds.", ""]
+         "noise with these seeds."
+         + ("" if mixed_revisions else " The runs of a column come from one trainer revision "
+            "(footer); methods are compared within a column only."), ""]
   if mixed_revisions:
     out += [f"**Mixed trainer revisions** (rendered with --allow-mixed-revisions): "
             f"{mixed_revisions}. Rows from different revisions are not one experiment.", ""]
@@ -511,10 +513,14 @@ def _machine() -> str:
           f"Python {platform.python_version()}")
 
 
-def revision_counts(root: str, suite: suites_lib.Suite) -> dict[str, int]:
-  """Finished runs per trainer revision recorded in their run logs ("not recorded" if none)."""
+def revision_counts(root: str, suite: suites_lib.Suite,
+                    env_name: str | None = None) -> dict[str, int]:
+  """Finished runs per trainer revision recorded in their run logs ("not recorded" if none),
+  of one column (`env_name`) or of the whole suite."""
   counts: dict[str, int] = {}
   for env in suite.environments:
+    if env_name is not None and env.name != env_name:
+      continue
     for method in suite.methods:
       for seed in suite.seeds_of(env):
         workdir = suites_lib.run_dir(root, suite, env.name, method.name, seed)
@@ -532,10 +538,24 @@ def revision_counts(root: str, suite: suites_lib.Suite) -> dict[str, int]:
   return counts
 
 
-def run_revisions(root: str, suite: suites_lib.Suite) -> str:
-  """The trainer revisions recorded in the suite's run logs, with their run counts."""
-  counts = revision_counts(root, suite)
+def _count_text(counts: dict[str, int]) -> str:
   return ", ".join(f"{r} ({n} runs)" for r, n in sorted(counts.items())) or "no finished runs"
+
+
+def run_revisions(root: str, suite: suites_lib.Suite) -> str:
+  """The trainer revisions recorded in the suite's run logs, with their run counts; per
+  column when the columns' revisions differ."""
+  whole = revision_counts(root, suite)
+  if len(whole) <= 1 or len(suite.environments) == 1:
+    return _count_text(whole)
+  return "; ".join(f"{env.label or env.name}: {_count_text(revision_counts(root, suite, env.name))}"
+                   for env in suite.environments)
+
+
+def mixed_columns(root: str, suite: suites_lib.Suite) -> list[str]:
+  """Columns whose finished runs record more than one trainer revision (or some none)."""
+  return [env.name for env in suite.environments
+          if len(revision_counts(root, suite, env.name)) > 1]
 
 
 class MixedRevisionsError(ValueError):
@@ -567,16 +587,20 @@ def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
   default); returns their paths. `reading` (Markdown: a hand-written reading of the
   numbers) goes under the tables, as "Reading", above the footer.
 
-  A table compares methods run by one trainer: when the finished runs record more than
-  one trainer revision (or some record none), this raises MixedRevisionsError naming
-  them, unless `allow_mixed_revisions`, and then the table says so above its first row.
+  A column compares methods run by one trainer: when the finished runs of a column record
+  more than one trainer revision (or some record none), this raises MixedRevisionsError
+  naming them, unless `allow_mixed_revisions`, and then the table says so above its first
+  row. Different columns may come from different revisions (no number of one column is
+  compared with another's); the footer then lists each column's.
   """
-  revisions = revision_counts(root, suite)
-  mixed = len(revisions) > 1
+  mixed_envs = mixed_columns(root, suite)
+  mixed = bool(mixed_envs)
   if mixed and not allow_mixed_revisions:
+    column = mixed_envs[0]
+    revisions = revision_counts(root, suite, column)
     raise MixedRevisionsError(
-        f"the finished runs under {root} come from {len(revisions)} trainer revisions "
-        f"({run_revisions(root, suite)}); rerun them with one trainer or pass "
+        f"the finished runs of column {column!r} under {root} come from {len(revisions)} "
+        f"trainer revisions ({_count_text(revisions)}); rerun them with one trainer or pass "
         "--allow-mixed-revisions to render them anyway (the table then says so)")
   cells = build_cells(root, suite, pending or suites_lib.pending_reason)
   os.makedirs(out_dir, exist_ok=True)

@@ -7,7 +7,9 @@ walkthrough. Everything derives from `random.Random(f"{level_seed}/{dim}/{boxes}
 so a task id gives the same level on every machine and Python version.
 
 Tasks: `train-00042` is level seed 42, `test-00042` is level seed 1_000_042 (the two
-splits never share a level). Reward 10 when the last box reaches a target, else 0;
+splits never share a level). `train_levels=N` keeps the train split to its first N levels
+(a few rooms a small policy can learn by heart, as ALFWorld-mini's two training games);
+the test split stays whole. Reward 10 when the last box reaches a target, else 0;
 the episode is truncated after `max_steps` actions (invalid ones included).
 
 Grid symbols: `#` wall, `_` floor, `.` target, `$` box, `*` box on target, `@` player,
@@ -81,30 +83,39 @@ def generate_level(level_seed: int, dim: int = 7, num_boxes: int = 2) -> Level:
 class SokobanEnv(gym.Env):
   """Text Sokoban with the `env_servers.base` info contract."""
 
-  def __init__(self, dim: int = 7, num_boxes: int = 2, max_steps: int = 50):
+  def __init__(self, dim: int = 7, num_boxes: int = 2, max_steps: int = 50,
+               train_levels: int = 0):
     if dim < 5 or num_boxes < 1 or max_steps < 1:
       raise ValueError(f"sokoban: need dim >= 5, num_boxes >= 1, max_steps >= 1; got "
                        f"dim={dim}, num_boxes={num_boxes}, max_steps={max_steps}")
+    if not 0 <= int(train_levels) <= SPLITS["train"][1]:
+      raise ValueError(f"sokoban: train_levels={train_levels} must be in 0..{SPLITS['train'][1]} "
+                       f"(0: the whole train split)")
     self.dim, self.num_boxes, self.max_steps = int(dim), int(num_boxes), int(max_steps)
+    self.train_levels = int(train_levels)
     self._level = None
 
   @staticmethod
   def splits() -> list[str]:
     return list(SPLITS)
 
-  @staticmethod
-  def task_ids(split: str) -> list[str]:
+  def split_size(self, split: str) -> int:
+    """Levels in `split` (the train split's first `train_levels` when set)."""
     if split not in SPLITS:
       raise ValueError(f"sokoban: unknown split {split!r}; splits: {', '.join(SPLITS)}")
-    return [f"{split}-{i:05d}" for i in range(SPLITS[split][1])]
+    if split == "train" and self.train_levels:
+      return self.train_levels
+    return SPLITS[split][1]
 
-  @staticmethod
-  def level_seed(task_id: str) -> int:
+  def task_ids(self, split: str) -> list[str]:
+    return [f"{split}-{i:05d}" for i in range(self.split_size(split))]
+
+  def level_seed(self, task_id: str) -> int:
     """Maps `train-00042` to its level seed."""
     split, _, index = task_id.rpartition("-")
-    if split not in SPLITS or not index.isdigit() or int(index) >= SPLITS[split][1]:
+    if split not in SPLITS or not index.isdigit() or int(index) >= self.split_size(split):
       raise ValueError(f"sokoban: unknown task id {task_id!r}; expected e.g. 'train-00042' "
-                       f"(see task_ids(split))")
+                       f"(see task_ids(split){'' if not self.train_levels else f'; train_levels={self.train_levels}'})")
     return SPLITS[split][0] + int(index)
 
   def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -190,21 +201,25 @@ POLICIES = ("uniform", "no-undo")
 
 def random_play(split: str, episodes: int, dim: int = 6, num_boxes: int = 1,
                 horizons: tuple[int, ...] = (10, 15, 20),
-                policy: str = "uniform") -> dict[int, float]:
+                policy: str = "uniform", train_levels: int = 0) -> dict[int, float]:
   """Success rate of uniform-random play over the admissible moves within each horizon,
   one episode per level of the split's first `episodes` levels (seeded by the task id:
-  deterministic). The reference point of a policy's untrained success.
+  deterministic). The reference point of a policy's untrained success. A split with fewer
+  levels than `episodes` (`train_levels`) is played round-robin, episode i of a level
+  seeded by its task id and i.
 
   policy="no-undo" draws uniformly among the admissible moves other than the reverse of
   the previous move (unless it is the only one): what a policy gains by learning only
   not to oscillate."""
   if policy not in POLICIES:
     raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-  env = SokobanEnv(dim=dim, num_boxes=num_boxes, max_steps=max(horizons))
+  env = SokobanEnv(dim=dim, num_boxes=num_boxes, max_steps=max(horizons),
+                   train_levels=train_levels)
   wins = dict.fromkeys(horizons, 0)
-  task_ids = env.task_ids(split)[:episodes]
-  for task_id in task_ids:
-    rng = random.Random(f"random-play/{task_id}")
+  levels = env.task_ids(split)
+  task_ids = [levels[i % len(levels)] for i in range(episodes)]
+  for i, task_id in enumerate(task_ids):
+    rng = random.Random(f"random-play/{task_id}" + (f"/{i}" if i >= len(levels) else ""))
     env.reset(options={"task_id": task_id})
     last = None
     for step in range(1, max(horizons) + 1):
@@ -297,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--horizons", default="10,15,20")
   parser.add_argument("--policy", default="uniform", choices=POLICIES,
                       help="no-undo: never reverse the previous move (unless forced)")
+  parser.add_argument("--train-levels", type=int, default=0, metavar="N",
+                      help="the train split's first N levels only, played round-robin")
   parser.add_argument("--stats", action="store_true",
                       help="also print the walkthrough's median length and pushes, the "
                       "shortest solution's median length and the share of levels "
@@ -305,14 +322,16 @@ def main(argv: list[str] | None = None) -> int:
   try:
     horizons = tuple(int(h) for h in args.horizons.split(","))
     rates = random_play(args.split, args.random_play, args.dim, args.boxes, horizons,
-                        args.policy)
+                        args.policy, args.train_levels)
     stats = (level_stats(args.split, args.random_play, args.dim, args.boxes, horizons)
              if args.stats else None)
   except ValueError as e:
     parser.exit(2, f"sokoban: {e}\n")
   policy = "" if args.policy == "uniform" else f", policy {args.policy}"
+  levels = (f"{args.random_play} episodes on its first {args.train_levels} levels"
+            if args.train_levels and args.split == "train" else f"{args.random_play} levels")
   print(f"sokoban {args.dim}x{args.dim}, {args.boxes} box(es), split {args.split}, "
-        f"{args.random_play} levels{policy}: " +
+        f"{levels}{policy}: " +
         ", ".join(f"{100 * r:.1f} % within {h} steps" for h, r in rates.items()))
   if stats:
     print(f"  walkthrough median {stats['walkthrough_median']} moves, "

@@ -59,7 +59,7 @@ def test_describe_and_list_tasks(server):
   assert (d.env_name, list(d.splits), d.num_slots, d.protocol_version) == (
       "sokoban", ["train", "test"], SLOTS, "1.0")
   tasks = stub.ListTasks(env_pb2.ListTasksRequest(split="test"), timeout=10).task_ids
-  assert list(tasks) == sokoban.SokobanEnv.task_ids("test")
+  assert list(tasks) == sokoban.SokobanEnv().task_ids("test")
   assert _code(lambda: stub.ListTasks(env_pb2.ListTasksRequest(split="dev"), timeout=10)) == (
       grpc.StatusCode.INVALID_ARGUMENT, "unknown split 'dev'; sokoban splits: ['train', 'test']")
 

@@ -30,11 +30,10 @@ class DriftingEnv(sokoban.SokobanEnv):
 class BrokenCatalogEnv(sokoban.SokobanEnv):
   """Its task list of the "test" split raises (an exception outside any slot's step)."""
 
-  @staticmethod
-  def task_ids(split):
+  def task_ids(self, split):
     if split == "test":
       raise OSError("task file test.json is missing")
-    return sokoban.SokobanEnv.task_ids(split)
+    return super().task_ids(split)
 
 
 class _Unprintable:

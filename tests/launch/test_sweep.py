@@ -42,8 +42,8 @@ def pending(env, method):
   return PENDING.get(method.name)
 
 
-def _write(root, method, seed, lines):
-  rd = suites.run_dir(root, SUITE, ENV.name, method, seed)
+def _write(root, method, seed, lines, env=ENV.name):
+  rd = suites.run_dir(root, SUITE, env, method, seed)
   os.makedirs(rd, exist_ok=True)
   with open(os.path.join(rd, "metrics.jsonl"), "w", encoding="utf-8") as f:
     for line in lines:
@@ -156,7 +156,8 @@ def test_render_refuses_mixed_trainer_revisions_unless_told(runs, tmp_path, caps
     with open(os.path.join(suites.run_dir(runs, SUITE, "toy", method, 1), "log.txt"), "w",
               encoding="utf-8") as f:
       f.write(f"{report.REVISION_PREFIX}{revision}\n")
-  with pytest.raises(report.MixedRevisionsError, match="3 trainer revisions .*abc123 \\(1 runs\\)"):
+  with pytest.raises(report.MixedRevisionsError,
+                     match="column 'toy' .* 3 trainer revisions .*abc123 \\(1 runs\\)"):
     report.render(runs, SUITE, str(tmp_path / "results"), "CMD", pending=pending)
   assert not os.path.exists(tmp_path / "results")  # nothing written
   paths = report.render(runs, SUITE, str(tmp_path / "results"), "CMD", pending=pending,
@@ -168,7 +169,8 @@ def test_render_refuses_mixed_trainer_revisions_unless_told(runs, tmp_path, caps
   assert sweep.main(["render", "--suite", "toy_suite", "--root", runs, "--out",
                      str(tmp_path / "r2")]) == 2
   err = capsys.readouterr().err
-  assert err.startswith("launch.sweep: error: the finished runs under") and err.count("\n") == 1
+  assert err.startswith("launch.sweep: error: the finished runs of column 'toy' under")
+  assert err.count("\n") == 1
 
 
 def test_render_puts_the_reading_under_the_tables(runs, tmp_path, monkeypatch, capsys):
@@ -192,6 +194,34 @@ def test_render_puts_the_reading_under_the_tables(runs, tmp_path, monkeypatch, c
   assert err.startswith("launch.sweep: error: --reading") and err.count("\n") == 1
   plain = report.render(runs, SUITE, str(tmp_path / "plain"), "CMD", pending=pending)
   assert "## Reading" not in open(plain["md"], encoding="utf-8").read()
+
+
+def test_columns_may_come_from_different_trainer_revisions(runs, tmp_path):
+  """One revision per column is a table (methods are compared within a column); the
+  footer lists each column's revision. A second revision inside a column is refused."""
+  other = suites.Environment(name="toy2", label="Toy two", config="configs/sokoban.py",
+                             args="dim=6", heldout_split="valid_unseen", overrides={})
+  two = suites.Suite(name="toy_suite", version="toy_v1", environments=(ENV, other),
+                     methods=METHODS, seeds=(1, 2, 3), reference="a")
+  for seed, (succ, per, fin, length, inv) in A.items():
+    _write(runs, "a", seed, _train_run(succ, per, fin, length, inv), env="toy2")
+  for env, revision in (("toy", "abc123"), ("toy2", "def456")):
+    for method in ("a", "b", "d", "e", "p"):
+      for seed in (1, 2, 3):
+        workdir = suites.run_dir(runs, two, env, method, seed)
+        if os.path.isdir(workdir):
+          with open(os.path.join(workdir, "log.txt"), "w", encoding="utf-8") as f:
+            f.write(f"{report.REVISION_PREFIX}{revision}\n")
+  paths = report.render(runs, two, str(tmp_path / "results"), "CMD", pending=pending)
+  md = open(paths["md"], encoding="utf-8").read()
+  assert "Mixed trainer revisions" not in md and "methods are compared within a column only" in md
+  assert ("trainer revisions of the runs: Toy: abc123 (12 runs); Toy two: def456 (3 runs)"
+          in md)
+  with open(os.path.join(suites.run_dir(runs, two, "toy2", "a", 1), "log.txt"), "w",
+            encoding="utf-8") as f:
+    f.write(f"{report.REVISION_PREFIX}abc123\n")
+  with pytest.raises(report.MixedRevisionsError, match="column 'toy2'"):
+    report.render(runs, two, str(tmp_path / "r2"), "CMD", pending=pending)
 
 
 def test_table_holds_no_machine_paths(runs, tmp_path):
