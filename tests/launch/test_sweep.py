@@ -372,7 +372,7 @@ def test_mini_suite_configs_build():
   mini_v3 games (48 held-out games, all evaluated) with the suite's sizes, and GRPO passes
   the trainer's validation."""
   env = suites.MINI.env("alfworld_mini")
-  assert suites.MINI.version == "mini_v4"
+  assert suites.MINI.version == "mini_v5"
   for method in suites.MINI.methods:
     c = suites.build_config(env, method, 456)
     assert c.env.args.data_dir == "env_servers/alfworld/data/mini_v3" and c.seed == 456
@@ -385,6 +385,19 @@ def test_mini_suite_configs_build():
   assert suites.pending_reason(env, suites.MINI.method("grpo")) is None
   assert os.path.isfile(os.path.join(suites.REPO_ROOT, env.overrides["env.args.data_dir"],
                                      "valid_unseen.json.gz"))
+
+
+def test_sokoban_cells_train_on_two_levels_and_hold_out_the_test_split():
+  """Sokoban (suite mini_v5): 12x12 with 4 boxes, the train split's first 2 levels,
+  horizon 10, 48 held-out test levels; every cell builds and GRPO passes validation."""
+  env = suites.MINI.env("sokoban")
+  assert env.seeds == (123, 456, 789)
+  for method in suites.MINI.methods:
+    c = suites.build_config(env, method, 123)
+    assert (c.env.args.dim, c.env.args.num_boxes, c.env.args.train_levels) == (12, 4, 2)
+    assert c.env.max_steps == 10 and c.eval.num_tasks == 48
+    assert tuple(c.env.eval_splits) == ("test",)
+  assert suites.pending_reason(env, suites.MINI.method("grpo")) is None
 
 
 def test_webshop_mini_cells_use_the_mini_shop_with_a_listed_search():
