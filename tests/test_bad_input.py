@@ -61,7 +61,7 @@ _LLAMA = dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_s
 LAUNCH_CASES = {
     "unknown config argument": (
         [f"{_SMOKE},colour=red"],
-        "unknown config argument 'colour'; known: ['algo', 'boxes', 'dim', 'k', 'model', "
+        "unknown config argument 'colour'; known: ['algo', 'boxes', 'dim', 'k', 'levels', 'model', "
         "'smoke']; fix the --config=FILE:ARGS string"),
     "mistyped override": (
         [_SMOKE, "--config.train.lrr=0.1"],
