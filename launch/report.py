@@ -36,6 +36,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 from typing import Callable, Iterable, Sequence
@@ -484,6 +485,7 @@ def plot(cells: Sequence[Cell], suite: suites_lib.Suite, path: str) -> None:
 
 
 REVISION_PREFIX = "# trainer revision: "  # the line launch.sweep writes into each run's log.txt
+COMMAND_PREFIX = "$ "  # and the line after it: the run's command
 
 
 def git_revision() -> str:
@@ -562,6 +564,63 @@ class MixedRevisionsError(ValueError):
   """The finished runs of a table come from more than one trainer revision."""
 
 
+class StaleRunError(ValueError):
+  """A finished run of a table was made by another command than the suite's for its cell."""
+
+
+def recorded_commands(workdir: str) -> list[list[str]]:
+  """Every command launch.sweep recorded in the run's log.txt (one per start: a resumed run
+  has several), oldest first; [] when none was recorded."""
+  try:
+    with open(os.path.join(workdir, "log.txt"), encoding="utf-8") as f:
+      return [shlex.split(line[len(COMMAND_PREFIX):]) for line in f
+              if line.startswith(COMMAND_PREFIX)]
+  except OSError:
+    return []
+
+
+def command_difference(recorded: Sequence[str], expected: Sequence[str]) -> str | None:
+  """How a recorded command differs from the expected one, or None; the interpreter and the
+  --workdir are not compared (a run root may be moved)."""
+  def comparable(cmd):
+    return [a for a in cmd[1:] if not a.startswith("--workdir=")]
+  ran, now = comparable(recorded), comparable(expected)
+  if ran == now:
+    return None
+  only_ran = [a for a in ran if a not in now]
+  only_now = [a for a in now if a not in ran]
+  if not only_ran and not only_now:
+    return "the same arguments in another order"
+  return (f"it ran with {' '.join(only_ran) or '(nothing more)'} where the suite's command has "
+          f"{' '.join(only_now) or '(nothing more)'}")
+
+
+def stale_reason(workdir: str, expected: Sequence[str]) -> str | None:
+  """Why the run in `workdir` is not a run of the `expected` command (None: every command
+  recorded in its log is that one, or none is recorded)."""
+  for cmd in recorded_commands(workdir):
+    difference = command_difference(cmd, expected)
+    if difference:
+      return difference
+  return None
+
+
+def stale_runs(root: str, suite: suites_lib.Suite) -> list[tuple[str, str]]:
+  """(env/method/seed_n, reason) of each finished run whose recorded command is not the
+  suite's current command for its cell: a run of an older suite definition."""
+  out = []
+  for env in suite.environments:
+    for method in suite.methods:
+      for seed in suite.seeds_of(env):
+        workdir = suites_lib.run_dir(root, suite, env.name, method.name, seed)
+        if not is_finished(workdir):
+          continue
+        reason = stale_reason(workdir, suites_lib.command(root, suite, env, method, seed))
+        if reason:
+          out.append((f"{env.name}/{method.name}/seed_{seed}", reason))
+  return out
+
+
 def display_root(root: str) -> str:
   """`root` as the table shows it: relative to the working directory when under it, else a
   placeholder (a committed table carries no machine's paths)."""
@@ -592,7 +651,16 @@ def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
   naming them, unless `allow_mixed_revisions`, and then the table says so above its first
   row. Different columns may come from different revisions (no number of one column is
   compared with another's); the footer then lists each column's.
+
+  A finished run whose log records another command than the suite's for its cell (a run of
+  an older suite definition: another shop, level set or budget) raises StaleRunError.
   """
+  stale = stale_runs(root, suite)
+  if stale:
+    tag, reason = stale[0]
+    raise StaleRunError(
+        f"{len(stale)} finished run(s) under {root} are not runs of suite {suite.version}'s "
+        f"commands, first {tag}: {reason}; move them out of the run root and rerun them")
   mixed_envs = mixed_columns(root, suite)
   mixed = bool(mixed_envs)
   if mixed and not allow_mixed_revisions:

@@ -19,7 +19,11 @@ latest checkpoint, and lists cells that cannot run yet (the config or the traine
 validation refuses them: e.g. an estimator that is not trainable yet) as pending; the
 table keeps their rows, marked pending. Every run is a subprocess with
 PYTHONHASHSEED=0, its console output in `<workdir>/log.txt`, which starts each launch with
-the trainer's git revision (the table's footer counts the revisions of its runs).
+the trainer's git revision (the table's footer counts the revisions of its runs) and the
+command. A run whose recorded command is not its cell's current one (a run of an older
+suite definition: another shop, level set or budget) is stale: the sweep neither resumes
+nor replaces it, the render refuses it (both name the differing arguments); move it out
+of the root to rerun the cell.
 
 The older grid interface (one config file, explicit variants):
 
@@ -175,7 +179,10 @@ def _select(suite: suites_lib.Suite, envs, methods, seeds):
 
 def plan_suite(suite: suites_lib.Suite, root: str, envs=None, methods=None, seeds=None,
                pending=None, python: str = sys.executable, extra=()) -> list[dict]:
-  """One entry per run: env, method, seed, workdir, status (done|todo|pending), command.
+  """One entry per run: env, method, seed, workdir, status (done|todo|pending|stale),
+  command. A run is stale when its log records another command than its cell's (a run of
+  an older suite definition, or of other `extra` overrides): it is neither resumed nor
+  counted.
 
   `extra`: "a.b=value" overrides appended to every command (smoke checks of the wiring;
   use another --root, the table of a suite is made without them)."""
@@ -187,17 +194,24 @@ def plan_suite(suite: suites_lib.Suite, root: str, envs=None, methods=None, seed
       reason = pending(env, method)
       for seed in (s for s in seeds if s in suite.seeds_of(env)):
         workdir = suites_lib.run_dir(root, suite, env.name, method.name, seed)
-        status = "pending" if reason else ("done" if report.is_finished(workdir) else "todo")
+        cmd = (suites_lib.command(root, suite, env, method, seed, python)
+               + [f"--config.{o}" for o in extra])
+        stale = None if reason else report.stale_reason(workdir, cmd)
+        if reason:
+          status, why = "pending", reason
+        elif stale:
+          status, why = "stale", f"{stale}; move {workdir} away to rerun it"
+        else:
+          status, why = ("done" if report.is_finished(workdir) else "todo"), ""
         out.append({"env": env.name, "method": method.name, "seed": seed, "workdir": workdir,
-                    "status": status, "reason": reason or "",
-                    "command": suites_lib.command(root, suite, env, method, seed, python)
-                               + [f"--config.{o}" for o in extra]})
+                    "status": status, "reason": why, "command": cmd})
   return out
 
 
 def run_suite(suite: suites_lib.Suite, root: str, envs=None, methods=None, seeds=None,
               runner: Runner = subprocess_runner, pending=None, log=print, extra=()) -> int:
-  """Runs every unfinished, non-pending run of the selection; returns the failure count."""
+  """Runs every unfinished, non-pending run of the selection; returns the failure count
+  (a stale run counts: it is neither resumed nor replaced)."""
   failures = 0
   for entry in plan_suite(suite, root, envs, methods, seeds, pending, extra=extra):
     tag = f"{entry['env']}/{entry['method']}/seed_{entry['seed']}"
@@ -206,6 +220,10 @@ def run_suite(suite: suites_lib.Suite, root: str, envs=None, methods=None, seeds
       continue
     if entry["status"] == "done":
       log(f"[sweep] done     {tag} (skipped)")
+      continue
+    if entry["status"] == "stale":
+      failures += 1
+      log(f"[sweep] STALE    {tag}: {entry['reason']}")
       continue
     log(f"[sweep] run      {tag}: {shlex.join(entry['command'])}")
     t0 = time.perf_counter()
@@ -263,7 +281,7 @@ def _suite_main(args) -> int:
     try:
       paths = report.render(args.root, suite, args.out, command, stem=stem,
                             allow_mixed_revisions=args.allow_mixed_revisions, reading=reading)
-    except report.MixedRevisionsError as e:
+    except (report.MixedRevisionsError, report.StaleRunError) as e:
       print(f"launch.sweep: error: {e}", file=sys.stderr)
       return 2
     for kind in ("md", "csv", "png"):

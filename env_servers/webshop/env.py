@@ -4,7 +4,7 @@
   env = WebShopEnv(max_steps="30")             # HGPO's horizon (strings are parsed)
   env = WebShopEnv(data_dir="DIR")             # a shop written by `generate`
   env = WebShopEnv(real_data_dir="DIR")        # the original WebShop files (real_data)
-  env = WebShopEnv(data_dir="env_servers/webshop/data/mini_v3", search_actions="goal")
+  env = WebShopEnv(data_dir="env_servers/webshop/data/mini_v6", search_actions="goal")
                                                # WebShop-mini of the CPU suite
   obs, info = env.reset(seed=0, options={"task_id": "test-0003"})
   obs, reward, terminated, truncated, info = env.step("search[sulfate free shampoo]")

@@ -8,12 +8,16 @@ The same arguments always give byte-identical files. The frozen default shop in
   python -m env_servers.webshop.generate --num-products 2000 --seed 0 \
       --num-train-goals 100 --num-test-goals 50 --out env_servers/webshop/data
 
-The WebShop-mini shop of the CPU suite (launch/suites.py, suite `mini` from mini_v3) has no
-product options, so a purchase is scored on the product alone (attributes, price, type):
+The WebShop-mini shops of the CPU suite (launch/suites.py, suite `mini`: mini_v3's from
+mini_v3, mini_v6's, with 48 test goals, from mini_v6) have no product options, so a
+purchase is scored on the product alone (attributes, price, type):
 
   python -m env_servers.webshop.generate --num-products 500 --seed 0 \
       --num-train-goals 24 --num-test-goals 24 --max-option-groups 0 \
       --out env_servers/webshop/data/mini_v3
+  python -m env_servers.webshop.generate --num-products 740 --seed 1 \
+      --num-train-goals 24 --num-test-goals 48 --max-option-groups 0 \
+      --out env_servers/webshop/data/mini_v6
 
 Every kept goal is checked here: its product scores exactly 1 when bought with the goal
 options; each of its four near-misses scores below 1 in exactly the term it was built

@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import json
 import os
+import shlex
 
 import pytest
 
@@ -349,6 +350,63 @@ def test_run_logs_record_the_trainer_revision_and_the_footer_counts_them(runs, t
   assert line == "trainer revisions of the runs: " + ", ".join(expected)
 
 
+def _log_command(root, method, seed, cmd):
+  with open(os.path.join(suites.run_dir(root, SUITE, "toy", method, seed), "log.txt"), "a",
+            encoding="utf-8") as f:
+    f.write(f"{report.REVISION_PREFIX}abc123\n{report.COMMAND_PREFIX}{shlex.join(cmd)}\n")
+
+
+def test_a_run_of_another_command_is_stale_neither_resumed_nor_rendered(runs, tmp_path,
+                                                                        monkeypatch, capsys):
+  """A run whose log records another command than its cell's (a run of an older suite
+  definition) is refused by the sweep and by the render; the interpreter and the workdir
+  (a moved run root) are not compared."""
+  method = SUITE.method("a")
+  cmd = suites.command(runs, SUITE, ENV, method, 1, python="/elsewhere/bin/python")
+  moved = [a if not a.startswith("--workdir=") else "--workdir=/old/root/a/seed_1" for a in cmd]
+  _log_command(runs, "a", 1, moved)
+  assert report.stale_runs(runs, SUITE) == []
+  report.render(runs, SUITE, str(tmp_path / "ok"), "CMD", pending=pending,  # not refused
+                allow_mixed_revisions=True)
+  def old(seed):  # the command of an older definition of the suite
+    return [a.replace("train.num_iterations=5", "train.num_iterations=4")
+            for a in suites.command(runs, SUITE, ENV, method, seed)]
+  _log_command(runs, "a", 2, old(2))
+  _log_command(runs, "a", 3, suites.command(runs, SUITE, ENV, method, 3)
+               + ["--config.eval.num_tasks=24"])
+  expected_reason = ("it ran with --config.train.num_iterations=4 where the suite's command "
+                     "has --config.train.num_iterations=5")
+  assert report.stale_runs(runs, SUITE) == [
+      ("toy/a/seed_2", expected_reason),
+      ("toy/a/seed_3", "it ran with --config.eval.num_tasks=24 where the suite's command has "
+                       "(nothing more)")]
+  with pytest.raises(report.StaleRunError,
+                     match="2 finished run\\(s\\) .* toy_v1's commands, first toy/a/seed_2: it "
+                           "ran with --config.train.num_iterations=4"):
+    report.render(runs, SUITE, str(tmp_path / "results"), "CMD", pending=pending)
+  assert not os.path.exists(tmp_path / "results")  # nothing written
+  monkeypatch.setitem(suites.SUITES, "toy_suite", SUITE)
+  monkeypatch.setattr(suites, "pending_reason", pending)
+  assert sweep.main(["render", "--suite", "toy_suite", "--root", runs, "--out",
+                     str(tmp_path / "r2")]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("launch.sweep: error: 2 finished run(s) under") and err.count("\n") == 1
+  # the sweep neither resumes nor replaces a stale run, finished or not, and counts it failed
+  _write(runs, "d", 2, _train_run([0.5] * 2, 0.5, 0.5)[:2])
+  _log_command(runs, "d", 2, [a.replace("=5", "=4")
+                              for a in suites.command(runs, SUITE, ENV, SUITE.method("d"), 2)])
+  entries = {(e["method"], e["seed"]): e for e in
+             sweep.plan_suite(SUITE, runs, methods=["a", "d"], pending=pending)}
+  assert [entries[("a", s)]["status"] for s in (1, 2, 3)] == ["done", "stale", "stale"]
+  assert entries[("d", 2)]["status"] == "stale" and entries[("d", 1)]["status"] == "todo"
+  assert entries[("a", 2)]["reason"].startswith(expected_reason + "; move ")
+  runner, logs = FakeRunner(), []
+  assert sweep.run_suite(SUITE, runs, methods=["a", "d"], runner=runner, pending=pending,
+                         log=logs.append) == 3
+  assert sorted(runner.calls) == [suites.run_dir(runs, SUITE, "toy", "d", s) for s in (1, 3)]
+  assert sum(l.startswith("[sweep] STALE    toy/") for l in logs) == 3
+
+
 def test_failed_run_is_reported_not_skipped(tmp_path):
   root = str(tmp_path / "sweeps")
   runner = FakeRunner(rc=1)
@@ -372,7 +430,7 @@ def test_mini_suite_configs_build():
   mini_v3 games (48 held-out games, all evaluated) with the suite's sizes, and GRPO passes
   the trainer's validation."""
   env = suites.MINI.env("alfworld_mini")
-  assert suites.MINI.version == "mini_v5"
+  assert suites.MINI.version == "mini_v6"
   for method in suites.MINI.methods:
     c = suites.build_config(env, method, 456)
     assert c.env.args.data_dir == "env_servers/alfworld/data/mini_v3" and c.seed == 456
@@ -401,15 +459,17 @@ def test_sokoban_cells_train_on_two_levels_and_hold_out_the_test_split():
 
 
 def test_webshop_mini_cells_use_the_mini_shop_with_a_listed_search():
-  """WebShop-mini (suite mini_v3 on): the frozen option-free shop, the goal's keyword search
-  listed on the search page, 15 steps, and the trainer's validation accepts the cells."""
+  """WebShop-mini (suite mini_v6 on): the frozen option-free shop of 24 train and 48 test
+  goals, all 48 evaluated, the goal's keyword search listed on the search page, 15 steps,
+  and the trainer's validation accepts the cells."""
   env = suites.MINI.env("webshop_mini")
   assert env.methods == ()  # all eight rows (mini_v4)
   for name in (m.name for m in suites.MINI.methods):
     c = suites.build_config(env, suites.MINI.method(name), 123)
     assert c.env.name == "webshop" and c.env.max_steps == 15
     assert (c.env.args.data_dir, c.env.args.search_actions) == (
-        "env_servers/webshop/data/mini_v3", "goal")
+        "env_servers/webshop/data/mini_v6", "goal")
+    assert c.eval.num_tasks == 48
     assert c.rollout.max_prompt_tokens == 256 and tuple(c.env.eval_splits) == ("test",)
     assert c.rollout.max_new_tokens == (128 if name == "hiper" else 64)
     assert suites.pending_reason(env, suites.MINI.method(name)) is None
@@ -417,7 +477,7 @@ def test_webshop_mini_cells_use_the_mini_shop_with_a_listed_search():
   tok = tiny_tokenizer()
   shop = Shop.load(os.path.join(suites.REPO_ROOT, env.overrides["env.args.data_dir"]))
   need = [len(tok.encode(f"<action>search[{goal_query(g)}]</action>")) for g in shop.goals.values()]
-  assert max(need) == 51 and sum(n > 32 for n in need) == 28
+  assert max(need) == 50 and sum(n > 32 for n in need) == 46
   assert os.path.isfile(os.path.join(suites.REPO_ROOT, env.overrides["env.args.data_dir"],
                                      "goals.json.gz"))
 
