@@ -50,6 +50,7 @@ THRESHOLD = 0.5  # train success for "iterations to 50 %"
 BOOTSTRAP_SAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 NOISE_MARK = "≈"
+NO_SPREAD = 1e-9  # a std of paired differences at or below this is 0 (rounding of equal ones)
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-collections",
             "textworld", "alfworld", "matplotlib")
 
@@ -198,9 +199,11 @@ def detectable_difference(diffs: Sequence[float]) -> float | None:
 
   The half-width of the t interval of the mean paired difference, t(0.975, n-1) s / sqrt(n)
   (s: the sample std of the per-seed differences): a difference at least this large puts
-  0 outside the interval. None with fewer than 2 paired seeds (no spread to measure).
+  0 outside the interval. None with fewer than 2 paired seeds, or when all the differences
+  are equal (a spread of 0 measures nothing: two seeds that happen to differ by the same
+  number of games would claim that any difference is detectable).
   """
-  if len(diffs) < 2:
+  if len(diffs) < 2 or statistics.stdev(diffs) <= NO_SPREAD:
     return None
   return t975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
 
@@ -229,6 +232,7 @@ class Cell:
   eval_noise: bool | None = None
   train_detectable: float | None = None  # detectable_difference vs the reference
   eval_detectable: float | None = None
+  paired_seeds: int = 0  # seeds finished by both this method and the reference
 
 
 def _pct(ms: tuple[float, float] | None, n: int) -> str:
@@ -293,7 +297,10 @@ def _detect(cell: Cell, reference: str) -> str:
   """The detectable-difference cell: train / held-out, in points."""
   if cell.method.name == reference:
     return "(ref)"
-  fmt = lambda d: "n/a (< 2 paired seeds)" if d is None else f"{100 * d:.1f}"
+  def fmt(d):
+    if d is not None:
+      return f"{100 * d:.1f}"
+    return "n/a (< 2 paired seeds)" if cell.paired_seeds < 2 else "n/a (equal paired differences)"
   train = fmt(cell.train_detectable) if cell.method.kind == suites_lib.TRAINED else "—"
   return f"{train} / {fmt(cell.eval_detectable)}"
 
@@ -317,6 +324,7 @@ def build_cells(root: str, suite: suites_lib.Suite,
     ref = by_method.get(suite.reference)
     for cell in by_method.values():
       if ref is not None and cell.method.name != suite.reference and not cell.pending:
+        cell.paired_seeds = len({r.seed for r in cell.results} & {r.seed for r in ref.results})
         if cell.method.kind == suites_lib.TRAINED:
           cell.train_noise = within_noise(cell.results, ref.results, "train_final")
           cell.train_detectable = detectable_difference(
@@ -345,7 +353,7 @@ def power_line(cells: Sequence[Cell], env: suites_lib.Environment, reference: st
     ref = next((c.results for c in mine if c.method.name == reference), [])
     spreads = [statistics.stdev(d) for d in (paired_diffs(c.results, ref, field) for c in mine
                                              if c.method.name != reference) if len(d) >= 2]
-    spreads = [x for x in spreads if x > 0]
+    spreads = [x for x in spreads if x > NO_SPREAD]
     if not spreads:
       parts.append(f"{label}: no paired spread yet (fewer than 2 seeds).")
       continue

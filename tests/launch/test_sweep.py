@@ -143,8 +143,20 @@ def test_table_cells_hand_computed(runs, tmp_path):
     assert key in md, key
 
 
+def test_equal_paired_differences_detect_nothing(runs, tmp_path):
+  """Two or more seeds whose differences from the reference are all equal (held-out success
+  moves in whole games) have no spread: the cell says so instead of a detectable 0.0."""
+  for seed, final in ((1, 0.5), (2, 0.4), (3, 0.6)):  # A's final evals + 0.1 on every seed
+    _write(runs, "e", seed, _train_run([0.2] * 5, 0.2, final))
+  rows = _rows(open(report.render(runs, SUITE, str(tmp_path / "r"), "CMD",
+                                  pending=pending)["md"], encoding="utf-8").read())
+  assert rows["Method E"][7] == "37.3 / n/a (equal paired differences)"
+  assert rows["Method D"][7] == "—"  # no finished seed: no cell
+
+
 def test_detectable_difference_and_seeds_to_detect():
   assert report.detectable_difference([0.1]) is None
+  assert report.detectable_difference([0.0625, 0.0625]) is None  # no spread: measures nothing
   assert report.detectable_difference([0.1, 0.2, 0.3]) == pytest.approx(4.303 * 0.1 / 3 ** 0.5)
   # std 0.1 and a 10-point target: n = 6 gives 2.571 * 0.1 / sqrt(6) = 0.105 > 0.1, n = 7
   # gives 2.447 * 0.1 / sqrt(7) = 0.0925.
