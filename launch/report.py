@@ -39,7 +39,7 @@ import platform
 import shlex
 import statistics
 import subprocess
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -536,14 +536,8 @@ def revision_counts(root: str, suite: suites_lib.Suite,
         workdir = suites_lib.run_dir(root, suite, env.name, method.name, seed)
         if not is_finished(workdir):
           continue
-        revision = "not recorded"
-        try:
-          with open(os.path.join(workdir, "log.txt"), encoding="utf-8") as f:
-            for line in f:  # the last start of the run counts (a resumed run may move on)
-              if line.startswith(REVISION_PREFIX):
-                revision = line[len(REVISION_PREFIX):].strip()
-        except OSError:
-          pass
+        # the last start of the run counts (a resumed run may move on)
+        revision = (read_run_log(workdir).revisions or ["not recorded"])[-1]
         counts[revision] = counts.get(revision, 0) + 1
   return counts
 
@@ -576,15 +570,26 @@ class StaleRunError(ValueError):
   """A finished run of a table was made by another command than the suite's for its cell."""
 
 
-def recorded_commands(workdir: str) -> list[list[str]]:
-  """Every command launch.sweep recorded in the run's log.txt (one per start: a resumed run
-  has several), oldest first; [] when none was recorded."""
+class RunLog(NamedTuple):
+  """What launch.sweep recorded in a run's log.txt, one entry per start of the run (a resumed
+  run has several), oldest first: the trainer revisions and the commands."""
+  revisions: list[str]
+  commands: list[list[str]]
+
+
+def read_run_log(workdir: str) -> RunLog:
+  """The revisions and commands recorded in `workdir`'s log.txt (empty lists when it has none)."""
+  log = RunLog([], [])
   try:
     with open(os.path.join(workdir, "log.txt"), encoding="utf-8") as f:
-      return [shlex.split(line[len(COMMAND_PREFIX):]) for line in f
-              if line.startswith(COMMAND_PREFIX)]
+      for line in f:
+        if line.startswith(REVISION_PREFIX):
+          log.revisions.append(line[len(REVISION_PREFIX):].strip())
+        elif line.startswith(COMMAND_PREFIX):
+          log.commands.append(shlex.split(line[len(COMMAND_PREFIX):]))
   except OSError:
-    return []
+    pass
+  return log
 
 
 def command_difference(recorded: Sequence[str], expected: Sequence[str]) -> str | None:
@@ -606,7 +611,7 @@ def command_difference(recorded: Sequence[str], expected: Sequence[str]) -> str 
 def stale_reason(workdir: str, expected: Sequence[str]) -> str | None:
   """Why the run in `workdir` is not a run of the `expected` command (None: every command
   recorded in its log is that one, or none is recorded)."""
-  for cmd in recorded_commands(workdir):
+  for cmd in read_run_log(workdir).commands:
     difference = command_difference(cmd, expected)
     if difference:
       return difference

@@ -354,7 +354,9 @@ def test_run_logs_record_the_trainer_revision_and_the_footer_counts_them(runs, t
   assert first == report.REVISION_PREFIX + report.git_revision() + "\n"
   with open(os.path.join(suites.run_dir(runs, SUITE, "toy", "b", 2), "log.txt"), "w",
             encoding="utf-8") as f:  # a resumed run: its last launch counts
-    f.write(f"{report.REVISION_PREFIX}old\n$ x\n{report.REVISION_PREFIX}abc123\n$ x\n")
+    f.write(f"{report.REVISION_PREFIX}old\n$ x 'a b'\n{report.REVISION_PREFIX}abc123\n$ y\n")
+  assert report.read_run_log(suites.run_dir(runs, SUITE, "toy", "b", 2)) == report.RunLog(
+      revisions=["old", "abc123"], commands=[["x", "a b"], ["y"]])
   line = [l for l in report.footer(SUITE, "CMD", runs) if l.startswith("trainer revisions")][0]
   # finished runs: a x3, b x3, e x3, p x3 (d is unfinished and not counted)
   expected = sorted([f"{report.git_revision()} (1 runs)", "abc123 (1 runs)",
