@@ -30,10 +30,12 @@ run: venv
 run-llm: venv
 	$(PY) -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local --workdir=workdirs/alfworld_hgpo_smollm2
 
-# The full CPU table (results/mini.md, .csv, _curves.png); resumable, see launch/sweep.py.
+# The full CPU table (results/mini.md, .csv, _curves.png) from the run records under
+# results/runs (committed: each finished run's metrics.jsonl and log.txt); resumable, see
+# launch/sweep.py.
 table: venv
-	$(PY) -m launch.sweep suite --suite mini
-	$(PY) -m launch.sweep render --suite mini $(if $(wildcard results/mini_reading.md),--reading results/mini_reading.md)
+	$(PY) -m launch.sweep suite --suite mini --root results/runs
+	$(PY) -m launch.sweep render --suite mini --root results/runs $(if $(wildcard results/mini_reading.md),--reading results/mini_reading.md)
 
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) tests

@@ -492,6 +492,8 @@ def plot(cells: Sequence[Cell], suite: suites_lib.Suite, path: str) -> None:
   plt.close(fig)
 
 
+# What the repository keeps of a finished run (results/runs): the table is rendered from these.
+RECORD_FILES = ("metrics.jsonl", "log.txt")
 REVISION_PREFIX = "# trainer revision: "  # the line launch.sweep writes into each run's log.txt
 COMMAND_PREFIX = "$ "  # and the line after it: the run's command
 

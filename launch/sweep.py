@@ -12,6 +12,8 @@ r"""Sweeps: run a named suite (or a grid of config variants x seeds) and render 
       [--reading results/mini_reading.md]      # a hand-written reading, under the tables
   # one column alone (its runs done, the others not yet): results/mini_webshop_mini.*
   python -m launch.sweep render --suite mini --envs webshop_mini
+  # the record files of the finished runs, to commit them (see "Run records" below)
+  python -m launch.sweep plan --suite mini --root results/runs --records
 
 A suite run skips every finished run (its metrics.jsonl holds the final evaluation),
 re-launches unfinished ones in the same workdir, where the trainer resumes from the
@@ -24,6 +26,13 @@ command. A run whose recorded command is not its cell's current one (a run of an
 suite definition: another shop, level set or budget) is stale: the sweep neither resumes
 nor replaces it, the render refuses it (both name the differing arguments); move it out
 of the root to rerun the cell.
+
+Run records. The committed table is rendered from `results/runs` (`make table` runs and
+renders there): the repository keeps, of each finished run, its `metrics.jsonl` and
+`log.txt` (`plan --records` lists them; .gitignore keeps the checkpoints, event files and
+task data out), so the table can be re-rendered and checked from a clone, and a sweep
+that spans several sessions or machines resumes from the committed runs: they count as
+done, and only unfinished runs start again (from their checkpoints where these survive).
 
 The older grid interface (one config file, explicit variants):
 
@@ -288,6 +297,14 @@ def _suite_main(args) -> int:
       print(f"wrote {paths[kind]}")
     return 0
   entries = plan_suite(suite, args.root, args.envs, args.methods, args.seeds, extra=args.override)
+  if args.cmd == "plan" and args.records:
+    # The files the repository keeps of each finished run (for `git add`): the table is
+    # rendered from them alone; checkpoints, event files and task data stay behind.
+    for e in entries:
+      if e["status"] == "done":
+        for name in report.RECORD_FILES:
+          print(os.path.join(e["workdir"], name))
+    return 0
   if args.cmd == "plan" or args.print:
     counts = collections.Counter(e["status"] for e in entries)
     for e in entries:
@@ -358,6 +375,10 @@ def main(argv=None) -> int:
                      help="plan: seconds per evaluation for the wall-time estimate")
       s.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
                      help="extra config overrides for every run (smoke checks; use another --root)")
+      if name == "plan":
+        s.add_argument("--records", action="store_true",
+                       help="print the record files of the finished runs (metrics.jsonl, "
+                            "log.txt), one per line: what the repository keeps of a run")
   q = sub.add_parser("quick", help="the main job: GRPO vs GiGPO vs HGPO on ALFWorld-mini, "
                                     "one seed, then its table and curves")
   q.add_argument("--suite", default="mini", choices=sorted(suites_lib.SUITES))

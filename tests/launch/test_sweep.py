@@ -6,11 +6,13 @@ computed by hand below; the sweep's resumability with a fake runner (no training
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import json
 import os
 import shlex
+import subprocess
 
 import pytest
 
@@ -207,6 +209,39 @@ def test_render_puts_the_reading_under_the_tables(runs, tmp_path, monkeypatch, c
   assert err.startswith("launch.sweep: error: --reading") and err.count("\n") == 1
   plain = report.render(runs, SUITE, str(tmp_path / "plain"), "CMD", pending=pending)
   assert "## Reading" not in open(plain["md"], encoding="utf-8").read()
+
+
+def test_the_record_files_of_finished_runs_render_the_same_table(runs, tmp_path, monkeypatch,
+                                                                 capsys):
+  """`plan --records` lists metrics.jsonl and log.txt of each finished run (not of the
+  killed one); a root holding only those files renders the same cells, and the sweep
+  counts its runs as done (a later session resumes from committed records)."""
+  monkeypatch.setitem(suites.SUITES, "toy_suite", SUITE)
+  monkeypatch.setattr(suites, "pending_reason", pending)
+  finished = [(m, s) for m in "abep" for s in (1, 2, 3)]
+  for method, seed in finished + [("d", 1)]:  # the killed run logged its command too
+    _log_command(runs, method, seed, suites.command(runs, SUITE, ENV, SUITE.method(method), seed))
+  checkpoint = os.path.join(suites.run_dir(runs, SUITE, "toy", "a", 1), "checkpoints", "1")
+  os.makedirs(checkpoint)
+  capsys.readouterr()
+  assert sweep.main(["plan", "--suite", "toy_suite", "--root", runs, "--records"]) == 0
+  listed = capsys.readouterr().out.split()
+  assert listed == [os.path.join(suites.run_dir(runs, SUITE, "toy", m, s), f)
+                    for m, s in finished for f in report.RECORD_FILES]
+  copy = str(tmp_path / "records")
+  for path in listed:
+    dst = os.path.join(copy, os.path.relpath(path, runs))
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with open(path, encoding="utf-8") as src, open(dst, "w", encoding="utf-8") as out:
+      out.write(src.read())
+  tables = [_rows(open(report.render(root, SUITE, str(tmp_path / name), "CMD",
+                                     pending=pending)["md"], encoding="utf-8").read())
+            for root, name in ((runs, "from_runs"), (copy, "from_records"))]
+  for t in tables:  # D's note counts the killed run, which has no records
+    t.pop("Method D")
+  assert tables[0] == tables[1] and len(tables[0]) == 5
+  assert [e["status"] for e in sweep.plan_suite(SUITE, copy, methods=["a"], pending=pending)] \
+      == ["done"] * 3
 
 
 def test_columns_may_come_from_different_trainer_revisions(runs, tmp_path):
@@ -563,3 +598,30 @@ def test_render_of_one_column_writes_its_own_files(runs, tmp_path, monkeypatch, 
   assert sweep.main(["render", "--suite", "toy_suite", "--root", runs, "--out", str(out),
                      "--envs", "toy3"]) == 2
   assert "suite 'toy_suite' has no environment 'toy3'" in capsys.readouterr().err
+
+
+def test_committed_run_records_are_finished_runs_of_the_current_suite():
+  """What the repository keeps under results/runs (the runs the committed table is
+  rendered from): per run directory exactly its record files, a finished run, whose log
+  records one trainer revision and the current suite's command for its cell."""
+  proc = subprocess.run(["git", "ls-files", "-z", "--", "results/runs"], cwd=suites.REPO_ROOT,
+                        capture_output=True, check=False)
+  if proc.returncode != 0:
+    pytest.skip("not a git checkout: the committed records need `git ls-files`")
+  files = collections.defaultdict(set)
+  for path in filter(None, proc.stdout.decode().split("\0")):
+    files[os.path.dirname(path)].add(os.path.basename(path))
+  cells = {suites.run_dir("results/runs", suites.MINI, env.name, method.name, seed):
+           (env, method, seed)
+           for env in suites.MINI.environments for method in suites.MINI.methods
+           for seed in suites.MINI.seeds_of(env)}
+  for run_dir, names in sorted(files.items()):
+    assert run_dir in cells, f"{run_dir}: not a run directory of suite {suites.MINI.version}"
+    assert names == set(report.RECORD_FILES), f"{run_dir}: holds {sorted(names)}"
+    workdir = os.path.join(suites.REPO_ROOT, run_dir)
+    assert report.is_finished(workdir), f"{run_dir}: not finished"
+    env, method, seed = cells[run_dir]
+    log = report.read_run_log(workdir)
+    assert len(set(log.revisions)) == 1 and log.commands, f"{run_dir}: {log.revisions}"
+    assert report.stale_reason(
+        workdir, suites.command("results/runs", suites.MINI, env, method, seed)) is None
