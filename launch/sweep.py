@@ -166,11 +166,15 @@ Runner = Callable[[list, str], int]
 
 
 def subprocess_runner(cmd: list, workdir: str) -> int:
-  """Runs one trainer/evaluator command from the repository root; output -> log.txt."""
+  """Runs one trainer/evaluator command from the repository root; output -> log.txt.
+
+  The log names this interpreter `python`: its path is the machine's, and run records are
+  committed (the stale check does not compare the interpreter)."""
   os.makedirs(workdir, exist_ok=True)
   env = dict(os.environ, PYTHONHASHSEED="0")
+  logged = ["python", *cmd[1:]] if cmd and cmd[0] == sys.executable else list(cmd)
   with open(os.path.join(workdir, "log.txt"), "a", encoding="utf-8") as log:
-    log.write(f"{report.REVISION_PREFIX}{report.git_revision()}\n$ {shlex.join(cmd)}\n")
+    log.write(f"{report.REVISION_PREFIX}{report.git_revision()}\n$ {shlex.join(logged)}\n")
     log.flush()
     return subprocess.call(cmd, cwd=suites_lib.REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                            env=env)

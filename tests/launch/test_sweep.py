@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -383,10 +384,12 @@ def test_run_logs_record_the_trainer_revision_and_the_footer_counts_them(runs, t
                                                                         monkeypatch):
   monkeypatch.setattr(sweep.subprocess, "call", lambda *a, **k: 0)
   workdir = suites.run_dir(runs, SUITE, "toy", "a", 1)
-  sweep.subprocess_runner(["python", "-c", "pass"], workdir)
+  sweep.subprocess_runner([sys.executable, "-c", "pass"], workdir)
   with open(os.path.join(workdir, "log.txt"), encoding="utf-8") as f:
-    first = f.readline()
+    first, command = f.readline(), f.readline()
   assert first == report.REVISION_PREFIX + report.git_revision() + "\n"
+  # committed records carry no machine path: the interpreter is logged as `python`
+  assert command == "$ python -c pass\n"
   with open(os.path.join(suites.run_dir(runs, SUITE, "toy", "b", 2), "log.txt"), "w",
             encoding="utf-8") as f:  # a resumed run: its last launch counts
     f.write(f"{report.REVISION_PREFIX}old\n$ x 'a b'\n{report.REVISION_PREFIX}abc123\n$ y\n")
