@@ -442,14 +442,32 @@ def _splash(q_bthd, k_bshd, v_bshd, seg_bt, causal, scale, mesh):
 # ---------------------------------------------------------------------------------------
 # cudnn
 # ---------------------------------------------------------------------------------------
+def pad_to_even_length(q_bthd, k_bshd, v_bshd, seg_bt):
+  """q, k, v and segment ids with one zero position appended when T is odd, in a segment
+  (-1) of its own: no real query attends to it and it attends only to itself, so slicing
+  the output back to T positions is exact, gradients included."""
+  t = q_bthd.shape[1]
+  if t % 2 == 0:
+    return q_bthd, k_bshd, v_bshd, seg_bt
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, 1)] + [(0, 0)] * (x.ndim - 2))
+  seg = jnp.concatenate([seg_bt, jnp.full((seg_bt.shape[0], 1), -1, seg_bt.dtype)], axis=1)
+  return pad(q_bthd), pad(k_bshd), pad(v_bshd), seg
+
+
 def _cudnn(q_bthd, k_bshd, v_bshd, seg_bt, causal, scale):
   if q_bthd.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"attention_impl='cudnn' needs bfloat16/float16 activations, got "
                      f"{q_bthd.dtype}: set model.compute_dtype=bfloat16, or use "
                      "attention_impl='xla' or 'chunked'.")
+  # cuDNN's fused kernel with a mask (passed as a bias) refuses an odd sequence length in
+  # training (jax._src.cudnn.fused_attention_stablehlo.check_is_flash_attention; seen on
+  # an H100 with jax 0.11.2): pad to an even length, slice back.
+  t = q_bthd.shape[1]
+  q_bthd, k_bshd, v_bshd, seg_bt = pad_to_even_length(q_bthd, k_bshd, v_bshd, seg_bt)
   mask_b1ts = (seg_bt[:, :, None] == seg_bt[:, None, :])[:, None]
-  return jax.nn.dot_product_attention(q_bthd, k_bshd, v_bshd, mask=mask_b1ts, scale=scale,
-                                      is_causal=causal, implementation="cudnn")
+  out = jax.nn.dot_product_attention(q_bthd, k_bshd, v_bshd, mask=mask_b1ts, scale=scale,
+                                     is_causal=causal, implementation="cudnn")
+  return out[:, :t]
 
 
 # ---------------------------------------------------------------------------------------

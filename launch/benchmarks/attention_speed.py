@@ -1,7 +1,9 @@
-"""Benchmark: CPU time of the decoder's forward + backward, `chunked` vs `xla` attention, by length.
+"""Benchmark: time of the decoder's forward + backward, `chunked` vs `xla` attention, by length.
 
   python -m launch.benchmarks.attention_speed [--lengths 512 1024 2048 4096] [--layers 2]
       [--model smollm2-135m] [--query-chunk 256] [--reps 5]
+  python -m launch.benchmarks.attention_speed --impls cudnn,xla --dtype bfloat16 \
+      --model qwen2.5-1.5b --layers 4 --lengths 1024 2048 4096 8192    # on a GPU
 
 What `model.attention_impl=auto` should pick on CPU (`attention.CPU_CHUNKED_MIN_LENGTH`):
 for each length, the gradient of mean(hidden²) of the first `--layers` layers of `--model`
@@ -11,6 +13,11 @@ implementations (`xla` with causal block skipping over `--query-chunk` queries, 
 512-key blocks) and run `--reps` times, the two sides alternating call by call; each side's
 median seconds and the chunked/xla ratio are printed per length (below 1: chunked is
 faster). The last line is the ratio at the longest length.
+
+`--impls A,B` times implementation A against B instead (the ratio printed is A/B), and
+`--dtype` sets the activation dtype (`ModelConfig.dtype`; float32 parameters): on a GPU,
+`--impls cudnn,xla --dtype bfloat16` times what `auto` picks there (cuDNN's fused kernel,
+bf16 only) against the reference. A side that fails to compile is reported with its error.
 """
 
 from __future__ import annotations
@@ -23,13 +30,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hgpo_jax.models import config, decoder
+from hgpo_jax.models import attention, config, decoder
 
 
-def step_fn(impl: str, name: str, layers: int, length: int, query_chunk: int):
+def step_fn(impl: str, name: str, layers: int, length: int, query_chunk: int,
+            dtype: str = "float32"):
   """(jitted gradient function, its arguments) for one implementation and length."""
   cfg = config.get_preset(name).replace(num_layers=layers, remat=True, attention_impl=impl,
-                                        attn_query_chunk=query_chunk if impl == "xla" else 0)
+                                        attn_query_chunk=query_chunk if impl == "xla" else 0,
+                                        dtype=dtype)
   model = decoder.Decoder(cfg, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   tokens = jax.random.randint(jax.random.key(1), (1, length), 0, cfg.vocab_size)
@@ -49,27 +58,42 @@ def main():
   parser.add_argument("--model", default="smollm2-135m", choices=config.PRESET_NAMES)
   parser.add_argument("--query-chunk", type=int, default=256)
   parser.add_argument("--reps", type=int, default=5)
+  parser.add_argument("--impls", default="chunked,xla",
+                      help="A,B: time implementation A against B (ratio A/B)")
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   args = parser.parse_args()
-  print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {args.model}, first "
-        f"{args.layers} layers, forward + backward (remat), float32, 1 row; median of "
-        f"{args.reps} alternating calls")
+  impls = args.impls.split(",")
+  if len(impls) != 2 or any(i not in attention.IMPLEMENTATIONS for i in impls):
+    parser.error(f"--impls takes two of {attention.IMPLEMENTATIONS}, got {args.impls!r}")
+  a_name, b_name = impls
+  device = jax.devices()[0]
+  print(f"jax {jax.__version__} on {device.platform} ({device.device_kind}); {args.model}, "
+        f"first {args.layers} layers, forward + backward (remat), {args.dtype}, 1 row; "
+        f"median of {args.reps} alternating calls")
   ratio = None
   for length in args.lengths:
-    fns = {impl: step_fn(impl, args.model, args.layers, length, args.query_chunk)
-           for impl in ("xla", "chunked")}
+    fns, failed = {}, {}
+    for impl in impls:
+      fn, fn_args = step_fn(impl, args.model, args.layers, length, args.query_chunk, args.dtype)
+      try:
+        jax.block_until_ready(fn(*fn_args))  # compile
+        fns[impl] = (fn, fn_args)
+      except Exception as e:  # noqa: BLE001 (reported, the other side still runs)
+        failed[impl] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     times = {impl: [] for impl in fns}
-    for impl, (fn, a) in fns.items():
-      jax.block_until_ready(fn(*a))  # compile
     for _ in range(args.reps):
-      for impl, (fn, a) in fns.items():
+      for impl, (fn, fn_args) in fns.items():
         start = time.perf_counter()
-        jax.block_until_ready(fn(*a))
+        jax.block_until_ready(fn(*fn_args))
         times[impl].append(time.perf_counter() - start)
     med = {impl: statistics.median(v) for impl, v in times.items()}
-    ratio = med["chunked"] / med["xla"]
-    print(f"  T={length:5d}  xla {med['xla']:8.3f} s  chunked {med['chunked']:8.3f} s  "
-          f"chunked/xla {ratio:.3f}")
-  print(f"T={args.lengths[-1]} chunked/xla time: {ratio:.3f}")
+    cells = [f"{impl} {med[impl]:8.4f} s" if impl in med else f"{impl} FAILED ({failed[impl]})"
+             for impl in impls]
+    ratio = med[a_name] / med[b_name] if len(med) == 2 else None
+    print(f"  T={length:5d}  " + "  ".join(cells)
+          + (f"  {a_name}/{b_name} {ratio:.3f}" if ratio is not None else ""))
+  print(f"T={args.lengths[-1]} {a_name}/{b_name} time: "
+        + (f"{ratio:.3f}" if ratio is not None else "n/a (a side failed)"))
 
 
 if __name__ == "__main__":
