@@ -365,6 +365,23 @@ def power_line(cells: Sequence[Cell], env: suites_lib.Environment, reference: st
   return " ".join(parts)
 
 
+def progress_line(cells: Sequence[Cell], suite: suites_lib.Suite) -> str | None:
+  """A table of a sweep still running says how far it is (None once every run is
+  finished): finished, unfinished (started, resumable), pending (cannot run yet) and not
+  started runs, out of the suite's."""
+  total = sum(len(suite.seeds_of(c.env)) for c in cells)
+  finished = sum(len(c.results) for c in cells)
+  unfinished = sum(c.unfinished for c in cells if not c.pending)
+  pending = sum(len(suite.seeds_of(c.env)) - len(c.results) for c in cells if c.pending)
+  if finished == total:
+    return None
+  rest = total - finished - unfinished - pending
+  parts = [f"{unfinished} unfinished", f"{rest} not started"] + (
+      [f"{pending} pending"] if pending else [])
+  return (f"**Sweep in progress: {finished} of {total} runs finished** ({', '.join(parts)}); "
+          "each cell is over the seeds finished so far (its Seeds column).")
+
+
 def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[str],
              mixed_revisions: str | None = None, reading: str | None = None) -> str:
   ref_label = suite.method(suite.reference).label
@@ -378,6 +395,9 @@ def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[st
          "noise with these seeds."
          + ("" if mixed_revisions else " The runs of a column come from one trainer revision "
             "(footer); methods are compared within a column only."), ""]
+  progress = progress_line(cells, suite)
+  if progress:
+    out += [progress, ""]
   if mixed_revisions:
     out += [f"**Mixed trainer revisions** (rendered with --allow-mixed-revisions): "
             f"{mixed_revisions}. Rows from different revisions are not one experiment.", ""]

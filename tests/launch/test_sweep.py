@@ -144,6 +144,20 @@ def test_table_cells_hand_computed(runs, tmp_path):
   for key in ("command: `CMD`", "suite: toy_suite, version toy_v1", "git: ", "packages: jax ",
               "machine: "):
     assert key in md, key
+  # 6 methods x 3 seeds: A, B, E and P finished (12); D has one unfinished run and two not
+  # started; C cannot run (pending, 3).
+  assert ("**Sweep in progress: 12 of 18 runs finished** (1 unfinished, 2 not started, "
+          "3 pending)") in md
+
+
+def test_a_finished_sweep_has_no_progress_line(runs):
+  cells = report.build_cells(runs, SUITE, lambda env, method: None)
+  assert report.progress_line(cells, SUITE).startswith("**Sweep in progress: 12 of 18 runs")
+  for method in ("c", "d"):
+    for seed in (1, 2, 3):
+      _write(runs, method, seed, _train_run([0.2] * 5, 0.2, 0.2))
+  assert report.progress_line(report.build_cells(runs, SUITE, lambda env, method: None),
+                              SUITE) is None
 
 
 def test_equal_paired_differences_detect_nothing(runs, tmp_path):
