@@ -16,7 +16,7 @@ The `mini` suite (version `mini_v6`) is the CPU-scale suite of the project: the 
 random-init policy (2 layers, 64 wide) with constrained decoding on ALFWorld-mini
 (env_servers/alfworld/mini.py), Sokoban 12x12 with 4 boxes trained on 2 levels, and
 WebShop-mini at horizon 15, each evaluated on 48 held-out games.
-The committed table (results/mini.md) was made with mini_v2, which covered ALFWorld-mini
+The first committed table (results/mini_v2.md) was made with mini_v2, which covered ALFWorld-mini
 and Sokoban; mini_v3 changed only the WebShop column (the calibrated shop below), whose
 mini_v2 definition was never run; its runs are in results/mini_webshop_mini.md. mini_v4
 evaluates on 48 held-out games instead of 12 (ALFWorld-mini: the games of ALFWorld-mini
@@ -84,7 +84,7 @@ train`) solves 60.2 / 65.3 / 68.3 % of the levels within 10 / 15 / 20 steps (tes
 few pushes from their targets, so the 5-25 % untrained target is out of reach at this
 size (8x8 with 2 boxes: 31.2 / 35.8 % within 10 / 15 steps). The tiny policy's iteration-1
 success is 31-75 % over seeds (2 groups of 8), and within 14 iterations no estimator
-lifts it above random play (results/mini.md): the column measures the estimators on a
+lifts it above random play (results/mini_v2.md): the column measures the estimators on a
 task the 2-layer policy does not learn at this budget, across 1000 distinct levels. An
 iteration costs ~14 s alone (~30-40 s while other jobs shared the cores); at 512 prompt
 tokens it cost ~120 s, 100 s of it the update.
@@ -104,7 +104,7 @@ iterations:
   * the learning test's 2 rooms (tests/test_learning.py) through this harness: 0.0 -> 0.75
     at iteration 11;
   * mini_v2 (2 train games: placing and lamp; 12 held-out games of 3 task types): see
-    results/mini.md (iteration 1: 0.19-0.25 over seeds).
+    results/mini_v2.md (iteration 1: 0.19-0.25 over seeds).
 So at this budget the 2-layer policy learns a few rooms by heart and does not read the
 task sentence (left truncation to 256 tokens keeps the current observation and the
 admissible actions, not the task); held-out success measures how far that transfers.
