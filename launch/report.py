@@ -366,14 +366,14 @@ def power_line(cells: Sequence[Cell], env: suites_lib.Environment, reference: st
 
 
 def progress_line(cells: Sequence[Cell], suite: suites_lib.Suite) -> str | None:
-  """A table of a sweep still running says how far it is (None once every run is
-  finished): finished, unfinished (started, resumable), pending (cannot run yet) and not
-  started runs, out of the suite's."""
+  """A table of a sweep still running says how far it is (None once every run that can
+  run is finished): finished, unfinished (started, resumable), pending (cannot run yet)
+  and not started runs, out of the suite's."""
   total = sum(len(suite.seeds_of(c.env)) for c in cells)
   finished = sum(len(c.results) for c in cells)
   unfinished = sum(c.unfinished for c in cells if not c.pending)
   pending = sum(len(suite.seeds_of(c.env)) - len(c.results) for c in cells if c.pending)
-  if finished == total:
+  if finished + pending == total:
     return None
   rest = total - finished - unfinished - pending
   parts = [f"{unfinished} unfinished", f"{rest} not started"] + (

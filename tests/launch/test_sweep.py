@@ -153,9 +153,12 @@ def test_table_cells_hand_computed(runs, tmp_path):
 def test_a_finished_sweep_has_no_progress_line(runs):
   cells = report.build_cells(runs, SUITE, lambda env, method: None)
   assert report.progress_line(cells, SUITE).startswith("**Sweep in progress: 12 of 18 runs")
-  for method in ("c", "d"):
-    for seed in (1, 2, 3):
-      _write(runs, method, seed, _train_run([0.2] * 5, 0.2, 0.2))
+  for seed in (1, 2, 3):
+    _write(runs, "d", seed, _train_run([0.2] * 5, 0.2, 0.2))
+  # Only C's runs are left, and C cannot run (pending): nothing is in progress.
+  assert report.progress_line(report.build_cells(runs, SUITE, pending), SUITE) is None
+  for seed in (1, 2, 3):
+    _write(runs, "c", seed, _train_run([0.2] * 5, 0.2, 0.2))
   assert report.progress_line(report.build_cells(runs, SUITE, lambda env, method: None),
                               SUITE) is None
 
