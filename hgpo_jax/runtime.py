@@ -12,16 +12,21 @@ CPU_ISA = "AVX2"
 
 
 # XLA:CPU settings by name; hgpo_jax.runtime.pin_cpu_numerics applies one.
-#   default:  code generation capped at AVX2 (what every table and transcript used);
-#   portable: also no YNNPACK fusions. XLA hands dots and reductions to YNNPACK, which
-#             picks its kernels at run time from the host CPU, past the ISA cap (a row sum
-#             or a matmul gives the same bits under --xla_cpu_max_isa=SSE4_2 and AVX2 with
-#             YNNPACK, other bits without it); without it dots run in the Eigen kernels
-#             built into jaxlib and reductions in XLA's own code. Measured cost and what
-#             it does and does not pin: docs/reproducibility.md.
+#   default:    code generation capped at AVX2, and no platform-dependent math
+#               (--xla_cpu_enable_platform_dependent_math=false). With it, an AMD EPYC
+#               (AVX2) and an Intel Xeon (AVX-512, AMX) gave the same bits on every line
+#               of launch/repro_witness.py, a training iteration's phases included, at 1,
+#               2 and 16 cores; without it they part in matmuls with contractions over 256,
+#               in an RMS norm and in a softmax-attention block.
+#   host_math:  the ISA cap alone: the default until this setting was measured, and the
+#               numerics of the committed results tables' runs (their trainer revisions).
+#   no_ynnpack: the ISA cap and no YNNPACK fusions (dots in Eigen, reductions in XLA's own
+#               code): a diagnosis setting; Eigen splits long contractions by thread count.
+# What each pins, measured on two machines, and the cost: docs/reproducibility.md.
 CPU_NUMERICS = {
-    "default": (f"--xla_cpu_max_isa={CPU_ISA}",),
-    "portable": (f"--xla_cpu_max_isa={CPU_ISA}", "--xla_cpu_experimental_ynn_fusion_type="),
+    "default": (f"--xla_cpu_max_isa={CPU_ISA}", "--xla_cpu_enable_platform_dependent_math=false"),
+    "host_math": (f"--xla_cpu_max_isa={CPU_ISA}",),
+    "no_ynnpack": (f"--xla_cpu_max_isa={CPU_ISA}", "--xla_cpu_experimental_ynn_fusion_type="),
 }
 CPU_NUMERICS_ENV = "HGPO_JAX_CPU_NUMERICS"
 

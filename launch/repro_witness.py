@@ -2,24 +2,27 @@
 
   python -m launch.repro_witness                                # print the witness
   python -m launch.repro_witness --out witness.txt              # and write it to a file
-  python -m launch.repro_witness --compare docs/witness/amd_epyc_avx2_2cores.txt
-  python -m launch.repro_witness --numerics portable --compare ...   # the opt-in setting
+  python -m launch.repro_witness --compare docs/witness/amd_epyc_avx2_2cores_default.txt
+  python -m launch.repro_witness --numerics host_math --compare ...   # another setting
 
 Why: a run's metrics on two x86 machines part from the first update on (docs/
 reproducibility.md), and a metrics file cannot say which operation rounded differently.
 This tool computes, in a fresh process with the trainer's XLA settings, a SHA-256 of the
 exact bits of (1) single operations (exp, tanh, log1p, a row sum, logsumexp, log-softmax,
-matmuls with contraction lengths 64 ... 16384) and (2) each phase of a training iteration
+matmuls with contraction lengths 64 ... 16384, and the long ones again as sums of
+256-long partial products) and (2) each phase of a training iteration
 on the tiny policy with the trainer's own programs: the sampler's tokens (greedy and
 seeded) and their log-probs, the learner's log-probs, one PPO update (loss and updated
 parameters), the GiGPO and HGPO estimators on a fixed rollout. With `--compare FILE` the
 last line names the first line that differs (ops first, so the cause comes before its
-consequences), or says that all lines are equal. The header (CPU model, vector extensions,
+consequences), or says that all lines are equal; the line before it lists every line
+that differs. The header (CPU model, vector extensions,
 cache sizes, cores, XLA flags, versions) is printed but not compared.
 
 `--numerics` picks the XLA:CPU setting (hgpo_jax.runtime.CPU_NUMERICS): `default` is what
-the trainer uses; `portable` also turns off YNNPACK fusions, whose kernels XLA chooses at
-run time from the host CPU (docs/reproducibility.md says what each setting pins).
+the trainer uses (the ISA cap and no platform-dependent math), `host_math` the ISA cap
+alone, `no_ynnpack` the cap without YNNPACK fusions (docs/reproducibility.md says what
+each pins on two machines).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import platform
 import sys
 
 OP_SEED = 0
+CHUNK = 256  # the longest contraction that two x86 hosts were measured to round alike
 
 
 def _digest(*arrays) -> str:
@@ -94,7 +98,38 @@ def op_lines() -> list[str]:
     a = jnp.asarray(rng.standard_normal((64, k), dtype=np.float32))
     b = jnp.asarray(rng.standard_normal((k, 256), dtype=np.float32))
     lines.append(f"op matmul       [64,{k}]x[{k},256] {_digest(jax.jit(jnp.matmul)(a, b))}")
+    if k > CHUNK:
+      lines.append(f"op matmul_c{CHUNK}  [64,{k}]x[{k},256] {_digest(jax.jit(chunked_matmul)(a, b))}")
+  # The layouts and shapes of the tiny policy's own products: x @ W.T with W stored
+  # [out, in] (both operands contiguous along the contraction), a decode step's 8 rows
+  # against the 512-token LM head, an RMS norm, and one attention head block.
+  nt = jax.jit(lambda a, w: a @ w.T)
+  for m, k, n in ((64, 64, 256), (64, 256, 256), (8, 64, 512), (8, 128, 64)):
+    a = jnp.asarray(rng.standard_normal((m, k), dtype=np.float32))
+    w = jnp.asarray(rng.standard_normal((n, k), dtype=np.float32))
+    lines.append(f"op matmul_nt    [{m},{k}]x[{n},{k}]^T {_digest(nt(a, w))}")
+  rms = jax.jit(lambda v: v * jax.lax.rsqrt(jnp.mean(v * v, -1, keepdims=True) + 1e-5))
+  lines.append(f"op rms_norm     [64,1000] {_digest(rms(x))}")
+  q, kk, v = (jnp.asarray(rng.standard_normal((8, 4, 72, 16), dtype=np.float32)) for _ in range(3))
+  attend = jax.jit(lambda q, k, v: jnp.einsum(
+      "bhts,bhsd->bhtd", jax.nn.softmax(jnp.einsum("bhtd,bhsd->bhts", q, k) / 4.0, -1), v))
+  lines.append(f"op attention    [8,4,72,16] {_digest(attend(q, kk, v))}")
   return lines
+
+
+def chunked_matmul(a, b):
+  """a @ b as a sum of K/CHUNK partial products of contraction CHUNK (K a multiple of CHUNK).
+
+  Each partial product is a contraction short enough that every host blocks it the same
+  way; their sum is a reduction over a leading axis, which XLA emits itself (under the
+  ISA cap). Measured equal on two x86 hosts where the plain matmul is not
+  (docs/reproducibility.md).
+  """
+  import jax.numpy as jnp
+  c = a.shape[1] // CHUNK
+  parts = jnp.einsum("cmk,ckn->cmn", a.reshape(a.shape[0], c, CHUNK).transpose(1, 0, 2),
+                     b.reshape(c, CHUNK, b.shape[1]))
+  return parts.sum(0)
 
 
 def phase_lines() -> list[str]:
@@ -161,9 +196,15 @@ def first_difference(mine: list[str], theirs: list[str]) -> str | None:
   return None
 
 
+def differing_lines(mine: list[str], theirs: list[str]) -> list[str]:
+  """The names (the text before the digest) of the compared lines that differ, in order."""
+  strip = lambda ls: [l for l in ls if l and not l.startswith("#")]
+  return [" ".join(x.split()[:-1]) for x, y in zip(strip(mine), strip(theirs)) if x != y]
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--numerics", default="default", help="XLA:CPU setting: default | portable")
+  p.add_argument("--numerics", default="default", help="XLA:CPU setting: default | host_math | no_ynnpack")
   p.add_argument("--out", help="also write the witness to this file")
   p.add_argument("--compare", help="a witness file from another machine (or run)")
   args = p.parse_args(argv)
@@ -183,6 +224,9 @@ def main(argv=None) -> int:
     with open(args.compare) as f:
       theirs = f.read().splitlines()
     diff = first_difference(lines, theirs)
+    names = differing_lines(lines, theirs)
+    if names:
+      print(f"witness vs {args.compare}: {len(names)} lines differ: " + "; ".join(names))
     print(f"witness vs {args.compare}: " + ("all lines equal" if diff is None else
                                              f"first difference: {diff}"))
     return 0 if diff is None else 1

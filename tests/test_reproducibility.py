@@ -16,6 +16,7 @@ an AVX2 machine.
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -117,9 +118,13 @@ print(hashlib.sha256(b"".join(np.asarray(y).tobytes() for y in f(x, w))).hexdige
 
 def _witness_digest(mode):
   """sha256 of the witness outputs in a fresh process. mode: "default" (no ISA flag),
-  "pin" (hgpo_jax.runtime.pin_cpu_isa) or an ISA name given as --xla_cpu_max_isa."""
-  flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_cpu_max_isa" not in f]
-  if mode not in ("default", "pin"):
+  "pin" (hgpo_jax.runtime.pin_cpu_isa), "setting" (the default setting's flags written out)
+  or an ISA name given as --xla_cpu_max_isa."""
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if "xla_cpu_max_isa" not in f and "platform_dependent_math" not in f]
+  if mode == "setting":
+    flags.extend(runtime.CPU_NUMERICS["default"])
+  elif mode not in ("default", "pin"):
     flags.append(f"--xla_cpu_max_isa={mode}")
   env = dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, "-c", _WITNESS, mode], cwd=ROOT, env=env,
@@ -145,18 +150,27 @@ def _cpu_flags():
 def digests():
   if "avx2" not in _cpu_flags():
     pytest.skip("needs an x86 CPU with AVX2 (read from /proc/cpuinfo); the pin is AVX2")
-  return {mode: _witness_digest(mode) for mode in ("default", "pin", "AVX2", "AVX")}
+  return {mode: _witness_digest(mode) for mode in ("default", "pin", "setting", "AVX2", "AVX")}
 
 
-@pytest.mark.slow  # four fresh JAX processes
-def test_isa_pin_is_the_avx2_program(digests):
-  """runtime.pin_cpu_isa gives exactly the program that --xla_cpu_max_isa=AVX2 gives. (On
-  another machine the kernels YNNPACK picks at run time may still differ: the cap does not
-  reach them; docs/reproducibility.md.)"""
-  assert digests["pin"] == digests["AVX2"]
+@pytest.mark.slow  # five fresh JAX processes
+def test_isa_pin_is_the_default_settings_program(digests):
+  """runtime.pin_cpu_isa gives exactly the program of the default setting's flags
+  (--xla_cpu_max_isa=AVX2 --xla_cpu_enable_platform_dependent_math=false)."""
+  assert digests["pin"] == digests["setting"]
 
 
-@pytest.mark.slow  # four fresh JAX processes
+@pytest.mark.slow  # five fresh JAX processes
+def test_platform_dependent_math_flag_changes_float_bits(digests):
+  """Witness that the second flag acts: on the AMD EPYC (AVX2) reference machine the
+  1000-long matmul rounds otherwise without platform-dependent math (on the Intel Xeon it
+  did not: there the flag leaves that matmul's bits, which are then the AMD's)."""
+  if digests["setting"] == digests["AVX2"]:
+    pytest.skip("the platform-dependent math flag changes no bit of this witness on this CPU")
+  assert digests["setting"] != digests["AVX2"]
+
+
+@pytest.mark.slow  # five fresh JAX processes
 def test_isa_flag_changes_float_bits(digests):
   """Witness that the flag is effective: without FMA (AVX) exp/tanh round differently."""
   if digests["AVX"] == digests["AVX2"]:
@@ -165,7 +179,7 @@ def test_isa_flag_changes_float_bits(digests):
   assert digests["AVX"] != digests["AVX2"]
 
 
-@pytest.mark.slow  # four fresh JAX processes
+@pytest.mark.slow  # five fresh JAX processes
 def test_isa_pin_changes_nothing_on_an_avx2_machine(digests):
   """On a CPU whose widest extension is AVX2 (this project's reference machine) the pin
   is a no-op: the default program is the AVX2 one."""
@@ -193,16 +207,17 @@ def test_pin_cpu_numerics_adds_the_settings_flags(monkeypatch):
   monkeypatch.delenv(runtime.CPU_NUMERICS_ENV, raising=False)
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
   assert runtime.pin_cpu_numerics() == ("--xla_force_host_platform_device_count=2 "
-                                        "--xla_cpu_max_isa=AVX2")
+                                        "--xla_cpu_max_isa=AVX2 "
+                                        "--xla_cpu_enable_platform_dependent_math=false")
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX512")  # an explicit flag wins
-  assert runtime.pin_cpu_numerics("portable") == ("--xla_cpu_max_isa=AVX512 "
-                                                  "--xla_cpu_experimental_ynn_fusion_type=")
+  assert runtime.pin_cpu_numerics("no_ynnpack") == ("--xla_cpu_max_isa=AVX512 "
+                                                    "--xla_cpu_experimental_ynn_fusion_type=")
   monkeypatch.setenv("XLA_FLAGS", "")
-  monkeypatch.setenv(runtime.CPU_NUMERICS_ENV, "portable")
-  assert runtime.pin_cpu_isa().endswith("--xla_cpu_experimental_ynn_fusion_type=")
+  monkeypatch.setenv(runtime.CPU_NUMERICS_ENV, "host_math")
+  assert runtime.pin_cpu_isa() == "--xla_cpu_max_isa=AVX2"
   monkeypatch.setenv(runtime.CPU_NUMERICS_ENV, "fast")
   with pytest.raises(ValueError, match="'fast' .*HGPO_JAX_CPU_NUMERICS.* not one of "
-                                       "\\['default', 'portable'\\]"):
+                                       "\\['default', 'host_math', 'no_ynnpack'\\]"):
     runtime.pin_cpu_numerics()
 
 
@@ -218,19 +233,18 @@ print(sorted(set(re.findall(r'"kind":"(__[a-z_]+)"', text))))
 
 
 @pytest.mark.slow  # two fresh JAX processes
-def test_portable_numerics_hands_no_kernel_to_ynnpack():
+def test_no_ynnpack_numerics_hands_no_kernel_to_ynnpack():
   """Witness that the setting acts: with JAX 0.10.2 the default setting fuses a matmul and
-  its reduction into a YNNPACK call (kernels picked at run time from the host CPU); the
-  portable setting compiles no YNNPACK fusion."""
+  its reduction into a YNNPACK call; the no_ynnpack setting compiles no YNNPACK fusion."""
   kinds = {}
-  for mode in ("default", "portable"):
+  for mode in ("default", "no_ynnpack"):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run([sys.executable, "-c", _FUSIONS, mode], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=dict(env, JAX_PLATFORMS="cpu"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     kinds[mode] = proc.stdout.strip().splitlines()[-1]
   assert "__ynn_fusion" in kinds["default"], kinds
-  assert "ynn" not in kinds["portable"], kinds
+  assert "ynn" not in kinds["no_ynnpack"], kinds
 
 
 def test_witness_names_the_first_differing_line():
@@ -241,6 +255,25 @@ def test_witness_names_the_first_differing_line():
   assert repro_witness.first_difference(mine, ["op exp 1", "op tanh 9", "phase update 8"]) == (
       "here: op tanh 2 | there: op tanh 9")
   assert repro_witness.first_difference(mine, ["op exp 1"]) == "3 lines here, 1 there"
+  assert repro_witness.differing_lines(mine, ["# cpu: B", "op exp 1", "op tanh 9",
+                                              "phase update 8"]) == ["op tanh", "phase update"]
+  assert repro_witness.differing_lines(mine, mine) == []
+
+
+def test_witness_chunked_matmul_is_the_sum_of_its_chunk_products():
+  """The witness's host-independent form of a long matmul: sum over k-chunks of a_c @ b_c."""
+  import jax.numpy as jnp
+  import numpy as np
+  from launch import repro_witness
+  rng = np.random.default_rng(3)
+  k = 4 * repro_witness.CHUNK
+  a = rng.standard_normal((8, k), dtype=np.float32)
+  b = rng.standard_normal((k, 5), dtype=np.float32)
+  got = np.asarray(repro_witness.chunked_matmul(jnp.asarray(a), jnp.asarray(b)))
+  c = repro_witness.CHUNK
+  want = sum(a[:, i * c:(i + 1) * c].astype(np.float64) @ b[i * c:(i + 1) * c].astype(np.float64)
+             for i in range(4))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)  # float32 sums of 256 products
 
 
 @pytest.mark.slow  # two fresh JAX processes, each compiling the tiny policy's programs
@@ -254,9 +287,17 @@ def test_witness_is_identical_in_a_fresh_process(tmp_path):
                         text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = first.read_text().splitlines()
-  assert sum(l.startswith("op ") for l in lines) == 11
+  assert sum(l.startswith("op ") for l in lines) == 20
   assert sum(l.startswith("phase ") for l in lines) == 11
   proc = subprocess.run(cmd + ["--compare", str(first)], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=900)
   assert proc.returncode == 0 and proc.stdout.strip().endswith("all lines equal"), (
       proc.stdout[-2000:] + proc.stderr[-2000:])
+  # The two-machine claim of docs/reproducibility.md: under the default setting, the AMD
+  # EPYC (AVX2) and the Intel Xeon (AVX-512) witnessed the same bits on every line; an x86
+  # machine with AVX2 running the pinned versions is expected to print them too.
+  from launch import repro_witness
+  if "avx2" in _cpu_flags():
+    for name in ("amd_epyc_avx2_2cores_default.txt", "intel_xeon_avx512_amx_16cores_default.txt"):
+      theirs = (pathlib.Path(ROOT) / "docs" / "witness" / name).read_text().splitlines()
+      assert repro_witness.differing_lines(lines, theirs) == [], name

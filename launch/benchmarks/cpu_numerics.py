@@ -1,17 +1,18 @@
-"""Benchmark: the `portable` XLA:CPU setting against `default`, on the tiny policy's programs.
+"""Benchmark: one XLA:CPU setting against another, on the tiny policy's programs.
 
-  python -m launch.benchmarks.cpu_numerics                 # 3 rounds, ALFWorld-mini shapes
+  python -m launch.benchmarks.cpu_numerics                 # default vs host_math, 3 rounds
   python -m launch.benchmarks.cpu_numerics --rounds 5 --reps 5
+  python -m launch.benchmarks.cpu_numerics --baseline host_math --candidate no_ynnpack
 
 hgpo_jax.runtime.CPU_NUMERICS names the settings; XLA flags are fixed when JAX starts, so
-each (setting, round) is its own subprocess, and the rounds alternate default, portable,
-default, ... so that load on a shared machine falls on both sides alike. A child times,
+each (setting, round) is its own subprocess, and the rounds alternate baseline, candidate,
+baseline, ... so that load on a shared machine falls on both sides alike. A child times,
 after compiling, `--reps` calls of each of the three programs an ALFWorld-mini iteration
 spends its time in, at that suite's shapes (tiny model, 96-row micro-batches of 256 prompt
 + 32 response tokens, 16 rollout rows): the learner's log-prob pass, one PPO update, and
 the sampler's generate (32 new tokens). Per phase it prints the median over all rounds
-of each side; the last line is the ratio of the summed medians, portable / default
-(above 1 = portable is slower).
+of each side; the last line is the ratio of the summed medians, candidate / baseline
+(above 1 = the candidate is slower).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def child(reps: int) -> dict:
     jax.block_until_ready(held["state"])
 
   phases = {
-      "logprobs": lambda: train_step.fill_logprobs(learner, held["state"].params, None, host),
+      # fill_logprobs returns device arrays: block, or only the dispatch is timed
+      "logprobs": lambda: jax.block_until_ready(
+          train_step.fill_logprobs(learner, held["state"].params, None, host)),
       "update": update,
       "generate": lambda: smp.generate(prompts[:ROLLOUT_ROWS], params, jax.random.key(0)),
   }
@@ -81,6 +84,8 @@ def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--rounds", type=int, default=3, help="alternating rounds per setting")
   p.add_argument("--reps", type=int, default=3, help="timed calls per program per round")
+  p.add_argument("--baseline", default="host_math", help="setting measured against (runtime.CPU_NUMERICS)")
+  p.add_argument("--candidate", default="default", help="setting measured")
   p.add_argument("--child", metavar="SETTING", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.child:
@@ -90,7 +95,8 @@ def main(argv=None) -> None:
     return
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env["JAX_PLATFORMS"] = "cpu"
-  samples = {"default": {}, "portable": {}}
+  base, cand = args.baseline, args.candidate
+  samples = {base: {}, cand: {}}
   for r in range(args.rounds):
     for setting in samples:
       proc = subprocess.run([sys.executable, "-m", "launch.benchmarks.cpu_numerics", "--child", setting,
@@ -103,15 +109,14 @@ def main(argv=None) -> None:
       print(f"round {r + 1} {setting}: " + ", ".join(
           f"{k} {statistics.median(v):.3f} s" for k, v in samples[setting].items()), flush=True)
   total = {s: 0.0 for s in samples}
-  for phase in samples["default"]:
+  for phase in samples[base]:
     med = {s: statistics.median(samples[s][phase]) for s in samples}
     for s in samples:
       total[s] += med[s]
-    print(f"{phase:9s} default {med['default']:.3f} s  portable {med['portable']:.3f} s  "
-          f"ratio {med['portable'] / med['default']:.2f}  ({len(samples['default'][phase])} calls each)")
-  print(f"portable / default, summed medians of log-probs + update + generate: "
-        f"{total['portable'] / total['default']:.2f}")
-
+    print(f"{phase:9s} {base} {med[base]:.3f} s  {cand} {med[cand]:.3f} s  "
+          f"ratio {med[cand] / med[base]:.2f}  ({len(samples[base][phase])} calls each)")
+  print(f"{cand} / {base}, summed medians of log-probs + update + generate: "
+        f"{total[cand] / total[base]:.2f}")
 
 if __name__ == "__main__":
   main()
