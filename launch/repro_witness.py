@@ -184,10 +184,14 @@ def phase_lines() -> list[str]:
   return lines
 
 
+def _compared(lines: list[str]) -> list[str]:
+  """The lines a comparison reads: not empty, not a '#' header."""
+  return [l for l in lines if l and not l.startswith("#")]
+
+
 def first_difference(mine: list[str], theirs: list[str]) -> str | None:
   """The first compared line (not a '#' header) that differs, or None when all are equal."""
-  strip = lambda ls: [l for l in ls if l and not l.startswith("#")]
-  a, b = strip(mine), strip(theirs)
+  a, b = _compared(mine), _compared(theirs)
   for x, y in zip(a, b):
     if x != y:
       return f"here: {x} | there: {y}"
@@ -198,8 +202,7 @@ def first_difference(mine: list[str], theirs: list[str]) -> str | None:
 
 def differing_lines(mine: list[str], theirs: list[str]) -> list[str]:
   """The names (the text before the digest) of the compared lines that differ, in order."""
-  strip = lambda ls: [l for l in ls if l and not l.startswith("#")]
-  return [" ".join(x.split()[:-1]) for x, y in zip(strip(mine), strip(theirs)) if x != y]
+  return [" ".join(x.split()[:-1]) for x, y in zip(_compared(mine), _compared(theirs)) if x != y]
 
 
 def main(argv=None) -> int:
