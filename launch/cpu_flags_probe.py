@@ -26,10 +26,10 @@ import sys
 
 from hgpo_jax import runtime
 
+# The trainer's settings (their flags beyond the ISA cap), then the probe's own candidates.
 SETTINGS = {
-    "default": "--xla_cpu_enable_platform_dependent_math=false",
-    "host_math": "",
-    "no_ynnpack": "--xla_cpu_experimental_ynn_fusion_type=",
+    **{name: " ".join(f for f in flags if not f.startswith("--xla_cpu_max_isa="))
+       for name, flags in runtime.CPU_NUMERICS.items()},
     "no_ynnpack_eigen_1thread": ("--xla_cpu_experimental_ynn_fusion_type= "
                                  "--xla_cpu_multi_thread_eigen=false"),
     "no_library_fusions": ("--xla_cpu_experimental_ynn_fusion_type= "

@@ -165,8 +165,8 @@ def test_platform_dependent_math_flag_changes_float_bits(digests):
   """Witness that the second flag acts: on the AMD EPYC (AVX2) reference machine the
   1000-long matmul rounds otherwise without platform-dependent math (on the Intel Xeon it
   did not: there the flag leaves that matmul's bits, which are then the AMD's)."""
-  if digests["setting"] == digests["AVX2"]:
-    pytest.skip("the platform-dependent math flag changes no bit of this witness on this CPU")
+  if "avx512f" in _cpu_flags():
+    pytest.skip("this CPU has AVX-512: on the Xeon measured so, the flag changed no bit here")
   assert digests["setting"] != digests["AVX2"]
 
 

@@ -118,5 +118,6 @@ def main(argv=None) -> None:
   print(f"{cand} / {base}, summed medians of log-probs + update + generate: "
         f"{total[cand] / total[base]:.2f}")
 
+
 if __name__ == "__main__":
   main()
