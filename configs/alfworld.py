@@ -6,7 +6,7 @@ Variants (argument string after the colon):
   k=2                              HGPO depth K (also the memory window H, as the paper)
   model=tiny|smollm2-135m|qwen2.5-1.5b|qwen2.5-7b
   smoke                            seconds-scale run for tests (tiny model, 2 groups, 3 steps)
-  local                            the README main job, sized for a 2-core CPU (common.apply_local)
+  local                            the SmolLM2 job (`make run-llm`), sized for a 2-core CPU
 
 Paper setting (HGPO arXiv 2602.22817, Table 1; settings in docs/algorithms.md §12), e.g. Qwen2.5-1.5B-Instruct, K=2, on a pod:
   python -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=qwen2.5-1.5b \
@@ -32,7 +32,7 @@ trajectory length), consistency penalty -0.3, bootstrap_truncated, mini-batch 25
   (7B) (arXiv 2602.16165; JonP07/HiPER-agent README). Not comparable to our games.
   Smoke: python -m launch.main --config=configs/alfworld.py:algo=hiper,model=tiny,smoke --workdir=/tmp/x
 
-The pretrained-LLM job of the README, 2-core CPU:
+The pretrained-LLM job (`make run-llm`; docs/performance.md), 2-core CPU:
   make run-llm   # = python -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local
   Measured on the idle 2-core AVX2 machine (`time make run-llm`, warm compilation cache):
   10 min 35 s; 276.2 s per iteration (generation 37.7 s, update 191.4 s);

@@ -213,7 +213,7 @@ def base_config() -> ml_collections.ConfigDict:
   default comes from; "paper" = GiGPO arXiv:2505.10978 App. E.1 and the HGPO paper's
   settings, "verl" = verl/verl-agent defaults; docs/algorithms.md §9, §10, §12)."""
   c = ml_collections.ConfigDict()
-  c.seed = 0  # split into model / sampler / task / env streams (README "Reproducibility")
+  c.seed = 0  # split into model / sampler / task / env streams (docs/reproducibility.md)
 
   c.model = ml_collections.ConfigDict()
   c.model.name = "smollm2-135m"  # one of MODELS (hgpo_jax/models/config.py presets)
@@ -370,7 +370,7 @@ _SMOKE = {
 
 
 def apply_local(c: ml_collections.ConfigDict) -> None:
-  """The `local` variant: the README's SmolLM2 job (`make run-llm`), sized for a 2-core CPU.
+  """The `local` variant: the SmolLM2 job (`make run-llm`), sized for a 2-core CPU.
 
   2 groups x 4 trajectories, 2 steps, 2 iterations, evaluation on 8 held-out-room games.
   Decoding is constrained to `<action>{admissible action}</action>` because SmolLM2-135M

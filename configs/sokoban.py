@@ -1,8 +1,8 @@
 r"""Text Sokoban (env_servers/sokoban: seeded procedural rooms, solvable by construction).
 
 A fast, cheap environment (thousands of steps/s: `python -m launch.benchmarks.env_grpc
---env sokoban`, README) for curriculum, debugging and the end-to-end tests; not one of the
-papers' benchmarks.
+--env sokoban`, docs/performance.md) for curriculum, debugging and the end-to-end tests;
+not one of the papers' benchmarks.
 
 Variants: algo=..., k=2, model=tiny|smollm2-135m|..., dim=6, boxes=1, levels=0 (the train
 split's first N levels; 0: all 1000), smoke

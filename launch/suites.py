@@ -274,7 +274,7 @@ _TINY_RL = {  # the learning test's optimiser settings (tests/test_learning.py)
 # The critic's optimiser for the same tiny model (tests/test_learning_critic.py): at the
 # published critic lr 1e-5 the value model of the random-init policy stays near its
 # initial output for all 14 iterations (explained variance ~0), so PPO and HiPER would
-# be compared with a critic that does not learn (measured: README "Sweeps and tables").
+# be compared with a critic that does not learn (measured: results/README.md, "Sweeps").
 _TINY_CRITIC = {"critic.lr": 1e-2, "critic.weight_decay": 0.0}
 # The seeds of the Sokoban and WebShop-mini columns (all eight methods): the headline
 # column, ALFWorld-mini, runs all five (module docstring, "Budget").

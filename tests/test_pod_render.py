@@ -12,7 +12,8 @@ from launch.pod import render
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "configs/alfworld.py:algo=hgpo,k=2,model=qwen2.5-1.5b"
-# The committed manifests in launch/pod/k8s/ are this call's output (README "Scaling out").
+# The committed manifests in launch/pod/k8s/ are this call's output (docs/scaling.md,
+# "Launch paths").
 K8S_ARGS = ["k8s", "--num-hosts", "1", "--env-servers", "4", "--accelerator", "tpu-v5e-8",
             "--config", CONFIG, "--workdir", "gs://BUCKET/hgpo_k2", "--",
             "--config.model.path=/models/Qwen2.5-1.5B-Instruct", "--config.mesh.data=1",

@@ -56,11 +56,14 @@ def test_no_reference_to_documents_outside_the_repository():
 
 
 def test_the_documentation_pages_exist():
-  for name in ("algorithms", "architecture", "environments", "scaling"):
+  for name in ("algorithms", "architecture", "environments", "scaling", "performance",
+               "reproducibility"):
     path = os.path.join(ROOT, "docs", f"{name}.md")
     assert os.path.isfile(path), f"docs/{name}.md is missing"
     with open(path, encoding="utf-8") as f:
       assert len(f.read()) > 2000, f"docs/{name}.md is nearly empty"
+  with open(os.path.join(ROOT, "results", "README.md"), encoding="utf-8") as f:
+    assert len(f.read()) > 2000, "results/README.md is nearly empty"
 
 
 _DOCS_PATH = re.compile(r"docs/[\w./-]+?\.md")
@@ -80,11 +83,36 @@ def _slug(heading: str) -> str:
   return text.replace(" ", "-")
 
 
+# Written by `python -m launch.plan --table` (and its figure); a checkout may not hold them
+# yet, so a mention of or a link to these is allowed to dangle. Nothing else is.
+GENERATED_ELSEWHERE = frozenset({"docs/plan_table.md", "docs/plan_table.csv",
+                                 "docs/figures/plan_memory.png"})
+
+
+def broken_links(path: str, text: str) -> list[str]:
+  """Problems with the relative links of a Markdown file at `path` (repository-relative):
+  a link to a missing file (GENERATED_ELSEWHERE excepted) or to a missing heading."""
+  problems = []
+  for target in _MD_LINK.findall(text):
+    if re.match(r"[a-z]+:", target):
+      continue  # http(s), mailto
+    file_part, _, anchor = target.partition("#")
+    dest = os.path.normpath(os.path.join(ROOT, os.path.dirname(path), file_part)) if file_part \
+        else os.path.join(ROOT, path)
+    if not os.path.exists(dest):
+      if os.path.relpath(dest, ROOT) not in GENERATED_ELSEWHERE:
+        problems.append(f"{path}: link ({target}) points at a missing file")
+    elif anchor and dest.endswith(".md"):
+      if anchor not in {_slug(h) for h in _headings(os.path.relpath(dest, ROOT))}:
+        problems.append(f"{path}: link ({target}) names a missing heading")
+  return problems
+
+
 def test_docs_paths_sections_and_links_resolve():
   problems = []
   for path, text in tracked_text((".md", ".py")).items():
     for ref in set(_DOCS_PATH.findall(text)):
-      if not os.path.isfile(os.path.join(ROOT, ref)):
+      if not os.path.isfile(os.path.join(ROOT, ref)) and ref not in GENERATED_ELSEWHERE:
         problems.append(f"{path}: mentions {ref}, which does not exist")
     for ref, section in set(_SECTION_REF.findall(text)):
       if not os.path.isfile(os.path.join(ROOT, ref)):
@@ -92,20 +120,57 @@ def test_docs_paths_sections_and_links_resolve():
       numbers = {h.split()[0].rstrip(".") for h in _headings(ref) if h[:1].isdigit()}
       if section not in numbers:
         problems.append(f"{path}: cites {ref} \u00a7{section}, which has no such section")
-    if not path.endswith(".md"):
-      continue
-    for target in _MD_LINK.findall(text):
-      if re.match(r"[a-z]+:", target):
-        continue  # http(s), mailto
-      file_part, _, anchor = target.partition("#")
-      dest = os.path.normpath(os.path.join(ROOT, os.path.dirname(path), file_part)) if file_part \
-          else os.path.join(ROOT, path)
-      if not os.path.exists(dest):
-        problems.append(f"{path}: link ({target}) points at a missing file")
-      elif anchor and dest.endswith(".md"):
-        if anchor not in {_slug(h) for h in _headings(os.path.relpath(dest, ROOT))}:
-          problems.append(f"{path}: link ({target}) names a missing heading")
+    if path.endswith(".md"):
+      problems += broken_links(path, text)
   assert not problems, "\n".join(problems)
+
+
+def test_the_link_check_finds_broken_links():
+  """The check above can fail: a missing file, a missing heading; allowed: the generated
+  plan table, an existing heading, an absolute URL."""
+  missing = "docs/" + "nowhere.md"  # concatenated: the path check above reads this file
+  text = (f"[a]({missing}) [b](docs/scaling.md#no-such-heading) [c](docs/plan_table.md)"
+          " [d](docs/scaling.md#the-mesh) [e](https://example.org/x.md) [f](../docs/algorithms.md)")
+  assert broken_links("README.md", text) == [
+      f"README.md: link ({missing}) points at a missing file",
+      "README.md: link (docs/scaling.md#no-such-heading) names a missing heading",
+      "README.md: link (../docs/algorithms.md) points at a missing file"]
+  assert broken_links("results/README.md", "[g](../docs/algorithms.md) [h](mini.md)") == []
+
+
+README_MAX_LINES = 200  # a front door (issue 54): measurements live in docs/ and results/
+# A commit hash: 7-40 hex digits with at least one letter and one digit.
+_COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+
+
+def _readme() -> str:
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    return f.read()
+
+
+def test_readme_is_a_front_door():
+  """README.md stays short, names no commit, and points at every document a reader needs."""
+  text = _readme()
+  lines = text.splitlines()
+  assert 40 < len(lines) <= README_MAX_LINES, (
+      f"README.md has {len(lines)} lines (budget {README_MAX_LINES}): move measurements and "
+      "transcripts to docs/performance.md, docs/reproducibility.md, docs/scaling.md or "
+      "results/README.md")
+  hashes = sorted(set(_COMMIT.findall(text)))
+  assert not hashes, f"README.md names commits {hashes}: their history belongs in docs/ or git"
+  targets = {t.partition("#")[0] for t in _MD_LINK.findall(text)}
+  wanted = {f"docs/{n}.md" for n in ("algorithms", "architecture", "environments", "scaling",
+                                     "performance", "reproducibility")}
+  wanted |= {"results/README.md", "docs/plan_table.md"}
+  assert wanted <= targets, f"README.md does not link {sorted(wanted - targets)}"
+  for command in ("make run", "make test", "make venv ACCEL=cuda12", "make venv ACCEL=tpu",
+                  "python -m launch.main --config=", "python -m launch.plan"):
+    assert command in text, f"README.md does not show `{command}`"
+
+
+def test_the_commit_pattern_finds_hashes_only():
+  found = _COMMIT.findall("at e777d4c and 71b5d0e48bf3; arXiv 2602.22817, 1e-6, added, 1529 s")
+  assert found == ["e777d4c", "71b5d0e48bf3"]
 
 
 _CODE_REF = re.compile(r"`((?:hgpo_jax|env_servers|configs|launch)(?:\.[A-Za-z_]\w*)+)`")

@@ -215,8 +215,8 @@ def attention_bf16(q_btkgd, k_bksd, v_bksd, mask_bts, scale: float):
 
   The same function as `_softmax_attention`'s plain path (scores, softmax and its gradient
   in f32); JAX's own backward of that path hands the products f32 cotangents, and an f32
-  operand makes XLA:CPU run the product in f32 (measured: README "Benchmarks", iteration
-  row). Operands of any float dtype; the output has q's dtype.
+  operand makes XLA:CPU run the product in f32 (measured: docs/performance.md "Benchmarks",
+  iteration row). Operands of any float dtype; the output has q's dtype.
 
   Backward (g = dL/d out):  dV = Pᵀ g ;  dP = g Vᵀ ;  dS = P ⊙ (dP - rowsum(dP ⊙ P)) ;
   dQ = scale · dS K ;  dK = scale · dSᵀ Q.

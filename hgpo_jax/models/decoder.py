@@ -159,7 +159,7 @@ def _matmul_bf16(x_bti, w_oi):
   Why: XLA:CPU runs a bf16 x bf16 dot with an f32 result on the AVX512-BF16 kernels
   (~2.3x its f32 dot on the reference machine), but a dot with a bf16 result, or one
   operand in f32, at f32 speed or below; JAX's own transpose of the forward would hand
-  the backward an f32 cotangent (README "Benchmarks", iteration row)."""
+  the backward an f32 cotangent (docs/performance.md "Benchmarks", iteration row)."""
   return _matmul_bf16_fwd(x_bti, w_oi)[0]
 
 
