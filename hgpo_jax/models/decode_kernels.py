@@ -27,6 +27,11 @@ yet) is computed in plain JAX and merged with the cache part by log-sum-exp:
 over the parts i (cache splits, new tokens); an empty part has o = 0 and lse = -1e30, and
 the new-token part is never empty (every query reads itself), so (2) is always defined.
 
+Both also take `layer=` with all layers' caches [L, B, Hkv, S, Dh] and read that layer in
+place. Inside a scan over layers, passing each layer's slice (scan xs) instead makes XLA
+materialise the slice before the custom call, a copy of the layer's whole cache per layer
+and step (tests/models/test_decode_kernels.py shows it on XLA:TPU).
+
 Both kernels run off-device in Pallas interpret mode (`interpret=None` picks it when the
 target platform is not the kernel's; tests pass `interpret=True` or
 `pltpu.InterpretParams()`). Limits: `decode_attention_gpu` needs a power-of-two head_dim
@@ -132,15 +137,23 @@ def _finish(q_bthd, k_bthd, v_bthd, segment_ids_bt, cache_o, cache_lse, scale):
   return out.astype(q_bthd.dtype)
 
 
-def _check_shapes(q_bthd, k_bthd, v_bthd, k_cache_bksd, v_cache_bksd, name):
+def _stacked_cache(q_bthd, k_bthd, v_bthd, k_cache, v_cache, layer, name):
+  """Both caches as [L, B, Hkv, S, Dh] and the layer to read as int32[1]: with layer None a
+  one-layer cache [B, Hkv, S, Dh] gets a unit L axis (a free reshape), else the caches are
+  the stacked [L, B, Hkv, S, Dh] of all layers and `layer` (an int, may be traced) names one.
+  """
+  if layer is None:
+    k_cache, v_cache, layer = k_cache[None], v_cache[None], 0
   b, t, h, d = q_bthd.shape
   hkv = k_bthd.shape[2]
   if (k_bthd.shape != (b, t, hkv, d) or v_bthd.shape != k_bthd.shape or h % hkv
-      or k_cache_bksd.shape[:2] != (b, hkv) or k_cache_bksd.shape[3] != d
-      or v_cache_bksd.shape != k_cache_bksd.shape):
+      or k_cache.ndim != 5 or k_cache.shape[1:3] != (b, hkv) or k_cache.shape[4] != d
+      or v_cache.shape != k_cache.shape):
     raise ValueError(f"{name}: q {q_bthd.shape}, new k/v {k_bthd.shape}/{v_bthd.shape} and "
-                     f"cache {k_cache_bksd.shape}/{v_cache_bksd.shape} are not [B, T, H, Dh], "
-                     "[B, T, Hkv, Dh] and [B, Hkv, S, Dh] with H a multiple of Hkv.")
+                     f"cache {k_cache.shape}/{v_cache.shape} are not [B, T, H, Dh], "
+                     "[B, T, Hkv, Dh] and [B, Hkv, S, Dh] (or [L, B, Hkv, S, Dh] with layer=) "
+                     "with H a multiple of Hkv.")
+  return k_cache, v_cache, jnp.reshape(jnp.asarray(layer, jnp.int32), (1,))
 
 
 def _platform_interpret(interpret, platforms):
@@ -157,12 +170,14 @@ def _next_power_of_two(n: int) -> int:
 # ---------------------------------------------------------------------------------------
 # GPU: split-K flash decoding on the Triton backend
 # ---------------------------------------------------------------------------------------
-def _gpu_kernel(q_ref, k_ref, v_ref, start_ref, end_ref, o_ref, lse_ref, *count_ref,
-                scale, block_k, blocks_per_split, precision):
-  """One (row, kv head, split): o_ref [R, Dh] <- the split's normalised output, lse_ref [R]
-  <- its log-sum-exp; count_ref (optional) [R] <- how many blocks the loop loaded."""
+def _gpu_kernel(q_ref, k_ref, v_ref, start_ref, end_ref, layer_ref, o_ref, lse_ref,
+                *count_ref, scale, block_k, blocks_per_split, precision):
+  """One (row, kv head, split): k_ref/v_ref [L, S, Dh] are pointers to every layer's cache
+  of the row and head (nothing is loaded until the loop); o_ref [R, Dh] <- the split's
+  normalised output, lse_ref [R] <- its log-sum-exp; count_ref (optional) [R] <- how many
+  blocks the loop loaded."""
   split = pl.program_id(2)
-  start, end = start_ref[()], end_ref[()]
+  start, end, layer = start_ref[()], end_ref[()], layer_ref[0]
   first, stop = valid_block_range(start, end, block_k)
   lo = jnp.maximum(first, split * blocks_per_split)
   hi = jnp.minimum(stop, (split + 1) * blocks_per_split)
@@ -174,9 +189,9 @@ def _gpu_kernel(q_ref, k_ref, v_ref, start_ref, end_ref, o_ref, lse_ref, *count_
     slot = i * block_k + jnp.arange(block_k)
     valid = (slot >= start) & (slot < end)
     # Masked loads: the invalid slots of a boundary block are not fetched.
-    k = plgpu.load(k_ref.at[pl.ds(i * block_k, block_k), :], mask=valid[:, None],
+    k = plgpu.load(k_ref.at[layer, pl.ds(i * block_k, block_k), :], mask=valid[:, None],
                    other=0).astype(q.dtype)
-    v = plgpu.load(v_ref.at[pl.ds(i * block_k, block_k), :], mask=valid[:, None],
+    v = plgpu.load(v_ref.at[layer, pl.ds(i * block_k, block_k), :], mask=valid[:, None],
                    other=0).astype(q.dtype)
     s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
                         preferred_element_type=jnp.float32) * scale
@@ -218,13 +233,14 @@ def gpu_layout(batch: int, num_kv_heads: int, length: int, block_k: int = GPU_BL
   return block_k, blocks_per_split, -(-num_blocks // blocks_per_split)
 
 
-def gpu_cache_part(q_bthd, k_cache_bksd, v_cache_bksd, start_b, end_b, *, scale,
+def gpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1, *, scale,
                    block_k=GPU_BLOCK_K, k_splits=None, num_warps=4, num_stages=2,
                    interpret=False, count_blocks=False):
-  """The GPU kernel's cache part: (o f32[k_splits, B, Hkv, R, Dh], lse f32[k_splits, B, Hkv,
-  R]) and, with count_blocks, int32[B, Hkv, k_splits]: the blocks each program loaded."""
+  """The GPU kernel's cache part over layer layer_1[0] of [L, B, Hkv, S, Dh] caches:
+  (o f32[k_splits, B, Hkv, R, Dh], lse f32[k_splits, B, Hkv, R]) and, with count_blocks,
+  int32[B, Hkv, k_splits]: the blocks each program loaded."""
   b, t, h, d = q_bthd.shape
-  _, hkv, length, _ = k_cache_bksd.shape
+  num_layers, _, hkv, length, _ = k_cache_lbksd.shape
   if d & (d - 1) or d < 16:
     raise ValueError(f"decode_attention_gpu: head_dim={d} is not a power of two >= 16 "
                      "(Triton tensor sides); use decode_attention (xla) for this model.")
@@ -235,8 +251,10 @@ def gpu_cache_part(q_bthd, k_cache_bksd, v_cache_bksd, start_b, end_b, *, scale,
   kernel = functools.partial(_gpu_kernel, scale=scale, block_k=block_k,
                              blocks_per_split=blocks_per_split, precision=precision)
   row_spec = pl.BlockSpec((None, None, rows, d), lambda i, j, s: (i, j, 0, 0))
-  cache_spec = pl.BlockSpec((None, None, length, d), lambda i, j, s: (i, j, 0, 0))
+  cache_spec = pl.BlockSpec((num_layers, None, None, length, d),
+                            lambda i, j, s: (0, i, j, 0, 0))
   bound_spec = pl.BlockSpec((None,), lambda i, j, s: (i,))
+  layer_spec = pl.BlockSpec((1,), lambda i, j, s: (0,))
   out_shape = [jax.ShapeDtypeStruct((b, hkv, k_splits, rows, d), jnp.float32),
                jax.ShapeDtypeStruct((b, hkv, k_splits, rows), jnp.float32)]
   out_specs = [pl.BlockSpec((None, None, None, rows, d), lambda i, j, s: (i, j, s, 0, 0)),
@@ -246,33 +264,36 @@ def gpu_cache_part(q_bthd, k_cache_bksd, v_cache_bksd, start_b, end_b, *, scale,
     out_specs.append(out_specs[-1])
   outs = pl.pallas_call(
       kernel, grid=(b, hkv, k_splits),
-      in_specs=[row_spec, cache_spec, cache_spec, bound_spec, bound_spec],
+      in_specs=[row_spec, cache_spec, cache_spec, bound_spec, bound_spec, layer_spec],
       out_specs=out_specs, out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret, name="decode_attention_gpu",
-  )(q, k_cache_bksd, v_cache_bksd, start_b, end_b)
+  )(q, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1)
   o, lse = outs[0].transpose(2, 0, 1, 3, 4), outs[1].transpose(2, 0, 1, 3)
   return (o, lse, outs[2][..., 0]) if count_blocks else (o, lse)
 
 
 def decode_attention_gpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd,
                          *, cache_start_b, cache_index, scale: float | None = None,
-                         block_k: int = GPU_BLOCK_K, k_splits: int | None = None,
+                         layer=None, block_k: int = GPU_BLOCK_K, k_splits: int | None = None,
                          interpret=None) -> jax.Array:
   """`attention.decode_attention` by split-K flash decoding on GPU (module docstring).
 
   Args (as `attention.decode_attention`, plus):
+    layer: None, or the layer to read (int32 scalar, may be traced) when the caches are
+      all layers' [L, B, Hkv, S, Dh]: the kernel then reads that layer in place, where a
+      sliced [B, Hkv, S, Dh] operand may cost XLA a copy of the layer's cache.
     block_k: cache slots per loop iteration (a power of two >= 16; lowered to divide S).
     k_splits: programs per (row, kv head); None: about GPU_TARGET_PROGRAMS programs.
     interpret: Pallas interpret mode; None: on unless the target platform is a GPU.
   Returns:
     [B, T, H, Dh] in q's dtype.
   """
-  _check_shapes(q_bthd, k_bthd, v_bthd, k_cache_bksd, v_cache_bksd, "decode_attention_gpu")
+  k_cache, v_cache, layer_1 = _stacked_cache(q_bthd, k_bthd, v_bthd, k_cache_bksd,
+                                             v_cache_bksd, layer, "decode_attention_gpu")
   scale = q_bthd.shape[3] ** -0.5 if scale is None else scale
-  start_b, end_b = cache_bounds(cache_start_b, cache_index, q_bthd.shape[0],
-                                k_cache_bksd.shape[2])
-  o, lse = gpu_cache_part(q_bthd, k_cache_bksd, v_cache_bksd, start_b, end_b, scale=scale,
+  start_b, end_b = cache_bounds(cache_start_b, cache_index, q_bthd.shape[0], k_cache.shape[3])
+  o, lse = gpu_cache_part(q_bthd, k_cache, v_cache, start_b, end_b, layer_1, scale=scale,
                           block_k=block_k, k_splits=k_splits,
                           interpret=_platform_interpret(interpret, ("gpu", "cuda", "rocm")))
   return _finish(q_bthd, k_bthd, v_bthd, segment_ids_bt, o, lse, scale)
@@ -294,8 +315,8 @@ def tpu_kv_block_index(b, j, start_ref, end_ref, block: int):
   return jnp.minimum(jnp.maximum(j, first), jnp.maximum(stop - 1, first))
 
 
-def _tpu_kernel(start_ref, end_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc,
-                *, scale, block):
+def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc,
+                *, scale, block, precision):
   b, j = pl.program_id(0), pl.program_id(2)
   start, end = start_ref[b], end_ref[b]
   first, stop = valid_block_range(start, end, block)
@@ -311,7 +332,7 @@ def _tpu_kernel(start_ref, end_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l
     q = q_ref[...]
     k = k_ref[...].astype(q.dtype)
     v = v_ref[...].astype(q.dtype)
-    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
                         preferred_element_type=jnp.float32) * scale  # [R, block]
     slot_s = j * block + lax.broadcasted_iota(jnp.int32, s.shape, 1)
     s = jnp.where((slot_s >= start) & (slot_s < end), s, _MASKED)
@@ -325,7 +346,8 @@ def _tpu_kernel(start_ref, end_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l
     alpha = jnp.exp(m_prev - m_new)
     l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
     acc_sc[...] = alpha * acc_sc[...] + lax.dot_general(
-        p.astype(q.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        p.astype(q.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
+        preferred_element_type=jnp.float32)
     m_sc[...] = m_new
 
   @pl.when(j == pl.num_programs(2) - 1)
@@ -337,56 +359,61 @@ def _tpu_kernel(start_ref, end_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l
     lse_ref[...] = jnp.where(nonempty, m_sc[...] + jnp.log(safe_l), _MASKED)
 
 
-def tpu_cache_part(q_bthd, k_cache_bksd, v_cache_bksd, start_b, end_b, *, scale,
+def tpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1, *, scale,
                    block: int | None = None, interpret=False):
-  """The TPU kernel's cache part: (o f32[1, B, Hkv, R, Dh], lse f32[1, B, Hkv, R])."""
+  """The TPU kernel's cache part over layer layer_1[0] of [L, B, Hkv, S, Dh] caches:
+  (o f32[1, B, Hkv, R, Dh], lse f32[1, B, Hkv, R])."""
   b, t, h, d = q_bthd.shape
-  _, hkv, length, _ = k_cache_bksd.shape
+  _, _, hkv, length, _ = k_cache_lbksd.shape
   block = tpu_block(length) if block is None else block
   if length % block:
     raise ValueError(f"decode_attention_tpu: block={block} does not divide S={length}.")
   sublanes = 16 if q_bthd.dtype == jnp.bfloat16 else 8
   rows = -(-t * (h // hkv) // sublanes) * sublanes
   q = _query_rows(q_bthd, hkv, rows)
-  kv_map = lambda i, k, j, start_ref, end_ref: (
-      i, k, tpu_kv_block_index(i, j, start_ref, end_ref, block), 0)
-  row_map = lambda i, k, j, start_ref, end_ref: (i, k, 0, 0)
+  precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None  # f32 as f32
+  kv_map = lambda i, k, j, start_ref, end_ref, layer_ref: (
+      layer_ref[0], i, k, tpu_kv_block_index(i, j, start_ref, end_ref, block), 0)
+  row_map = lambda i, k, j, *prefetch_refs: (i, k, 0, 0)
   grid_spec = pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=2, grid=(b, hkv, length // block),
+      num_scalar_prefetch=3, grid=(b, hkv, length // block),
       in_specs=[pl.BlockSpec((None, None, rows, d), row_map),
-                pl.BlockSpec((None, None, block, d), kv_map),
-                pl.BlockSpec((None, None, block, d), kv_map)],
+                pl.BlockSpec((None, None, None, block, d), kv_map),
+                pl.BlockSpec((None, None, None, block, d), kv_map)],
       out_specs=[pl.BlockSpec((None, None, rows, d), row_map),
                  pl.BlockSpec((None, None, rows, 1), row_map)],
       scratch_shapes=[pltpu.VMEM((rows, 1), jnp.float32), pltpu.VMEM((rows, 1), jnp.float32),
                       pltpu.VMEM((rows, d), jnp.float32)])
   o, lse = pl.pallas_call(
-      functools.partial(_tpu_kernel, scale=scale, block=block), grid_spec=grid_spec,
+      functools.partial(_tpu_kernel, scale=scale, block=block, precision=precision),
+      grid_spec=grid_spec,
       out_shape=[jax.ShapeDtypeStruct((b, hkv, rows, d), jnp.float32),
                  jax.ShapeDtypeStruct((b, hkv, rows, 1), jnp.float32)],
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel", "arbitrary")),
       interpret=interpret, name="decode_attention_tpu",
-  )(start_b, end_b, q, k_cache_bksd, v_cache_bksd)
+  )(start_b, end_b, layer_1, q, k_cache_lbksd, v_cache_lbksd)
   return o[None], lse[None, ..., 0]
 
 
 def decode_attention_tpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd,
                          *, cache_start_b, cache_index, scale: float | None = None,
-                         block: int | None = None, interpret=None) -> jax.Array:
+                         layer=None, block: int | None = None, interpret=None) -> jax.Array:
   """`attention.decode_attention` by a Pallas TPU kernel that DMAs only valid blocks.
 
   Args (as `attention.decode_attention`, plus):
+    layer: None, or the layer to read (int32 scalar, may be traced) when the caches are
+      all layers' [L, B, Hkv, S, Dh] (as `decode_attention_gpu`).
     block: cache slots per grid step (must divide S); None: `tpu_block(S)`.
     interpret: Pallas interpret mode (True or a `pltpu.InterpretParams`); None: on unless
       the target platform is a TPU.
   Returns:
     [B, T, H, Dh] in q's dtype.
   """
-  _check_shapes(q_bthd, k_bthd, v_bthd, k_cache_bksd, v_cache_bksd, "decode_attention_tpu")
+  k_cache, v_cache, layer_1 = _stacked_cache(q_bthd, k_bthd, v_bthd, k_cache_bksd,
+                                             v_cache_bksd, layer, "decode_attention_tpu")
   scale = q_bthd.shape[3] ** -0.5 if scale is None else scale
-  start_b, end_b = cache_bounds(cache_start_b, cache_index, q_bthd.shape[0],
-                                k_cache_bksd.shape[2])
-  o, lse = tpu_cache_part(q_bthd, k_cache_bksd, v_cache_bksd, start_b, end_b, scale=scale,
+  start_b, end_b = cache_bounds(cache_start_b, cache_index, q_bthd.shape[0], k_cache.shape[3])
+  o, lse = tpu_cache_part(q_bthd, k_cache, v_cache, start_b, end_b, layer_1, scale=scale,
                           block=block, interpret=_platform_interpret(interpret, ("tpu",)))
   return _finish(q_bthd, k_bthd, v_bthd, segment_ids_bt, o, lse, scale)

@@ -49,7 +49,9 @@ def _tolerance(dtype, want) -> float:
   return 4 * ulp
 
 
-def _kernels(interpret=True):
+def _kernels(interpret=None):
+  """Both kernels; interpret=None: each runs compiled on its own platform (JAX_PLATFORMS=cuda
+  or tpu; docs/decode_kernels.md) and in interpret mode elsewhere (CPU: both)."""
   return {
       "gpu": functools.partial(decode_kernels.decode_attention_gpu, block_k=BLOCK,
                                interpret=interpret),
@@ -59,8 +61,10 @@ def _kernels(interpret=True):
 
 
 def _run(fn, q, k, v, seg, k_cache, v_cache, starts, index):
-  return jax.jit(lambda *a: fn(*a[:6], cache_start_b=a[6], cache_index=a[7]))(
-      q, k, v, seg, k_cache, v_cache, starts, index)
+  # (full f32 products on every platform: XLA:GPU's default would take TF32 for f32)
+  with jax.default_matmul_precision("highest"):
+    return jax.jit(lambda *a: fn(*a[:6], cache_start_b=a[6], cache_index=a[7]))(
+        q, k, v, seg, k_cache, v_cache, starts, index)
 
 
 # Every GQA ratio with both dtypes and both kinds of cache_index (each pair of the three
@@ -132,6 +136,23 @@ def test_nan_in_every_invalid_slot_never_reaches_the_output():
     np.testing.assert_array_equal(np.asarray(dirty), np.asarray(clean), err_msg=name)
 
 
+def test_kernels_read_one_layer_of_a_stacked_cache_in_place():
+  """layer= (traced) with all layers' caches [L, B, Hkv, S, Dh]: the same output as the
+  one-layer call on that layer's slice, bit for bit; NaN in the other layers is never read."""
+  q, k, v, k_cache, v_cache = _inputs(12, 2, jnp.bfloat16)
+  seg = jnp.ones(q.shape[:2], jnp.int32)
+  starts, ends = _bounds("per_row")
+  nan = jnp.full_like(k_cache, jnp.nan)
+  k_stack, v_stack = jnp.stack([nan, k_cache, nan]), jnp.stack([nan, v_cache, nan])
+  for name, fn in _kernels().items():
+    one = _run(fn, q, k, v, seg, k_cache, v_cache, starts, ends)
+    stacked = jax.jit(lambda k_stack, v_stack, layer: fn(
+        q, k, v, seg, k_stack, v_stack, cache_start_b=starts, cache_index=ends, layer=layer))(
+            k_stack, v_stack, jnp.int32(1))
+    np.testing.assert_array_equal(np.asarray(stacked, np.float32), np.asarray(one, np.float32),
+                                  err_msg=name)
+
+
 def _blocks_holding(start, end, block):
   """The readable count: block ids that hold at least one slot of [start, end)."""
   return sorted({s // block for s in range(start, end)})
@@ -143,9 +164,9 @@ def test_gpu_kernel_loads_only_blocks_that_hold_valid_slots():
   an empty row), with k_splits = 2 so each split owns 2 of the 4 blocks."""
   q, _, _, k_cache, v_cache = _inputs(4, 2, jnp.float32)
   starts, ends = _bounds("per_row")
-  _, _, counts = decode_kernels.gpu_cache_part(q, k_cache, v_cache, starts, ends, scale=0.25,
-                                               block_k=BLOCK, k_splits=2, interpret=True,
-                                               count_blocks=True)
+  _, _, counts = decode_kernels.gpu_cache_part(
+      q, k_cache[None], v_cache[None], starts, ends, jnp.zeros((1,), jnp.int32), scale=0.25,
+      block_k=BLOCK, k_splits=2, interpret=True, count_blocks=True)
   assert counts.shape == (len(PER_ROW), 2, 2)
   for b, (s, e) in enumerate(PER_ROW):
     want = _blocks_holding(s, e, BLOCK)
@@ -183,7 +204,7 @@ def test_tpu_kernel_dmas_only_blocks_that_hold_valid_slots(monkeypatch):
   for name in ("k_ref", "v_ref"):
     for b, (s, e) in enumerate(PER_ROW):
       for h in range(1):
-        blocks = [blk for n, (bb, hh, blk, _) in copies if n == name and (bb, hh) == (b, h)]
+        blocks = [blk for n, (_, bb, hh, blk, _) in copies if n == name and (bb, hh) == (b, h)]
         want_blocks = _blocks_holding(s, e, BLOCK) or [s // BLOCK]
         assert blocks == want_blocks, (name, b, h, blocks)
   assert len(copies) == 2 * (4 + 1 + 3 + 1 + 1)  # of 2 * 5 * 4 = 40 block copies
@@ -241,6 +262,15 @@ def test_gpu_kernel_lowers_to_triton_ir_without_a_gpu():
   assert "__gpu$xla.gpu.triton" in text and 'name = "decode_attention_gpu"' in text
   # grid (B, Hkv, k_splits): 8 x 2 x 24 programs, one 64-slot block each
   assert "grid_x = 8 : i32, grid_y = 2 : i32, grid_z = 24 : i32" in text
+  # all layers' caches with a traced layer: the same kernel reads the stack in place
+  args = _qwen_like_arguments()
+  stack = jax.ShapeDtypeStruct((28,) + args[4].shape, args[4].dtype)
+  layered = lambda *a: decode_kernels.decode_attention_gpu(
+      *a[:6], cache_start_b=a[6], cache_index=a[7], layer=a[8], interpret=False)
+  text = jax.jit(layered).trace(*args[:4], stack, stack, *args[6:],
+                                jax.ShapeDtypeStruct((), jnp.int32)).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "__gpu$xla.gpu.triton" in text and "tensor<28x8x2x1536x128xbf16>" in text
 
 
 @pytest.mark.tpu_compile
@@ -261,3 +291,42 @@ def test_tpu_kernel_compiles_for_mosaic_from_a_cpu_host():
   assert "tpu_custom_call" in lowered.as_text()
   compiled = lowered.compile()
   assert compiled.cost_analysis() is not None
+
+
+@pytest.mark.tpu_compile
+def test_tpu_kernel_reads_a_stacked_cache_in_place_inside_the_layer_loop():
+  """In a scan over layers, passing the kernel each layer's slice of the stacked cache (scan
+  xs) makes XLA:TPU materialise that slice (a dynamic-slice fusion writing [B, Hkv, S, Dh])
+  before the Mosaic call, i.e. a copy of the layer's whole cache per layer and step; the
+  kernel's `layer=` over the stacked cache compiles without it. Prints XLA's bytes."""
+  from hgpo_jax.training import targets
+  reason = targets.libtpu_available()
+  if reason is not None:
+    pytest.skip(reason)
+  sharding = jax.sharding.SingleDeviceSharding(targets.devices(targets.resolve("v5e-8"))[0])
+  q, k, _, seg, k_cache, _, starts, ends = _qwen_like_arguments()
+  layers = 4
+  stack = jax.ShapeDtypeStruct((layers,) + k_cache.shape, k_cache.dtype)
+  args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+          for a in (q, k, seg, stack, stack, starts, ends)]
+  attend = functools.partial(decode_kernels.decode_attention_tpu, interpret=False)
+
+  def sliced(q, k, seg, k_stack, v_stack, starts, ends):
+    def step(x, kv):
+      return x + attend(x, k, k, seg, *kv, cache_start_b=starts, cache_index=ends), None
+    return jax.lax.scan(step, q, (k_stack, v_stack))[0]
+
+  def in_place(q, k, seg, k_stack, v_stack, starts, ends):
+    def step(x, layer):
+      return x + attend(x, k, k, seg, k_stack, v_stack, cache_start_b=starts,
+                        cache_index=ends, layer=layer), None
+    return jax.lax.scan(step, q, jnp.arange(layers))[0]
+
+  layer_slice = "bf16[1,%d,%d,%d,%d]" % k_cache.shape
+  compiled = {f.__name__: jax.jit(f).lower(*args).compile() for f in (sliced, in_place)}
+  texts = {name: c.as_text() for name, c in compiled.items()}
+  for name, c in compiled.items():
+    print(f"{name}: XLA:TPU bytes accessed {c.cost_analysis()['bytes accessed']:.0f} "
+          f"(the Mosaic call not included)")
+  assert layer_slice in texts["sliced"]  # the copy this test guards against is real
+  assert layer_slice not in texts["in_place"]
