@@ -33,7 +33,7 @@ materialise the slice before the custom call, a copy of the layer's whole cache 
 and step (tests/models/test_decode_kernels.py shows it on XLA:TPU).
 
 Both kernels run off-device in Pallas interpret mode (`interpret=None` picks it when the
-target platform is not the kernel's; tests pass `interpret=True` or
+target platform is not the kernel's; the DMA test passes
 `pltpu.InterpretParams()`). Limits: `decode_attention_gpu` needs a power-of-two head_dim
 and a cache length S that is a multiple of 16 (Triton tensors have power-of-two sides);
 `decode_attention_tpu` takes any S (blocks of 512, 256 or 128 slots when they divide S,
