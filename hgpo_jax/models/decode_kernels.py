@@ -15,8 +15,8 @@ skip the cache blocks that hold no valid slot instead of loading and masking the
     range (masked loads inside the two boundary blocks, so invalid slots are never read).
     Each split writes its normalised partial output and log-sum-exp; the splits are
     combined outside the kernel.
-  `decode_attention_tpu`  Pallas on Mosaic (TPU): grid (B, Hkv, S / block) with each row's
-    [start, end) as scalar-prefetch operands; the K/V block index maps clamp the block
+  `decode_attention_tpu`  Pallas on Mosaic (TPU): grid (B, S / block), each step one block
+    of all kv heads of a row, with each row's [start, end) as scalar-prefetch operands; the K/V block index maps clamp the block
     axis to the row's valid blocks, so steps outside them repeat the block index and the
     pipeline issues no DMA for them; an online softmax (FlashAttention's recurrence) runs
     across the visited blocks in VMEM scratch.
@@ -315,9 +315,13 @@ def tpu_kv_block_index(b, j, start_ref, end_ref, block: int):
   return jnp.minimum(jnp.maximum(j, first), jnp.maximum(stop - 1, first))
 
 
-def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc,
-                *, scale, block, precision):
-  b, j = pl.program_id(0), pl.program_id(2)
+def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
+                m_sc, l_sc, acc_sc, *, scale, block, precision):
+  """One (row, cache block) step over all kv heads: q_ref [Hkv, R, Dh], k_ref/v_ref
+  [Hkv, block, Dh]; the online softmax state m_sc/l_sc [Hkv, R, 1], acc_sc [Hkv, R, Dh]
+  lives across the block axis; the last step writes o_ref [Hkv, R, Dh], lse_ref [Hkv, R, 1].
+  """
+  b, j = pl.program_id(0), pl.program_id(1)
   start, end = start_ref[b], end_ref[b]
   first, stop = valid_block_range(start, end, block)
 
@@ -329,28 +333,29 @@ def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_r
 
   @pl.when((j >= first) & (j < stop))
   def _block():
-    q = q_ref[...]
-    k = k_ref[...].astype(q.dtype)
-    v = v_ref[...].astype(q.dtype)
-    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
-                        preferred_element_type=jnp.float32) * scale  # [R, block]
-    slot_s = j * block + lax.broadcasted_iota(jnp.int32, s.shape, 1)
-    s = jnp.where((slot_s >= start) & (slot_s < end), s, _MASKED)
-    # Invalid slots of a boundary block hold whatever the cache holds there (stale or
-    # not yet written): zero their values so that 0 x garbage cannot reach the output.
-    slot_v = j * block + lax.broadcasted_iota(jnp.int32, v.shape, 0)
-    v = jnp.where((slot_v >= start) & (slot_v < end), v, jnp.zeros_like(v))
-    m_prev = m_sc[...]
-    m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-    p = jnp.exp(s - m_new)
-    alpha = jnp.exp(m_prev - m_new)
-    l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
-    acc_sc[...] = alpha * acc_sc[...] + lax.dot_general(
-        p.astype(q.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
-        preferred_element_type=jnp.float32)
-    m_sc[...] = m_new
+    for h in range(q_ref.shape[0]):  # kv heads: a static loop of 2-D products
+      q = q_ref[h]
+      k = k_ref[h].astype(q.dtype)
+      v = v_ref[h].astype(q.dtype)
+      s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+                          preferred_element_type=jnp.float32) * scale  # [R, block]
+      slot_s = j * block + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+      s = jnp.where((slot_s >= start) & (slot_s < end), s, _MASKED)
+      # Invalid slots of a boundary block hold whatever the cache holds there (stale or
+      # not yet written): zero their values so that 0 x garbage cannot reach the output.
+      slot_v = j * block + lax.broadcasted_iota(jnp.int32, v.shape, 0)
+      v = jnp.where((slot_v >= start) & (slot_v < end), v, jnp.zeros_like(v))
+      m_prev = m_sc[h]
+      m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+      p = jnp.exp(s - m_new)
+      alpha = jnp.exp(m_prev - m_new)
+      l_sc[h] = alpha * l_sc[h] + jnp.sum(p, axis=1, keepdims=True)
+      acc_sc[h] = alpha * acc_sc[h] + lax.dot_general(
+          p.astype(q.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
+          preferred_element_type=jnp.float32)
+      m_sc[h] = m_new
 
-  @pl.when(j == pl.num_programs(2) - 1)
+  @pl.when(j == pl.num_programs(1) - 1)
   def _write():
     l = l_sc[...]
     nonempty = l > 0
@@ -362,7 +367,8 @@ def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_r
 def tpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1, *, scale,
                    block: int | None = None, interpret=False):
   """The TPU kernel's cache part over layer layer_1[0] of [L, B, Hkv, S, Dh] caches:
-  (o f32[1, B, Hkv, R, Dh], lse f32[1, B, Hkv, R])."""
+  (o f32[1, B, Hkv, R, Dh], lse f32[1, B, Hkv, R]). Grid (B, S / block): one step reads one
+  block of every kv head of a row (fewer, larger steps than one per kv head)."""
   b, t, h, d = q_bthd.shape
   _, _, hkv, length, _ = k_cache_lbksd.shape
   block = tpu_block(length) if block is None else block
@@ -372,25 +378,25 @@ def tpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1
   rows = -(-t * (h // hkv) // sublanes) * sublanes
   q = _query_rows(q_bthd, hkv, rows)
   precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None  # f32 as f32
-  kv_map = lambda i, k, j, start_ref, end_ref, layer_ref: (
-      layer_ref[0], i, k, tpu_kv_block_index(i, j, start_ref, end_ref, block), 0)
-  row_map = lambda i, k, j, *prefetch_refs: (i, k, 0, 0)
+  kv_map = lambda i, j, start_ref, end_ref, layer_ref: (
+      layer_ref[0], i, 0, tpu_kv_block_index(i, j, start_ref, end_ref, block), 0)
+  row_map = lambda i, j, *prefetch_refs: (i, 0, 0, 0)
   grid_spec = pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=3, grid=(b, hkv, length // block),
-      in_specs=[pl.BlockSpec((None, None, rows, d), row_map),
-                pl.BlockSpec((None, None, None, block, d), kv_map),
-                pl.BlockSpec((None, None, None, block, d), kv_map)],
-      out_specs=[pl.BlockSpec((None, None, rows, d), row_map),
-                 pl.BlockSpec((None, None, rows, 1), row_map)],
-      scratch_shapes=[pltpu.VMEM((rows, 1), jnp.float32), pltpu.VMEM((rows, 1), jnp.float32),
-                      pltpu.VMEM((rows, d), jnp.float32)])
+      num_scalar_prefetch=3, grid=(b, length // block),
+      in_specs=[pl.BlockSpec((None, hkv, rows, d), row_map),
+                pl.BlockSpec((None, None, hkv, block, d), kv_map),
+                pl.BlockSpec((None, None, hkv, block, d), kv_map)],
+      out_specs=[pl.BlockSpec((None, hkv, rows, d), row_map),
+                 pl.BlockSpec((None, hkv, rows, 1), row_map)],
+      scratch_shapes=[pltpu.VMEM((hkv, rows, 1), jnp.float32),
+                      pltpu.VMEM((hkv, rows, 1), jnp.float32),
+                      pltpu.VMEM((hkv, rows, d), jnp.float32)])
   o, lse = pl.pallas_call(
       functools.partial(_tpu_kernel, scale=scale, block=block, precision=precision),
       grid_spec=grid_spec,
       out_shape=[jax.ShapeDtypeStruct((b, hkv, rows, d), jnp.float32),
                  jax.ShapeDtypeStruct((b, hkv, rows, 1), jnp.float32)],
-      compiler_params=pltpu.CompilerParams(
-          dimension_semantics=("parallel", "parallel", "arbitrary")),
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
       interpret=interpret, name="decode_attention_tpu",
   )(start_b, end_b, layer_1, q, k_cache_lbksd, v_cache_lbksd)
   return o[None], lse[None, ..., 0]

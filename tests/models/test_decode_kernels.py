@@ -183,6 +183,9 @@ def test_tpu_kernel_dmas_only_blocks_that_hold_valid_slots(monkeypatch):
   from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpreter
   original = interpreter.get
   signature = inspect.signature(original)
+  if not {"input_name", "block_indices"} <= set(signature.parameters):
+    pytest.skip(f"this JAX's TPU interpreter ({jax.__version__}) does not name the block it "
+                "copies; the hook was written against jax 0.10.2")
   copies = []
 
   def recording_get(*args, **kwargs):
@@ -192,7 +195,7 @@ def test_tpu_kernel_dmas_only_blocks_that_hold_valid_slots(monkeypatch):
     return original(*args, **kwargs)
   monkeypatch.setattr(interpreter, "get", recording_get)
   jax.clear_caches()  # the patched function is bound when the kernel is traced
-  q, k, v, k_cache, v_cache = _inputs(2, 1, jnp.float32, seed=1)  # one kv head: 20 steps
+  q, k, v, k_cache, v_cache = _inputs(4, 2, jnp.float32, seed=1)  # both kv heads per step
   seg = jnp.ones(q.shape[:2], jnp.int32)
   starts, ends = _bounds("per_row")
   got = decode_kernels.decode_attention_tpu(q, k, v, seg, k_cache, v_cache, cache_start_b=starts,
@@ -203,10 +206,10 @@ def test_tpu_kernel_dmas_only_blocks_that_hold_valid_slots(monkeypatch):
   np.testing.assert_allclose(got, want, atol=_tolerance(jnp.float32, want), rtol=0)
   for name in ("k_ref", "v_ref"):
     for b, (s, e) in enumerate(PER_ROW):
-      for h in range(1):
-        blocks = [blk for n, (_, bb, hh, blk, _) in copies if n == name and (bb, hh) == (b, h)]
-        want_blocks = _blocks_holding(s, e, BLOCK) or [s // BLOCK]
-        assert blocks == want_blocks, (name, b, h, blocks)
+      blocks = [blk for n, (layer, bb, head, blk, _) in copies if n == name and bb == b]
+      want_blocks = _blocks_holding(s, e, BLOCK) or [s // BLOCK]
+      assert blocks == want_blocks, (name, b, blocks)
+  assert all(layer == 0 and head == 0 for _, (layer, _, head, _, _) in copies)
   assert len(copies) == 2 * (4 + 1 + 3 + 1 + 1)  # of 2 * 5 * 4 = 40 block copies
 
 
