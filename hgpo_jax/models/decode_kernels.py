@@ -1,0 +1,425 @@
+"""Decode attention kernels that read only each row's valid cache slots (Pallas, GPU and TPU).
+
+Drop-in replacements, by signature, for `attention.decode_attention` (the readable XLA form,
+which reads all S slots of every row and masks them): T new tokens (T = 1 when sampling) of
+row b attend over the cache slots [cache_start_b[b], end_b) of a KV cache [B, Hkv, S, Dh]
+(end_b = cache_index, or cache_index[b] per row) and over themselves by the segment rule
+(1) of attention.py. Decode at small batch is bound by memory bandwidth, so the kernels
+skip the cache blocks that hold no valid slot instead of loading and masking them.
+
+  `decode_attention_gpu`  Pallas on the Triton backend: split-K flash decoding (Dao et al.,
+    "Flash-Decoding for long-context inference", 2023; split-K as in CUTLASS GEMMs). Grid
+    (B, Hkv, k_splits): each program owns one row, one kv head with all G = H / Hkv query
+    heads (and all T new tokens) as the rows of one matrix, and a contiguous range of
+    cache blocks, of which its loop visits only those that intersect the row's valid
+    range (masked loads inside the two boundary blocks, so invalid slots are never read).
+    Each split writes its normalised partial output and log-sum-exp; the splits are
+    combined outside the kernel.
+  `decode_attention_tpu`  Pallas on Mosaic (TPU): grid (B, S / block), each step one block
+    of all kv heads of a row, with each row's [start, end) as scalar-prefetch operands; the K/V block index maps clamp the block
+    axis to the row's valid blocks, so steps outside them repeat the block index and the
+    pipeline issues no DMA for them; an online softmax (FlashAttention's recurrence) runs
+    across the visited blocks in VMEM scratch.
+
+In both, the T new tokens' attention over themselves (a T x T problem, not in the cache
+yet) is computed in plain JAX and merged with the cache part by log-sum-exp:
+    out = sum_i exp(lse_i - M) o_i / sum_i exp(lse_i - M),   M = max_i lse_i,         (2)
+over the parts i (cache splits, new tokens); an empty part has o = 0 and lse = -1e30, and
+the new-token part is never empty (every query reads itself), so (2) is always defined.
+
+Both also take `layer=` with all layers' caches [L, B, Hkv, S, Dh] and read that layer in
+place. Inside a scan over layers, passing each layer's slice (scan xs) instead makes XLA
+materialise the slice before the custom call, a copy of the layer's whole cache per layer
+and step (tests/models/test_decode_kernels.py shows it on XLA:TPU).
+
+Both kernels run off-device in Pallas interpret mode (`interpret=None` picks it when the
+target platform is not the kernel's; the DMA test passes
+`pltpu.InterpretParams()`). Limits: `decode_attention_gpu` needs a power-of-two head_dim
+and a cache length S that is a multiple of 16 (Triton tensors have power-of-two sides);
+`decode_attention_tpu` takes any S (blocks of 512, 256 or 128 slots when they divide S,
+else one block of S, which skips nothing). See docs/decode_kernels.md.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as plgpu
+
+from hgpo_jax.models import attention
+
+# Large negative instead of -inf (as in attention.py): exp(-1e30 - m) is exactly 0 for any
+# finite m, and an empty part's log-sum-exp stays finite.
+_MASKED = -1e30
+
+GPU_BLOCK_K = 64
+"""Cache slots per loop iteration of the GPU kernel (a power of two >= 16)."""
+GPU_TARGET_PROGRAMS = 512
+"""The GPU kernel's default k_splits aims at about this many programs (B x Hkv x k_splits),
+a few per SM of an H100/H200 (132 SMs), so that one row alone still fills the GPU."""
+TPU_BLOCK_CHOICES = (512, 256, 128)
+"""Cache slots per grid step of the TPU kernel: the largest of these dividing S."""
+
+
+# ---------------------------------------------------------------------------------------
+# Shared pieces: valid ranges, query layout, the new tokens' part, the merge (2)
+# ---------------------------------------------------------------------------------------
+def cache_bounds(cache_start_b, cache_index, batch: int, length: int):
+  """int32 (start_b, end_b), each [B]: row b reads the cache slots [start_b[b], end_b[b]),
+  clipped to [0, S]; start == end when the range is empty."""
+  end_b = jnp.broadcast_to(jnp.reshape(jnp.asarray(cache_index, jnp.int32), (-1,)), (batch,))
+  end_b = jnp.clip(end_b, 0, length)
+  start_b = jnp.minimum(jnp.clip(jnp.asarray(cache_start_b, jnp.int32), 0, length), end_b)
+  return start_b, end_b
+
+
+def valid_block_range(start, end, block: int):
+  """[first, stop) of the blocks of `block` slots that hold any slot of [start, end);
+  first == stop when the range is empty. Used by both kernels (and their tests). Slots are
+  >= 0, so truncating division is floor division (and lowers on Mosaic without a sign op)."""
+  first = lax.div(start, block)
+  stop = jnp.where(end > start, lax.div(end + (block - 1), block), first)
+  return first, stop
+
+
+def _query_rows(q_bthd, num_kv_heads: int, rows: int):
+  """[B, T, H, Dh] -> [B, Hkv, rows, Dh]: row r = t * G + g holds query head kv * G + g of
+  token t; rows >= T * G are zero padding."""
+  b, t, h, d = q_bthd.shape
+  g = h // num_kv_heads
+  q = q_bthd.reshape(b, t, num_kv_heads, g, d).transpose(0, 2, 1, 3, 4).reshape(
+      b, num_kv_heads, t * g, d)
+  return jnp.pad(q, ((0, 0), (0, 0), (0, rows - t * g), (0, 0)))
+
+
+def _new_token_part(q_bthd, k_bthd, v_bthd, seg_bt, scale):
+  """The new tokens over themselves by rule (1): (o f32[B, Hkv, T * G, Dh] normalised,
+  lse f32[B, Hkv, T * G])."""
+  b, t, h, d = q_bthd.shape
+  hkv = k_bthd.shape[2]
+  q_bktgd = q_bthd.reshape(b, t, hkv, h // hkv, d).transpose(0, 2, 1, 3, 4)
+  s = jnp.einsum("bktgd,bukd->bktgu", q_bktgd, k_bthd,
+                 preferred_element_type=jnp.float32) * scale
+  mask = attention.segment_mask(seg_bt, seg_bt, True)[:, None, :, None, :]  # [B,1,T,1,U]
+  s = jnp.where(mask, s, _MASKED)
+  m = jnp.max(s, axis=-1, keepdims=True)
+  p = jnp.where(mask, jnp.exp(s - m), 0.0)
+  l = jnp.sum(p, axis=-1, keepdims=True)
+  o = jnp.einsum("bktgu,bukd->bktgd", p.astype(v_bthd.dtype), v_bthd,
+                 preferred_element_type=jnp.float32) / l
+  lse = (m + jnp.log(l))[..., 0]
+  return o.reshape(b, hkv, t * (h // hkv), d), lse.reshape(b, hkv, t * (h // hkv))
+
+
+def merge_parts(o_parts, lse_parts):
+  """Equation (2): o f32[P, ..., Dh] and lse f32[P, ...] of P parts -> o f32[..., Dh]."""
+  m = jnp.max(lse_parts, axis=0)
+  w = jnp.exp(lse_parts - m[None])
+  return jnp.sum(w[..., None] * o_parts, axis=0) / jnp.sum(w, axis=0)[..., None]
+
+
+def _finish(q_bthd, k_bthd, v_bthd, segment_ids_bt, cache_o, cache_lse, scale):
+  """Merge the cache part(s) (o [P, B, Hkv, >= T*G, Dh], lse [P, B, Hkv, >= T*G]) with the
+  new tokens' part; [B, T, H, Dh] in q's dtype."""
+  b, t, h, d = q_bthd.shape
+  hkv = k_bthd.shape[2]
+  n = t * (h // hkv)
+  seg_bt = jnp.asarray(segment_ids_bt).astype(jnp.int32)
+  new_o, new_lse = _new_token_part(q_bthd, k_bthd, v_bthd, seg_bt, scale)
+  o = merge_parts(jnp.concatenate([cache_o[:, :, :, :n], new_o[None]], axis=0),
+                  jnp.concatenate([cache_lse[:, :, :, :n], new_lse[None]], axis=0))
+  out = o.reshape(b, hkv, t, h // hkv, d).transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
+  return out.astype(q_bthd.dtype)
+
+
+def _stacked_cache(q_bthd, k_bthd, v_bthd, k_cache, v_cache, layer, name):
+  """Both caches as [L, B, Hkv, S, Dh] and the layer to read as int32[1]: with layer None a
+  one-layer cache [B, Hkv, S, Dh] gets a unit L axis (a free reshape), else the caches are
+  the stacked [L, B, Hkv, S, Dh] of all layers and `layer` (an int, may be traced) names one.
+  """
+  if layer is None:
+    k_cache, v_cache, layer = k_cache[None], v_cache[None], 0
+  b, t, h, d = q_bthd.shape
+  hkv = k_bthd.shape[2]
+  if (k_bthd.shape != (b, t, hkv, d) or v_bthd.shape != k_bthd.shape or h % hkv
+      or k_cache.ndim != 5 or k_cache.shape[1:3] != (b, hkv) or k_cache.shape[4] != d
+      or v_cache.shape != k_cache.shape):
+    raise ValueError(f"{name}: q {q_bthd.shape}, new k/v {k_bthd.shape}/{v_bthd.shape} and "
+                     f"cache {k_cache.shape}/{v_cache.shape} are not [B, T, H, Dh], "
+                     "[B, T, Hkv, Dh] and [B, Hkv, S, Dh] (or [L, B, Hkv, S, Dh] with layer=) "
+                     "with H a multiple of Hkv.")
+  return k_cache, v_cache, jnp.reshape(jnp.asarray(layer, jnp.int32), (1,))
+
+
+def _platform_interpret(interpret, platforms):
+  """interpret=None: interpret mode unless the target platform is one of `platforms`."""
+  if interpret is not None:
+    return interpret
+  return attention.target_platform(attention.context_target()) not in platforms
+
+
+def _next_power_of_two(n: int) -> int:
+  return 1 << max(0, (n - 1).bit_length())
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: split-K flash decoding on the Triton backend
+# ---------------------------------------------------------------------------------------
+def _gpu_kernel(q_ref, k_ref, v_ref, start_ref, end_ref, layer_ref, o_ref, lse_ref,
+                *count_ref, scale, block_k, blocks_per_split, precision):
+  """One (row, kv head, split): k_ref/v_ref [L, S, Dh] are pointers to every layer's cache
+  of the row and head (nothing is loaded until the loop); o_ref [R, Dh] <- the split's
+  normalised output, lse_ref [R] <- its log-sum-exp; count_ref (optional) [R] <- how many
+  blocks the loop loaded."""
+  split = pl.program_id(2)
+  start, end, layer = start_ref[()], end_ref[()], layer_ref[0]
+  first, stop = valid_block_range(start, end, block_k)
+  lo = jnp.maximum(first, split * blocks_per_split)
+  hi = jnp.minimum(stop, (split + 1) * blocks_per_split)
+  q = q_ref[...]
+  rows = q.shape[0]
+
+  def body(i, carry):
+    m, l, acc = carry
+    slot = i * block_k + jnp.arange(block_k)
+    valid = (slot >= start) & (slot < end)
+    # Masked loads: the invalid slots of a boundary block are not fetched.
+    k = plgpu.load(k_ref.at[layer, pl.ds(i * block_k, block_k), :], mask=valid[:, None],
+                   other=0).astype(q.dtype)
+    v = plgpu.load(v_ref.at[layer, pl.ds(i * block_k, block_k), :], mask=valid[:, None],
+                   other=0).astype(q.dtype)
+    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+                        preferred_element_type=jnp.float32) * scale
+    s = jnp.where(valid[None, :], s, _MASKED)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    p = jnp.exp(s - m_new[:, None])
+    alpha = jnp.exp(m - m_new)  # rescales what earlier blocks summed under the old maximum
+    l = alpha * l + jnp.sum(p, axis=1)
+    acc = alpha[:, None] * acc + lax.dot_general(
+        p.astype(q.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
+        preferred_element_type=jnp.float32)
+    return m_new, l, acc
+
+  init = (jnp.full((rows,), _MASKED, jnp.float32), jnp.zeros((rows,), jnp.float32),
+          jnp.zeros(q.shape, jnp.float32))
+  m, l, acc = lax.fori_loop(lo, jnp.maximum(hi, lo), body, init)
+  nonempty = l > 0
+  o_ref[...] = (acc / jnp.where(nonempty, l, 1.0)[:, None]).astype(o_ref.dtype)
+  lse_ref[...] = jnp.where(nonempty, m + jnp.log(jnp.where(nonempty, l, 1.0)), _MASKED)
+  if count_ref:
+    count_ref[0][...] = jnp.full((rows,), jnp.maximum(hi - lo, 0), jnp.int32)
+
+
+def gpu_layout(batch: int, num_kv_heads: int, length: int, block_k: int = GPU_BLOCK_K,
+               k_splits: int | None = None):
+  """(block_k, blocks_per_split, k_splits) of the GPU kernel for a cache of `length` slots:
+  k_splits=None aims at `GPU_TARGET_PROGRAMS` programs; trailing empty splits dropped."""
+  if length % 16:
+    raise ValueError(f"decode_attention_gpu: cache length S={length} is not a multiple of 16 "
+                     "(Triton blocks have power-of-two sides); allocate the cache in 16s.")
+  block_k = min(block_k, _next_power_of_two(length))
+  while length % block_k:
+    block_k //= 2
+  num_blocks = length // block_k
+  if k_splits is None:
+    k_splits = -(-GPU_TARGET_PROGRAMS // (batch * num_kv_heads))
+  k_splits = max(1, min(k_splits, num_blocks))
+  blocks_per_split = -(-num_blocks // k_splits)
+  return block_k, blocks_per_split, -(-num_blocks // blocks_per_split)
+
+
+def gpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1, *, scale,
+                   block_k=GPU_BLOCK_K, k_splits=None, num_warps=4, num_stages=2,
+                   interpret=False, count_blocks=False):
+  """The GPU kernel's cache part over layer layer_1[0] of [L, B, Hkv, S, Dh] caches:
+  (o f32[k_splits, B, Hkv, R, Dh], lse f32[k_splits, B, Hkv, R]) and, with count_blocks,
+  int32[B, Hkv, k_splits]: the blocks each program loaded."""
+  b, t, h, d = q_bthd.shape
+  num_layers, _, hkv, length, _ = k_cache_lbksd.shape
+  if d & (d - 1) or d < 16:
+    raise ValueError(f"decode_attention_gpu: head_dim={d} is not a power of two >= 16 "
+                     "(Triton tensor sides); use decode_attention (xla) for this model.")
+  block_k, blocks_per_split, k_splits = gpu_layout(b, hkv, length, block_k, k_splits)
+  rows = max(16, _next_power_of_two(t * (h // hkv)))  # tl.dot needs >= 16 rows
+  q = _query_rows(q_bthd, hkv, rows)
+  precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None  # no TF32
+  kernel = functools.partial(_gpu_kernel, scale=scale, block_k=block_k,
+                             blocks_per_split=blocks_per_split, precision=precision)
+  row_spec = pl.BlockSpec((None, None, rows, d), lambda i, j, s: (i, j, 0, 0))
+  cache_spec = pl.BlockSpec((num_layers, None, None, length, d),
+                            lambda i, j, s: (0, i, j, 0, 0))
+  bound_spec = pl.BlockSpec((None,), lambda i, j, s: (i,))
+  layer_spec = pl.BlockSpec((1,), lambda i, j, s: (0,))
+  out_shape = [jax.ShapeDtypeStruct((b, hkv, k_splits, rows, d), jnp.float32),
+               jax.ShapeDtypeStruct((b, hkv, k_splits, rows), jnp.float32)]
+  out_specs = [pl.BlockSpec((None, None, None, rows, d), lambda i, j, s: (i, j, s, 0, 0)),
+               pl.BlockSpec((None, None, None, rows), lambda i, j, s: (i, j, s, 0))]
+  if count_blocks:
+    out_shape.append(jax.ShapeDtypeStruct((b, hkv, k_splits, rows), jnp.int32))
+    out_specs.append(out_specs[-1])
+  outs = pl.pallas_call(
+      kernel, grid=(b, hkv, k_splits),
+      in_specs=[row_spec, cache_spec, cache_spec, bound_spec, bound_spec, layer_spec],
+      out_specs=out_specs, out_shape=out_shape,
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret, name="decode_attention_gpu",
+  )(q, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1)
+  o, lse = outs[0].transpose(2, 0, 1, 3, 4), outs[1].transpose(2, 0, 1, 3)
+  return (o, lse, outs[2][..., 0]) if count_blocks else (o, lse)
+
+
+def decode_attention_gpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd,
+                         *, cache_start_b, cache_index, scale: float | None = None,
+                         layer=None, block_k: int = GPU_BLOCK_K, k_splits: int | None = None,
+                         interpret=None) -> jax.Array:
+  """`attention.decode_attention` by split-K flash decoding on GPU (module docstring).
+
+  Args (as `attention.decode_attention`, plus):
+    layer: None, or the layer to read (int32 scalar, may be traced) when the caches are
+      all layers' [L, B, Hkv, S, Dh]: the kernel then reads that layer in place, where a
+      sliced [B, Hkv, S, Dh] operand may cost XLA a copy of the layer's cache.
+    block_k: cache slots per loop iteration (a power of two >= 16; lowered to divide S).
+    k_splits: programs per (row, kv head); None: about GPU_TARGET_PROGRAMS programs.
+    interpret: Pallas interpret mode; None: on unless the target platform is a GPU.
+  Returns:
+    [B, T, H, Dh] in q's dtype.
+  """
+  k_cache, v_cache, layer_1 = _stacked_cache(q_bthd, k_bthd, v_bthd, k_cache_bksd,
+                                             v_cache_bksd, layer, "decode_attention_gpu")
+  scale = q_bthd.shape[3] ** -0.5 if scale is None else scale
+  start_b, end_b = cache_bounds(cache_start_b, cache_index, q_bthd.shape[0], k_cache.shape[3])
+  o, lse = gpu_cache_part(q_bthd, k_cache, v_cache, start_b, end_b, layer_1, scale=scale,
+                          block_k=block_k, k_splits=k_splits,
+                          interpret=_platform_interpret(interpret, ("gpu", "cuda", "rocm")))
+  return _finish(q_bthd, k_bthd, v_bthd, segment_ids_bt, o, lse, scale)
+
+
+# ---------------------------------------------------------------------------------------
+# TPU: Mosaic kernel with scalar-prefetched valid ranges
+# ---------------------------------------------------------------------------------------
+def tpu_block(length: int) -> int:
+  """Cache slots per grid step: the largest of TPU_BLOCK_CHOICES dividing S, else S."""
+  return next((blk for blk in TPU_BLOCK_CHOICES if length % blk == 0), length)
+
+
+def tpu_kv_block_index(b, j, start_ref, end_ref, block: int):
+  """The cache block that grid step j of row b maps to: j clamped into the row's valid
+  blocks [first, stop), so steps outside them repeat a block index and the Pallas pipeline
+  fetches nothing for them (an empty row maps every step to one block)."""
+  first, stop = valid_block_range(start_ref[b], end_ref[b], block)
+  return jnp.minimum(jnp.maximum(j, first), jnp.maximum(stop - 1, first))
+
+
+def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
+                m_sc, l_sc, acc_sc, *, scale, block, precision):
+  """One (row, cache block) step over all kv heads: q_ref [Hkv, R, Dh], k_ref/v_ref
+  [Hkv, block, Dh]; the online softmax state m_sc/l_sc [Hkv, R, 1], acc_sc [Hkv, R, Dh]
+  lives across the block axis; the last step writes o_ref [Hkv, R, Dh], lse_ref [Hkv, R, 1].
+  """
+  b, j = pl.program_id(0), pl.program_id(1)
+  start, end = start_ref[b], end_ref[b]
+  first, stop = valid_block_range(start, end, block)
+
+  @pl.when(j == 0)
+  def _init():
+    m_sc[...] = jnp.full(m_sc.shape, _MASKED, jnp.float32)
+    l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+    acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+  @pl.when((j >= first) & (j < stop))
+  def _block():
+    for h in range(q_ref.shape[0]):  # kv heads: a static loop of 2-D products
+      q = q_ref[h]
+      k = k_ref[h].astype(q.dtype)
+      v = v_ref[h].astype(q.dtype)
+      s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
+                          preferred_element_type=jnp.float32) * scale  # [R, block]
+      slot_s = j * block + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+      s = jnp.where((slot_s >= start) & (slot_s < end), s, _MASKED)
+      # Invalid slots of a boundary block hold whatever the cache holds there (stale or
+      # not yet written): zero their values so that 0 x garbage cannot reach the output.
+      slot_v = j * block + lax.broadcasted_iota(jnp.int32, v.shape, 0)
+      v = jnp.where((slot_v >= start) & (slot_v < end), v, jnp.zeros_like(v))
+      m_prev = m_sc[h]
+      m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+      p = jnp.exp(s - m_new)
+      alpha = jnp.exp(m_prev - m_new)
+      l_sc[h] = alpha * l_sc[h] + jnp.sum(p, axis=1, keepdims=True)
+      acc_sc[h] = alpha * acc_sc[h] + lax.dot_general(
+          p.astype(q.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
+          preferred_element_type=jnp.float32)
+      m_sc[h] = m_new
+
+  @pl.when(j == pl.num_programs(1) - 1)
+  def _write():
+    l = l_sc[...]
+    nonempty = l > 0
+    safe_l = jnp.where(nonempty, l, 1.0)
+    o_ref[...] = acc_sc[...] / safe_l
+    lse_ref[...] = jnp.where(nonempty, m_sc[...] + jnp.log(safe_l), _MASKED)
+
+
+def tpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1, *, scale,
+                   block: int | None = None, interpret=False):
+  """The TPU kernel's cache part over layer layer_1[0] of [L, B, Hkv, S, Dh] caches:
+  (o f32[1, B, Hkv, R, Dh], lse f32[1, B, Hkv, R]). Grid (B, S / block): one step reads one
+  block of every kv head of a row (fewer, larger steps than one per kv head)."""
+  b, t, h, d = q_bthd.shape
+  _, _, hkv, length, _ = k_cache_lbksd.shape
+  block = tpu_block(length) if block is None else block
+  if length % block:
+    raise ValueError(f"decode_attention_tpu: block={block} does not divide S={length}.")
+  sublanes = 16 if q_bthd.dtype == jnp.bfloat16 else 8
+  rows = -(-t * (h // hkv) // sublanes) * sublanes
+  q = _query_rows(q_bthd, hkv, rows)
+  precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None  # f32 as f32
+  kv_map = lambda i, j, start_ref, end_ref, layer_ref: (
+      layer_ref[0], i, 0, tpu_kv_block_index(i, j, start_ref, end_ref, block), 0)
+  row_map = lambda i, j, *prefetch_refs: (i, 0, 0, 0)
+  grid_spec = pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=3, grid=(b, length // block),
+      in_specs=[pl.BlockSpec((None, hkv, rows, d), row_map),
+                pl.BlockSpec((None, None, hkv, block, d), kv_map),
+                pl.BlockSpec((None, None, hkv, block, d), kv_map)],
+      out_specs=[pl.BlockSpec((None, hkv, rows, d), row_map),
+                 pl.BlockSpec((None, hkv, rows, 1), row_map)],
+      scratch_shapes=[pltpu.VMEM((hkv, rows, 1), jnp.float32),
+                      pltpu.VMEM((hkv, rows, 1), jnp.float32),
+                      pltpu.VMEM((hkv, rows, d), jnp.float32)])
+  o, lse = pl.pallas_call(
+      functools.partial(_tpu_kernel, scale=scale, block=block, precision=precision),
+      grid_spec=grid_spec,
+      out_shape=[jax.ShapeDtypeStruct((b, hkv, rows, d), jnp.float32),
+                 jax.ShapeDtypeStruct((b, hkv, rows, 1), jnp.float32)],
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+      interpret=interpret, name="decode_attention_tpu",
+  )(start_b, end_b, layer_1, q, k_cache_lbksd, v_cache_lbksd)
+  return o[None], lse[None, ..., 0]
+
+
+def decode_attention_tpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd,
+                         *, cache_start_b, cache_index, scale: float | None = None,
+                         layer=None, block: int | None = None, interpret=None) -> jax.Array:
+  """`attention.decode_attention` by a Pallas TPU kernel that DMAs only valid blocks.
+
+  Args (as `attention.decode_attention`, plus):
+    layer: None, or the layer to read (int32 scalar, may be traced) when the caches are
+      all layers' [L, B, Hkv, S, Dh] (as `decode_attention_gpu`).
+    block: cache slots per grid step (must divide S); None: `tpu_block(S)`.
+    interpret: Pallas interpret mode (True or a `pltpu.InterpretParams`); None: on unless
+      the target platform is a TPU.
+  Returns:
+    [B, T, H, Dh] in q's dtype.
+  """
+  k_cache, v_cache, layer_1 = _stacked_cache(q_bthd, k_bthd, v_bthd, k_cache_bksd,
+                                             v_cache_bksd, layer, "decode_attention_tpu")
+  scale = q_bthd.shape[3] ** -0.5 if scale is None else scale
+  start_b, end_b = cache_bounds(cache_start_b, cache_index, q_bthd.shape[0], k_cache.shape[3])
+  o, lse = tpu_cache_part(q_bthd, k_cache, v_cache, start_b, end_b, layer_1, scale=scale,
+                          block=block, interpret=_platform_interpret(interpret, ("tpu",)))
+  return _finish(q_bthd, k_bthd, v_bthd, segment_ids_bt, o, lse, scale)
