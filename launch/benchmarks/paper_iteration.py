@@ -28,9 +28,14 @@ metrics.jsonl), the prompt and response tokens of every step, tokens/s per chip 
 response tokens / iteration wall time / chips, as verl's `perf/throughput`), the MFU of the
 update and log-prob passes (`perf/*`: XLA's FLOPs / time / the chip's peak) and the peak
 device memory. The last line compares the median tokens/s per chip of the iterations after
-the first (which compiles, unless precompiled) with the HiPER authors' 2,340 tokens/s per
-H100. The persistent compilation cache (`hgpo_jax.runtime`) and `rollout.precompile` (on
-accelerators) keep a second run's compile short.
+the first (which compiles the programs it uses) with the HiPER authors' 2,340 tokens/s per
+H100. The persistent compilation cache (`hgpo_jax.runtime`, $HGPO_JAX_COMPILE_CACHE) makes a
+second run's compiles cache reads. `--precompile` (`rollout.precompile`) compiles every
+sampler program of every batch and prompt bucket before iteration 1 instead (ALFWorld's 10
+prompt buckets up to 4096 tokens, `programs.prompt_buckets`, times the sampler's 8 batch
+buckets up to 128 rows, and the shared-prefill variants: off by default, it would spend the
+time budget on programs a few iterations never call); without it an iteration that meets a
+new bucket compiles it then.
 """
 
 from __future__ import annotations
@@ -228,8 +233,9 @@ def main(argv=None) -> int:
   ap.add_argument("--env-servers", type=int, default=min(8, os.cpu_count() or 1))
   ap.add_argument("--trie-nodes", type=int, default=4096,
                   help="rollout.max_trie_nodes (fixed trie shapes for precompilation)")
-  ap.add_argument("--precompile", choices=("auto", "on", "off"), default="auto",
-                  help="rollout.precompile; auto = on for accelerators, off on CPUs")
+  ap.add_argument("--precompile", action="store_true",
+                  help="rollout.precompile: every sampler program (each batch x prompt "
+                       "bucket) before iteration 1")
   ap.add_argument("--checkpoint", action="store_true", help="keep the last iteration's checkpoint")
   ap.add_argument("--seed", type=int, default=0)
   args = ap.parse_args(argv)
@@ -253,7 +259,7 @@ def main(argv=None) -> int:
     print("iteration: --accelerator found only CPUs (JAX sees no GPU/TPU: install for it with "
           "make venv ACCEL=cuda12 or ACCEL=tpu); --allow-cpu runs it on the CPUs", file=sys.stderr)
     return 2
-  precompile = args.precompile == "on" or (args.precompile == "auto" and platform != "cpu")
+  precompile = args.precompile
   from hgpo_jax import train
   from hgpo_jax.training import run as run_lib
   try:
