@@ -55,6 +55,7 @@ GROUP_SIZE = 8  # the paper's trajectories per task
 PHASES = ("generation_s", "env_s", "advantages_s", "logprobs_s", "update_s")
 TERMINATOR = "\n"  # ends the forced free span (no free token holds a newline)
 FREE_FORBIDDEN = "\n<>"  # the free span writes no tag and no newline
+ENV_MODULES = {"alfworld": ("textworld", "alfworld"), "sokoban": ()}  # the env servers' wheels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +148,7 @@ def _install_random_presets():
   def load_model(name_or_path, *, dtype="float32", mesh=None, rules=None, seed=0, path=None):
     if name_or_path not in loading.PRESETS_WITH_PATH or path:
       return original(name_or_path, dtype=dtype, mesh=mesh, rules=rules, seed=seed, path=path)
-    cfg = model_config.get_preset(name_or_path).replace(dtype=dtype)
+    cfg = model_config.get_preset(name_or_path).replace(dtype=dtype, param_dtype=dtype)
     tokenizer = loading.GGUFFile(loading.smollm2_gguf_path()).tokenizer()
     assert tokenizer.vocab_size <= cfg.vocab_size, (tokenizer.vocab_size, cfg.vocab_size)
     return loading.init_model(cfg, seed=seed, mesh=mesh, rules=rules), tokenizer, cfg
@@ -249,6 +250,12 @@ def main(argv=None) -> int:
   if args.turns < 1 or args.iterations < 1:
     ap.error("--turns and --iterations must be >= 1")
 
+  import importlib.util
+  missing = [m for m in ENV_MODULES[args.env] if importlib.util.find_spec(m) is None]
+  if missing:
+    print(f"iteration: --env {args.env} needs {', '.join(missing)} (make venv installs them); "
+          "--env sokoban needs nothing beyond the venv", file=sys.stderr)
+    return 2
   from hgpo_jax import runtime
   runtime.pin_cpu_isa()
   import jax

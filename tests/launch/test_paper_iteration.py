@@ -88,6 +88,7 @@ def test_tiny_cpu_run_prints_consistent_iteration_lines():
   assert lines[0].startswith("jax ")
   assert "tiny random init, float32 parameters, bfloat16 compute; " in lines[0]
   assert "sokoban x 8 envs (groups of 8), 1 turns, 2 iterations" in lines[0]
+  chips = int(re.match(r"jax \S+ on (\d+) x cpu \(cpu\); ", lines[0])[1])  # the suite fakes 8
   its = [l for l in lines if l.startswith("iteration ")]
   assert [l.split(":")[0] for l in its] == ["iteration 1", "iteration 2"]
   per_chip = []
@@ -101,7 +102,7 @@ def test_tiny_cpu_run_prints_consistent_iteration_lines():
     assert steps == 8  # 8 envs x 1 turn
     assert int(f["response_tokens"]) == 24 * steps  # fixed:24: every response 24 tokens
     assert int(f["tokens"]) == int(f["prompt_tokens"]) + int(f["response_tokens"])
-    assert int(f["chips"]) == 1
+    assert int(f["chips"]) == chips
     # tokens/s per chip = tokens / wall / chips (wall printed to 1 ms)
     assert float(f["tokens_per_s_per_chip"]) == pytest.approx(
         int(f["tokens"]) / wall / int(f["chips"]), rel=1e-3, abs=0.06)
@@ -114,3 +115,18 @@ def test_tiny_cpu_run_prints_consistent_iteration_lines():
   assert median == pytest.approx(per_chip[1], abs=0.06)
   assert last.endswith(f"vs the HiPER authors' 2340 per H100 (ALFWorld log: mean prompt 734, "
                        f"response 176 tokens): {median / 2340:.2f}x (target >= 4x)")
+
+
+def test_random_presets_load_without_weights_with_the_bundled_tokenizer(monkeypatch):
+  """A pretrained preset without `path`: the preset's config in the run's dtype, a random
+  init (stubbed here: 1.5B parameters), and SmolLM2's tokenizer; other names load as before."""
+  inits = []
+  monkeypatch.setattr(loading, "load_model", loading.load_model)  # undone after the test
+  monkeypatch.setattr(loading, "init_model", lambda cfg, **kw: inits.append((cfg, kw)) or "model")
+  paper_iteration._install_random_presets()
+  model, tok, cfg = loading.load_model("qwen2.5-1.5b", dtype="bfloat16", seed=3)
+  assert model == "model" and inits[0][1]["seed"] == 3
+  assert cfg.vocab_size == 151936 and cfg.num_layers == 28 and cfg.param_dtype == "bfloat16"
+  assert tok.vocab_size == 49152 and tok.encode("<action>go to desk 1</action>")
+  with pytest.raises(FileNotFoundError, match="is not a directory"):  # a path: the real loader
+    loading.load_model("qwen2.5-1.5b", path="/nonexistent/qwen")
