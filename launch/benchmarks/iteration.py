@@ -1,5 +1,11 @@
 """Benchmark: one iteration of the SmolLM2 job (`make run-llm`) now vs a named earlier revision.
 
+  python -m launch.benchmarks.iteration --accelerator [--model qwen2.5-1.5b] [--turns 8] ...
+
+With `--accelerator`: paper-shaped iterations of the real trainer on one accelerator, its
+phase split and tokens/s per chip against the HiPER authors' H100 run
+(launch/benchmarks/paper_iteration.py, which documents the flags). Without it:
+
   python -m launch.benchmarks.iteration [--baseline-rev 3c5ff63] [--iterations 3] [--reps 1]
       [--sides baseline,current,bf16,packed,ungrouped,coarse]
 
@@ -130,6 +136,9 @@ def bf16_step_quantization(step: float = 1e-5) -> str:
 
 
 def main():
+  if "--accelerator" in sys.argv[1:]:
+    from launch.benchmarks import paper_iteration
+    sys.exit(paper_iteration.main(sys.argv[1:]))
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--baseline-rev", default="3c5ff63")
   parser.add_argument("--iterations", type=int, default=3)

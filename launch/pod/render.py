@@ -31,15 +31,16 @@ DEFAULT_PORT = 8476  # JAX's default coordinator port on Cloud TPU
 ENV_PORT = 50051
 TOKEN_MOUNT = "/etc/hgpo-env-token"
 
-# GKE accelerators: node selectors, chips per host, resource names.
+# GKE accelerators: node selectors, chips per host, resource names, and the `make venv
+# ACCEL=...` target the trainer pod installs JAX for.
 ACCELERATORS = {
-    "tpu-v5e-8": dict(resource="google.com/tpu", count=8, selectors={
+    "tpu-v5e-8": dict(resource="google.com/tpu", count=8, accel="tpu", selectors={
         "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
         "cloud.google.com/gke-tpu-topology": "2x4"}),
-    "tpu-v5p-8": dict(resource="google.com/tpu", count=4, selectors={
+    "tpu-v5p-8": dict(resource="google.com/tpu", count=4, accel="tpu", selectors={
         "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
         "cloud.google.com/gke-tpu-topology": "2x2x1"}),
-    "h100-8": dict(resource="nvidia.com/gpu", count=8, selectors={
+    "h100-8": dict(resource="nvidia.com/gpu", count=8, accel="cuda12", selectors={
         "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}),
 }
 
@@ -141,15 +142,19 @@ def k8s_manifests(*, name: str, image: str, num_hosts: int, env_servers: int, en
                "ports": [{"name": "coordinator", "port": port, "targetPort": port}]}}
   # Process id = the Indexed Job's completion index; host i is reachable as
   # <job>-<i>.<service> because the pods' subdomain is the headless trainer Service. The
-  # pod runs this renderer with --exec, so its command is exactly `render_commands`'s.
+  # pod runs this renderer with --exec, so its command is exactly `render_commands`'s. It
+  # first builds the venv for the accelerator (`make venv ACCEL=tpu|cuda12`, in the image's
+  # checkout of the repository: a no-op when the image was built with the same command), so
+  # JAX runs on the chips, not on the pod's CPUs (launch.main refuses a CPU run of a pod).
   hosts = [f"{trainer}-{i}.{trainer}" for i in range(num_hosts)]
-  argv = ["python", "-m", "launch.pod.render", "commands", "--hosts", ",".join(hosts),
+  python = ".venv/bin/python"
+  argv = [python, "-m", "launch.pod.render", "commands", "--hosts", ",".join(hosts),
           "--port", str(port), "--process-id", "${JOB_COMPLETION_INDEX}", "--exec",
-          "--python", "python", "--config", config, "--workdir", workdir,
+          "--python", python, "--config", config, "--workdir", workdir,
           "--env-endpoints", ",".join(endpoints), "--token-file", token_file]
   if extra:
     argv += ["--"] + list(extra)
-  shell = "exec " + " ".join(a if a == "${JOB_COMPLETION_INDEX}" else shlex.quote(a) for a in argv)
+  shell = f"make venv ACCEL={acc['accel']} && exec " + " ".join(a if a == "${JOB_COMPLETION_INDEX}" else shlex.quote(a) for a in argv)
   job = {
       "apiVersion": "batch/v1", "kind": "Job",
       "metadata": {"name": trainer, "labels": labels("trainer")},

@@ -5,6 +5,7 @@
 # Env servers: by default each process starts its own local servers (config
 # env.num_servers); for a shared fleet set ENV_ENDPOINTS=envhost1:50051,envhost2:50051
 # (dealt round-robin over hosts) and TOKEN_FILE=/path/on/every/host (serve --token-file).
+# Every host first installs the venv for its TPU chips (`make venv ACCEL=tpu`).
 # HOSTS=ip0,ip1 skips the `gcloud ... describe` lookup of the workers' internal IPs.
 # DRY_RUN=1 prints each host's exact command and runs nothing:
 #   DRY_RUN=1 HOSTS=10.0.0.2,10.0.0.3 TPU=x ZONE=y launch/pod/tpu_pod.sh CONFIG WORKDIR [overrides]
@@ -26,6 +27,6 @@ fi
 IFS=, read -ra WORKERS <<< "$HOSTS"
 for i in "${!WORKERS[@]}"; do
   gcloud compute tpus tpu-vm ssh "$TPU" --zone "$ZONE" --worker="$i" --command \
-    "cd $REPO_DIR && make venv && .venv/bin/python $(printf '%q ' "${RENDER[@]}") --process-id $i --exec -- $(printf '%q ' "$@")" &
+    "cd $REPO_DIR && make venv ACCEL=tpu && .venv/bin/python $(printf '%q ' "${RENDER[@]}") --process-id $i --exec -- $(printf '%q ' "$@")" &
 done
 wait
