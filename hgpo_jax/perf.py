@@ -1,6 +1,6 @@
-"""FLOP accounting, device peaks and MFU for the train step and the sampler.
+"""FLOP accounting, memory traffic, device peaks and MFU for the train step and the sampler.
 
-Three pieces:
+Four pieces:
 
 * `compiled_flops(compiled)`: FLOPs of one call of a compiled executable, read from its
   optimised HLO. XLA's own `compiled.cost_analysis()["flops"]` counts the body of every
@@ -13,6 +13,10 @@ Three pieces:
   `known_trip_count` that XLA writes into the compiled loop. Elementwise ops are left out
   (the usual MFU convention; a few percent of a transformer's FLOPs). For an SPMD
   program the compiled module is one device's share, so the count is per device.
+* `hlo_memory_traffic(hlo_text)`: the device-memory bytes one run of a compiled module
+  reads and writes, loops weighted by trip count the same way (XLA's "bytes accessed"
+  counts a loop body once too); `loop_iteration` takes one iteration of the outermost
+  data-dependent loop (a decode step: `hgpo_jax.training.decode_traffic`).
 * `analytic_*_flops`: the textbook count, 2 x params x tokens for a forward pass plus the
   dense attention term, x3 for forward + backward (+1 forward with remat), used to
   cross-check the compiled count (tests/test_perf.py) and by `launch.plan`.

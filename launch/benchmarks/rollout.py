@@ -247,30 +247,43 @@ def time_hf(model, prompts: list[list[int]], new_tokens: int, pad_id: int, reps:
 
 
 # ---------------------------------------------------------------------------- --profile
-def trace_events(log_dir: str) -> tuple[list[dict], dict[int, str]]:
+def trace_events(log_dir: str) -> tuple[list[dict], dict[int, str], dict[tuple, str]]:
   """The complete ("X") events of the Perfetto trace `jax.profiler.trace(...,
-  create_perfetto_trace=True)` wrote under `log_dir`, and the process names by pid."""
+  create_perfetto_trace=True)` wrote under `log_dir`, the process names by pid and the
+  thread names by (pid, tid)."""
   paths = sorted(glob.glob(os.path.join(log_dir, "**", "perfetto_trace.json.gz"), recursive=True))
   if not paths:
     raise RuntimeError(f"no perfetto_trace.json.gz under {log_dir}")
   with gzip.open(paths[-1], "rt") as f:
     trace = json.load(f)
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
-  names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
-           if e.get("ph") == "M" and e.get("name") == "process_name"}
-  return [e for e in events if e.get("ph") == "X" and "dur" in e], names
+  meta = [e for e in events if e.get("ph") == "M"]
+  processes = {e["pid"]: e.get("args", {}).get("name", "") for e in meta
+               if e.get("name") == "process_name"}
+  threads = {(e["pid"], e.get("tid")): e.get("args", {}).get("name", "") for e in meta
+             if e.get("name") == "thread_name"}
+  return [e for e in events if e.get("ph") == "X" and "dur" in e], processes, threads
 
 
 def summarize_trace(events: list[dict], process_names: dict[int, str], steps: int,
-                    top: int = 8) -> dict:
+                    top: int = 8, thread_names: dict[tuple, str] | None = None) -> dict:
   """Top kernels per decode step, device busy fraction and device-to-host copies per step
   of one traced call of `steps` decode steps. Device events are those of processes named
-  "/device:..." (GPU/TPU streams; busy = their summed time over the span from the first
-  to the last of them); without any (a CPU), the host's events other than Python frames
-  ("$file:line") stand in, and busy is None."""
-  device_pids = {pid for pid, name in process_names.items() if "/device:" in name}
-  kernels = ([e for e in events if e["pid"] in device_pids] if device_pids
-             else [e for e in events if not e["name"].startswith("$")])
+  "/device:GPU..." or "/device:TPU...", on their "Stream" threads (GPU kernels) if any,
+  else their "XLA Ops" threads (TPU), else all of them; busy = their summed time over the
+  span from the first to the last of them. Without a device (a CPU) the host's events
+  other than Python frames ("$file:line") stand in, and busy is None."""
+  threads = thread_names or {}
+  device_pids = {pid for pid, name in process_names.items()
+                 if name.startswith(("/device:GPU", "/device:TPU"))}
+  kernels = [e for e in events if e["pid"] in device_pids]
+  for prefix in ("Stream", "XLA Ops"):
+    chosen = [e for e in kernels if threads.get((e["pid"], e.get("tid")), "").startswith(prefix)]
+    if chosen:
+      kernels = chosen
+      break
+  if not device_pids:
+    kernels = [e for e in events if not e["name"].startswith("$")]
   per_name: dict[str, float] = {}
   for e in kernels:
     per_name[e["name"]] = per_name.get(e["name"], 0.0) + float(e["dur"])
@@ -298,8 +311,8 @@ def profile_call(fn, steps: int, log_dir: str | None = None) -> dict:
   log_dir = log_dir or tempfile.mkdtemp(prefix="rollout_profile_")
   with jax.profiler.trace(log_dir, create_perfetto_trace=True):
     fn()
-  events, names = trace_events(log_dir)
-  return summarize_trace(events, names, steps)
+  events, processes, threads = trace_events(log_dir)
+  return summarize_trace(events, processes, steps, thread_names=threads)
 
 
 def format_profile(p: dict) -> list[str]:

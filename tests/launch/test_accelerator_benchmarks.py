@@ -83,17 +83,21 @@ def test_rollout_profile_summary_of_a_hand_made_trace():
   device's span, and one device-to-host copy per step (the step waits on the host)."""
   from launch.benchmarks import rollout
   names = {1: "/host:CPU", 2: "/device:GPU:0"}
-  ev = lambda pid, name, ts, dur: dict(ph="X", pid=pid, name=name, ts=ts, dur=dur)
+  threads = {(2, 7): "Stream #7(Compute)", (2, 9): "XLA Modules"}
+  ev = lambda pid, name, ts, dur, tid=7: dict(ph="X", pid=pid, tid=tid, name=name, ts=ts,
+                                              dur=dur)
   events = [ev(2, "fusion_attention", 0, 30), ev(2, "gemm", 30, 50), ev(2, "MemcpyD2H", 90, 2),
             ev(2, "fusion_attention", 100, 30), ev(2, "gemm", 130, 50),
-            ev(2, "MemcpyD2H", 190, 8), ev(1, "$python frame", 0, 500)]
-  p = rollout.summarize_trace(events, names, steps=2)
+            ev(2, "MemcpyD2H", 190, 8), ev(1, "$python frame", 0, 500, tid=1),
+            ev(2, "jit_generate", 0, 198, tid=9)]  # the module's span: not a kernel
+  p = rollout.summarize_trace(events, names, steps=2, thread_names=threads)
   assert p["on_device"] and p["top"][0] == ("gemm", 50.0) and p["top"][1] == (
       "fusion_attention", 30.0)
   assert p["busy_fraction"] == pytest.approx(170 / 198)
   assert p["device_to_host_per_step"] == 1.0
   assert "the step waits on the host" in rollout.format_profile(p)[-1]
-  cpu = rollout.summarize_trace(events[-1:] + [ev(1, "ThunkExecutor", 0, 10)], {1: "/host:CPU"}, 1)
+  cpu = rollout.summarize_trace([events[-2], ev(1, "ThunkExecutor", 0, 10, tid=1)],
+                                {1: "/host:CPU", 3: "/device:CUSTOM:Megascale Trace"}, 1)
   assert cpu["top"] == [("ThunkExecutor", 10.0)] and cpu["busy_fraction"] is None
 
 
