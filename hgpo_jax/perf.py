@@ -343,11 +343,13 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16
                 "s4": 0.5, "u4": 0.5, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3b11fnuz": 1,
                 "f8e4m3fnuz": 1, "f8e5m2fnuz": 1}
 _ARRAY_TEXT = re.compile(r"([a-z][a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
-# Ops that move no array through memory themselves (control flow, views, bookkeeping); an
-# async pair's reads are booked at its start and its writes at its done.
+# Ops that move no array through memory themselves (control flow, views, bookkeeping; a
+# generic async op's wrapped computation books its op). Another async pair (copy-start /
+# copy-done, all-gather-start / -done, ...) books its reads at its start and its writes at
+# its done.
 _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
                "conditional", "after-all", "add-dependency", "opt-barrier", "partition-id",
-               "replica-id", "domain", "async-update"}
+               "replica-id", "domain", "async-start", "async-update", "async-done"}
 _SLICING = {"dynamic-slice", "slice", "gather"}
 
 

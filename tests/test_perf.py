@@ -384,6 +384,8 @@ ENTRY %main (a: bf16[4,16,8], b: f32[4,32]) -> (s32[], bf16[4,16,8], f32[4,32]) 
   %b = f32[4,32]{1,0} parameter(1)
   %zero = s32[] constant(0)
   %cp = f32[4,32]{1,0} copy(%b)
+  %cs = (f32[4,32]{1,0:S(1)}, f32[4,32]{1,0}, u32[]{:S(2)}) copy-start(%b)
+  %cd = f32[4,32]{1,0:S(1)} copy-done(%cs)
   %t0 = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) tuple(%zero, %a, %cp)
   ROOT %loop = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) while(%t0), condition=%not_done, body=%step
 }
@@ -397,12 +399,13 @@ def test_hlo_memory_traffic_of_a_hand_made_module_with_known_bytes():
   on-chip memory reads 128 and writes nothing; the in-place update reads the new row and
   the index (132) and writes the row (128), not the whole f32[4,32] buffer: 776 B. A
   decode step (the data-dependent outer loop) adds a negate (512 + 512); the entry a copy
-  (512 + 512)."""
+  (512 + 512) and a prefetch into on-chip memory (copy-start reads 512, copy-done writes
+  nothing to device memory)."""
   layer = (256 + 4 + 0) + (0 + 128) + 128 + (128 + 4 + 128)
   assert layer == 776
   step = 4 * layer + 1024
-  assert perf.hlo_memory_traffic(_TRAFFIC_HLO) == 1024 + step
-  assert perf.hlo_memory_traffic(_TRAFFIC_HLO, unknown_trip_count=3) == 1024 + 3 * step
+  assert perf.hlo_memory_traffic(_TRAFFIC_HLO) == 1536 + step
+  assert perf.hlo_memory_traffic(_TRAFFIC_HLO, unknown_trip_count=3) == 1536 + 3 * step
   assert perf.loop_iteration(perf.hlo_memory_traffic, _TRAFFIC_HLO, (512,)) == step
   assert perf.array_bytes("(f32[2,3]{1,0}, bf16[4]{0:S(1)}, pred[], s4[8])") == 24 + 0 + 1 + 4
 

@@ -138,13 +138,10 @@ def random_prompts(rows: int, prompt: int, vocab: int, seed: int = 0) -> list[li
 
 
 def _median_call(fn, reps: int) -> float:
-  fn()  # compile / warm up
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  """Median seconds of `reps` calls of `fn` after one warm-up call (compilation)."""
+  from launch.benchmarks import sampler as sampler_bench
+  fn()
+  return sampler_bench._median_time(fn, reps)
 
 
 def time_decode(sampler, params, rows: int, prompt: int, reps: int, bandwidth: float,
@@ -218,30 +215,23 @@ def hf_model(cfg, device: str, dtype: str = "bfloat16"):
 
 def time_hf(model, prompts: list[list[int]], new_tokens: int, pad_id: int, reps: int,
             device: str) -> dict:
-  """transformers' `generate` (static cache, sampling at T=1, exactly `new_tokens`) on
-  left-padded `prompts`: median seconds per call and tokens/s."""
+  """transformers' `generate` (static cache, sampling at T=1, exactly `new_tokens`;
+  `launch.benchmarks.sampler.hf_generate`) on left-padded `prompts`: median seconds per
+  call and tokens/s."""
   import torch
 
-  width = max(len(p) for p in prompts)
-  ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-  mask = torch.zeros((len(prompts), width), dtype=torch.long)
-  for b, p in enumerate(prompts):
-    ids[b, width - len(p):] = torch.tensor(p)
-    mask[b, width - len(p):] = 1
-  ids, mask = ids.to(device), mask.to(device)
+  from launch.benchmarks import sampler as sampler_bench
 
   def run():
-    with torch.inference_mode():
-      out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                           min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0,
-                           top_p=1.0, pad_token_id=pad_id, cache_implementation="static")
+    out = sampler_bench.hf_generate(model, prompts, pad_id, new_tokens, sample=True,
+                                    static_cache=True, device=device)
     if device.startswith("cuda"):
       torch.cuda.synchronize()
     return out
 
-  out = run()
-  if out.shape[1] - width != new_tokens:
-    raise RuntimeError(f"hf generate made {out.shape[1] - width} tokens, asked {new_tokens}")
+  made = run().shape[1]
+  if made != new_tokens:
+    raise RuntimeError(f"hf generate made {made} tokens, asked {new_tokens}")
   seconds = _median_call(run, reps)
   return dict(seconds=seconds, tokens_per_s=len(prompts) * new_tokens / seconds)
 
