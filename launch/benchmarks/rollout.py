@@ -182,9 +182,9 @@ def format_setting(model_name: str, r: dict) -> str:
   line = (f"{model_name} rows {r['rows']:4d} P {r['prompt']} (mean {r['mean_prompt']:.0f}) / N "
           f"{r['new_tokens']}: {r['step_ms']:8.2f} ms per decode step, "
           f"{r['tokens_per_s']:10,.0f} tokens/s; roofline "
-          f"{(r['weight_bytes'] + r['kv_bytes']) / 1e6:,.0f}"
-          f" MB per step (weights {r['weight_bytes'] / 1e6:,.0f} + valid KV "
-          f"{r['kv_bytes'] / 1e6:,.0f}) = {r['roofline_ms']:.2f} ms at "
+          f"{(r['weight_bytes'] + r['kv_bytes']) / 1e6:,.1f}"
+          f" MB per step (weights {r['weight_bytes'] / 1e6:,.1f} + valid KV "
+          f"{r['kv_bytes'] / 1e6:,.1f}) = {r['roofline_ms']:.2f} ms at "
           f"{r['bandwidth'] / 1e9:,.0f} GB/s measured ({r['fraction']:.0%} reached)")
   if "datasheet_fraction" in r:
     line += (f", {r['datasheet_roofline_ms']:.2f} ms at the datasheet's "
@@ -318,12 +318,13 @@ def format_profile(p: dict) -> list[str]:
 
 
 # -------------------------------------------------------------------------------- main
-def run_accelerator(args) -> None:
-  """--accelerator: every setting on the first device (module doc)."""
+def run_accelerator(args, allow_cpu: bool = False) -> None:
+  """--accelerator: every setting on the first device (module doc); `allow_cpu` lets the
+  test suite run the whole command on a CPU with the tiny preset."""
   import jax
 
   device = jax.devices()[0]
-  if device.platform == "cpu":
+  if device.platform == "cpu" and not allow_cpu:
     raise SystemExit("--accelerator needs a GPU or TPU (this process's first device is a CPU); "
                      "the CPU sampler benchmark is `python -m launch.benchmarks.sampler`.")
   key, sheet = datasheet_bandwidth(device.device_kind)

@@ -127,3 +127,20 @@ def test_rollout_hf_side_makes_exactly_n_tokens():
   hf = rollout.hf_model(cfg, "cpu")
   r = rollout.time_hf(hf, rollout.random_prompts(2, 16, cfg.vocab_size), 4, 0, 1, "cpu")
   assert r["tokens_per_s"] == pytest.approx(2 * 4 / r["seconds"])
+
+
+@pytest.mark.slow
+def test_rollout_whole_command_runs_on_a_cpu_when_allowed(capsys):
+  """The command a lent GPU session runs, end to end on this CPU (tiny preset, --hf and
+  --profile): one line per setting, the transformers line, the profile and the last line."""
+  import argparse
+
+  from launch.benchmarks import rollout
+  args = argparse.Namespace(model="tiny", rows=[2, 4], prompt=16, new=4, reps=1, copy_mib=4,
+                            hf=True, profile=True)
+  rollout.run_accelerator(args, allow_cpu=True)
+  out = capsys.readouterr().out.splitlines()
+  assert sum(line.startswith("tiny rows") and "ms per decode step" in line for line in out) == 2
+  assert sum("transformers generate (static cache)" in line for line in out) == 2
+  assert any(line.startswith("profile: device busy n/a") for line in out)
+  assert out[-1].startswith("fraction of the measured-bandwidth roofline at 4 rows: ")
