@@ -6,7 +6,9 @@ critic and sampler programs, abstract arguments with their shardings), lowers an
 each for the mesh's devices, and reads `memory_analysis()` (argument / output / aliased /
 temporary bytes), the matmul FLOPs of the executable (`hgpo_jax.perf.compiled_flops`, loops
 weighted by trip count; the decode loop by max_new_tokens, an upper bound) and, on TPU,
-XLA:TPU's own cost-model cycles (`perf.hlo_estimated_cycles`).
+XLA:TPU's own cost-model cycles (`perf.hlo_estimated_cycles`). For each generate program
+it also reads one decode step: its trip-weighted memory traffic and cycles per device
+against the step's necessary bytes (`decode_traffic`; `decode_step_lines` prints them).
 
 The devices decide which compiler runs: TPU topology devices (`hgpo_jax.training.targets`,
 `launch.plan --topology v5e-8`) go through XLA:TPU, whose memory figures are the TPU's and
