@@ -1,6 +1,6 @@
-"""FLOP accounting, device peaks and MFU for the train step and the sampler.
+"""FLOP accounting, memory traffic, device peaks and MFU for the train step and the sampler.
 
-Three pieces:
+Four pieces:
 
 * `compiled_flops(compiled)`: FLOPs of one call of a compiled executable, read from its
   optimised HLO. XLA's own `compiled.cost_analysis()["flops"]` counts the body of every
@@ -13,6 +13,10 @@ Three pieces:
   `known_trip_count` that XLA writes into the compiled loop. Elementwise ops are left out
   (the usual MFU convention; a few percent of a transformer's FLOPs). For an SPMD
   program the compiled module is one device's share, so the count is per device.
+* `hlo_memory_traffic(hlo_text)`: the device-memory bytes one run of a compiled module
+  reads and writes, loops weighted by trip count the same way (XLA's "bytes accessed"
+  counts a loop body once too); `loop_iteration` takes one iteration of the outermost
+  data-dependent loop (a decode step: `hgpo_jax.training.decode_traffic`).
 * `analytic_*_flops`: the textbook count, 2 x params x tokens for a forward pass plus the
   dense attention term, x3 for forward + backward (+1 forward with remat), used to
   cross-check the compiled count (tests/test_perf.py) and by `launch.plan`.
@@ -328,6 +332,204 @@ def compiled_flops(compiled, unknown_trip_count: int = 1) -> float:
   if flops == 0.0:
     flops = cost_analysis(compiled).get("flops", 0.0)
   return flops
+
+
+# ---------------------------------------------------------------------------------------
+# Memory traffic of a compiled executable
+# ---------------------------------------------------------------------------------------
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+                "s4": 0.5, "u4": 0.5, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3b11fnuz": 1,
+                "f8e4m3fnuz": 1, "f8e5m2fnuz": 1}
+_ARRAY_TEXT = re.compile(r"([a-z][a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
+# Ops that move no array through memory themselves (control flow, views, bookkeeping; a
+# generic async op's wrapped computation books its op). Another async pair (copy-start /
+# copy-done, all-gather-start / -done, ...) books its reads at its start and its writes at
+# its done.
+_NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
+               "conditional", "after-all", "add-dependency", "opt-barrier", "partition-id",
+               "replica-id", "domain", "async-start", "async-update", "async-done"}
+_SLICING = {"dynamic-slice", "slice", "gather"}
+
+
+def array_bytes(shape_text: str, any_memory: bool = False) -> float:
+  """Bytes of the arrays in an HLO shape (a tuple sums its elements) that live in device
+  memory: an array in another memory space (`S(n)` in its layout: on-chip VMEM or host
+  memory on TPU) moves no device-memory bytes, unless `any_memory`."""
+  total = 0.0
+  for dtype, dims, layout in _ARRAY_TEXT.findall(shape_text):
+    if dtype not in _DTYPE_BYTES or (
+        not any_memory and layout and re.search(r"S\(\d+\)", layout)):
+      continue
+    n = 1
+    for d in dims.split(","):
+      if d:
+        n *= int(d)
+    total += n * _DTYPE_BYTES[dtype]
+  return total
+
+
+def _computations(text: str):
+  """{computation: [(name, shape text, op, rest of the line)]}, {computation: its root
+  instruction's name} and the entry's name."""
+  comps: dict[str, list[tuple[str, str, str, str]]] = {}
+  roots: dict[str, str] = {}
+  entry, name = None, None
+  for line in text.splitlines():
+    if name is None:
+      m = _COMP_HEADER.match(line)
+      if m:
+        name = m.group(1)
+        comps[name] = []
+        if line.lstrip().startswith("ENTRY"):
+          entry = name
+      continue
+    if line.strip() == "}":
+      name = None
+      continue
+    m = _INSTR.match(line)
+    if m:
+      comps[name].append(m.groups())
+      if line.lstrip().startswith("ROOT"):
+        roots[name] = m.group(1)
+  return comps, roots, entry
+
+
+def _fused_param_reads(comps, comp: str, index: int, full: float, depth: int = 0) -> float:
+  """Bytes a fusion reads of its operand `index` (`full` bytes in device memory): the
+  slices it takes when the fused computation only slices it (a layer's weights out of the
+  stacked [L, ...] array; wherever the slice goes, on-chip memory included), nothing when
+  it only updates it in place (dynamic-update-slice), else all of it (XLA's
+  HloCostAnalysis books fusion operands the same way)."""
+  instrs = comps.get(comp, [])
+  params = [i for i in instrs if i[2] == "parameter" and re.match(rf"{index}\)", i[3])]
+  if not params or depth > 4:
+    return full
+  return _value_reads(comps, instrs, params[0][0], full, depth)
+
+
+def _value_reads(comps, instrs, value: str, full: float, depth: int) -> float:
+  total = 0.0
+  for name, shape, op, rest in instrs:
+    operands = _operand_names(rest)
+    if value not in operands:
+      continue
+    if op in _SLICING and operands[0] == value:
+      total += array_bytes(shape, any_memory=True)
+    elif op == "dynamic-update-slice" and operands[0] == value and operands.count(value) == 1:
+      continue  # updated in place: the written slice is booked as the fusion's output
+    elif op == "bitcast":
+      total += _value_reads(comps, instrs, name, full, depth)
+    elif op == "fusion" and operands.count(value) == 1:
+      callee = re.search(r"calls=%?([\w.\-]+)", rest)
+      if callee is None:
+        return full
+      total += _fused_param_reads(comps, callee.group(1), operands.index(value), full, depth + 1)
+    else:
+      return full
+  return min(total, full)
+
+
+def _fused_writes(comps, roots, comp: str, shape: str) -> float:
+  """Bytes a fusion writes to device memory: its output, except the part that is a
+  dynamic-update-slice of one of its operands (written in place: only the update's
+  bytes, when the updated buffer is in device memory)."""
+  instrs = comps.get(comp, [])
+  by_name = {i[0]: i for i in instrs}
+  root = by_name.get(roots.get(comp, ""))
+  if root is None:
+    return array_bytes(shape)
+  parts = [by_name.get(n) for n in _operand_names(root[3])] if root[2] == "tuple" else [root]
+  total = 0.0
+  for part in parts:
+    if part is None:
+      continue
+    if part[2] == "dynamic-update-slice":
+      operands = _operand_names(part[3])
+      update = by_name.get(operands[1]) if len(operands) > 1 else None
+      if update is not None and array_bytes(part[1]):
+        total += array_bytes(update[1], any_memory=True)
+    else:
+      total += array_bytes(part[1])
+  return total
+
+
+def _instruction_traffic(comps, roots, shapes: dict[str, str], op: str, shape: str,
+                         rest: str) -> float:
+  """Device-memory bytes one top-level instruction reads and writes."""
+  if op in _NO_TRAFFIC:
+    return 0.0
+  operands = _operand_names(rest)
+  reads = [array_bytes(shapes.get(o, "")) for o in operands]
+  if op == "fusion":
+    callee = re.search(r"calls=%?([\w.\-]+)", rest)
+    if callee is None:
+      return sum(reads) + array_bytes(shape)
+    fused = callee.group(1)
+    return (sum(_fused_param_reads(comps, fused, i, r) for i, r in enumerate(reads))
+            + _fused_writes(comps, roots, fused, shape))
+  if op in _SLICING:  # reads the slice where its operand lives, writes it where it goes
+    source = array_bytes(shapes.get(operands[0], "")) if operands else 0.0
+    return (array_bytes(shape, any_memory=True) if source else 0.0) + array_bytes(shape)
+  if op == "dynamic-update-slice":  # in place: reads the update, writes it into the buffer
+    update = shapes.get(operands[1], "") if len(operands) > 1 else ""
+    return reads[1] + (array_bytes(update, any_memory=True) if array_bytes(shape) else 0.0)
+  if op.endswith("-start"):
+    return sum(reads)
+  if op.endswith("-done"):
+    return array_bytes(shape)
+  return sum(reads) + array_bytes(shape)
+
+
+def hlo_memory_traffic(hlo_text: str, unknown_trip_count=1) -> float:
+  """Device-memory bytes one run of an HLO module's entry computation reads and writes,
+  loops weighted by their trip counts as in `hlo_matmul_flops` (`unknown_trip_count` for
+  loops without a fixed count, one weight per nesting depth).
+
+  XLA's `cost_analysis()["bytes accessed"]` counts a loop body once: the decoder's layer
+  loop reads one layer's weights in it. Here every top-level instruction of the entry, of
+  loop bodies, called computations and conditional branches books its operands and its
+  output (a fusion only the slices it takes of an operand and the update it writes in
+  place; arrays in another memory space, `S(n)`, are not device memory); what happens
+  inside a fusion stays on chip. Conditional branches count once each (an upper bound)."""
+  comps, roots, entry = _computations(hlo_text)
+  if entry is None:
+    raise ValueError("hlo_memory_traffic: no ENTRY computation in the HLO text.")
+  control = {entry}
+  todo = [entry]
+  while todo:
+    for name, shape, op, rest in comps.get(todo.pop(), []):
+      callees = []
+      if op == "while":
+        callees = re.findall(r"body=%?([\w.\-]+)", rest)
+      elif op == "call" or op == "async-start":
+        callees = re.findall(r"(?:to_apply|calls)=%?([\w.\-]+)", rest)
+      elif op == "conditional":
+        br = re.search(r"branch_computations=\{([^}]*)\}", rest)
+        callees = re.findall(r"%?([\w.\-]+)", br.group(1)) if br else re.findall(
+            r"(?:true|false)_computation=%?([\w.\-]+)", rest)
+      for c in callees:
+        if c in comps and c not in control:
+          control.add(c)
+          todo.append(c)
+  direct = {}
+  for c, instrs in comps.items():
+    shapes = {i[0]: i[1] for i in instrs}
+    direct[c] = (sum(_instruction_traffic(comps, roots, shapes, op, shape, rest)
+                     for _, shape, op, rest in instrs) if c in control else 0.0)
+  graph, graph_entry, _ = _parse_hlo(hlo_text)
+  return _weighted_total(graph, graph_entry, direct, unknown_trip_count)
+
+
+def loop_iteration(hlo_cost, hlo_text: str, unknown_trip_count) -> float:
+  """`hlo_cost` (`hlo_memory_traffic`, `hlo_estimated_cycles`, `hlo_matmul_flops`) of one
+  iteration of the outermost loop without a fixed trip count (one decode step of the
+  sampler), loops inside it weighted as given: the cost with that loop's weight 1 minus
+  the cost with weight 0."""
+  weights = (tuple(unknown_trip_count) if isinstance(unknown_trip_count, (tuple, list))
+             else (unknown_trip_count,))
+  return (hlo_cost(hlo_text, (1,) + weights[1:]) - hlo_cost(hlo_text, (0,) + weights[1:]))
 
 
 def memory_bytes(compiled) -> dict[str, int]:

@@ -324,3 +324,113 @@ def test_nested_data_dependent_loops_take_one_weight_per_depth():
   assert perf.hlo_matmul_flops(text) == 3 * one  # one body of each
   assert perf.hlo_matmul_flops(text, unknown_trip_count=4) == 4 * one + 16 * 2 * one
   assert perf.hlo_matmul_flops(text, unknown_trip_count=(4, 0.5)) == 4 * one + 2 * 2 * one
+
+
+_TRAFFIC_HLO = """HloModule traffic
+
+%fused_slice (p0: bf16[4,16,8], p1: s32[]) -> bf16[16,8] {
+  %p0 = bf16[4,16,8]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = bf16[1,16,8]{2,1,0:S(1)} dynamic-slice(%p0, %p1, %z, %z), dynamic_slice_sizes={1,16,8}
+  ROOT %b = bf16[16,8]{1,0:S(1)} bitcast(%ds)
+}
+
+%fused_update (p0: f32[4,32], p1: f32[1,32], p2: s32[]) -> f32[4,32] {
+  %p0 = f32[4,32]{1,0} parameter(0)
+  %p1 = f32[1,32]{1,0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %u = f32[4,32]{1,0} dynamic-update-slice(%p0, %p1, %p2, %z)
+}
+
+%layers (s: (s32[], bf16[4,16,8], f32[4,32])) -> (s32[], bf16[4,16,8], f32[4,32]) {
+  %s = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %w = bf16[4,16,8]{2,1,0} get-tuple-element(%s), index=1
+  %c = f32[4,32]{1,0} get-tuple-element(%s), index=2
+  %l = bf16[16,8]{1,0:S(1)} fusion(%w, %i), kind=kLoop, calls=%fused_slice
+  %x = f32[1,32]{1,0} custom-call(%l), custom_call_target="kernel"
+  %v = f32[1,32]{1,0:S(1)} copy(%x)
+  %n = f32[4,32]{1,0} fusion(%c, %x, %i), kind=kLoop, calls=%fused_update
+  ROOT %t = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) tuple(%i, %w, %n)
+}
+
+%four (s: (s32[], bf16[4,16,8], f32[4,32])) -> pred[] {
+  %s = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %k = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %k), direction=LT
+}
+
+%step (s: (s32[], bf16[4,16,8], f32[4,32])) -> (s32[], bf16[4,16,8], f32[4,32]) {
+  %s = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) parameter(0)
+  %inner = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) while(%s), condition=%four, body=%layers
+  %i = s32[] get-tuple-element(%inner), index=0
+  %w = bf16[4,16,8]{2,1,0} get-tuple-element(%inner), index=1
+  %n = f32[4,32]{1,0} get-tuple-element(%inner), index=2
+  %e = f32[4,32]{1,0} negate(%n)
+  ROOT %t = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) tuple(%i, %w, %e)
+}
+
+%not_done (s: (s32[], bf16[4,16,8], f32[4,32])) -> pred[] {
+  %s = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) parameter(0)
+  %n = f32[4,32]{1,0} get-tuple-element(%s), index=2
+  ROOT %p = pred[] custom-call(%n), custom_call_target="any_row_left"
+}
+
+ENTRY %main (a: bf16[4,16,8], b: f32[4,32]) -> (s32[], bf16[4,16,8], f32[4,32]) {
+  %a = bf16[4,16,8]{2,1,0} parameter(0)
+  %b = f32[4,32]{1,0} parameter(1)
+  %zero = s32[] constant(0)
+  %cp = f32[4,32]{1,0} copy(%b)
+  %cs = (f32[4,32]{1,0:S(1)}, f32[4,32]{1,0}, u32[]{:S(2)}) copy-start(%b)
+  %cd = f32[4,32]{1,0:S(1)} copy-done(%cs)
+  %t0 = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) tuple(%zero, %a, %cp)
+  ROOT %loop = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) while(%t0), condition=%not_done, body=%step
+}
+"""
+
+
+def test_hlo_memory_traffic_of_a_hand_made_module_with_known_bytes():
+  """Per layer (4 trips from `i < 4`): the fusion reads the layer's slice of the stacked
+  bf16[4,16,8] weights (256 B, not 1024) and its index (4) into on-chip memory (`S(1)`:
+  no device-memory write); the kernel reads that (0) and writes 128; the copy into
+  on-chip memory reads 128 and writes nothing; the in-place update reads the new row and
+  the index (132) and writes the row (128), not the whole f32[4,32] buffer: 776 B. A
+  decode step (the data-dependent outer loop) adds a negate (512 + 512); the entry a copy
+  (512 + 512) and a prefetch into on-chip memory (copy-start reads 512, copy-done writes
+  nothing to device memory)."""
+  layer = (256 + 4 + 0) + (0 + 128) + 128 + (128 + 4 + 128)
+  assert layer == 776
+  step = 4 * layer + 1024
+  assert perf.hlo_memory_traffic(_TRAFFIC_HLO) == 1536 + step
+  assert perf.hlo_memory_traffic(_TRAFFIC_HLO, unknown_trip_count=3) == 1536 + 3 * step
+  assert perf.loop_iteration(perf.hlo_memory_traffic, _TRAFFIC_HLO, (512,)) == step
+  assert perf.array_bytes("(f32[2,3]{1,0}, bf16[4]{0:S(1)}, pred[], s4[8])") == 24 + 0 + 1 + 4
+
+
+def test_hlo_memory_traffic_weights_the_layer_loop_that_xla_counts_once():
+  """A scan over stacked layers of f32[128, 128] weights on XLA:CPU. One layer (no loop
+  left): the count equals XLA's "bytes accessed". Six: XLA's figure stays that of one
+  loop body, less than the six layers' weights the program must read; the trip-weighted
+  count is six bodies (within 5 %: the entry's few bytes), and twelve layers add six
+  bodies of at least one layer's weights each."""
+  def f(x, w):
+    y, _ = jax.lax.scan(lambda c, wl: (jnp.tanh(c @ wl), None), x, w)
+    return y
+
+  def traffic(layers):
+    compiled = jax.jit(f).lower(jnp.ones((8, K)), jnp.ones((layers, K, K))).compile()
+    return (perf.hlo_memory_traffic(compiled.as_text()),
+            perf.cost_analysis(compiled)["bytes accessed"])
+
+  weights = 4 * K * K
+  one, xla_one = traffic(1)
+  assert one == xla_one
+  six, xla_six = traffic(6)
+  twelve, xla_twelve = traffic(12)
+  assert xla_six == xla_twelve < 6 * weights  # the trap: one body's bytes
+  assert 6 * weights <= six == pytest.approx(6 * xla_six, rel=0.05)
+  body = (twelve - six) / 6
+  assert body >= weights and six == pytest.approx(6 * body, rel=0.05)

@@ -6,7 +6,9 @@ critic and sampler programs, abstract arguments with their shardings), lowers an
 each for the mesh's devices, and reads `memory_analysis()` (argument / output / aliased /
 temporary bytes), the matmul FLOPs of the executable (`hgpo_jax.perf.compiled_flops`, loops
 weighted by trip count; the decode loop by max_new_tokens, an upper bound) and, on TPU,
-XLA:TPU's own cost-model cycles (`perf.hlo_estimated_cycles`).
+XLA:TPU's own cost-model cycles (`perf.hlo_estimated_cycles`). For each generate program
+it also reads one decode step: its trip-weighted memory traffic and cycles per device
+against the step's necessary bytes (`decode_traffic`; `decode_step_lines` prints them).
 
 The devices decide which compiler runs: TPU topology devices (`hgpo_jax.training.targets`,
 `launch.plan --topology v5e-8`) go through XLA:TPU, whose memory figures are the TPU's and
@@ -32,6 +34,7 @@ from hgpo_jax import perf
 from hgpo_jax.models import attention
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import sharding as sharding_lib
+from hgpo_jax.training import decode_traffic
 from hgpo_jax.training import programs as programs_lib
 from hgpo_jax.training import run_config
 from hgpo_jax.training import targets as targets_lib
@@ -110,6 +113,8 @@ class Phase:
   cycles: float = 0.0  # XLA:TPU's cost-model cycles per call (0 on other backends)
   refused: bool = False  # XLA refused to compile it: out of memory (temp = bytes asked)
   note: str = ""
+  # generate programs: one decode step (`decode_traffic.step_cost`), per device
+  step: Optional[decode_traffic.StepCost] = None
 
   @property
   def transient(self) -> int:
@@ -132,6 +137,8 @@ class Plan:
   rollout_rows: int = 0
   sample_mesh: tuple[int, int, int] = (0, 0, 0)
   reference_host: int = 0  # the offloaded reference, in each device's host memory
+  # what one decode step of the rollout's generate call must move, per device
+  decode_necessary: Optional[decode_traffic.Necessary] = None
 
   @property
   def persistent(self) -> int:
@@ -175,7 +182,9 @@ def _phase(program: programs_lib.Program) -> Phase:
                argument=mem["argument"], output=mem["output"], alias=mem["alias"],
                temp=mem["temp"], persistent_args=program.persistent, calls=program.calls,
                cycles=perf.hlo_estimated_cycles(text, program.unknown_trip_count),
-               note=program.note)
+               note=program.note,
+               step=(decode_traffic.step_cost(text, program.unknown_trip_count)
+                     if program.name.startswith("generate") else None))
 
 
 def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optional[int] = None,
@@ -204,13 +213,17 @@ def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optiona
                      f"{sorted(registry.programs)}.")
   out = {n: _phase(registry.programs[n]) for n in names}
   device = mesh.devices.flat[0]
+  necessary = (decode_traffic.necessary_bytes(registry.sampler, registry.rollout_rows,
+                                              shapes.prompt, shapes.response)
+               if any(n.startswith("generate") for n in names) else None)
   return Plan(mesh=_mesh_tuple(mesh), shapes=dataclasses.replace(
                   shapes, rollout_rows=registry.rollout_rows, model=registry.model_cfg),
               params=registry.params_bytes, opt_state=registry.opt_bytes,
               reference=registry.reference_bytes, critic=registry.critic_bytes, phases=out,
               reference_host=registry.reference_host_bytes,
               platform=registry.platform, device_kind=getattr(device, "device_kind", "cpu"),
-              rollout_rows=registry.rollout_rows, sample_mesh=_mesh_tuple(registry.sample_mesh))
+              rollout_rows=registry.rollout_rows, sample_mesh=_mesh_tuple(registry.sample_mesh),
+              decode_necessary=necessary)
 
 
 def rollout_programs(config, mesh_shape: Sequence[int], *, compile_them: bool = False,
@@ -349,7 +362,29 @@ def estimated_seconds(plan: Plan, seconds_per_cycle: float) -> dict[str, float]:
   decode loop is counted at max_new_tokens for every row."""
   out = {n: p.calls * p.cycles * seconds_per_cycle for n, p in plan.phases.items()}
   out["iteration"] = sum(out.values())
+  for n, p in plan.phases.items():  # not part of the sum: one decode step of each call
+    if p.step is not None:
+      out[f"{n} decode step"] = p.step.cycles * seconds_per_cycle
   return out
+
+
+def decode_step_lines(plan: Plan, seconds: Optional[dict[str, float]] = None) -> list[str]:
+  """Per generate program: one decode step's trip-weighted HLO traffic per device against
+  the step's necessary bytes (`decode_traffic`), and XLA:TPU's estimated time of the step
+  when `seconds` (from `estimated_seconds`) has it."""
+  need = plan.decode_necessary
+  lines = []
+  for p in plan.phases.values():
+    if p.step is None or need is None:
+      continue
+    est = (seconds or {}).get(f"{p.name} decode step")
+    lines.append(
+        f"decode step of {p.name} ({plan.rollout_rows} rows), per device: HLO reads+writes "
+        f"{p.step.traffic / 1e6:.1f} MB (loops weighted by trip count) vs necessary "
+        f"{need.total / 1e6:.1f} MB (weights {need.weights / 1e6:.1f} as laid out + valid KV "
+        f"{need.kv / 1e6:.1f} at 3/4 of the prompt bucket): {p.step.traffic / need.total:.2f}x"
+        + (f"; XLA:TPU estimate {1e3 * est:.2f} ms per step" if est else ""))
+  return lines
 
 
 def _attention_label(impl: str, seq: int) -> str:
@@ -398,6 +433,7 @@ def format_plan(plan: Plan, device_memory: Optional[int] = None, headroom: float
   if seconds:
     lines.append(f"estimated iteration time (XLA:TPU cost model, not a measurement): "
                  f"{seconds['iteration']:.1f} s of device compute")
+  lines += decode_step_lines(plan, seconds)
   if device_memory:
     budget = device_memory * (1.0 - headroom)
     over = [p.name for p in plan.phases.values()

@@ -99,8 +99,11 @@ def hf_llama_from_decoder(model, cfg):
   return hf
 
 
-def hf_generate(hf, prompts, pad_id, new_tokens, eos_ids=None):
-  """Greedy HF generate per left-padded prompt -> int[B, N].
+def hf_generate(hf, prompts, pad_id, new_tokens, eos_ids=None, *, sample=False,
+                static_cache=False, device="cpu"):
+  """HF generate per left-padded prompt -> int[B, N]: greedy, or `sample` at temperature 1
+  (top-k/top-p off); with `static_cache` on transformers' static KV cache; the inputs on
+  the torch `device`.
 
   Without eos_ids exactly `new_tokens` tokens (EOS suppressed by min_new_tokens); with
   them, generation stops at EOS (rows padded with pad_id after it).
@@ -113,14 +116,20 @@ def hf_generate(hf, prompts, pad_id, new_tokens, eos_ids=None):
   for b, p in enumerate(prompts):
     ids[b, width - len(p):] = torch.tensor(p)
     mask[b, width - len(p):] = 1
+  how = (dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sample
+         else dict(do_sample=False))
+  if static_cache:
+    how["cache_implementation"] = "static"
   with torch.inference_mode():
     if eos_ids is None:
-      out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                        min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id)
+      out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                        max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                        pad_token_id=pad_id, **how)
     else:
-      out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
-                        do_sample=False, pad_token_id=pad_id, eos_token_id=list(eos_ids))
-  return out[:, width:].numpy()
+      out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                        max_new_tokens=new_tokens, pad_token_id=pad_id,
+                        eos_token_id=list(eos_ids), **how)
+  return out[:, width:].cpu().numpy()
 
 
 def _median_time(fn, reps):

@@ -2,6 +2,8 @@
 error (they need a GPU/TPU, docs/performance.md), and their parts that run anywhere."""
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from hgpo_jax.models import config as model_config
@@ -33,3 +35,112 @@ def test_attention_speed_refuses_an_unknown_implementation(monkeypatch, capsys):
   with pytest.raises(SystemExit):
     attention_speed.main()
   assert "--impls takes two of" in capsys.readouterr().err
+
+
+def test_rollout_benchmark_refuses_a_cpu_and_a_missing_accelerator_flag():
+  from launch.benchmarks import rollout
+  with pytest.raises(SystemExit, match="--accelerator needs a GPU or TPU"):
+    rollout.main(["--accelerator", "--model", "tiny", "--rows", "2", "--prompt", "16",
+                  "--new", "4", "--copy-mib", "1"])
+  with pytest.raises(SystemExit, match="pass --accelerator"):
+    rollout.main(["--model", "tiny"])
+  with pytest.raises(SystemExit, match="--model"):
+    rollout.main(["--accelerator", "--model", "no-such-model"])
+
+
+def test_rollout_decode_timing_of_the_trainer_sampler_is_consistent():
+  """The registry's sampler of the tiny preset (bf16 random weights) on this CPU: the
+  printed numbers follow from the timed calls and the shapes."""
+  from launch.benchmarks import rollout
+  device = jax.devices()[0]
+  rows, prompt, new = 4, 32, 6
+  sampler, params = rollout.trainer_sampler("tiny", device, prompt, new)
+  assert params.temperature == 1.0 and params.ignore_eos and params.max_new_tokens == new
+  assert sampler.cfg.param_dtype == "bfloat16"
+  r = rollout.time_decode(sampler, params, rows, prompt, 2, 1e10, datasheet=2e10)
+  assert r["tokens_per_s"] == pytest.approx(rows * new / r["full_s"])
+  assert r["step_ms"] == pytest.approx(1e3 * (r["full_s"] - r["one_s"]) / (new - 1))
+  cfg = sampler.cfg
+  prompts = rollout.random_prompts(rows, prompt, cfg.vocab_size)
+  assert all(prompt // 2 <= len(p) <= prompt for p in prompts)
+  assert r["mean_prompt"] == sum(len(p) for p in prompts) / rows
+  # bf16 weights; keys and values of every row's mean valid slots (l + (N + 1) / 2)
+  from hgpo_jax import perf
+  assert r["weight_bytes"] == 2 * perf.param_count(cfg)
+  kv_itemsize = np.dtype(sampler.cache_dtype).itemsize
+  assert r["kv_bytes"] == pytest.approx(2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
+                                        * kv_itemsize * rows * (r["mean_prompt"] + (new + 1) / 2))
+  roofline_s = (r["weight_bytes"] + r["kv_bytes"]) / 1e10
+  assert r["roofline_ms"] == pytest.approx(1e3 * roofline_s)
+  assert r["fraction"] == pytest.approx(roofline_s / (r["step_ms"] / 1e3))
+  assert r["datasheet_fraction"] == pytest.approx(r["fraction"] / 2)
+  line = rollout.format_setting("tiny", r)
+  assert f"rows    {rows}" in line and "ms per decode step" in line and "reached" in line
+
+
+def test_rollout_profile_summary_of_a_hand_made_trace():
+  """Two decode steps on a device stream: kernel time per step, busy fraction over the
+  device's span, and one device-to-host copy per step (the step waits on the host)."""
+  from launch.benchmarks import rollout
+  names = {1: "/host:CPU", 2: "/device:GPU:0"}
+  threads = {(2, 7): "Stream #7(Compute)", (2, 9): "XLA Modules"}
+  ev = lambda pid, name, ts, dur, tid=7: dict(ph="X", pid=pid, tid=tid, name=name, ts=ts,
+                                              dur=dur)
+  events = [ev(2, "fusion_attention", 0, 30), ev(2, "gemm", 30, 50), ev(2, "MemcpyD2H", 90, 2),
+            ev(2, "fusion_attention", 100, 30), ev(2, "gemm", 130, 50),
+            ev(2, "MemcpyD2H", 190, 8), ev(1, "$python frame", 0, 500, tid=1),
+            ev(2, "jit_generate", 0, 198, tid=9)]  # the module's span: not a kernel
+  p = rollout.summarize_trace(events, names, steps=2, thread_names=threads)
+  assert p["on_device"] and p["top"][0] == ("gemm", 50.0) and p["top"][1] == (
+      "fusion_attention", 30.0)
+  assert p["busy_fraction"] == pytest.approx(170 / 198)
+  assert p["device_to_host_per_step"] == 1.0
+  assert "the step waits on the host" in rollout.format_profile(p)[-1]
+  cpu = rollout.summarize_trace([events[-2], ev(1, "ThunkExecutor", 0, 10, tid=1)],
+                                {1: "/host:CPU", 3: "/device:CUSTOM:Megascale Trace"}, 1)
+  assert cpu["top"] == [("ThunkExecutor", 10.0)] and cpu["busy_fraction"] is None
+
+
+def test_rollout_profile_traces_a_cpu_call():
+  from launch.benchmarks import rollout
+  f = jax.jit(lambda x: jnp.tanh(x @ x))
+  x = jnp.ones((64, 64))
+  p = rollout.profile_call(lambda: f(x).block_until_ready(), steps=1)
+  assert p["top"] and not p["on_device"] and p["device_to_host_per_step"] == 0.0
+
+
+def test_rollout_datasheet_table_and_copy_bandwidth():
+  from launch.benchmarks import rollout
+  assert rollout.datasheet_bandwidth("NVIDIA H100 80GB HBM3") == ("NVIDIA H100", 3.35e12)
+  assert rollout.datasheet_bandwidth("NVIDIA H200") == ("NVIDIA H200", 4.8e12)
+  assert rollout.datasheet_bandwidth("TPU v5 lite") == ("TPU v5 lite", 819e9)
+  assert rollout.datasheet_bandwidth("TPU v5p")[1] == 2765e9
+  assert rollout.datasheet_bandwidth("TPU v6 lite")[1] == 1640e9
+  assert rollout.datasheet_bandwidth("cpu") == (None, None)
+  assert rollout.copy_bandwidth(1 << 22, reps=2) > 1e8  # > 0.1 GB/s on any CPU
+
+
+@pytest.mark.slow
+def test_rollout_hf_side_makes_exactly_n_tokens():
+  from launch.benchmarks import rollout
+  cfg = model_config.get_preset("tiny")
+  hf = rollout.hf_model(cfg, "cpu")
+  r = rollout.time_hf(hf, rollout.random_prompts(2, 16, cfg.vocab_size), 4, 0, 1, "cpu")
+  assert r["tokens_per_s"] == pytest.approx(2 * 4 / r["seconds"])
+
+
+@pytest.mark.slow
+def test_rollout_whole_command_runs_on_a_cpu_when_allowed(capsys):
+  """The command a lent GPU session runs, end to end on this CPU (tiny preset, --hf and
+  --profile): one line per setting, the transformers line, the profile and the last line."""
+  import argparse
+
+  from launch.benchmarks import rollout
+  args = argparse.Namespace(model="tiny", rows=[2, 4], prompt=16, new=4, reps=1, copy_mib=4,
+                            hf=True, profile=True)
+  rollout.run_accelerator(args, allow_cpu=True)
+  out = capsys.readouterr().out.splitlines()
+  assert sum(line.startswith("tiny rows") and "ms per decode step" in line for line in out) == 2
+  assert sum("transformers generate (static cache)" in line for line in out) == 2
+  assert any(line.startswith("profile: device busy n/a") for line in out)
+  assert out[-1].startswith("fraction of the measured-bandwidth roofline at 4 rows: ")

@@ -207,3 +207,23 @@ def test_bf16_reference_halves_its_persistent_bytes_and_has_its_own_program():
   plan = plan_lib.compile_plan(config, (2, 1, 1), devices=_devices(2),
                                phases=["logprobs", "logprobs_old"])
   assert plan.reference * 2 == plan.params
+
+
+def test_decode_step_traffic_against_its_necessary_bytes_per_device():
+  """A generate program on mesh fsdp=2 tensor=2 (8 rows, prompt 64 + 32 new): the step's
+  necessary bytes per device are the weights' shards (the matrices split 4 ways, the three
+  norms of 64 whole: float32 on CPU) and the device's 4 rows x 1 kv head of keys and
+  values at 3/4 of the prompt + (32 + 1) / 2 slots; the compiled step moves at least the
+  weights, and the plan prints the ratio."""
+  config = _config(prompt=64, response=32, rollout_groups=4)
+  plan = plan_lib.compile_plan(config, (1, 2, 2), phases=("generate",), devices=_devices(4))
+  cfg = plan.shapes.model
+  need = plan.decode_necessary
+  norms = (2 * cfg.num_layers + 1) * cfg.hidden_dim
+  assert need.weights == 4 * ((perf.param_count(cfg) - norms) / 4 + norms)
+  assert need.kv == 2 * cfg.num_layers * 4 * 1 * cfg.head_dim * 4 * (0.75 * 64 + 33 / 2)
+  step = plan.phases["generate"].step
+  assert step.cycles == 0.0 and step.traffic > need.weights
+  (line,) = plan_lib.decode_step_lines(plan)
+  assert line.startswith("decode step of generate (8 rows)")
+  assert line.endswith(f"{step.traffic / need.total:.2f}x")

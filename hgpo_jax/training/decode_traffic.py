@@ -1,0 +1,102 @@
+"""Memory traffic of one decode step of the sampler's compiled program, against what it needs.
+
+A decode step of a small model at a large batch is bound by memory bandwidth: it must read
+every weight once and every row's valid keys and values once; nothing else is necessary
+(docs/performance.md, "Decode on accelerators"). `step_cost` reads a compiled generate
+program (any backend: XLA:TPU for a topology, XLA:CPU, XLA:GPU) and returns, per device:
+
+* `traffic`: the bytes one iteration of its decode loop reads and writes, from the HLO
+  (`perf.hlo_memory_traffic` via `perf.loop_iteration`: loops inside the step, the
+  decoder's layer loop included, weighted by their trip counts; XLA's own
+  `cost_analysis()` counts the layer loop's body once);
+* `cycles`: XLA:TPU's cost-model cycles of that iteration (0 on other backends);
+
+and `necessary_bytes` the step's floor for the sampler's mesh, per device:
+
+* weights: each parameter's shard as laid out on the device, once, in the dtype its
+  matmuls read: the parameter's, except float32 on TPU, which XLA:TPU's default precision
+  multiplies in one bfloat16 pass (the compiled decode loop carries bf16 copies of the
+  layers' weights, converted once per call). A weight split over fsdp needs no gathered
+  copy in device memory: the v5e-8 program gathers each layer's slices into on-chip
+  memory, and gathering the (small) activations instead is always possible, so a
+  gathered copy written to device memory per step (the tied embedding's, today) is
+  traffic above this floor;
+* KV: the device's share of the cache (its rows, its kv heads), keys and values, at the
+  mean valid length of a decode step: a row of prompt l reads l + j + 1 slots at step j
+  (its own new key included), so l + (N + 1) / 2 on average over N steps, with l the
+  mean prompt length given (the plan's default: 3/4 of the prompt bucket, the mean of
+  the accelerator benchmark's prompt lengths, uniform in [P/2, P]).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from hgpo_jax import perf
+from hgpo_jax.models import sharding as sharding_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+  """One decode step of a compiled generate program, per device."""
+  traffic: float  # bytes the HLO reads and writes in one decode-loop iteration
+  cycles: float  # XLA:TPU's cost-model cycles of that iteration (0 elsewhere)
+
+
+@dataclasses.dataclass(frozen=True)
+class Necessary:
+  """The bytes one decode step must move, per device (module doc)."""
+  weights: float
+  kv: float
+
+  @property
+  def total(self) -> float:
+    return self.weights + self.kv
+
+
+def step_cost(hlo_text: str, unknown_trip_count) -> StepCost:
+  """Traffic and XLA:TPU cycles of one iteration of the program's decode loop (its
+  outermost loop without a fixed trip count; `unknown_trip_count` as the registry's
+  `Program.unknown_trip_count`, whose inner weights are kept)."""
+  return StepCost(
+      traffic=perf.loop_iteration(perf.hlo_memory_traffic, hlo_text, unknown_trip_count),
+      cycles=perf.loop_iteration(perf.hlo_estimated_cycles, hlo_text, unknown_trip_count))
+
+
+def _shard_bytes(leaf) -> float:
+  """Bytes of the leaf's shard on one device (the whole leaf without a NamedSharding)."""
+  sharding = getattr(leaf, "sharding", None)
+  shape = (sharding.shard_shape(leaf.shape) if isinstance(sharding, jax.sharding.NamedSharding)
+           else leaf.shape)
+  return float(np.prod(shape, dtype=np.int64)) * leaf.dtype.itemsize
+
+
+def necessary_bytes(sampler, rows: int, prompt: int, new_tokens: int,
+                    mean_prompt: float | None = None) -> Necessary:
+  """The necessary bytes per device of one decode step of `rows` rows in a cache of
+  `prompt` + `new_tokens` slots, decoding `new_tokens` tokens on `sampler`'s mesh (module
+  doc), the rows' prompts `mean_prompt` tokens long on average (default: 3/4 of `prompt`,
+  the mean of lengths uniform in [P/2, P]). `sampler.model` may hold abstract parameters
+  (`jax.ShapeDtypeStruct`s with shardings, as the program registry builds it) or arrays."""
+  from flax import nnx
+  on_tpu = sampler.mesh is not None and sampler.mesh.devices.flat[0].platform == "tpu"
+  weights = 0.0
+  for leaf in jax.tree.leaves(nnx.state(sampler.model, nnx.Param)):
+    shard = _shard_bytes(leaf)
+    if on_tpu and leaf.dtype == np.float32:
+      shard /= 2  # read as bfloat16 (module doc)
+    weights += shard
+  cfg = sampler.cfg
+  slots = prompt + new_tokens
+  valid = (0.75 * prompt if mean_prompt is None else mean_prompt) + (new_tokens + 1) / 2
+  shape = (cfg.num_layers, rows, cfg.num_kv_heads, slots, cfg.head_dim)
+  if sampler.mesh is None:
+    per_device = float(np.prod(shape, dtype=np.int64))
+  else:
+    cache = sharding_lib.cache_shardings(cfg, sampler.mesh, rows, slots)
+    per_device = float(np.prod(cache.k.shard_shape(shape), dtype=np.int64))
+  kv = 2 * per_device * (valid / slots) * np.dtype(sampler.cache_dtype).itemsize
+  return Necessary(weights=weights, kv=kv)
