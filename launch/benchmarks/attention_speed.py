@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hgpo_jax.models import attention, config, decoder
+from hgpo_jax.models import attention, config, cudnn_check, decoder
 
 
 def step_fn(impl: str, name: str, layers: int, length: int, query_chunk: int,
@@ -66,6 +66,7 @@ def main():
   if len(impls) != 2 or any(i not in attention.IMPLEMENTATIONS for i in impls):
     parser.error(f"--impls takes two of {attention.IMPLEMENTATIONS}, got {args.impls!r}")
   a_name, b_name = impls
+  cudnn_check.check_if_gpu()  # on a GPU: cuDNN attention == the reference, before timing it
   device = jax.devices()[0]
   print(f"jax {jax.__version__} on {device.platform} ({device.device_kind}); {args.model}, "
         f"first {args.layers} layers, forward + backward (remat), {args.dtype}, 1 row; "

@@ -54,7 +54,7 @@ import numpy as np
 from flax import nnx
 
 from hgpo_jax import perf
-from hgpo_jax.models import decoder, loading
+from hgpo_jax.models import cudnn_check, decoder, loading
 from hgpo_jax.sampling import sampler as sampler_lib
 from launch.benchmarks import sampler as sampler_bench
 
@@ -185,6 +185,7 @@ def main():
   parser.add_argument("--max-candidates", type=int, default=sampler_lib.DEFAULT_MAX_CANDIDATES,
                       help="--sampling-filter: K of the top_k side")
   args = parser.parse_args()
+  cudnn_check.check_if_gpu()  # on a GPU: cuDNN attention == the reference, before timing
   if args.sampling_filter:
     sampling_filter(args)
     return

@@ -110,12 +110,13 @@ def run_accelerator(model_name: str, rows: int, seq: int, steps: int) -> None:
   """--accelerator: the update on the first device, `auto` attention against `xla`."""
   import jax
 
-  from hgpo_jax.models import attention, config as model_config, loading, sharding
+  from hgpo_jax.models import attention, config as model_config, cudnn_check, loading, sharding
 
   device = jax.devices()[0]
   if device.platform == "cpu":
     raise SystemExit("--accelerator needs a GPU or TPU (this process's first device is a CPU); "
                      "without it the benchmark compares 1 and 8 fake CPU devices.")
+  cudnn_check.check_if_gpu()  # on a GPU: cuDNN attention == the reference, before timing it
   mesh = sharding.make_mesh(1, 1, 1, devices=[device])
   auto = attention.resolve_impl("auto", [device], "bfloat16", length=seq)
   print(f"jax {jax.__version__} on {device.device_kind}; {model_name} (random init, f32 "

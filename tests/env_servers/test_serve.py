@@ -176,8 +176,12 @@ def test_sigterm_stops_cleanly():
   proc = launcher.start_servers("sokoban", [1], log_level="INFO")[0]
   os.kill(proc.pid, signal.SIGTERM)
   assert proc.popen.wait(10) == 0
-  time.sleep(0.2)  # the stderr reader thread drains the last lines
-  assert "stopping (SIGTERM)" in proc.stderr_tail()
+  # The stderr reader thread drains the last lines after the exit: wait for the line
+  # (a generous deadline for a loaded machine), then assert it arrived.
+  deadline = time.monotonic() + 30
+  while "stopping (SIGTERM)" not in proc.stderr_tail() and time.monotonic() < deadline:
+    time.sleep(0.02)
+  assert "stopping (SIGTERM)" in proc.stderr_tail(), proc.stderr_tail()
 
 
 def test_server_exits_when_its_parent_dies():

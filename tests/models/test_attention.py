@@ -14,38 +14,13 @@ from jax.sharding import PartitionSpec as P
 
 import fake_devices
 import model_fixtures
-from hgpo_jax.models import attention, decoder, load_model, sharding
+from hgpo_jax.models import attention, cudnn_check, decoder, load_model, sharding
 from hgpo_jax.models import config as model_config
 
 
-def _segments(t: int) -> np.ndarray:
-  """int32[4, T]: left padding, right padding, two packed segments + padding, no padding."""
-  seg = np.zeros((4, t), np.int32)
-  seg[0, 5:] = 1
-  seg[1, :t - 4] = 1
-  seg[2, :t // 3] = 1
-  seg[2, t // 3:t - 3] = 2
-  seg[3] = 1
-  return seg
-
-
-def _inputs(t: int, heads=4, kv_heads=2, dim=16, dtype=jnp.float32, seed=0):
-  rng = np.random.default_rng(seed)
-  b = 4
-  q = jnp.asarray(rng.standard_normal((b, t, heads, dim)), dtype)
-  k = jnp.asarray(rng.standard_normal((b, t, kv_heads, dim)), dtype)
-  v = jnp.asarray(rng.standard_normal((b, t, kv_heads, dim)), dtype)
-  w = jnp.asarray(rng.standard_normal((b, t, heads, dim)), jnp.float32)
-  return q, k, v, jnp.asarray(_segments(t)), w
-
-
-def _loss_and_grads(impl, q, k, v, seg, w, causal, **kw):
-  def loss(q, k, v):
-    out = attention.attention(q, k, v, seg, causal=causal, impl=impl, **kw)
-    return jnp.sum(out.astype(jnp.float32) * w)
-  out = jax.jit(lambda q, k, v: attention.attention(q, k, v, seg, causal=causal, impl=impl,
-                                                    **kw))(q, k, v)
-  return out, jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+_segments = cudnn_check.segments
+_inputs = cudnn_check.inputs
+_loss_and_grads = cudnn_check.loss_and_grads
 
 
 def _assert_same(got, want, atol):
@@ -178,32 +153,41 @@ def test_padding_to_an_even_length_is_exact(causal):
   _assert_same((out, grads), want, atol=1e-5)
 
 
-def cudnn_errors(t: int, heads=4, kv_heads=2, dim=64, seed=0) -> dict:
-  """Max |error| of the output and of dq, dk, dv, each against the float32 `xla` reference
-  on the same bf16 inputs: for `cudnn` and for the bf16 `xla` path ({name: (cudnn, xla)});
-  padded and packed rows, grouped queries, causal. Needs a GPU."""
-  q, k, v, seg, w = _inputs(t, heads, kv_heads, dim, dtype=jnp.bfloat16, seed=seed)
-  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-  ref = _loss_and_grads("xla", *f32, seg, w, True)
-  sides = {impl: _loss_and_grads(impl, q, k, v, seg, w, True) for impl in ("cudnn", "xla")}
-  flat = lambda r: [r[0], *r[1]]
-  out = {}
-  for i, name in enumerate(("out", "dq", "dk", "dv")):
-    want = np.asarray(flat(ref)[i], np.float64)
-    out[name] = tuple(float(np.max(np.abs(np.asarray(flat(sides[impl])[i], np.float64) - want)))
-                      for impl in ("cudnn", "xla"))
-  return out
-
-
-@pytest.mark.skipif(not any(d.platform == "gpu" for d in jax.devices()),
+@pytest.mark.skipif(not cudnn_check.has_gpu(),
                     reason="cudnn attention needs a GPU (this process has none)")
-@pytest.mark.parametrize("t", [37, 512])
+@pytest.mark.parametrize("t", cudnn_check.LENGTHS)
 def test_cudnn_equals_xla_on_gpu(t):
   # cuDNN's fused kernel is no further from the float32 reference than XLA's own bf16
   # attention on the same inputs (up to 2x, plus half a bf16 ulp of the values' scale),
-  # for the output and for every gradient.
-  for name, (cudnn, xla) in cudnn_errors(t).items():
-    assert cudnn <= 2 * xla + 4e-3, (name, t, cudnn, xla)
+  # for the output and for every gradient. The accelerator benchmarks run the same check
+  # first (cudnn_check.check_if_gpu).
+  for name, (cudnn, xla) in cudnn_check.errors(t).items():
+    assert cudnn_check.within_bound(cudnn, xla), (name, t, cudnn, xla)
+  assert cudnn_check.check((t,)).startswith("cuDNN attention check")
+
+
+def test_cudnn_check_reports_a_mismatch_in_one_line(monkeypatch):
+  """The bound and the error of the GPU check, run on CPU with planted error values."""
+  assert cudnn_check.within_bound(0.0139, 0.005) and not cudnn_check.within_bound(0.0141, 0.005)
+  fake = {"out": (1e-3, 1e-3), "dq": (0.02, 1e-3), "dk": (1e-3, 1e-3), "dv": (1e-3, 1e-3)}
+  monkeypatch.setattr(cudnn_check, "has_gpu", lambda devices=None: True)
+  monkeypatch.setattr(cudnn_check, "errors", lambda t: fake)
+  with pytest.raises(cudnn_check.CudnnMismatch,
+                     match=r"^cuDNN attention disagrees .*: dq at T=37: cuDNN error 0.02 > "
+                           r"2 x XLA bf16 error 0.001 \+ 4e-3; dq at T=512"):
+    cudnn_check.check()
+  with pytest.raises(SystemExit, match="dq at T=37"):
+    cudnn_check.check_if_gpu()
+  fake["dq"] = (1e-3, 1e-3)
+  assert "largest error / bound 0.17" in cudnn_check.check_if_gpu()
+
+
+def test_cudnn_check_is_a_no_op_without_a_gpu():
+  if cudnn_check.has_gpu():
+    pytest.skip("this process has a GPU")
+  assert cudnn_check.check_if_gpu() is None
+  with pytest.raises(RuntimeError, match="needs a GPU"):
+    cudnn_check.check()
 
 
 @dataclasses.dataclass
