@@ -34,10 +34,9 @@ trajectory length), consistency penalty -0.3, bootstrap_truncated, mini-batch 25
 
 The pretrained-LLM job (`make run-llm`; docs/performance.md), 2-core CPU:
   make run-llm   # = python -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local
-  Measured on the idle 2-core AVX2 machine (`time make run-llm`, warm compilation cache):
-  10 min 35 s; 276.2 s per iteration (generation 37.7 s, update 191.4 s);
-  success 0.000 (2-step horizon: no episode can succeed, all advantages are 0; the job
-  shows the system running, not learning).
+  Its measured wall time: docs/performance.md ("Figures cited by the code"); success
+  0.000 (2-step horizon: no episode can succeed, all advantages are 0; the job shows the
+  system running, not learning).
 """
 
 from __future__ import annotations

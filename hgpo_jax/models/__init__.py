@@ -1,15 +1,23 @@
 """LLM policies: the Llama/Qwen2 decoder in Flax NNX, weights, tokenizers, sharding.
 
 Entry point: `load_model(name_or_path)` -> (Decoder, Tokenizer, ModelConfig).
+The names below load their module on first use, so importing one light module of the
+package (`hgpo_jax.models.config`) does not import the decoder and its Pallas kernels.
 """
 
-from hgpo_jax.models.config import ModelConfig, get_preset
-from hgpo_jax.models.decoder import Decoder, KVCache, init_cache
-from hgpo_jax.models.loading import load_model
-from hgpo_jax.models.sharding import make_mesh, param_shardings, shard_model
-from hgpo_jax.models.tokenizer import Tokenizer
+import importlib
 
-__all__ = [
-    "Decoder", "KVCache", "ModelConfig", "Tokenizer", "get_preset", "init_cache",
-    "load_model", "make_mesh", "param_shardings", "shard_model",
-]
+_EXPORTS = {
+    "Decoder": "decoder", "KVCache": "kv_cache", "ModelConfig": "config",
+    "Tokenizer": "tokenizer", "get_preset": "config", "init_cache": "kv_cache",
+    "load_model": "loading", "make_mesh": "sharding", "param_shardings": "sharding",
+    "shard_model": "sharding",
+}
+__all__ = ["Decoder", "KVCache", "ModelConfig", "Tokenizer", "get_preset", "init_cache",
+           "load_model", "make_mesh", "param_shardings", "shard_model"]
+
+
+def __getattr__(name):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'hgpo_jax.models' has no attribute {name!r}")
+  return getattr(importlib.import_module(f"hgpo_jax.models.{_EXPORTS[name]}"), name)

@@ -37,36 +37,44 @@ Implementations (`impl`, `IMPLEMENTATIONS`):
   cudnn    `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16 only);
            segments enter as its boolean `mask` [B, 1, T, T] (the public API has no segment
            ids), which cuDNN's fused kernel adds as a bias: no [B, H, T, T] probabilities.
-Decode is always the xla form: one query row per step reads the cache once (MaxText and
-tunix decode with dot-product attention too).
+`decode_attention(..., impl=)` dispatches by name through `DECODE_KERNELS` ("xla": one
+query row per step reads the cache once, as MaxText and tunix decode); another module adds
+a kernel with `register_decode_kernel`. "auto" is "xla" on every platform for now
+(`resolve_decode_impl`).
 
 `resolve_impl("auto", mesh, length=T)` picks by the platform of the target mesh's devices
 (tpu: splash, gpu: cudnn, cpu and others: xla below `CPU_CHUNKED_MIN_LENGTH` tokens,
 chunked from there), so a CPU host compiling for TPU topology devices picks splash; the
 local backend is never consulted when a mesh is given. On CPU, chunked is the long-sequence
-default for memory, not speed: at T = 4096 it needs 0.39 of xla's peak temporaries for
-SmolLM2's layers and is 1.46x slower (`python -m launch.benchmarks.attention_memory`,
-`python -m launch.benchmarks.attention_speed`; docs/performance.md).
+default for memory, not speed: it needs a fraction of xla's peak temporaries at a time
+cost (`python -m launch.benchmarks.attention_memory`, `python -m
+launch.benchmarks.attention_speed`; the figures: docs/performance.md, "Figures cited by the
+code").
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_lib
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.sharding import PartitionSpec as P
 
-IMPLEMENTATIONS = ("xla", "chunked", "splash", "cudnn")
-CHOICES = ("auto",) + IMPLEMENTATIONS
-"""Values of `ModelConfig.attention_impl` / `config.model.attention_impl`."""
+from hgpo_jax.models.attention_names import (CHOICES, DECODE_CHOICES,  # noqa: F401
+                                             DECODE_IMPLEMENTATIONS, IMPLEMENTATIONS)
+from hgpo_jax.models.axes import logical_to_spec
+from hgpo_jax.models.platform import target_platform  # noqa: F401
 
-_AUTO_BY_PLATFORM = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}
-"""'auto' on these platforms; every other platform (cpu, rocm) gets 'xla', or 'chunked'
-from `CPU_CHUNKED_MIN_LENGTH` tokens."""
+_AUTO_BY_PLATFORM = {"tpu": "splash", "gpu": "cudnn"}
+"""'auto' on these platforms (`platform.target_platform`: "gpu" also for devices that
+report "cuda"); every other platform (cpu) gets 'xla', or 'chunked' from
+`CPU_CHUNKED_MIN_LENGTH` tokens."""
+
+_DECODE_AUTO_BY_PLATFORM: dict[str, str] = {}
+"""`decode_attention` 'auto' on these platforms; every other platform gets 'xla'."""
 
 CPU_CHUNKED_MIN_LENGTH = 4096
 """'auto' off TPU/GPU takes 'chunked' for sequences of at least this many tokens (the
@@ -84,23 +92,6 @@ SPLASH_BLOCK = 128
 # ---------------------------------------------------------------------------------------
 # Implementation choice
 # ---------------------------------------------------------------------------------------
-def target_platform(mesh_or_devices) -> str:
-  """The platform ("cpu", "tpu", "gpu", ...) of a Mesh's, AbstractMesh's or device list's
-  devices (TPU topology devices from `jax.experimental.topologies` included)."""
-  if isinstance(mesh_or_devices, jax.sharding.AbstractMesh):
-    device = mesh_or_devices.abstract_device
-    if device is None or device.platform is None:
-      raise ValueError("attention: this AbstractMesh names no device platform; pass the "
-                       "concrete Mesh (or its devices) to resolve attention_impl='auto'.")
-    return device.platform
-  if isinstance(mesh_or_devices, jax.sharding.Mesh):
-    return mesh_or_devices.devices.flat[0].platform
-  devices = list(np.ravel(np.asarray(mesh_or_devices, dtype=object)))
-  if not devices:
-    raise ValueError("attention: no devices to resolve attention_impl='auto' against.")
-  return devices[0].platform
-
-
 def resolve_impl(name: str, mesh_or_devices, dtype=None, length: int | None = None) -> str:
   """The implementation that `name` means on the target devices.
 
@@ -128,6 +119,16 @@ def resolve_impl(name: str, mesh_or_devices, dtype=None, length: int | None = No
       jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return "xla"
   return impl
+
+
+def resolve_decode_impl(name: str, mesh_or_devices) -> str:
+  """The decode-attention implementation `name` means on the target devices ("auto":
+  by their platform, `_DECODE_AUTO_BY_PLATFORM`, else "xla")."""
+  if name not in DECODE_CHOICES:
+    raise ValueError(f"decode_attention_impl={name!r}: use one of {DECODE_CHOICES}.")
+  if name != "auto":
+    return name
+  return _DECODE_AUTO_BY_PLATFORM.get(target_platform(mesh_or_devices), "xla")
 
 
 def context_target():
@@ -404,11 +405,9 @@ def _splash_local(q_bhtd, k_bhsd, v_bhsd, seg_bt, *, causal: bool, interpret: bo
 def splash_specs(mesh, batch: int, heads: int, kv_heads: int):
   """(rows spec, heads spec) of the splash shard_map: rows over the mesh's batch axes,
   heads over its head axis when both H and Hkv divide evenly (else heads replicated)."""
-  # (imported here: sharding imports decoder, which imports this module)
-  from hgpo_jax.models import sharding
-  rows = sharding.logical_to_spec(("batch",), mesh, shape=(batch,))[0]
-  head = sharding.logical_to_spec(("heads",), mesh, shape=(heads,))[0]
-  kv_head = sharding.logical_to_spec(("kv_heads",), mesh, shape=(kv_heads,))[0]
+  rows = logical_to_spec(("batch",), mesh, shape=(batch,))[0]
+  head = logical_to_spec(("heads",), mesh, shape=(heads,))[0]
+  kv_head = logical_to_spec(("kv_heads",), mesh, shape=(kv_heads,))[0]
   return rows, (head if head == kv_head else None)
 
 
@@ -509,7 +508,8 @@ def attention(q_bthd, k_bshd, v_bshd, segment_ids_bt, *, causal: bool = True,
 
 
 def decode_attention(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd, *,
-                     cache_start_b, cache_index, scale: float | None = None) -> jax.Array:
+                     cache_start_b, cache_index, scale: float | None = None,
+                     impl: str = "xla") -> jax.Array:
   """T new tokens over a KV cache (per-row valid slots) and over themselves.
 
   Query t of row b reads cache slots [cache_start_b[b], cache_index[b]) and new token t'
@@ -524,9 +524,24 @@ def decode_attention(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cac
     cache_start_b: int32[B] first valid slot per row (left padding lies before it).
     cache_index: int32 scalar (may be traced), or int32[B] per row (a slotted cache whose
       rows decode at their own offsets): slots >= it are not read from the cache.
+    scale: logit scale, default Dh^-1/2.
+    impl: a key of `DECODE_KERNELS`, or "auto" (`resolve_decode_impl` against the
+      context).
   Returns:
     [B, T, H, Dh] in q's dtype.
   """
+  impl = resolve_decode_impl(impl, context_target())
+  if impl not in DECODE_KERNELS:
+    raise ValueError(f"decode_attention impl={impl!r} has no registered kernel; registered: "
+                     f"{tuple(DECODE_KERNELS)}.")
+  return DECODE_KERNELS[impl](q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd,
+                              v_cache_bksd, cache_start_b=cache_start_b,
+                              cache_index=cache_index, scale=scale)
+
+
+def _decode_xla(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd, *,
+                cache_start_b, cache_index, scale: float | None = None) -> jax.Array:
+  """The "xla" decode kernel: masked softmax over the cache slots and the new tokens."""
   dt = q_bthd.dtype
   b, t, _, d = q_bthd.shape
   scale = d ** -0.5 if scale is None else scale
@@ -539,6 +554,21 @@ def decode_attention(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cac
            (k_bthd.transpose(0, 2, 1, 3), v_bthd.transpose(0, 2, 1, 3),
             segment_mask(seg_bt, seg_bt, True))]
   return _ungrouped(_softmax_attention(_grouped(q_bthd, k_bthd.shape[2]), parts, scale))
+
+
+DECODE_KERNELS: dict[str, Callable[..., jax.Array]] = {"xla": _decode_xla}
+"""Decode-attention kernels by name, each with the signature of `decode_attention` (less
+`impl`): (q, k, v, segment_ids, k_cache, v_cache, *, cache_start_b, cache_index, scale)."""
+
+
+def register_decode_kernel(name: str, kernel: Callable[..., jax.Array]) -> None:
+  """Adds `kernel` to `DECODE_KERNELS` as `name` (a name of
+  `attention_names.DECODE_IMPLEMENTATIONS`, so configs may select it)."""
+  if name not in DECODE_IMPLEMENTATIONS:
+    raise ValueError(f"register_decode_kernel: {name!r} is not one of "
+                     f"attention_names.DECODE_IMPLEMENTATIONS {DECODE_IMPLEMENTATIONS}; add it "
+                     "there first.")
+  DECODE_KERNELS[name] = kernel
 
 
 def segment_ids_from_lengths(lengths_b, length: int, *, left_padded: bool = True):

@@ -14,7 +14,7 @@ import os
 
 import jax.numpy as jnp
 
-from hgpo_jax.models import attention
+from hgpo_jax.models import attention_names
 
 ROPE_LAYOUTS = ("half", "interleaved")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -55,6 +55,10 @@ class ModelConfig:
       the platform of the target mesh's devices: splash on TPU, cudnn on GPU, on CPU xla
       below `attention.CPU_CHUNKED_MIN_LENGTH` tokens and chunked from there;
       `attention.resolve_impl`), "xla", "chunked", "splash" or "cudnn".
+    decode_attention_impl: how decode steps attend over the KV cache
+      (`attention.decode_attention`): "auto" (by the target platform,
+      `attention.resolve_decode_impl`; "xla" everywhere today) or a name of
+      `attention_names.DECODE_IMPLEMENTATIONS`.
   """
   vocab_size: int
   hidden_dim: int
@@ -74,11 +78,15 @@ class ModelConfig:
   remat: bool = False
   attn_query_chunk: int = 0
   attention_impl: str = "auto"
+  decode_attention_impl: str = "auto"
 
   def __post_init__(self):
-    if self.attention_impl not in attention.CHOICES:
+    if self.attention_impl not in attention_names.CHOICES:
       raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}: use one of "
-                       f"{attention.CHOICES}.")
+                       f"{attention_names.CHOICES}.")
+    if self.decode_attention_impl not in attention_names.DECODE_CHOICES:
+      raise ValueError(f"ModelConfig.decode_attention_impl={self.decode_attention_impl!r}: "
+                       f"use one of {attention_names.DECODE_CHOICES}.")
     if self.attn_query_chunk < 0:
       raise ValueError(f"ModelConfig.attn_query_chunk={self.attn_query_chunk} must be >= 0 (0: off).")
     if self.rope_layout not in ROPE_LAYOUTS:

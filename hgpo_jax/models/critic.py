@@ -9,7 +9,7 @@ token therefore sees the prompt only; the value after `</subgoal>` sees prompt, 
 and subgoal.
 
 Heads: one for PPO (token values, docs/algorithms.md §7); three for HiPER
-(low, high, term in the order of `hgpo_jax.advantages.hae.HEADS`, docs/algorithms.md §8). The published HiPER
+(low, high, term in the order of `hgpo_jax.models.value_heads.HEADS`, docs/algorithms.md §8). The published HiPER
 scripts train a separate critic LLM of the actor's size (JonP07/HiPER-agent, three
 heads); this module is that separate critic, with its own parameter tree.
 
@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hgpo_jax.advantages import hae
 from hgpo_jax.models import decoder
+from hgpo_jax.models import value_heads
 from hgpo_jax.models.config import ModelConfig
 
 BACKBONE_KEYS = ("embed", "layers", "final_norm")
@@ -42,8 +42,7 @@ VALUE_HEAD_STD = 0.02
 """N(0, 0.02^2) init of the head, zero bias: Hugging Face's `initializer_range` init of
 the newly added token-classification `score` layer."""
 
-LEVELS = {1: ("token",), 3: hae.HEADS}
-"""Names of the heads by head count (metrics keys `critic/mean_value_<level>`)."""
+LEVELS = value_heads.LEVELS
 
 
 def backbone_config(cfg: ModelConfig) -> ModelConfig:
@@ -119,14 +118,14 @@ def hiper_readout(token_tags: Sequence[int] | np.ndarray) -> tuple[int, int, int
   """(low, high, term) response-token indices where a turn's three values are read.
 
   Args:
-    token_tags: TAG_* codes of the turn's response tokens (hgpo_jax.advantages.hae),
+    token_tags: TAG_* codes of the turn's response tokens (`value_heads`),
       one per token, tag markup included in its span; multi-block codes (a "><" that
       straddles `</subgoal><action>`) count as members of each of their blocks.
 
   Returns:
     Indices into the response: high = term = 0; low = first token after the subgoal
     block, else after the switch block, else 0 (see the module docstring). One rule for
-    the estimator and the trainer: this is `hae.value_readout` (released
+    the estimator and the trainer: this is `value_heads.value_readout` (released
     `compute_value_mask`), which tests block membership rather than comparing codes.
   """
-  return hae.value_readout(token_tags)
+  return value_heads.value_readout(token_tags)

@@ -14,7 +14,8 @@ Softmax, RMSNorm statistics, RoPE and logits are computed in float32 whatever `c
 
 from __future__ import annotations
 
-import flax
+import enum
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,35 +23,14 @@ from flax import nnx
 
 from hgpo_jax.models import attention
 from hgpo_jax.models.config import ModelConfig
+from hgpo_jax.models.kv_cache import KVCache, cache_shape, init_cache  # noqa: F401
 
 
-@flax.struct.dataclass
-class KVCache:
-  """Per-layer keys and values of the tokens seen so far.
-
-  Attributes:
-    k: keys after RoPE, [L, B, Hkv, S, Dh] in the cache's dtype (`init_cache`).
-    v: values, [L, B, Hkv, S, Dh] in the cache's dtype.
-  Positions are the second-to-last axis, so a layer's keys are [B, Hkv, S, Dh] with
-  (batch, kv head) leading: both attention products read them as batched matmuls
-  without a transposed copy of the cache.
-  """
-  k: jax.Array
-  v: jax.Array
-
-
-def cache_shape(cfg: ModelConfig, batch: int, length: int) -> tuple[int, ...]:
-  """Shape of KVCache.k and .v: [L, B, Hkv, S, Dh]."""
-  return (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
-
-
-def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
-  """An all-zero cache for `batch` rows of `length` positions, in `dtype` (default: the
-  compute dtype). Keys and values are cast to it when written and back to the compute
-  dtype when read (`Decoder.hidden`, `attention.decode_attention`)."""
-  shape = cache_shape(cfg, batch, length)
-  dtype = cfg.compute_dtype if dtype is None else dtype
-  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+class Mode(enum.Enum):
+  """What a `Decoder` call does with a KV cache."""
+  FORWARD = "forward"  # no cache: training, log-probs, critic
+  PREFILL = "prefill"  # write the T new keys/values into an empty cache (not read)
+  DECODE = "decode"  # read the filled cache, write the new keys/values after it
 
 
 def rope_angles(positions_bt: jax.Array, head_dim: int, theta: float):
@@ -138,8 +118,8 @@ def _project(x_bti, w_oi):
   """x @ W^T for a weight stored [out..., in]: output [B, T, out...] in x's dtype.
 
   Written as a 2-D `x @ w.T` on purpose: XLA:CPU then fuses the per-layer weight slice
-  into the dot. A batch-1 SmolLM2 decode step took 80 ms this way against 180-360 ms
-  with multi-axis einsums (same machine, side by side). A bfloat16 `x` takes the
+  into the dot, several times faster than multi-axis einsums for a SmolLM2 decode step
+  (docs/performance.md, "Figures cited by the code"). A bfloat16 `x` takes the
   mixed-precision product `_matmul_bf16` (the weight is cast inside it)."""
   out_shape = w_oi.shape[:-1]
   w_2d = w_oi.reshape(-1, w_oi.shape[-1])
@@ -191,14 +171,14 @@ _matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
 
 
 def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segment_ids_bt,
-           cached=None, cache_index=None, cache_start_b=None):
+           cached=None, cache_index=None, cache_start_b=None, decode_impl: str = "xla"):
   """One decoder block. p holds one layer's parameters (no leading L axis).
 
   Without a cache the block attends over its own T keys (`attention.attention` with
   `impl`, segment ids [B, T]). With one, `cached` = (k, v) of this layer, [B, Hkv, S, Dh],
   read only: the T new positions attend over the cache slots [cache_start_b, cache_index)
   of their row and over their own new keys (`attention.decode_attention`). The caller
-  writes the new keys/values into the cache afterwards (see `Decoder.hidden`).
+  writes the new keys/values into the cache afterwards (see `Decoder.decode_hidden`).
   Returns (x_btd, (k, v) of the new positions, each [B, Hkv, T, Dh]).
   """
   dt = cfg.compute_dtype
@@ -219,7 +199,8 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
   else:
     attn_bthk = attention.decode_attention(q_bthk, k_bthk, v_bthk, segment_ids_bt, *cached,
                                            cache_start_b=cache_start_b,
-                                           cache_index=cache_index, scale=scale)
+                                           cache_index=cache_index, scale=scale,
+                                           impl=decode_impl)
   x_btd = x_btd + _project(attn_bthk.reshape(b, t, -1), p["o"].reshape(cfg.hidden_dim, -1))
   h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps)
   gated_btf = jax.nn.silu(_project(h_btd, p["gate"])) * _project(h_btd, p["up"])
@@ -269,51 +250,69 @@ class Decoder(nnx.Module):
       self.lm_head = _param(rngs, (cfg.vocab_size, cfg.hidden_dim), cfg.hidden_dim ** -0.5, dt,
                             ("vocab", "embed"))
 
-  def hidden(self, tokens_bt, positions_bt, segment_ids_bt, cache: KVCache | None = None,
-             cache_index=None):
-    """Final-normed hidden states [B, T, D] (cfg.dtype) and the updated cache (or None).
+  def hidden(self, tokens_bt, positions_bt, segment_ids_bt):
+    """Forward (training, log-probs, critic): final-normed hidden states [B, T, D]
+    (cfg.dtype) of T tokens attending causally within their segments, and None (no cache).
 
     Args:
       tokens_bt: int32[B, T] token ids.
       positions_bt: int32[B, T] RoPE positions (left-padded rows start later; packed
         segments restart at 0).
       segment_ids_bt: int or bool [B, T]: the segment of each token, 0 on padding (a bool
-        input mask is one segment per row); tokens attend causally within their segment
-        (`attention` module docstring).
-      cache: optional KVCache of length S; the T new keys/values go to
-        [cache_index, cache_index + T) in every row. Row b's earlier tokens are read from
-        the slots [cache_index - positions_bt[b, 0], cache_index): a row holds its tokens
-        contiguously, the first at position 0 (left padding before it is never read).
-      cache_index: int32 scalar (may be traced); required with a cache. The Python int 0
-        means a prefill of an empty cache: the new positions attend to each other only
-        (the cache is not read). An int32[B] gives each row its own index (a slotted
-        cache whose rows decode at their own offsets, `hgpo_jax.sampling.sampler`); a row's
-        new keys/values that would pass the cache's end are not written (`write_rows`).
+        input mask is one segment per row; `attention` module docstring).
     Attention runs as `cfg.attention_impl` resolved against the mesh in context
     (`jax.set_mesh`, `attention.traced_on`), else this process's devices
     (`attention.resolve_impl`).
     """
+    return self._hidden(Mode.FORWARD, tokens_bt, positions_bt, segment_ids_bt)
+
+  def prefill(self, tokens_bt, positions_bt, segment_ids_bt, cache: KVCache):
+    """Prefill of an empty cache: (hidden [B, T, D], `cache` with the T new keys/values
+    in slots [0, T) of every row). The new positions attend to each other only (the cache
+    is not read); arguments as in `hidden`."""
+    return self._hidden(Mode.PREFILL, tokens_bt, positions_bt, segment_ids_bt, cache, 0)
+
+  def decode_hidden(self, tokens_bt, positions_bt, cache: KVCache, cache_index,
+                    segment_ids_bt=None):
+    """Decode of T new tokens over a filled cache: (hidden [B, T, D], the cache with their
+    keys/values at [cache_index, cache_index + T) of each row).
+
+    Row b's earlier tokens are read from the slots [cache_index - positions_bt[b, 0],
+    cache_index): a row holds its tokens contiguously, the first at position 0 (left
+    padding before it is never read). `cache_index` is an int32 scalar (may be traced),
+    or an int32[B] giving each row its own index (a slotted cache whose rows decode at
+    their own offsets, `hgpo_jax.sampling.engine.slotted_decode`); a row's new
+    keys/values that would pass the cache's end are not written (`write_rows`).
+    `segment_ids_bt` defaults to one segment (all ones). The attention over the cache is
+    `cfg.decode_attention_impl` (`attention.decode_attention`).
+    """
+    if segment_ids_bt is None:
+      segment_ids_bt = jnp.ones_like(positions_bt)
+    return self._hidden(Mode.DECODE, tokens_bt, positions_bt, segment_ids_bt, cache,
+                        cache_index)
+
+  def _hidden(self, mode: "Mode", tokens_bt, positions_bt, segment_ids_bt,
+              cache: KVCache | None = None, cache_index=None):
+    """The layer stack in `mode` (`hidden`, `prefill`, `decode_hidden`)."""
     cfg = self.cfg
-    if cache is not None and cache_index is None:
-      raise ValueError("Decoder: a cache was given without cache_index (where to write the new "
-                       "keys/values).")
     if jnp.ndim(segment_ids_bt) != 2:
       raise ValueError(f"Decoder: segment_ids_bt must be [B, T] segment ids (or an input mask), "
                        f"got shape {jnp.shape(segment_ids_bt)}; dense attention masks are gone "
                        "(hgpo_jax.models.attention).")
     impl = attention.resolve_impl(cfg.attention_impl, attention.context_target(),
                                   length=tokens_bt.shape[1])
+    decode_impl = attention.resolve_decode_impl(cfg.decode_attention_impl,
+                                                attention.context_target())
     x_btd = jnp.take(self.embed[...], tokens_bt, axis=0).astype(cfg.compute_dtype)
     cos_btk, sin_btk = rope_angles(positions_bt, cfg.head_dim, cfg.rope_theta)
     seg_bt = jnp.asarray(segment_ids_bt).astype(jnp.int32)
     layer_params = self.layers.stacked()
 
     remat = jax.checkpoint if cfg.remat else (lambda f: f)
-    # A cache written from slot 0 by a Python-int index holds nothing the new positions
-    # may read: they attend to each other only, and the layer loop only returns their
-    # keys/values (a prefill scores T x T, not T x S).
-    fresh = cache is not None and isinstance(cache_index, int) and cache_index == 0
-    if cache is None or fresh:
+    # A prefill's cache holds nothing the new positions may read: they attend to each
+    # other only, and the layer loop only returns their keys/values (T x T, not T x S).
+    fresh = mode is Mode.PREFILL
+    if mode is not Mode.DECODE:
 
       # A prefill's stacked keys/values leave the layer loop already in the cache's dtype
       # (a bf16 cache under f32 compute then never holds an f32 copy of all layers).
@@ -342,7 +341,7 @@ class Decoder(nnx.Module):
       def step(x, xs):
         p, k_bksd, v_bksd = xs
         x, (k, v) = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, (k_bksd, v_bksd), index,
-                           start_b)
+                           start_b, decode_impl)
         return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
       x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, (layer_params, cache.k, cache.v))
       if index.ndim == 0:
@@ -364,8 +363,13 @@ class Decoder(nnx.Module):
     return jnp.einsum("btd,vd->btv", hidden_btd.astype(dt), out_vd[...].astype(dt),
                       preferred_element_type=jnp.float32)
 
-  def __call__(self, tokens_bt, positions_bt, segment_ids_bt, cache: KVCache | None = None,
-               cache_index=None):
-    """(logits f32[B, T, V], updated cache or None); arguments as in `hidden`."""
-    hidden_btd, cache = self.hidden(tokens_bt, positions_bt, segment_ids_bt, cache, cache_index)
+  def __call__(self, tokens_bt, positions_bt, segment_ids_bt):
+    """Forward: (logits f32[B, T, V], None); arguments as in `hidden`."""
+    hidden_btd, _ = self.hidden(tokens_bt, positions_bt, segment_ids_bt)
+    return self.logits(hidden_btd), None
+
+  def decode(self, tokens_bt, positions_bt, cache: KVCache, cache_index, segment_ids_bt=None):
+    """Decode: (logits f32[B, T, V], updated cache); arguments as in `decode_hidden`."""
+    hidden_btd, cache = self.decode_hidden(tokens_bt, positions_bt, cache, cache_index,
+                                           segment_ids_bt)
     return self.logits(hidden_btd), cache

@@ -1,44 +1,18 @@
-"""Device mesh and the logical-axis -> mesh-axis rules that place model parameters.
+"""Device mesh and the placement of model parameters by their logical axis names.
 
-Parameters carry logical axis names (`logical_axes` metadata on each `nnx.Param`, e.g.
-("layers", "embed", "heads", "head_dim")). A rule table maps each logical name to a mesh
-axis, a tuple of mesh axes, or None (replicated), in the style of MaxText's
-`logical_axis_rules`. The mesh has three axes:
-  data:   pure data parallelism (batch only);
-  fsdp:   batch and parameters (ZeRO-3 style: "embed" dims of weights are split);
-  tensor: Megatron-style tensor parallelism (heads, mlp, vocab).
-A dimension whose size is not divisible by its mesh axes is replicated instead (e.g.
-SmolLM2's 9 heads on tensor=2), so every preset shards on every mesh.
+The rule table and `logical_to_spec` live in `hgpo_jax.models.axes` (no model code), the
+KV cache's shardings in `hgpo_jax.models.kv_cache`; both are re-exported here.
 """
 
 from __future__ import annotations
 
 import jax
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from hgpo_jax.models.config import ModelConfig
-from hgpo_jax.models import decoder
-from hgpo_jax.models.decoder import KVCache
-
-MESH_AXES = ("data", "fsdp", "tensor")
-
-DEFAULT_RULES: tuple[tuple[str, str | tuple | None], ...] = (
-    ("batch", ("data", "fsdp")),  # fsdp shards the batch too: each fsdp shard sees its own rows
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("mlp", "tensor"),
-    ("vocab", "tensor"),
-    ("head_dim", None),
-    ("layers", None),
-    ("norm", None),
-    ("length", None),
-)
-
-# Logical axes of KVCache.k / KVCache.v: [L, B, Hkv, S, Dh].
-CACHE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
+from hgpo_jax.models.axes import (CACHE_AXES, DEFAULT_RULES, MESH_AXES,  # noqa: F401
+                                  logical_to_spec)
+from hgpo_jax.models.kv_cache import cache_shardings  # noqa: F401
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> jax.sharding.Mesh:
@@ -61,29 +35,6 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> j
                      "(command line: --config.mesh.data/fsdp/tensor; -1 = the rest).")
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   return jax.make_mesh((data, fsdp, tensor), MESH_AXES, axis_types=auto, devices=devices)
-
-
-def logical_to_spec(logical_axes, mesh: jax.sharding.Mesh, rules=DEFAULT_RULES,
-                    shape=None) -> PartitionSpec:
-  """The PartitionSpec of a value with these logical axis names.
-
-  Mesh axes that the mesh lacks or that an earlier dimension already uses are dropped;
-  with `shape`, a dimension not divisible by the product of its mesh axis sizes is
-  replicated.
-  """
-  table = dict(rules)
-  used = set()
-  spec = []
-  for dim, name in enumerate(logical_axes):
-    target = table.get(name)
-    axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
-    axes = tuple(a for a in axes if a in mesh.shape and a not in used)
-    size = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
-    if shape is not None and shape[dim] % size:
-      axes = ()
-    used.update(axes)
-    spec.append(None if not axes else (axes[0] if len(axes) == 1 else axes))
-  return PartitionSpec(*spec)
 
 
 def _is_variable(x) -> bool:
@@ -112,11 +63,3 @@ def shard_model(model, mesh: jax.sharding.Mesh, rules=DEFAULT_RULES):
   state = nnx.state(model)
   nnx.update(model, jax.device_put(state, param_shardings(state, mesh, rules)))
   return model
-
-
-def cache_shardings(cfg: ModelConfig, mesh: jax.sharding.Mesh, batch: int, length: int,
-                    rules=DEFAULT_RULES) -> KVCache:
-  """KVCache of NamedShardings for a cache of `batch` rows and `length` positions."""
-  shape = decoder.cache_shape(cfg, batch, length)
-  sharding = NamedSharding(mesh, logical_to_spec(CACHE_AXES, mesh, rules, shape))
-  return KVCache(k=sharding, v=sharding)

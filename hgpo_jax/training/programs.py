@@ -47,15 +47,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from hgpo_jax.advantages import grouping
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import critic as critic_lib
 from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding as sharding_lib
+from hgpo_jax.models.platform import target_platform
 from hgpo_jax.sampling import constrained
+from hgpo_jax.sampling import inputs as inputs_lib
 from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.sampling.sampler import prompt_buckets  # noqa: F401 (the run's buckets)
 from hgpo_jax.training import critic_step
 from hgpo_jax.training import run_config
 from hgpo_jax.training import targets
@@ -63,19 +65,6 @@ from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
 
 GiB = 1024 ** 3
-# Prompt buckets of the sampler: the rollout pads each turn's prompts to the smallest one
-# that holds them, capped by rollout.max_prompt_tokens (the trainer's own list).
-PROMPT_BUCKETS = (128, 256, 512, 640, 768, 1024, 1536, 2048, 3072, 4096)
-
-
-def target_platform(mesh: jax.sharding.Mesh) -> str:
-  """'tpu', 'gpu' or 'cpu': the platform of the devices the programs are compiled for."""
-  platform = mesh.devices.flat[0].platform
-  return "gpu" if platform in ("cuda", "rocm") else platform
-
-
-def prompt_buckets(max_prompt_tokens: int) -> tuple[int, ...]:
-  return tuple(b for b in PROMPT_BUCKETS if b < max_prompt_tokens) + (max_prompt_tokens,)
 
 
 def sampling_mesh(config, mesh: jax.sharding.Mesh, local_devices, num_processes: int
@@ -158,7 +147,7 @@ class Registry:
     return [Program(name, sampler.generate_program, (sampler.model,) + args, static, 0,
                     self.programs["generate"].persistent,
                     unknown_trip_count=sampler.decode_loop_weights(
-                        args[0].shape[0], static["max_new_tokens"]))
+                        args[0].tokens.shape[0], static["flags"].max_new_tokens))
             for name, args, static in rollout_calls(self.config, sampler, self.rollout_rows)]
 
 
@@ -206,43 +195,22 @@ class _CompileOnlyTokenizer:
 
 def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: int,
                   params: sampler_lib.SamplingParams, fixed_tries: int):
-  """Abstract arguments (after the model) and static keywords of `Sampler.generate_program`
-  for a call of `rows` x `prompt` (`unique` prefilled rows: < rows for a shared prefill),
-  laid out as `Sampler.generate` places them (rows over the batch axes, tables replicated):
+  """Abstract arguments (after the model: the `DecodeInputs`) and static keywords (the
+  `DecodeFlags`) of `Sampler.generate_program` for a call of `rows` x `prompt` (`unique`
+  prefilled rows: < rows for a shared prefill), placed as `Sampler.generate` places them:
   with `params`' stop strings and flags; constrained with per-row tries of `fixed_tries`
   nodes when > 0, else free."""
-  mesh = sampler.mesh
-  row_spec = sharding_lib.logical_to_spec(("batch",), mesh, shape=(rows,))[0]
-  by_row = lambda n, *tail: NamedSharding(mesh, P(row_spec, *([None] * len(tail))))
-  rep = NamedSharding(mesh, P())
-  sds = lambda shape, dtype, sh: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
-  vocab = sampler.cfg.vocab_size
   tries = (constrained.build_tries([], rows, fixed_tries) if fixed_tries
            else constrained.build_tries([], 1))
-  trie_args = tuple(
-      sds(getattr(tries, name).shape, getattr(tries, name).dtype,
-          by_row(rows) if getattr(tries, name).shape[0] == rows else rep)
-      for name in sampler_lib.TRIE_ARRAYS)
-  key = jax.eval_shape(lambda: jax.random.key(0))
   stops = params.stop_strings
-  stop_rows = constrained.automaton_rows(stops) if stops else 1
-  u_spec = sharding_lib.logical_to_spec(("batch",), mesh, shape=(unique,))[0]
-  by_u = lambda *tail: NamedSharding(mesh, P(u_spec, *([None] * len(tail))))
-  args = (sds((rows, prompt), jnp.int32, by_row(rows, prompt)), sds((rows,), jnp.int32, by_row(rows)),
-          sds((rows,), jnp.bool_, by_row(rows)),
-          sds((unique, prompt), jnp.int32, by_u(prompt)), sds((unique,), jnp.int32, by_u()),
-          sds((rows,), jnp.int32, by_row(rows)),
-          jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=rep),
-          sds((), jnp.float32, rep), sds((), jnp.int32, rep), sds((), jnp.float32, rep),
-          sds((stop_rows, vocab), jnp.int32, rep), sds((), jnp.bool_, rep),
-          *trie_args, sds((2, vocab), jnp.bool_, rep))
-  static = dict(max_new_tokens=params.max_new_tokens, greedy=params.greedy,
-                filtered=params.filtered,
-                ignore_eos=params.ignore_eos,
-                constraint_mode=(sampler_lib.WHOLE_CONSTRAINT if fixed_tries
-                                 else sampler_lib.NO_CONSTRAINT),
-                shared_prefill=unique != rows, slots=sampler.slots_for(rows))
-  return args, static
+  inputs = inputs_lib.DecodeInputs.abstract(
+      rows=rows, prompt=prompt, unique=unique, vocab=sampler.cfg.vocab_size,
+      stop_rows=constrained.automaton_rows(stops) if stops else 1,
+      tries=inputs_lib.TrieArrays.of(tries), mesh=sampler.mesh)
+  flags = inputs_lib.DecodeFlags.of(params, constrained=bool(fixed_tries),
+                                    shared_prefill=unique != rows,
+                                    slots=sampler.slots_for(rows))
+  return (inputs,), dict(flags=flags)
 
 
 def _fixed_tries(config) -> int:
@@ -271,7 +239,8 @@ def rollout_calls(config, sampler: sampler_lib.Sampler, rows: int
   variants = {}  # training and evaluation share a program when their static flags agree
   for label, params in (("train", settings.sampling), ("eval", settings.eval_sampling)):
     variants.setdefault((params.greedy, params.filtered), (label, params))
-  largest, tries = _bucket(rows, sampler.batch_buckets), _fixed_tries(config)
+  largest = sampler_lib.bucket_for(rows, sampler.batch_buckets, "batch size")
+  tries = _fixed_tries(config)
   calls = []
   for label, params in variants.values():
     for b in (b for b in sampler.batch_buckets if b <= largest):
@@ -290,13 +259,6 @@ def _share_prefill(config) -> int | bool:
   groups of one."""
   size = int(config.rollout.group_size)
   return size if size >= 2 else False
-
-
-def _bucket(n: int, buckets) -> int:
-  for b in buckets:
-    if b >= n:
-      return b
-  raise ValueError(f"{n} rows exceed the sampler's largest batch bucket {buckets[-1]}")
 
 
 def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = None,
@@ -407,17 +369,13 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   sample_params = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state.params,
       local_shardings)
-  sampler = sampler_lib.Sampler(nnx.merge(learner.graphdef, sample_params),
-                                tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size),
-                                prompt_buckets=prompt_buckets(config.rollout.max_prompt_tokens),
-                                mesh=sample_mesh, max_candidates=run.rollout.max_candidates,
-                                share_prefill=_share_prefill(config),
-                                cache_dtype=run.rollout.kv_cache_dtype,
-                                trie_nodes=run.rollout.max_trie_nodes,
-                                prefill_rows=run.rollout.prefill_chunk_rows,
-                                decode_slots=run.rollout.decode_slots)
+  sampler = sampler_lib.Sampler.from_settings(
+      nnx.merge(learner.graphdef, sample_params),
+      tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size), run.rollout, sample_mesh,
+      share_prefill=_share_prefill(config))
   per_process = run_config.groups_per_process(config, num_processes) * config.rollout.group_size
-  rows = _bucket(rollout_rows or per_process, sampler.batch_buckets)
+  rows = sampler_lib.bucket_for(rollout_rows or per_process, sampler.batch_buckets,
+                                "batch size")
   prompt = config.rollout.max_prompt_tokens
   sample_params_b = sharded_bytes(sample_params)
   decode_steps = int(config.rollout.max_new_tokens)
@@ -427,7 +385,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
       "generate", sampler.generate_program, (sampler.model,) + args, static, max(turns - 1, 1),
       sample_params_b, unknown_trip_count=sampler.decode_loop_weights(rows, decode_steps),
       note=f"{rows} rows x prompt {prompt}, prefill + up to {decode_steps} decode steps"
-           + (f" in {static['slots']} slots" if static["slots"] else ""))
+           + (f" in {static['flags'].slots} slots" if static["flags"].slots else ""))
   unique = sampler.shared_prefill_rows(rows)
   if unique is not None and unique < rows:
     args, static = _sampler_args(sampler, rows, prompt, unique, run.sampling,

@@ -240,13 +240,7 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, train: bool = True
   if train:
     fields = _train_state(config, settings, workdir, mesh, model, tokenizer)
   else:
-    buckets = programs.prompt_buckets(config.rollout.max_prompt_tokens)
-    sampler = sampler_lib.Sampler(model, tokenizer, prompt_buckets=buckets, mesh=mesh,
-                                  max_candidates=settings.rollout.max_candidates,
-                                  cache_dtype=settings.rollout.kv_cache_dtype,
-                                  trie_nodes=settings.rollout.max_trie_nodes,
-                                  prefill_rows=settings.rollout.prefill_chunk_rows,
-                                  decode_slots=settings.rollout.decode_slots)
+    sampler = sampler_lib.Sampler.from_settings(model, tokenizer, settings.rollout, mesh)
     fields = dict(sampler=sampler, compute_dtype=model.cfg.dtype)
   del model
   writer = (metrics_lib.MetricsWriter(workdir, tensorboard=train) if pid == 0

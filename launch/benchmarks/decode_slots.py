@@ -96,7 +96,7 @@ def main(argv=None) -> int:
   params = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=max(longest, 1))
   rows = max(len(p) for p, _ in calls)
   buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < rows) + (
-      sampler_lib._bucket_for(rows, (1, 2, 4, 8, 16, 32, 64, 128, 256), "rows"),)
+      sampler_lib.bucket_for(rows, (1, 2, 4, 8, 16, 32, 64, 128, 256), "rows"),)
   kw = dict(prompt_buckets=(256,), batch_buckets=buckets)
   sides = [("lockstep", sampler_lib.Sampler(model, tok, **kw))] + [
       (f"slots={s}", sampler_lib.Sampler(model, tok, decode_slots=s, **kw)) for s in slots]

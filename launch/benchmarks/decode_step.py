@@ -22,7 +22,7 @@ MFU against the detected peak, and the fraction of the memory-bandwidth roofline
 sum measured in the same run). The last line is the baseline/current time ratio.
 
 `--sampling-filter` times the decode step's top-k / top-p filter instead (no model): the
-full-vocabulary sort it used before (`sampler._sort_filter`) against today's
+full-vocabulary sort it used before (`logits.sort_filter`) against today's
 `sampler.filter_logits` (`jax.lax.top_k` over `--max-candidates`, the sort only on a step
 where that is not exact), on one jitted call over f32[batch, V] logits at temperature 0.7,
 for each vocabulary in `--vocabs` (Qwen2.5's 151,936 and SmolLM2's 49,152 by default) and
@@ -55,6 +55,7 @@ from flax import nnx
 
 from hgpo_jax import perf
 from hgpo_jax.models import cudnn_check, decoder, loading
+from hgpo_jax.sampling import logits as logits_lib
 from hgpo_jax.sampling import sampler as sampler_lib
 from launch.benchmarks import sampler as sampler_bench
 
@@ -92,8 +93,12 @@ def _step_fn(module, graphdef, batch: int, cache_len: int):
                                 (batch, 1, cache_len))
     else:
       attend = jnp.ones((batch, 1), jnp.int32)
-    hidden, cache = module.Decoder.hidden(model, tokens, positions, attend, cache=cache,
-                                          cache_index=index)
+    if hasattr(module.Decoder, "decode_hidden"):  # explicit decoder modes
+      hidden, cache = module.Decoder.decode_hidden(model, tokens, positions, cache, index,
+                                                   attend)
+    else:  # a decoder from before them: the mode follows the cache arguments
+      hidden, cache = module.Decoder.hidden(model, tokens, positions, attend, cache=cache,
+                                            cache_index=index)
     return model.logits(hidden), cache
   return jax.jit(step, donate_argnums=(1,))
 
@@ -127,7 +132,7 @@ def sampling_filter(args):
   temperature = jnp.float32(0.7)
   cands = args.max_candidates
   sides = {
-      "sort": jax.jit(lambda x, k, p: sampler_lib._sort_filter(x / temperature, k, p)),
+      "sort": jax.jit(lambda x, k, p: logits_lib.sort_filter(x / temperature, k, p)),
       f"top_k (K={cands})": jax.jit(
           lambda x, k, p: sampler_lib.filter_logits(x, temperature, k, p, cands)),
   }

@@ -129,6 +129,34 @@ def test_decode_attention_equals_full_attention():
   np.testing.assert_allclose(np.asarray(got), np.asarray(full[:, index:]), atol=2e-6)
 
 
+def test_decode_attention_dispatches_by_name(monkeypatch):
+  """`decode_attention(impl=)` runs the kernel registered under the name ("auto" is "xla"
+  on CPU, bit-identical to calling the xla kernel); unknown names are clear errors."""
+  t, new = 9, 2
+  q, k, v, _, _ = _inputs(t)
+  seg = jnp.ones((4, new), jnp.int32)
+  index = t - new
+  k_cache = jnp.zeros((4, 2, 12, 16)).at[:, :, :index].set(k[:, :index].transpose(0, 2, 1, 3))
+  v_cache = jnp.zeros((4, 2, 12, 16)).at[:, :, :index].set(v[:, :index].transpose(0, 2, 1, 3))
+  args = (q[:, index:], k[:, index:], v[:, index:], seg, k_cache, v_cache)
+  kw = dict(cache_start_b=jnp.zeros((4,), jnp.int32), cache_index=jnp.int32(index))
+  direct = np.asarray(attention.DECODE_KERNELS["xla"](*args, **kw))
+  for impl in ("xla", "auto"):
+    np.testing.assert_array_equal(np.asarray(attention.decode_attention(*args, impl=impl, **kw)),
+                                  direct)
+  calls = []
+  monkeypatch.setitem(attention.DECODE_KERNELS, "xla",
+                      lambda *a, **k: calls.append(k["cache_index"]) or jnp.zeros(()))
+  attention.decode_attention(*args, impl="xla", **kw)
+  assert len(calls) == 1 and int(calls[0]) == index
+  with pytest.raises(ValueError, match="decode_attention_impl='pallas'"):
+    attention.decode_attention(*args, impl="pallas", **kw)
+  with pytest.raises(ValueError, match="is not one of attention_names.DECODE_IMPLEMENTATIONS"):
+    attention.register_decode_kernel("pallas", lambda *a, **k: None)
+  with pytest.raises(ValueError, match="decode_attention_impl='pallas'"):
+    model_config.get_preset("tiny").replace(decode_attention_impl="pallas")
+
+
 def test_cudnn_refuses_float32_with_a_clear_error():
   q, k, v, seg, _ = _inputs(8)
   with pytest.raises(ValueError, match="needs bfloat16"):

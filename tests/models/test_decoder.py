@@ -37,7 +37,7 @@ def test_kv_cache_decoding_equals_full_forward(tiny):
   full = np.asarray(_forward(model, tokens, positions, jnp.asarray(mask)))
   batch, length, cache_len, prefill = tokens.shape[0], tokens.shape[1], 16, 6
   # Slot s holds token s; a row's earlier real tokens are the slots [index - position, index).
-  step = jax.jit(lambda m, toks, pos, seg, cache, index: m(toks, pos, seg, cache, index))
+  step = jax.jit(lambda m, toks, pos, seg, cache, index: m.decode(toks, pos, cache, index, seg))
 
   cache = init_cache(cfg, batch, cache_len)
   assert cache.k.shape == (2, batch, 2, cache_len, 16) and cache.k.dtype == jnp.float32

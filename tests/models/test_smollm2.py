@@ -99,7 +99,7 @@ def test_full_model_matches_numpy_reference_and_answers_paris(smollm2_file):
 
   # Minimal greedy decoding through the KV cache (one row, no padding).
   n, cache_len = len(prompt), 64
-  step = jax.jit(lambda m, t, p, a, c, i: m(t, p, a, c, i))
+  step = jax.jit(lambda m, t, p, a, c, i: m.decode(t, p, c, i, a))
   cache = init_cache(cfg, 1, cache_len)
   logits, cache = step(model, jnp.asarray([prompt]), jnp.arange(n)[None], jnp.ones((1, n), bool),
                        cache, 0)

@@ -62,6 +62,12 @@ class BigramModel(nnx.Module):
   def __call__(self, tokens_bt, positions_bt, attn_mask_bts, cache=None, cache_index=None):
     return 30.0 * jax.nn.one_hot(self.table[...][tokens_bt], self.cfg.vocab_size), cache
 
+  def prefill(self, tokens_bt, positions_bt, segment_ids_bt, cache):
+    return self.hidden(tokens_bt, positions_bt, segment_ids_bt, cache)
+
+  def decode(self, tokens_bt, positions_bt, cache, cache_index):
+    return self(tokens_bt, positions_bt, jnp.ones_like(positions_bt), cache, cache_index)
+
 
 def test_constrained_policy_reaches_an_item_page():
   tok = tokenizer.tiny_tokenizer()

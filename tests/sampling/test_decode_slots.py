@@ -103,7 +103,7 @@ def test_slotted_decode_of_a_shared_prefill_copies_its_rows(model, tok, prompts)
   program = slotted.generate_program
   slotted.generate_program = lambda m, *a, **s: calls.append(s) or program(m, *a, **s)
   got = slotted.generate(rows, params, jax.random.key(2))
-  assert calls[0]["shared_prefill"] and calls[0]["slots"] == 4
+  assert calls[0]["flags"].shared_prefill and calls[0]["flags"].slots == 4
   _same_samples(got, want)
 
 
@@ -169,7 +169,7 @@ def test_slotted_program_holds_a_cache_of_its_slots(model, tok, prompts):
 
 
 def test_decoder_per_row_cache_index_reads_and_writes_each_rows_offset(model):
-  """`Decoder.hidden` with an int32[B] cache_index: row b writes its new key/value at its
+  """`Decoder.decode` with an int32[B] cache_index: row b writes its new key/value at its
   own slot and reads slots before it; the logits equal a teacher-forced forward."""
   cfg = model.cfg
   rng = np.random.RandomState(0)
@@ -178,14 +178,13 @@ def test_decoder_per_row_cache_index_reads_and_writes_each_rows_offset(model):
   cache = decoder.init_cache(cfg, 3, 12)
   for b, seq in enumerate(seqs):  # prefill row b's first n tokens into its own row
     one = decoder.init_cache(cfg, 1, lengths[b])
-    _, one = model.hidden(jnp.asarray(seq[None, :-1]), jnp.arange(lengths[b])[None],
-                          jnp.ones((1, lengths[b]), jnp.int32), cache=one, cache_index=0)
+    _, one = model.prefill(jnp.asarray(seq[None, :-1]), jnp.arange(lengths[b])[None],
+                           jnp.ones((1, lengths[b]), jnp.int32), one)
     cache = decoder.KVCache(k=cache.k.at[:, b, :, :lengths[b]].set(one.k[:, 0]),
                             v=cache.v.at[:, b, :, :lengths[b]].set(one.v[:, 0]))
   index = jnp.asarray(lengths, jnp.int32)
   last = jnp.asarray([[s[-1]] for s in seqs])
-  logits, new = model(last, index[:, None], jnp.ones((3, 1), jnp.int32), cache=cache,
-                      cache_index=index)
+  logits, new = model.decode(last, index[:, None], cache, index)
   for b, seq in enumerate(seqs):
     n = len(seq)
     full, _ = model(jnp.asarray(seq[None]), jnp.arange(n)[None], jnp.ones((1, n), jnp.int32))
@@ -195,8 +194,7 @@ def test_decoder_per_row_cache_index_reads_and_writes_each_rows_offset(model):
     np.testing.assert_array_equal(new.k[:, b, :, lengths[b] + 1:], 0)
   # an index at the cache's end drops the write instead of clamping it onto the past
   end = jnp.asarray([12, 12, 12], jnp.int32)
-  _, dropped = model(last, end[:, None], jnp.ones((3, 1), jnp.int32), cache=cache,
-                     cache_index=end)
+  _, dropped = model.decode(last, end[:, None], cache, end)
   np.testing.assert_array_equal(dropped.k, cache.k)
 
 

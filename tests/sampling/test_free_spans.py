@@ -198,6 +198,12 @@ class ScriptedModel(nnx.Module):
     target_bt = jnp.take_along_axis(script[:b], step_bt, axis=1)
     return 30.0 * jax.nn.one_hot(target_bt, self.cfg.vocab_size), cache
 
+  def prefill(self, tokens_bt, positions_bt, segment_ids_bt, cache):
+    return self.hidden(tokens_bt, positions_bt, segment_ids_bt, cache)
+
+  def decode(self, tokens_bt, positions_bt, cache, cache_index):
+    return self(tokens_bt, positions_bt, jnp.ones_like(positions_bt), cache, cache_index)
+
 
 def _scripted_sampler(tok, rows, prompts):
   width = max(len(r) for r in rows) + 40

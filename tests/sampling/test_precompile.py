@@ -34,7 +34,7 @@ def _recording(smp):
   program = smp.generate_program
 
   def record(model, *args, **static):
-    calls.append((args[3].shape[0], static["shared_prefill"]))
+    calls.append((args[0].prefill_tokens.shape[0], static["flags"].shared_prefill))
     return program(model, *args, **static)
   smp.generate_program = record
   return calls
@@ -103,10 +103,10 @@ def test_rollout_calls_are_every_bucket_and_prefill_variant(model, tok):
   slotted = _config(**{"rollout.decode_slots": 2})
   calls = programs.rollout_calls(slotted, _sampler(model, tok, slotted), rows=8)
   assert [call[0] for call in calls] == names
-  assert [call[2]["slots"] for call in calls] == [0, 0, 0, 2, 2, 2, 2]
+  assert [call[2]["flags"].slots for call in calls] == [0, 0, 0, 2, 2, 2, 2]
   fixed = programs.rollout_calls(
       _config(**{"rollout.constrained": True, "rollout.max_trie_nodes": 64}), smp, rows=8)
-  assert {call[2]["constraint_mode"] for call in fixed} == {sampler.WHOLE_CONSTRAINT}
+  assert {call[2]["flags"].constraint_mode for call in fixed} == {sampler.WHOLE_CONSTRAINT}
 
 
 def test_precompiled_calls_equal_jit_and_trace_nothing(model, tok, prompts):

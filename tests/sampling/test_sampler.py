@@ -15,6 +15,7 @@ from flax import nnx
 
 import fake_devices
 from hgpo_jax.models import config, decoder, sharding
+from hgpo_jax.sampling import engine as engine_lib
 from hgpo_jax.sampling import sampler
 
 PROMPTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
@@ -161,6 +162,12 @@ class ScriptedModel(nnx.Module):
     target_bt = jnp.take_along_axis(script[:b], step_bt, axis=1)
     logits = 30.0 * jax.nn.one_hot(target_bt, self.cfg.vocab_size)
     return logits, cache
+
+  def prefill(self, tokens_bt, positions_bt, segment_ids_bt, cache):
+    return self.hidden(tokens_bt, positions_bt, segment_ids_bt, cache)
+
+  def decode(self, tokens_bt, positions_bt, cache, cache_index):
+    return self(tokens_bt, positions_bt, jnp.ones_like(positions_bt), cache, cache_index)
 
 
 def _scripted_sampler(tok, texts_or_ids, prompts):
@@ -366,7 +373,7 @@ def test_fixed_trie_nodes_give_one_constrained_program_and_the_same_tokens(model
     sampler.Sampler(model, tok, trie_nodes=-1)
 
 
-def test_prefill_in_row_chunks_equals_one_prefill(tok, prompts):
+def test_prefill_in_row_chunks_equals_one_prefill(tok, prompts, monkeypatch):
   """`prefill_rows` (rollout.prefill_chunk_rows): 8 rows prefilled 2 (unsharded) or 4 (over
   data=4: one row per device per step) at a time sample what one prefill of all rows
   samples, with shared and unshared prefill (shared: the cache rows copied to the call's
@@ -379,6 +386,7 @@ def test_prefill_in_row_chunks_equals_one_prefill(tok, prompts):
   sharded = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
   mesh = sharding.make_mesh(data=4, fsdp=1, tensor=2, devices=fake_devices.take(8))
   sharding.shard_model(sharded, mesh)
+  chunked, copy = engine_lib.chunked_prefill, engine_lib.chunked_copy
   for model, kw, chunk in ((plain, {}, 2), (sharded, {"mesh": mesh}, 4)):
     for share in (False, True):
       ref = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(8,),
@@ -386,9 +394,9 @@ def test_prefill_in_row_chunks_equals_one_prefill(tok, prompts):
       got = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(8,),
                             share_prefill=share, prefill_rows=chunk, **kw)
       traced, copied = [], []
-      chunked, copy = got._chunked_prefill, got._chunked_copy
-      got._chunked_prefill = lambda *a: traced.append(1) or chunked(*a)
-      got._chunked_copy = lambda *a: copied.append(1) or copy(*a)
+      monkeypatch.setattr(engine_lib, "chunked_prefill",
+                          lambda *a: traced.append(1) or chunked(*a))
+      monkeypatch.setattr(engine_lib, "chunked_copy", lambda *a: copied.append(1) or copy(*a))
       a = ref.generate(rows, params, jax.random.key(5))
       b = got.generate(rows, params, jax.random.key(5))
       assert traced  # the loop ran (8 prefill rows > the chunk)

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from hgpo_jax.models import config, decoder
+from hgpo_jax.sampling import logits as logits_lib
 from hgpo_jax.sampling import sampler
 
 PROMPTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
@@ -120,7 +121,7 @@ def _generate(model, tok, params, key, *, sort, max_candidates=sampler.DEFAULT_M
   """A fresh sampler's generate, with today's filter or the sort-based reference."""
   with monkeypatch.context() as m:
     if sort:
-      m.setattr(sampler, "filter_logits",
+      m.setattr(logits_lib, "filter_logits",
                 lambda logits, t, k, p, cands: _sort_filter_reference(logits, t, k, p))
     smp = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,),
                           max_candidates=max_candidates)

@@ -152,16 +152,16 @@ def test_constrained_generate_takes_its_trie_shapes_from_the_config():
   config.rollout.max_trie_nodes = 64
   registry = programs.build(config, sharding.make_mesh(8, 1, 1, devices=_devices(8)))
   gen = registry.programs["generate"]
-  assert gen.static["constraint_mode"] == sampler_lib.WHOLE_CONSTRAINT
+  assert gen.static["flags"].constraint_mode == sampler_lib.WHOLE_CONSTRAINT
   assert registry.sampler.trie_nodes == 64
   rows = registry.rollout_rows
-  tries = dict(zip(sampler_lib.TRIE_ARRAYS, gen.args[13:13 + len(sampler_lib.TRIE_ARRAYS)]))
+  tries = vars(gen.args[1].tries)
   assert tries["edge_parent"].shape == (rows, 64) and tries["terminal"].shape == (rows, 64)
-  assert gen.args[11].shape[0] == constrained.automaton_rows(("</action>",))  # stop table
+  assert gen.args[1].stop_table.shape[0] == constrained.automaton_rows(("</action>",))  # stop table
   gen.lower().compile()
   config.rollout.max_trie_nodes = 0  # sized per call: the registry lists free decoding
   free = programs.build(config, sharding.make_mesh(8, 1, 1, devices=_devices(8)))
-  assert free.programs["generate"].static["constraint_mode"] == sampler_lib.NO_CONSTRAINT
+  assert free.programs["generate"].static["flags"].constraint_mode == sampler_lib.NO_CONSTRAINT
 
 
 def test_host_reference_leaves_the_persistent_device_bytes_and_has_its_own_program():

@@ -93,7 +93,7 @@ def test_generate_compiles_on_one_host_of_a_multi_host_slice():
   assert registry.sample_mesh.devices.flat[0].device_kind == devices[0].device_kind
   per_host = 8 // 4 * config.rollout.group_size
   assert registry.rollout_rows == per_host
-  tokens = registry.programs["generate"].args[1]
+  tokens = registry.programs["generate"].args[1].tokens
   assert tokens.shape == (per_host, config.rollout.max_prompt_tokens)
   registry.programs["generate"].lower().compile()
 

@@ -1,0 +1,326 @@
+"""The device side of the sampler: prefill, then a decode loop, over named state.
+
+`generate(engine, model, inputs, flags)` is the body of the jitted generate program:
+  1. `prefill`: the first P-1 prompt slots of the rows (or of the distinct prompts, copied
+     to their rows with a shared prefill) into a KV cache of S = P + M - 1 slots, hidden
+     states only (no [B, P, V] logits); `prefill_rows` rows per loop step when set.
+  2. `lockstep_decode` (flags.slots == 0): a `lax.while_loop` over `DecodeState` that feeds
+     each row's previous token at slot P-1+j, samples token j (`token_rules.TokenRules`)
+     and exits once every row finished; finished rows keep flowing but record nothing.
+     `slotted_decode` (flags.slots = S < B): S cache rows, rows admitted into free slots
+     as others finish (`slots.admit_rows`), each slot at its own cache offset.
+Both return a `DecodeResult`. The cache's dtype, sharding and the prefill's chunking are
+the `Engine`'s (built once per `Sampler`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from hgpo_jax.models import decoder
+from hgpo_jax.models import platform
+from hgpo_jax.models import sharding
+from hgpo_jax.sampling import inputs as inputs_lib
+from hgpo_jax.sampling import slots as slots_lib
+from hgpo_jax.sampling import token_rules
+
+
+CACHE_DTYPES = ("auto", "", "float32", "bfloat16")
+"""Values of `Sampler(cache_dtype=...)` / `config.rollout.kv_cache_dtype`."""
+
+
+def resolve_cache_dtype(name: str, mesh_or_devices, compute_dtype) -> jnp.dtype:
+  """The KV cache's dtype: "auto" is bfloat16 when the sampler's devices are TPUs or GPUs
+  (half the cache bytes; the field's engines keep bf16 caches) and the compute dtype
+  elsewhere (so CPU numbers are unchanged); "" is the compute dtype; else the named dtype.
+  Raises ValueError for another name."""
+  if name not in CACHE_DTYPES:
+    raise ValueError(f"kv_cache_dtype={name!r}: use one of {CACHE_DTYPES}.")
+  if name == "auto":
+    accelerated = platform.target_platform(mesh_or_devices) in ("tpu", "gpu")
+    return jnp.dtype(jnp.bfloat16 if accelerated else compute_dtype)
+  return jnp.dtype(compute_dtype if name == "" else name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+  """The sampler's settings the device program reads (constants of every program).
+
+  Attributes:
+    cfg: the model's `ModelConfig` (cache shape).
+    mesh: the sampler's mesh, or None (the cache is constrained to its shardings).
+    cache_dtype: the KV cache's dtype.
+    pad_id: the token written after a row finished.
+    eos_ids: the tokenizer's EOS ids.
+    max_candidates: K of top-k / top-p (`logits.filter_logits`).
+    prefill_rows: rows per prefill step (0: one step; `Sampler(prefill_rows=)`).
+    batch_parallel: the mesh's batch-parallel size D.
+    admit_rows: rows a slotted decode admits at a time.
+  """
+  cfg: object
+  mesh: object
+  cache_dtype: object
+  pad_id: int
+  eos_ids: tuple[int, ...]
+  max_candidates: int
+  prefill_rows: int
+  batch_parallel: int
+  admit_rows: int
+
+  def chunks(self, rows: int) -> bool:
+    """Whether `rows` rows are prefilled (or, shared, copied) `prefill_rows` at a time."""
+    return bool(self.prefill_rows) and rows > self.prefill_rows and rows % self.prefill_rows == 0
+
+  def constrain(self, cache: decoder.KVCache, rows: int, length: int) -> decoder.KVCache:
+    """`cache` constrained to its shardings on the mesh (unchanged without one)."""
+    if self.mesh is None:
+      return cache
+    return jax.lax.with_sharding_constraint(
+        cache, sharding.cache_shardings(self.cfg, self.mesh, rows, length))
+
+  def empty_cache(self, rows: int, length: int) -> decoder.KVCache:
+    """An all-zero cache of `rows` rows and `length` slots in the engine's dtype."""
+    return self.constrain(decoder.init_cache(self.cfg, rows, length, self.cache_dtype), rows,
+                          length)
+
+  def rules(self, inputs, flags) -> token_rules.TokenRules:
+    return token_rules.TokenRules(inputs, flags, vocab=self.cfg.vocab_size,
+                                  eos_ids=self.eos_ids, max_candidates=self.max_candidates)
+
+
+@flax.struct.dataclass
+class DecodeResult:
+  """What the generate program returns (B rows, M = max_new_tokens).
+
+  Attributes:
+    tokens: i32[B, M] sampled tokens (pad after a row's end).
+    logprobs: f32[B, M] their raw log-probs (0 after a row's end).
+    lengths: i32[B] tokens each row sampled.
+    reasons: i32[B] stop reasons (`types.STOP_REASONS` indices).
+    steps: i32[] decode steps the loop ran.
+  """
+  tokens: jax.Array
+  logprobs: jax.Array
+  lengths: jax.Array
+  reasons: jax.Array
+  steps: jax.Array
+
+
+@flax.struct.dataclass
+class DecodeState:
+  """The lockstep loop's carry (B rows). Field order = the loop tuple's order."""
+  step: jax.Array  # i32[]: the token index j being sampled
+  cache: decoder.KVCache
+  prev: jax.Array  # i32[B]: the token fed at this step
+  tokens: jax.Array  # i32[B, M]
+  logprobs: jax.Array  # f32[B, M]
+  done: jax.Array  # bool[B]
+  reasons: jax.Array  # i32[B]
+  lengths: jax.Array  # i32[B]
+  rules: token_rules.RowRules
+
+
+def generate(engine: Engine, model, inputs: inputs_lib.DecodeInputs,
+             flags: inputs_lib.DecodeFlags) -> DecodeResult:
+  """Prefill + decode of one call (module docstring)."""
+  batch, plen = inputs.tokens.shape
+  cache_len = plen + flags.max_new_tokens - 1
+  rules = engine.rules(inputs, flags)
+  phase_b = rules.start_phase()
+  prefill_up, prefill_lengths_u = inputs.prefill_tokens, inputs.prefill_lengths
+  if flags.slots:  # rows are prefilled as they enter a slot; a shared prefill's rows first
+    shared_cache = None
+    if flags.shared_prefill and plen > 1:
+      shared_cache = prefill(engine, model, prefill_up, prefill_lengths_u,
+                             engine.empty_cache(prefill_up.shape[0], plen - 1))
+    return slotted_decode(engine, model, rules, inputs, phase_b, shared_cache,
+                          slots=flags.slots)
+  cache = engine.empty_cache(prefill_up.shape[0], cache_len)
+  if plen > 1:
+    # Prefill the first P-1 slots; the last prompt token is the first decode input, so
+    # the [B, P, V] logits of the prompt are never needed (only hidden is called).
+    cache = prefill(engine, model, prefill_up, prefill_lengths_u, cache)
+  if flags.shared_prefill:
+    if engine.chunks(batch):
+      cache = chunked_copy(engine, cache, inputs.source, engine.empty_cache(batch, cache_len))
+    else:
+      cache = jax.tree.map(lambda c: jnp.take(c, inputs.source, axis=1), cache)
+    if engine.mesh is not None:
+      cache = engine.constrain(cache, batch, cache_len)
+  return lockstep_decode(engine, model, rules, inputs, phase_b, cache)
+
+
+def prefill(engine: Engine, model, tokens_up, lengths_u, cache) -> decoder.KVCache:
+  """`cache` with slots [0, P-1) of its U rows holding the left-padded prompts
+  `tokens_up` [U, P] minus their last token (`chunked_prefill` when `engine.chunks(U)`)."""
+  positions_ut, segment_ids_ut = inputs_lib.prefill_layout(lengths_u, tokens_up.shape[1])
+  if engine.chunks(tokens_up.shape[0]):
+    return chunked_prefill(engine, model, tokens_up[:, :-1], positions_ut, segment_ids_ut,
+                           cache)
+  _, cache = model.prefill(tokens_up[:, :-1], positions_ut, segment_ids_ut, cache)
+  return cache
+
+
+def chunked_prefill(engine: Engine, model, tokens_ut, positions_ut, segment_ids_ut, cache):
+  """The prefill of U rows in U / prefill_rows steps of a loop, each writing its rows'
+  keys/values into `cache` in place. Rows split over D batch-parallel devices lie in
+  contiguous blocks of U / D, so step i takes rows [i c, (i + 1) c) of every device's
+  block (c = prefill_rows / D): each device prefills its own rows, no row moves."""
+  d = engine.batch_parallel
+  unique, t = tokens_ut.shape
+  per, c = unique // d, engine.prefill_rows // d
+  blocks = lambda x: x.reshape(d, per, *x.shape[1:])  # noqa: E731
+  tok, pos, seg = blocks(tokens_ut), blocks(positions_ut), blocks(segment_ids_ut)
+  k_all = cache.k.reshape(cache.k.shape[0], d, per, *cache.k.shape[2:])
+  v_all = cache.v.reshape(k_all.shape)
+
+  def step(i, kv):
+    k_all, v_all = kv
+    take = lambda x: jax.lax.dynamic_slice_in_dim(x, i * c, c, axis=1).reshape(d * c, t)  # noqa: E731
+    part = decoder.init_cache(engine.cfg, d * c, t, cache.k.dtype)
+    _, part = model.prefill(take(tok), take(pos), take(seg), part)
+    put = lambda full, new: jax.lax.dynamic_update_slice(  # noqa: E731
+        full, new.reshape(new.shape[0], d, c, *new.shape[2:]),
+        (0, 0, i * c) + (0,) * (full.ndim - 3))
+    return put(k_all, part.k), put(v_all, part.v)
+
+  k_all, v_all = jax.lax.fori_loop(0, per // c, step, (k_all, v_all))
+  return decoder.KVCache(k=k_all.reshape(cache.k.shape), v=v_all.reshape(cache.v.shape))
+
+
+def chunked_copy(engine: Engine, cache_u, source_b, cache_b):
+  """A shared prefill's B-row cache, row b = `cache_u`'s row `source_b[b]`, written into
+  the empty `cache_b` in place, `prefill_rows` rows per loop step (each device its own
+  block of rows, as `chunked_prefill`): only the U-row cache and one step's rows are
+  live beside it. `jnp.take` of all B rows at once made XLA:TPU keep a second B-row
+  cache next to the decode loop's (docs/performance.md)."""
+  d = engine.batch_parallel
+  batch = source_b.shape[0]
+  per, c = batch // d, engine.prefill_rows // d
+  source = source_b.reshape(d, per)
+
+  def step(i, kv):
+    rows = jax.lax.dynamic_slice_in_dim(source, i * c, c, axis=1).reshape(d * c)
+    return tuple(
+        jax.lax.dynamic_update_slice(
+            full, jnp.take(u, rows, axis=1).reshape(u.shape[0], d, c, *u.shape[2:]),
+            (0, 0, i * c) + (0,) * (full.ndim - 3))
+        for full, u in zip(kv, (cache_u.k, cache_u.v)))
+
+  shape = (cache_b.k.shape[0], d, per) + cache_b.k.shape[2:]
+  k_b, v_b = jax.lax.fori_loop(0, per // c, step,
+                               (cache_b.k.reshape(shape), cache_b.v.reshape(shape)))
+  return decoder.KVCache(k=k_b.reshape(cache_b.k.shape), v=v_b.reshape(cache_b.v.shape))
+
+
+def lockstep_decode(engine: Engine, model, rules: token_rules.TokenRules,
+                    inputs: inputs_lib.DecodeInputs, phase_b, cache) -> DecodeResult:
+  """Every row of the call decodes in its own cache row, all at the same slot per step."""
+  batch, plen = inputs.tokens.shape
+  max_new_tokens = rules.flags.max_new_tokens
+  rows_b = jnp.arange(batch)
+
+  def body(state: DecodeState) -> DecodeState:
+    step = state.step
+    slot = plen - 1 + step
+    positions_b1 = inputs_lib.decode_positions(inputs.lengths, step)
+    # The decoder reads row b's cache slots [slot - position, slot) = [pad_b, slot).
+    logits_b1v, cache = model.decode(state.prev[:, None], positions_b1, state.cache, slot)
+    out = rules.step(logits_b1v[:, 0], rows_b, step, inputs.tries, state.rules)
+    live_b = ~state.done
+    return DecodeState(
+        step=step + 1, cache=cache, prev=out.token,
+        tokens=state.tokens.at[:, step].set(jnp.where(live_b, out.token, engine.pad_id)),
+        logprobs=state.logprobs.at[:, step].set(jnp.where(live_b, out.logprob, 0.0)),
+        done=state.done | (out.reason > 0),
+        reasons=jnp.where(live_b & (out.reason > 0), out.reason, state.reasons),
+        lengths=state.lengths + live_b.astype(jnp.int32), rules=out.rules)
+
+  def cond(state: DecodeState):
+    return (state.step < max_new_tokens) & ~jnp.all(state.done)
+
+  zeros_b = jnp.zeros((batch,), jnp.int32)
+  state = DecodeState(
+      step=jnp.int32(0), cache=cache, prev=inputs.tokens[:, -1],
+      tokens=jnp.full((batch, max_new_tokens), engine.pad_id, jnp.int32),
+      logprobs=jnp.zeros((batch, max_new_tokens), jnp.float32), done=~inputs.row_valid,
+      reasons=zeros_b, lengths=zeros_b,
+      rules=token_rules.RowRules(stop_state=zeros_b, phase=phase_b, node=zeros_b,
+                                 free_count=zeros_b))
+  state = jax.lax.while_loop(cond, body, state)
+  return DecodeResult(tokens=state.tokens, logprobs=state.logprobs, lengths=state.lengths,
+                      reasons=state.reasons, steps=state.step)
+
+
+@flax.struct.dataclass
+class SlottedLoop:
+  """The slotted loop's carry: the slots and the call's outputs (B rows)."""
+  slots: slots_lib.SlotState
+  tokens: jax.Array  # i32[B, M]
+  logprobs: jax.Array  # f32[B, M]
+  reasons: jax.Array  # i32[B]
+  lengths: jax.Array  # i32[B]
+  steps: jax.Array  # i32[]
+
+
+def slotted_decode(engine: Engine, model, rules: token_rules.TokenRules,
+                   inputs: inputs_lib.DecodeInputs, phase_b, shared_cache, *,
+                   slots: int) -> DecodeResult:
+  """The decode of B rows in S < B cache rows ("slots"), each slot at its own offset.
+
+  A while loop of decode steps over the S slots; before each step, while rows wait and
+  enough slots are free, the next `admit_rows` rows are prefilled into free slots (or,
+  with `shared_cache`, their shared prefill's rows copied there: `slots.admit_rows`). A
+  slot decodes row r's token j at cache slot P - 1 + j with row r's key
+  (`fold_in(fold_in(rng, j), r)`, as the lockstep loop), so a row samples what the
+  lockstep program samples for it; a finished row frees its slot at once instead of
+  running with the slowest row of the call. Its `steps` count steps of S slots.
+  """
+  batch, plen = inputs.tokens.shape
+  max_new = rules.flags.max_new_tokens
+  cache_len = plen + max_new - 1
+  admission = slots_lib.Admission(
+      model=model, inputs=inputs, phase=phase_b, shared_cache=shared_cache, slots=slots,
+      rows=engine.admit_rows, cache_len=cache_len,
+      n_valid=jnp.sum(inputs.row_valid.astype(jnp.int32)),
+      prefill=functools.partial(prefill, engine), empty_cache=engine.empty_cache,
+      constrain=engine.constrain if engine.mesh is not None else None)
+
+  def body(loop: SlottedLoop) -> SlottedLoop:
+    now = jax.lax.while_loop(functools.partial(slots_lib.may_admit, admission),
+                             functools.partial(slots_lib.admit_rows, admission), loop.slots)
+    take_s = jnp.minimum(now.row, batch - 1)
+    positions_s1 = (inputs.lengths[take_s] - 1 + now.step)[:, None]
+    logits_s1v, cache = model.decode(now.prev[:, None], positions_s1, now.cache,
+                                     plen - 1 + now.step)
+    out = rules.step(logits_s1v[:, 0], take_s, now.step, inputs.tries.rows(take_s), now.rules)
+    row_or_none_s = jnp.where(now.active, now.row, batch)
+    ended_s = now.active & (out.reason > 0)
+    return SlottedLoop(
+        slots=slots_lib.SlotState(
+            cache=cache, row=now.row, step=now.step + now.active.astype(jnp.int32),
+            prev=out.token, active=now.active & ~ended_s, rules=out.rules,
+            next_row=now.next_row),
+        tokens=loop.tokens.at[row_or_none_s, now.step].set(out.token, mode="drop"),
+        logprobs=loop.logprobs.at[row_or_none_s, now.step].set(out.logprob, mode="drop"),
+        reasons=loop.reasons.at[jnp.where(ended_s, now.row, batch)].set(out.reason,
+                                                                        mode="drop"),
+        lengths=loop.lengths.at[row_or_none_s].add(1, mode="drop"), steps=loop.steps + 1)
+
+  def cond(loop: SlottedLoop):
+    return (loop.slots.next_row < admission.n_valid) | jnp.any(loop.slots.active)
+
+  zeros_b = jnp.zeros((batch,), jnp.int32)
+  loop = SlottedLoop(
+      slots=slots_lib.SlotState.empty(engine.empty_cache(slots, cache_len), slots, batch),
+      tokens=jnp.full((batch, max_new), engine.pad_id, jnp.int32),
+      logprobs=jnp.zeros((batch, max_new), jnp.float32), reasons=zeros_b, lengths=zeros_b,
+      steps=jnp.int32(0))
+  loop = jax.lax.while_loop(cond, body, loop)
+  return DecodeResult(tokens=loop.tokens, logprobs=loop.logprobs, lengths=loop.lengths,
+                      reasons=loop.reasons, steps=loop.steps)
