@@ -255,6 +255,8 @@ def base_config() -> ml_collections.ConfigDict:
   #   sampler mesh's batch-parallel size); 0 = all rows at once
   c.rollout.decode_slots = 0  # continuous batching: KV-cache rows a larger sampler call decodes
   #   in (finished rows free their slot for the next row); 0 = all rows in lockstep
+  c.rollout.decode_chunk_steps = 0  # lockstep decode steps per device-loop iteration (the
+  #   all-finished test once per chunk; same tokens); 0 = by platform (16 on GPU, 1 elsewhere)
   c.rollout.max_trie_nodes = 0  # constrained decoding: trie nodes per row, fixed (program
   #   shapes from the config); 0 = sized per call
   c.rollout.precompile = False  # compile every sampler program (all buckets) before iteration 1
