@@ -229,6 +229,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.attention_impl = "auto"  # auto (by the mesh's platform: TPU splash, GPU cudnn, CPU
   #   xla below 4096 tokens, chunked from there) | xla | chunked | splash | cudnn
   #   (hgpo_jax/models/attention.py)
+  c.model.decode_attention_impl = "auto"  # sampler decode steps over the KV cache: auto (xla
+  #   on every platform until the kernels are measured on a chip) | xla | pallas_gpu |
+  #   pallas_tpu (read only each row's valid slots; hgpo_jax/models/decode_kernels.py)
 
   c.env = ml_collections.ConfigDict()
   c.env.name = ""  # env server name (env_servers/registry.py)

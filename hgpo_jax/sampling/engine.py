@@ -22,6 +22,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from hgpo_jax.models import attention
 from hgpo_jax.models import decoder
 from hgpo_jax.models import platform
 from hgpo_jax.models import sharding
@@ -68,6 +69,18 @@ def resolve_decode_chunk(steps: int, mesh_or_devices) -> int:
   return GPU_DECODE_CHUNK if platform.target_platform(mesh_or_devices) == "gpu" else 1
 
 
+KERNEL_CACHE_MULTIPLE = 128
+"""Cache slots are a multiple of this under a Pallas decode kernel (the TPU kernel's blocks
+of 128-512 slots, the GPU kernel's of 16-64)."""
+
+
+def cache_multiple(cfg, mesh_or_devices) -> int:
+  """`KERNEL_CACHE_MULTIPLE` when `cfg.decode_attention_impl` resolves to a Pallas kernel on
+  the target devices, else 1 (the XLA form takes any length: CPU programs unchanged)."""
+  impl = attention.resolve_decode_impl(cfg.decode_attention_impl, mesh_or_devices)
+  return KERNEL_CACHE_MULTIPLE if impl in attention.STACKED_DECODE_IMPLEMENTATIONS else 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Engine:
   """The sampler's settings the device program reads (constants of every program).
@@ -85,6 +98,7 @@ class Engine:
     decode_chunk: lockstep decode steps per iteration of the device loop (`lockstep_decode`):
       1 tests "every row finished?" after each step (the CPU default); K > 1 runs K steps
       as an inner loop of known trip count and tests once per K (`resolve_decode_chunk`).
+    cache_multiple: the cache's slots are a multiple of this (`cache_length`).
   """
   cfg: object
   mesh: object
@@ -96,6 +110,13 @@ class Engine:
   batch_parallel: int
   admit_rows: int
   decode_chunk: int = 1
+  cache_multiple: int = 1
+
+  def cache_length(self, plen: int, max_new_tokens: int) -> int:
+    """Slots of a call's cache: P - 1 prompt slots + M new ones, rounded up to
+    `cache_multiple` (the Pallas decode kernels tile the slots in blocks; the slots past
+    P + M - 1 are never valid, so never read)."""
+    return -(-(plen + max_new_tokens - 1) // self.cache_multiple) * self.cache_multiple
 
   def chunks(self, rows: int) -> bool:
     """Whether `rows` rows are prefilled (or, shared, copied) `prefill_rows` at a time."""
@@ -154,7 +175,7 @@ def generate(engine: Engine, model, inputs: inputs_lib.DecodeInputs,
              flags: inputs_lib.DecodeFlags) -> DecodeResult:
   """Prefill + decode of one call (module docstring)."""
   batch, plen = inputs.tokens.shape
-  cache_len = plen + flags.max_new_tokens - 1
+  cache_len = engine.cache_length(plen, flags.max_new_tokens)
   rules = engine.rules(inputs, flags)
   phase_b = rules.start_phase()
   prefill_up, prefill_lengths_u = inputs.prefill_tokens, inputs.prefill_lengths
@@ -338,7 +359,7 @@ def slotted_decode(engine: Engine, model, rules: token_rules.TokenRules,
   """
   batch, plen = inputs.tokens.shape
   max_new = rules.flags.max_new_tokens
-  cache_len = plen + max_new - 1
+  cache_len = engine.cache_length(plen, max_new)
   admission = slots_lib.Admission(
       model=model, inputs=inputs, phase=phase_b, shared_cache=shared_cache, slots=slots,
       rows=engine.admit_rows, cache_len=cache_len,

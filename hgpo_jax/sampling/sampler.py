@@ -143,12 +143,13 @@ class Sampler:
     # programs compiled ahead of time (`precompile`), by `_call_key` of their arguments
     self._compiled: dict[tuple, jax.stages.Compiled] = {}
     self.unlisted_calls = 0  # calls that found no precompiled program (with some compiled)
+    target = jax.local_devices() if mesh is None else mesh
     self.engine = engine_lib.Engine(
         cfg=self.cfg, mesh=mesh, cache_dtype=self.cache_dtype, pad_id=self.pad_id,
         eos_ids=self.eos_ids, max_candidates=max_candidates, prefill_rows=prefill_rows,
         batch_parallel=data_size, admit_rows=self.admit_rows,
-        decode_chunk=engine_lib.resolve_decode_chunk(
-            decode_chunk, jax.local_devices() if mesh is None else mesh))
+        decode_chunk=engine_lib.resolve_decode_chunk(decode_chunk, target),
+        cache_multiple=engine_lib.cache_multiple(self.cfg, target))
     # (traced with the mesh in context: the splash attention kernel shard_maps over it)
     self.generate_program = jax.jit(attention.traced_on(mesh, self._generate_device),
                                     static_argnames=("flags",))
