@@ -229,6 +229,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.attention_impl = "auto"  # auto (by the mesh's platform: TPU splash, GPU cudnn, CPU
   #   xla below 4096 tokens, chunked from there) | xla | chunked | splash | cudnn
   #   (hgpo_jax/models/attention.py)
+  c.model.decode_attention_impl = "auto"  # sampler decode steps over the KV cache: auto (xla
+  #   on every platform until the kernels are measured on a chip) | xla | pallas_gpu |
+  #   pallas_tpu (read only each row's valid slots; hgpo_jax/models/decode_kernels.py)
 
   c.env = ml_collections.ConfigDict()
   c.env.name = ""  # env server name (env_servers/registry.py)
@@ -255,6 +258,8 @@ def base_config() -> ml_collections.ConfigDict:
   #   sampler mesh's batch-parallel size); 0 = all rows at once
   c.rollout.decode_slots = 0  # continuous batching: KV-cache rows a larger sampler call decodes
   #   in (finished rows free their slot for the next row); 0 = all rows in lockstep
+  c.rollout.decode_chunk_steps = 0  # lockstep decode steps per device-loop iteration (the
+  #   all-finished test once per chunk; same tokens); 0 = by platform (16 on GPU, 1 elsewhere)
   c.rollout.max_trie_nodes = 0  # constrained decoding: trie nodes per row, fixed (program
   #   shapes from the config); 0 = sized per call
   c.rollout.precompile = False  # compile every sampler program (all buckets) before iteration 1

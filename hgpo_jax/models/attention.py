@@ -63,6 +63,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.sharding import PartitionSpec as P
 
+from hgpo_jax.models.attention_names import STACKED_DECODE_IMPLEMENTATIONS
 from hgpo_jax.models.attention_names import (CHOICES, DECODE_CHOICES,  # noqa: F401
                                              DECODE_IMPLEMENTATIONS, IMPLEMENTATIONS)
 from hgpo_jax.models.axes import logical_to_spec
@@ -509,7 +510,7 @@ def attention(q_bthd, k_bshd, v_bshd, segment_ids_bt, *, causal: bool = True,
 
 def decode_attention(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd, *,
                      cache_start_b, cache_index, scale: float | None = None,
-                     impl: str = "xla") -> jax.Array:
+                     impl: str = "xla", layer=None) -> jax.Array:
   """T new tokens over a KV cache (per-row valid slots) and over themselves.
 
   Query t of row b reads cache slots [cache_start_b[b], cache_index[b]) and new token t'
@@ -527,6 +528,9 @@ def decode_attention(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cac
     scale: logit scale, default Dh^-1/2.
     impl: a key of `DECODE_KERNELS`, or "auto" (`resolve_decode_impl` against the
       context).
+    layer: None; or the layer to read (int32, may be traced) when the caches are all
+      layers' [L, B, Hkv, S, Dh]: a kernel of `STACKED_DECODE_IMPLEMENTATIONS` reads it in
+      place, the others get that layer's slice.
   Returns:
     [B, T, H, Dh] in q's dtype.
   """
@@ -534,9 +538,44 @@ def decode_attention(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cac
   if impl not in DECODE_KERNELS:
     raise ValueError(f"decode_attention impl={impl!r} has no registered kernel; registered: "
                      f"{tuple(DECODE_KERNELS)}.")
-  return DECODE_KERNELS[impl](q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd,
-                              v_cache_bksd, cache_start_b=cache_start_b,
-                              cache_index=cache_index, scale=scale)
+  if layer is not None and impl not in STACKED_DECODE_IMPLEMENTATIONS:
+    k_cache_bksd, v_cache_bksd = (jax.lax.dynamic_index_in_dim(c, layer, keepdims=False)
+                                  for c in (k_cache_bksd, v_cache_bksd))
+    layer = None
+  kernel = DECODE_KERNELS[impl]
+  if layer is None:
+    call = lambda q, k, v, seg, kc, vc, start, index: kernel(
+        q, k, v, seg, kc, vc, cache_start_b=start, cache_index=index, scale=scale)
+    operands = (q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd,
+                cache_start_b, cache_index)
+  else:
+    call = lambda q, k, v, seg, kc, vc, start, index, lay: kernel(
+        q, k, v, seg, kc, vc, cache_start_b=start, cache_index=index, scale=scale, layer=lay)
+    operands = (q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd,
+                cache_start_b, cache_index, layer)
+  mesh = jax.sharding.get_abstract_mesh()
+  if impl == "xla" or mesh.empty:
+    return call(*operands)
+  return _decode_shard_map(call, operands, mesh)
+
+
+def _decode_shard_map(call, operands, mesh):
+  """A Pallas decode kernel under `jax.shard_map` over the mesh in context: each device runs
+  it on its own rows (the batch axes) and kv heads (the head axis, when H and Hkv both
+  divide over it, as `splash_specs`); the cache keeps the layout of `kv_cache`'s shardings
+  ([L,] B, Hkv, S, Dh), so the kernel reads it where it lies."""
+  q_bthd, k_cache = operands[0], operands[4]
+  b, _, h, _ = q_bthd.shape
+  hkv = operands[1].shape[2]
+  rows, heads = splash_specs(mesh, b, h, hkv)
+  stacked = k_cache.ndim == 5
+  cache_spec = P(None, rows, heads, None, None) if stacked else P(rows, heads, None, None)
+  token_spec = P(rows, None, heads, None)
+  index = operands[7]
+  specs = (token_spec, token_spec, token_spec, P(rows, None), cache_spec, cache_spec, P(rows),
+           P() if jnp.ndim(index) == 0 else P(rows)) + ((P(),) if len(operands) == 9 else ())
+  return jax.shard_map(call, mesh=mesh, in_specs=specs, out_specs=token_spec,
+                       check_vma=False)(*operands)
 
 
 def _decode_xla(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd, *,

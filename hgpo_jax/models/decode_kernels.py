@@ -423,3 +423,9 @@ def decode_attention_tpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v
   o, lse = tpu_cache_part(q_bthd, k_cache, v_cache, start_b, end_b, layer_1, scale=scale,
                           block=block, interpret=_platform_interpret(interpret, ("tpu",)))
   return _finish(q_bthd, k_bthd, v_bthd, segment_ids_bt, o, lse, scale)
+
+
+# The decoder selects these by name (`ModelConfig.decode_attention_impl`,
+# `attention.decode_attention(impl=...)`); importing this module registers them.
+attention.register_decode_kernel("pallas_gpu", decode_attention_gpu)
+attention.register_decode_kernel("pallas_tpu", decode_attention_tpu)

@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from hgpo_jax.models import attention
+from hgpo_jax.models import decode_kernels  # noqa: F401  (registers the pallas_* decode kernels)
 from hgpo_jax.models.config import ModelConfig
 from hgpo_jax.models.kv_cache import KVCache, cache_shape, init_cache  # noqa: F401
 
@@ -171,13 +172,15 @@ _matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
 
 
 def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segment_ids_bt,
-           cached=None, cache_index=None, cache_start_b=None, decode_impl: str = "xla"):
+           cached=None, cache_index=None, cache_start_b=None, decode_impl: str = "xla",
+           layer=None):
   """One decoder block. p holds one layer's parameters (no leading L axis).
 
   Without a cache the block attends over its own T keys (`attention.attention` with
   `impl`, segment ids [B, T]). With one, `cached` = (k, v) of this layer, [B, Hkv, S, Dh],
   read only: the T new positions attend over the cache slots [cache_start_b, cache_index)
-  of their row and over their own new keys (`attention.decode_attention`). The caller
+  of their row and over their own new keys (`attention.decode_attention`; with `layer`,
+  `cached` holds all layers' caches [L, B, Hkv, S, Dh] and the block reads that one). The caller
   writes the new keys/values into the cache afterwards (see `Decoder.decode_hidden`).
   Returns (x_btd, (k, v) of the new positions, each [B, Hkv, T, Dh]).
   """
@@ -200,7 +203,7 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
     attn_bthk = attention.decode_attention(q_bthk, k_bthk, v_bthk, segment_ids_bt, *cached,
                                            cache_start_b=cache_start_b,
                                            cache_index=cache_index, scale=scale,
-                                           impl=decode_impl)
+                                           impl=decode_impl, layer=layer)
   x_btd = x_btd + _project(attn_bthk.reshape(b, t, -1), p["o"].reshape(cfg.hidden_dim, -1))
   h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps)
   gated_btf = jax.nn.silu(_project(h_btd, p["gate"])) * _project(h_btd, p["up"])
@@ -343,7 +346,20 @@ class Decoder(nnx.Module):
         x, (k, v) = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, (k_bksd, v_bksd), index,
                            start_b, decode_impl)
         return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
-      x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, (layer_params, cache.k, cache.v))
+      if decode_impl in attention.STACKED_DECODE_IMPLEMENTATIONS:
+        # These kernels read layer l of the whole cache in place (a slice as a scan input
+        # would be copied before the kernel's custom call, in every layer and step).
+        @remat
+        def stacked_step(x, xs):
+          p, layer = xs
+          x, (k, v) = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, (cache.k, cache.v),
+                             index, start_b, decode_impl, layer=layer)
+          return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
+        layers = jnp.arange(cache.k.shape[0], dtype=jnp.int32)
+        x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(stacked_step, x_btd, (layer_params, layers))
+      else:
+        x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd,
+                                                 (layer_params, cache.k, cache.v))
       if index.ndim == 0:
         zero = jnp.zeros((), jnp.int32)
         start = (zero, zero, zero, index, zero)

@@ -51,6 +51,11 @@ class RolloutParams:
   rows instead of the call's (`Sampler(decode_slots=...)`); a multiple of the sampler mesh's
   batch-parallel size. Same tokens as lockstep decoding (log-probs within float rounding).
   0: every row of a call decodes in lockstep until the slowest ends."""
+  decode_chunk_steps: int = 0
+  """Lockstep decode steps per iteration of the sampler's device loop, which tests "every row
+  finished?" once per chunk (`Sampler(decode_chunk=...)`, `engine.resolve_decode_chunk`):
+  on GPUs a loop of unknown trip count waits for the host every iteration. Same tokens for
+  every value. 0: by the platform (16 on GPUs, 1 elsewhere)."""
   max_trie_nodes: int = 0
   """Nodes of a constrained row's token trie (its allowed responses' tokens, shared
   prefixes once), fixed in every call so the constrained sampler programs take their
@@ -97,7 +102,7 @@ class RolloutParams:
         or self.max_candidates < 1):
       raise ValueError(f"max_candidates must be an int >= 1, got {self.max_candidates!r}")
     for name in ("history_length", "fallback_chars", "history_drop_chars", "max_trie_nodes",
-                 "prefill_chunk_rows", "decode_slots"):
+                 "prefill_chunk_rows", "decode_slots", "decode_chunk_steps"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
     if self.kv_cache_dtype not in sampler_lib.CACHE_DTYPES:

@@ -22,6 +22,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from hgpo_jax.models import attention
 from hgpo_jax.models import decoder
 from hgpo_jax.models import platform
 from hgpo_jax.models import sharding
@@ -47,6 +48,39 @@ def resolve_cache_dtype(name: str, mesh_or_devices, compute_dtype) -> jnp.dtype:
   return jnp.dtype(compute_dtype if name == "" else name)
 
 
+GPU_DECODE_CHUNK = 16
+"""Lockstep decode steps per device-loop iteration on GPUs (`resolve_decode_chunk`)."""
+
+
+def resolve_decode_chunk(steps: int, mesh_or_devices) -> int:
+  """Decode steps per iteration of the lockstep loop: `steps` when > 0, else by the target
+  devices' platform: `GPU_DECODE_CHUNK` on GPUs, 1 elsewhere.
+
+  Why: XLA:GPU runs a `while` loop whose trip count it cannot know by copying the condition
+  to the host and waiting for the device in every iteration (openxla/xla,
+  xla/backends/gpu/runtime/while_thunk.cc), so a one-step loop pays a host round trip per
+  token; an inner loop of K steps has a known trip count and queues without that wait. TPUs
+  and CPUs evaluate the condition without a host round trip, so 1 keeps their programs as
+  they were. Same tokens either way (`lockstep_decode`)."""
+  if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+    raise ValueError(f"decode_chunk_steps={steps!r} must be an int >= 0 (0: by platform).")
+  if steps:
+    return steps
+  return GPU_DECODE_CHUNK if platform.target_platform(mesh_or_devices) == "gpu" else 1
+
+
+KERNEL_CACHE_MULTIPLE = 128
+"""Cache slots are a multiple of this under a Pallas decode kernel (the TPU kernel's blocks
+of 128-512 slots, the GPU kernel's of 16-64)."""
+
+
+def cache_multiple(cfg, mesh_or_devices) -> int:
+  """`KERNEL_CACHE_MULTIPLE` when `cfg.decode_attention_impl` resolves to a Pallas kernel on
+  the target devices, else 1 (the XLA form takes any length: CPU programs unchanged)."""
+  impl = attention.resolve_decode_impl(cfg.decode_attention_impl, mesh_or_devices)
+  return KERNEL_CACHE_MULTIPLE if impl in attention.STACKED_DECODE_IMPLEMENTATIONS else 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Engine:
   """The sampler's settings the device program reads (constants of every program).
@@ -61,6 +95,10 @@ class Engine:
     prefill_rows: rows per prefill step (0: one step; `Sampler(prefill_rows=)`).
     batch_parallel: the mesh's batch-parallel size D.
     admit_rows: rows a slotted decode admits at a time.
+    decode_chunk: lockstep decode steps per iteration of the device loop (`lockstep_decode`):
+      1 tests "every row finished?" after each step (the CPU default); K > 1 runs K steps
+      as an inner loop of known trip count and tests once per K (`resolve_decode_chunk`).
+    cache_multiple: the cache's slots are a multiple of this (`cache_length`).
   """
   cfg: object
   mesh: object
@@ -71,6 +109,14 @@ class Engine:
   prefill_rows: int
   batch_parallel: int
   admit_rows: int
+  decode_chunk: int = 1
+  cache_multiple: int = 1
+
+  def cache_length(self, plen: int, max_new_tokens: int) -> int:
+    """Slots of a call's cache: P - 1 prompt slots + M new ones, rounded up to
+    `cache_multiple` (the Pallas decode kernels tile the slots in blocks; the slots past
+    P + M - 1 are never valid, so never read)."""
+    return -(-(plen + max_new_tokens - 1) // self.cache_multiple) * self.cache_multiple
 
   def chunks(self, rows: int) -> bool:
     """Whether `rows` rows are prefilled (or, shared, copied) `prefill_rows` at a time."""
@@ -129,7 +175,7 @@ def generate(engine: Engine, model, inputs: inputs_lib.DecodeInputs,
              flags: inputs_lib.DecodeFlags) -> DecodeResult:
   """Prefill + decode of one call (module docstring)."""
   batch, plen = inputs.tokens.shape
-  cache_len = plen + flags.max_new_tokens - 1
+  cache_len = engine.cache_length(plen, flags.max_new_tokens)
   rules = engine.rules(inputs, flags)
   phase_b = rules.start_phase()
   prefill_up, prefill_lengths_u = inputs.prefill_tokens, inputs.prefill_lengths
@@ -220,7 +266,13 @@ def chunked_copy(engine: Engine, cache_u, source_b, cache_b):
 
 def lockstep_decode(engine: Engine, model, rules: token_rules.TokenRules,
                     inputs: inputs_lib.DecodeInputs, phase_b, cache) -> DecodeResult:
-  """Every row of the call decodes in its own cache row, all at the same slot per step."""
+  """Every row of the call decodes in its own cache row, all at the same slot per step.
+
+  With `engine.decode_chunk` = K > 1 the loop's body is an inner loop of K steps (known trip
+  count) and the exit test runs once per K steps. A step past the last token (j >= M) or
+  after every row finished records nothing, so the tokens, log-probs, lengths, reasons and
+  the reported step count equal the one-step loop's; row r's token j keeps its
+  fold_in(fold_in(rng, j), r) key."""
   batch, plen = inputs.tokens.shape
   max_new_tokens = rules.flags.max_new_tokens
   rows_b = jnp.arange(batch)
@@ -252,9 +304,33 @@ def lockstep_decode(engine: Engine, model, rules: token_rules.TokenRules,
       reasons=zeros_b, lengths=zeros_b,
       rules=token_rules.RowRules(stop_state=zeros_b, phase=phase_b, node=zeros_b,
                                  free_count=zeros_b))
-  state = jax.lax.while_loop(cond, body, state)
+  chunk = min(engine.decode_chunk, max_new_tokens)
+  if chunk <= 1:
+    state = jax.lax.while_loop(cond, body, state)
+    steps = state.step
+  else:
+    state, steps = jax.lax.while_loop(
+        lambda carry: cond(carry[0]),
+        lambda carry: jax.lax.fori_loop(0, chunk, _chunk_step(body, cond), carry), (state, 0))
   return DecodeResult(tokens=state.tokens, logprobs=state.logprobs, lengths=state.lengths,
-                      reasons=state.reasons, steps=state.step)
+                      reasons=state.reasons, steps=jnp.asarray(steps, jnp.int32))
+
+
+def _chunk_step(body, cond):
+  """One step of a decode chunk over (state, steps run): `body`'s state where the one-step
+  loop would still run (`cond`), else the state unchanged, with `steps` counting the steps
+  that ran. Both sides are computed (a `lax.cond` would cost XLA:GPU the host round trip
+  the chunk exists to avoid); only the cache is taken from `body` either way: a skipped
+  step writes its keys/values at the frozen next slot, which nothing reads afterwards (the
+  loop exits at the chunk's end), and a select over the whole cache would copy it."""
+  def step(_, carry):
+    state, steps = carry
+    run = cond(state)
+    new = body(state)
+    kept = jax.tree.map(lambda n, o: jnp.where(run, n, o), new.replace(cache=None),
+                        state.replace(cache=None))
+    return kept.replace(cache=new.cache), steps + run.astype(jnp.int32)
+  return step
 
 
 @flax.struct.dataclass
@@ -283,7 +359,7 @@ def slotted_decode(engine: Engine, model, rules: token_rules.TokenRules,
   """
   batch, plen = inputs.tokens.shape
   max_new = rules.flags.max_new_tokens
-  cache_len = plen + max_new - 1
+  cache_len = engine.cache_length(plen, max_new)
   admission = slots_lib.Admission(
       model=model, inputs=inputs, phase=phase_b, shared_cache=shared_cache, slots=slots,
       rows=engine.admit_rows, cache_len=cache_len,

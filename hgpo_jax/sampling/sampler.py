@@ -75,6 +75,8 @@ class Sampler:
     decode_slots: continuous batching: a call of more bucketed rows than this decodes
       them in this many cache rows (a multiple of the batch-parallel size; 0: lockstep).
     trie_nodes: fixed nodes of every constrained call's tries (0: sized per call).
+    decode_chunk: lockstep decode steps per device-loop iteration (0: by the devices'
+      platform, `engine.resolve_decode_chunk`); same tokens for every value.
 
   Attributes:
     generate_program: the jitted device program, `(model, inputs: DecodeInputs,
@@ -84,7 +86,7 @@ class Sampler:
   def __init__(self, model, tokenizer, *, prompt_buckets=(128, 256, 512, 1024, 2048, 4096),
                batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), mesh=None, share_prefill=True,
                max_candidates=DEFAULT_MAX_CANDIDATES, cache_dtype="auto", trie_nodes=0,
-               prefill_rows=0, decode_slots=0):
+               prefill_rows=0, decode_slots=0, decode_chunk=0):
     if isinstance(trie_nodes, bool) or not isinstance(trie_nodes, int) or trie_nodes < 0:
       raise ValueError(f"Sampler: trie_nodes={trie_nodes!r} must be an int >= 0 "
                        "(rollout.max_trie_nodes; 0 = sized per call).")
@@ -141,10 +143,13 @@ class Sampler:
     # programs compiled ahead of time (`precompile`), by `_call_key` of their arguments
     self._compiled: dict[tuple, jax.stages.Compiled] = {}
     self.unlisted_calls = 0  # calls that found no precompiled program (with some compiled)
+    target = jax.local_devices() if mesh is None else mesh
     self.engine = engine_lib.Engine(
         cfg=self.cfg, mesh=mesh, cache_dtype=self.cache_dtype, pad_id=self.pad_id,
         eos_ids=self.eos_ids, max_candidates=max_candidates, prefill_rows=prefill_rows,
-        batch_parallel=data_size, admit_rows=self.admit_rows)
+        batch_parallel=data_size, admit_rows=self.admit_rows,
+        decode_chunk=engine_lib.resolve_decode_chunk(decode_chunk, target),
+        cache_multiple=engine_lib.cache_multiple(self.cfg, target))
     # (traced with the mesh in context: the splash attention kernel shard_maps over it)
     self.generate_program = jax.jit(attention.traced_on(mesh, self._generate_device),
                                     static_argnames=("flags",))
@@ -157,7 +162,8 @@ class Sampler:
     return cls(model, tokenizer, prompt_buckets=prompt_buckets(rollout.max_prompt_tokens),
                mesh=mesh, share_prefill=share_prefill, max_candidates=rollout.max_candidates,
                cache_dtype=rollout.kv_cache_dtype, trie_nodes=rollout.max_trie_nodes,
-               prefill_rows=rollout.prefill_chunk_rows, decode_slots=rollout.decode_slots)
+               prefill_rows=rollout.prefill_chunk_rows, decode_slots=rollout.decode_slots,
+               decode_chunk=rollout.decode_chunk_steps)
 
   def _generate_device(self, model, inputs: DecodeInputs, flags: DecodeFlags):
     """The jitted program (`engine.generate`); counts its traces."""

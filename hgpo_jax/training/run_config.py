@@ -144,6 +144,9 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
                       f"estimator with a critic (algo=ppo|hiper); {est.name!r} has none")
   if config.model.attn_query_chunk < 0:
     raise ConfigError(f"config.model.attn_query_chunk={config.model.attn_query_chunk} must be >= 0 (0: off)")
+  if config.model.decode_attention_impl not in attention.DECODE_CHOICES:
+    raise ConfigError(f"config.model.decode_attention_impl={config.model.decode_attention_impl!r}: "
+                      f"use one of {attention.DECODE_CHOICES}")
   if config.model.attention_impl not in attention.CHOICES:
     raise ConfigError(f"config.model.attention_impl={config.model.attention_impl!r}: use one of "
                       f"{attention.CHOICES}")
@@ -228,7 +231,8 @@ def model_settings(config: ml_collections.ConfigDict, cfg: model_config.ModelCon
     impl = attention.resolve_impl(impl, mesh, dtype)
   return cfg.replace(dtype=dtype,
                      remat=bool(config.model.remat), attn_query_chunk=config.model.attn_query_chunk,
-                     attention_impl=impl)
+                     attention_impl=impl,
+                     decode_attention_impl=config.model.decode_attention_impl)
 
 
 def critic_update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:

@@ -105,9 +105,11 @@ class RandomIdsTokenizer:
 
 
 def trainer_sampler(model_name: str, device, prompt: int, new_tokens: int, *, dtype="bfloat16",
-                    seed: int = 0):
+                    seed: int = 0, decode_impl: str = "auto", decode_chunk: int = 0):
   """(sampler, its SamplingParams): the program registry's sampler for `model_name` on a
-  one-device mesh of `device`, holding random `dtype` weights (module doc)."""
+  one-device mesh of `device`, holding random `dtype` weights (module doc), with
+  `config.model.decode_attention_impl=decode_impl` and
+  `config.rollout.decode_chunk_steps=decode_chunk`."""
   from configs import alfworld
   from hgpo_jax.models import config as model_config
   from hgpo_jax.models import loading, sharding
@@ -118,6 +120,8 @@ def trainer_sampler(model_name: str, device, prompt: int, new_tokens: int, *, dt
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1
   config.rollout.max_prompt_tokens = prompt
   config.rollout.max_new_tokens = new_tokens
+  config.model.decode_attention_impl = decode_impl
+  config.rollout.decode_chunk_steps = decode_chunk
   mesh = sharding.make_mesh(1, 1, 1, devices=[device])
   vocab = model_config.get_preset(model_name).vocab_size
   registry = programs.build(config, mesh, local_devices=[device], num_processes=1,
@@ -335,7 +339,16 @@ def run_accelerator(args, allow_cpu: bool = False) -> None:
         f"{args.reps}; copy bandwidth {bandwidth / 1e9:,.0f} GB/s (jitted x+1 over "
         f"{args.copy_mib} MiB), datasheet "
         + (f"{sheet / 1e9:,.0f} GB/s ({key})" if sheet else "unknown for this chip"), flush=True)
-  sampler, params = trainer_sampler(args.model, device, args.prompt, args.new)
+  sampler, params = trainer_sampler(args.model, device, args.prompt, args.new,
+                                    decode_impl=args.decode_impl,
+                                    decode_chunk=args.decode_chunk)
+  print(f"current: decode attention {args.decode_impl} "
+        f"(cache slots a multiple of {sampler.engine.cache_multiple}), "
+        f"{sampler.engine.decode_chunk} decode steps per device-loop iteration", flush=True)
+  baseline = None
+  if args.baseline:
+    baseline, _ = trainer_sampler(args.model, device, args.prompt, args.new,
+                                  decode_impl="xla", decode_chunk=1)
   hf_torch_model = None
   if args.hf:
     hf_torch_model = hf_model(sampler.cfg, "cuda" if device.platform == "gpu" else "cpu")
@@ -344,6 +357,11 @@ def run_accelerator(args, allow_cpu: bool = False) -> None:
     r = time_decode(sampler, params, rows, args.prompt, args.reps, bandwidth, sheet)
     results.append(r)
     print(format_setting(args.model, r), flush=True)
+    if baseline is not None:
+      b = time_decode(baseline, params, rows, args.prompt, args.reps, bandwidth, sheet)
+      r["baseline"] = b
+      print("  baseline (xla decode attention, one step per loop iteration): "
+            + format_setting(args.model, b), flush=True)
     if args.hf:
       hf = time_hf(hf_torch_model, random_prompts(rows, args.prompt, sampler.cfg.vocab_size),
                    args.new, sampler.pad_id, args.reps, "cuda" if device.platform == "gpu"
@@ -356,9 +374,14 @@ def run_accelerator(args, allow_cpu: bool = False) -> None:
     p = profile_call(lambda: sampler.generate(prompts, params, jax.random.key(0)), args.new)
     print("\n".join(format_profile(p)), flush=True)
   last = results[-1]
+  tail = ""
+  if "baseline" in last:
+    b = last["baseline"]
+    tail = (f"; baseline {b['fraction']:.1%} ({b['step_ms']:.2f} ms), current / baseline "
+            f"speed {b['step_ms'] / last['step_ms']:.2f}x")
   print(f"fraction of the measured-bandwidth roofline at {last['rows']} rows: "
         f"{last['fraction']:.1%} ({last['step_ms']:.2f} ms per decode step vs "
-        f"{last['roofline_ms']:.2f} ms)")
+        f"{last['roofline_ms']:.2f} ms){tail}")
 
 
 def _int_list(text: str) -> list[int]:
@@ -384,11 +407,25 @@ def main(argv=None):
   ap.add_argument("--reps", type=int, default=2, help="timed calls per setting (median)")
   ap.add_argument("--copy-mib", type=int, default=2048, help="array of the copy bandwidth")
   ap.add_argument("--hf", action="store_true", help="also transformers' generate (static cache)")
+  ap.add_argument("--decode-impl", default="auto",
+                  help="config.model.decode_attention_impl of the current side: auto | xla | "
+                       "pallas_gpu | pallas_tpu")
+  ap.add_argument("--decode-chunk", type=int, default=0,
+                  help="config.rollout.decode_chunk_steps of the current side (0: by platform)")
+  ap.add_argument("--baseline", action="store_true",
+                  help="also time the XLA decode attention with one step per loop iteration "
+                       "(the sampler before the chunked loop and the kernels), side by side")
   ap.add_argument("--profile", action="store_true",
                   help="top kernels of a decode step and host waits (jax profiler trace)")
   args = ap.parse_args(argv)
   if args.new < 2 or args.prompt < 2 or args.reps < 1:
     raise SystemExit("--new and --prompt must be >= 2 and --reps >= 1")
+  from hgpo_jax.models import attention_names
+  if args.decode_impl not in attention_names.DECODE_CHOICES:
+    raise SystemExit(f"--decode-impl {args.decode_impl!r}: use one of "
+                     f"{attention_names.DECODE_CHOICES}")
+  if args.decode_chunk < 0:
+    raise SystemExit("--decode-chunk must be >= 0 (0: by platform)")
   if not args.accelerator:
     raise SystemExit("launch.benchmarks.rollout runs on a GPU or TPU: pass --accelerator "
                      "(the CPU sampler benchmark is `python -m launch.benchmarks.sampler`).")

@@ -179,10 +179,15 @@ def test_rollout_whole_command_runs_on_a_cpu_when_allowed(capsys):
 
   from launch.benchmarks import rollout
   args = argparse.Namespace(model="tiny", rows=[2, 4], prompt=16, new=4, reps=1, copy_mib=4,
-                            hf=True, profile=True)
+                            hf=True, profile=True, decode_impl="pallas_gpu", decode_chunk=3,
+                            baseline=True)
   rollout.run_accelerator(args, allow_cpu=True)
   out = capsys.readouterr().out.splitlines()
+  assert ("current: decode attention pallas_gpu (cache slots a multiple of 128), 3 decode "
+          "steps per device-loop iteration") in out
   assert sum(line.startswith("tiny rows") and "ms per decode step" in line for line in out) == 2
+  assert sum(line.startswith("  baseline (xla decode attention") for line in out) == 2
   assert sum("transformers generate (static cache)" in line for line in out) == 2
   assert any(line.startswith("profile: device busy n/a") for line in out)
   assert out[-1].startswith("fraction of the measured-bandwidth roofline at 4 rows: ")
+  assert "current / baseline speed" in out[-1]

@@ -1,0 +1,58 @@
+"""The sampler with the Pallas decode kernels (`model.decode_attention_impl`), run in Pallas
+interpret mode on CPU: the samples of the XLA form (tokens equal, log-probs within float
+rounding), through the decoder's stacked-cache path (each layer read in place) and a cache
+rounded up to `engine.KERNEL_CACHE_MULTIPLE` slots, in lockstep and in slots."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from hgpo_jax.models import config, decoder
+from hgpo_jax.sampling import engine, sampler
+
+TEXTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
+         "put a clean apple in the fridge", "look", "open the drawer"]
+
+
+def _model(impl):
+  cfg = config.get_preset("tiny").replace(decode_attention_impl=impl)
+  return decoder.Decoder(cfg, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("impl", ["pallas_tpu", "pallas_gpu"])
+@pytest.mark.parametrize("slots", [0, 2])
+def test_kernel_sampler_samples_what_the_xla_sampler_samples(tok, impl, slots):
+  prompts = [tok.encode(t) for t in TEXTS]
+  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=12)
+  kw = dict(prompt_buckets=(64,), batch_buckets=(8,), decode_slots=slots)
+  xla = sampler.Sampler(_model("xla"), tok, **kw)
+  kernel = sampler.Sampler(_model(impl), tok, **kw)
+  assert xla.engine.cache_multiple == 1
+  assert kernel.engine.cache_multiple == engine.KERNEL_CACHE_MULTIPLE
+  assert kernel.engine.cache_length(64, 12) == 128 and xla.engine.cache_length(64, 12) == 75
+  want = xla.generate(prompts, params, jax.random.key(4))
+  got = kernel.generate(prompts, params, jax.random.key(4))
+  assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
+  for x, y in zip(got.logprobs, want.logprobs):
+    np.testing.assert_allclose(x, y, atol=2e-5)
+
+
+@pytest.mark.parametrize("impl", ["pallas_tpu", "pallas_gpu"])
+def test_kernel_sampler_on_a_mesh_samples_what_the_unsharded_xla_sampler_samples(tok, impl):
+  """A data=2 x tensor=2 sampler mesh (4 fake devices): the kernel runs under shard_map on
+  each device's rows and kv heads, and the samples are the unsharded XLA sampler's."""
+  import fake_devices
+  from hgpo_jax.models import sharding
+  prompts = [tok.encode(t) for t in TEXTS]
+  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=10)
+  kw = dict(prompt_buckets=(64,), batch_buckets=(8,))
+  want = sampler.Sampler(_model("xla"), tok, **kw).generate(prompts, params, jax.random.key(7))
+  mesh = sharding.make_mesh(data=2, fsdp=1, tensor=2, devices=fake_devices.take(4))
+  sharded = _model(impl)
+  sharding.shard_model(sharded, mesh)
+  got = sampler.Sampler(sharded, tok, mesh=mesh, **kw).generate(prompts, params,
+                                                                 jax.random.key(7))
+  assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
+  for x, y in zip(got.logprobs, want.logprobs):
+    np.testing.assert_allclose(x, y, atol=2e-5)
