@@ -22,10 +22,29 @@ parameters, optimizer state and batches, no weights) and compiles each for the t
 
 Prints per device each program's argument / output / aliased / temporary / peak bytes and
 FLOPs per call; `--rollout-programs list|compile` lists (or compiles) every sampler
-program a run can call, each batch and prompt bucket (`rollout.precompile` compiles them); `--search` then tries candidate meshes and micro-batches for the train
-step and the largest sampler rows per call, with the same compiles. The last line reads
-`fits: peak X GiB of Y GiB per device on <target> (<program>)` or `does not fit: ...`;
-the exit status is 0 iff every program fits.
+program a run can call, each batch and prompt bucket (`rollout.precompile` compiles them).
+`--micro-batch N` is every learner's micro-batch (the actor's and the critic's, the run's
+`--config.train.micro_batch_rows`); without it a config written for fewer devices gets its
+micro-batch raised to the mesh's data-parallel size. `--no-compile` checks the config, the
+mesh and the micro-batch and lowers every program, without XLA (seconds).
+
+`--search` tries candidate meshes, least communication first: on each, every learner's
+update (the critic's too) at growing micro-batches, then the other programs (the sampler
+on the per-host sampling mesh the trainer derives from that mesh) at the largest that fit;
+it ends with the winner's plan, its `launch.main` and `launch.plan` command lines, the most
+sampler rows per call that fit there, and its verdict (`does not fit` only when no
+candidate fits). Without `--mesh`/`--micro-batch` the config's own mesh is not compiled.
+
+  python -m launch.plan --table [--out docs/plan_table.md] [--figure docs/figures/plan_memory.png]
+  python -m launch.plan --render   # the Markdown and the figure again from the CSV, no compile
+
+`--table` runs the search for the 1.5B and 7B paper settings on v5e-8, v5p-8 and v6e-8
+(`--table-models`, `--table-targets`) and writes docs/plan_table.md, docs/plan_table.csv
+and the per-device memory figure docs/figures/plan_memory.png.
+
+The last line reads `fits: peak X GiB of Y GiB per device on <target> (<program>)` or
+`does not fit: ...`; the exit status is 0 iff every program fits, 2 for bad input (one line
+`launch.plan: error: ...` naming the flag to change).
 """
 
 from __future__ import annotations
@@ -54,12 +73,16 @@ def load_config(spec: str, overrides: list[str]):
       raise SystemExit(f"override {item!r} needs a value: --config.{key}=VALUE")
     try:
       flat[key] = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      flat[key] = value
-  try:
-    config.update_from_flattened_dict(flat)
-  except (KeyError, TypeError, AttributeError) as e:
-    raise SystemExit(f"bad --config override: {e}") from None
+    except (ValueError, SyntaxError):  # as absl parses a bool field: true/false
+      flat[key] = {"true": True, "false": False}.get(value.lower(), value)
+  for key, value in flat.items():
+    try:
+      config.update_from_flattened_dict({key: value})
+    except (KeyError, AttributeError):
+      raise SystemExit(f"unknown config field --config.{key}; the fields are in the config file "
+                       "and configs/common.py") from None
+    except (TypeError, ValueError) as e:
+      raise SystemExit(f"bad --config.{key}={value!r}: {' '.join(str(e).split())}") from None
   return config
 
 
@@ -85,11 +108,16 @@ def parse_args(argv):
                   "bucket, shared and unshared prefill, training and evaluation sampling: "
                   "what --config.rollout.precompile=true compiles) and exit, or compile them "
                   "after the plan")
+  ap.add_argument("--no-compile", action="store_true", help="check the config, mesh and "
+                  "micro-batch and lower every program (trace and shardings) without compiling; "
+                  "prints the persistent bytes per device (exact without a compile)")
   ap.add_argument("--search", action="store_true", help="search meshes, micro-batches and "
                   "sampler rows per call that fit (several compiles)")
   ap.add_argument("--table", action="store_true", help="compile the plan table of the paper "
                   "settings (1.5B and 7B) on each target with --search: --out's Markdown, a CSV "
                   "beside it and the memory figure (--figure)")
+  ap.add_argument("--render", action="store_true", help="rewrite --out's Markdown and the "
+                  "figure from the CSV beside it (rows of earlier --table runs), no compile")
   ap.add_argument("--out", default="docs/plan_table.md", help="--table: the Markdown file")
   ap.add_argument("--figure", default="docs/figures/plan_memory.png", help="--table: the figure")
   ap.add_argument("--table-targets", default="v5e-8,v5p-8,v6e-8", help="--table: targets")
@@ -126,6 +154,11 @@ def main(argv=None) -> int:
   try:
     if args.table:
       return table_main(args)
+    if args.render:
+      rows = read_table(_csv_path(args.out))
+      write_table(rows, args.out, args.figure, args.headroom)
+      print(f"wrote {args.out} and {args.figure} from {len(rows)} rows of {_csv_path(args.out)}")
+      return 0
     if not args.config:
       raise PlanError("--config is required (e.g. --config=configs/alfworld.py:algo=hgpo), "
                       "or --table")
@@ -247,6 +280,8 @@ def plan_main(args, overrides) -> int:
     print("\n".join(f"  {name}" for name, _ in listed))
     print(f"{len(listed)} sampler programs a run can call (per process)", flush=True)
     return 0
+  if args.no_compile:
+    return _lower_only(args, config, mesh, micro, devices, where)
   t0 = time.perf_counter()
   plan = plan_lib.compile_plan(
       config, mesh, micro_batch_rows=micro, rollout_rows=args.rollout_rows or None,
@@ -270,6 +305,29 @@ def plan_main(args, overrides) -> int:
     return _search(args, overrides, config, devices, memory, where, show)
   print(plan_lib.verdict_line(plan, memory, args.headroom, where), flush=True)
   return 0 if plan.fits(memory, args.headroom) else 1
+
+
+def _lower_only(args, config, mesh, micro, devices, where) -> int:
+  """--no-compile: every program of the config built and lowered on the mesh, no XLA."""
+  from hgpo_jax.models import sharding as sharding_lib
+  from hgpo_jax.training import plan as plan_lib
+  from hgpo_jax.training import programs as programs_lib
+  t0 = time.perf_counter()
+  registry = programs_lib.build(config, sharding_lib.make_mesh(*mesh, devices=devices),
+                                micro_batch_rows=micro, rollout_rows=args.rollout_rows or None)
+  names = [p for p in args.programs.split(",") if p] or list(registry.programs)
+  unknown = sorted(set(names) - set(registry.programs))
+  if unknown:
+    raise PlanError(f"--programs: unknown programs {unknown}; this config has "
+                    f"{sorted(registry.programs)}")
+  for name in names:
+    registry.programs[name].lower()
+  d, f, t = (registry.mesh.shape[a] for a in ("data", "fsdp", "tensor"))
+  print(f"lowered without compiling ({time.perf_counter() - t0:.0f} s): {', '.join(names)} on "
+        f"mesh data={d} fsdp={f} tensor={t}, micro-batch "
+        f"{registry.learner.config.micro_batch_rows}; persistent "
+        f"{registry.persistent / plan_lib.GiB:.2f} GiB per device on {where}", flush=True)
+  return 0
 
 
 def _search(args, overrides, config, devices, memory, where, show) -> int:
@@ -312,7 +370,7 @@ TABLE_PROGRAMS = ("update", "logprobs", "logprobs_old", "critic_values", "critic
                   "advantages", "generate", "generate_shared")
 TABLE_FIELDS = ("model", "target", "chips", "usable_hbm_gib", "mesh", "micro_batch_rows",
                 "peak_gib", "peak_program", "verdict", "est_s_per_iteration", "persistent_gib",
-                *(f"peak_gib_{p}" for p in TABLE_PROGRAMS), "search_s")
+                *(f"peak_gib_{p}" for p in TABLE_PROGRAMS), "search_s", "commit")
 
 
 def table_main(args) -> int:
@@ -347,7 +405,7 @@ def table_main(args) -> int:
       t0 = time.perf_counter()
       best, tried = plan_lib.recommend(config, len(devices), memory, args.headroom,
                                        log=lambda s: print(s, flush=True), devices=devices)
-      row = {"model": model, "target": target.name, "chips": len(devices),
+      row = {"model": model, "target": target.name, "chips": len(devices), "commit": _commit(),
              "usable_hbm_gib": round(memory / plan_lib.GiB, 2),
              "search_s": round(time.perf_counter() - t0)}
       if best is None:
@@ -374,14 +432,45 @@ def table_main(args) -> int:
   return 0
 
 
+def _commit() -> str:
+  """The repository's short HEAD commit (a `+` when the work tree has changes), or "?"."""
+  import subprocess
+  try:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=True, cwd=os.path.dirname(__file__)).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=True,
+                           cwd=os.path.dirname(__file__)).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "?"
+  return head + ("+" if dirty else "")
+
+
 def _csv_path(md_path: str) -> str:
   return os.path.splitext(md_path)[0] + ".csv"
+
+
+def read_table(csv_path: str) -> list[dict]:
+  """The rows of a plan-table CSV, numbers as numbers."""
+  import csv
+  try:
+    with open(csv_path, encoding="utf-8") as f:
+      rows = list(csv.DictReader(f))
+  except OSError as e:
+    raise PlanError(f"--render: cannot read {csv_path} ({e.strerror}); run --table first") from None
+  for row in rows:
+    for key, value in row.items():
+      if key in ("chips", "micro_batch_rows", "search_s") and value:
+        row[key] = int(value)
+      elif (key.endswith("_gib") or key.startswith("peak_gib") or key == "est_s_per_iteration") \
+          and value:
+        row[key] = float(value)
+  return rows
 
 
 def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: float) -> None:
   """The Markdown table, the CSV beside it and the memory figure of `rows`."""
   import csv
-  import subprocess
   os.makedirs(os.path.dirname(md_path) or ".", exist_ok=True)
   with open(_csv_path(md_path), "w", newline="", encoding="utf-8") as f:
     w = csv.DictWriter(f, fieldnames=TABLE_FIELDS, lineterminator="\n")
@@ -394,11 +483,7 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
     libtpu_version = getattr(libtpu, "__version__", "?")
   except ImportError:
     libtpu_version = "?"
-  try:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    commit = "?"
+  commit = ", ".join(sorted({str(r.get("commit") or _commit()) for r in rows}))
   lines = [
       "# Compiled plans of the paper settings",
       "",
@@ -414,7 +499,7 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
       "measurement. Each row is one `python -m launch.plan "
       "--config=configs/alfworld.py:algo=hgpo,model=M --topology T --search`.",
       "",
-      f"Compiled at commit {commit} with jax {jax.__version__}, libtpu {libtpu_version}; "
+      f"Compiled at commit {commit} (+: with uncommitted changes) with jax {jax.__version__}, libtpu {libtpu_version}; "
       f"CSV: [{os.path.basename(_csv_path(md_path))}]({os.path.basename(_csv_path(md_path))}).",
       "",
       "| model | target | mesh | micro-batch | peak GiB per device (of usable) | verdict | "
@@ -432,7 +517,8 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
   rel = os.path.relpath(figure_path, os.path.dirname(md_path) or ".")
   lines += ["", f"![Per-device memory by program]({rel})", "",
             "Per-device peak of each program (persistent state + the program's own bytes) for "
-            "the rows that fit; the dashed line is the budget (usable HBM less the headroom). "
+            "the rows that fit, and the persistent state alone (for a row that does not fit: "
+            "on its most sharded candidate mesh); the dashed line is the budget (usable HBM less the headroom). "
             "Regenerated with the table by `python -m launch.plan --table`.", ""]
   with open(md_path, "w", encoding="utf-8") as f:
     f.write("\n".join(lines))
@@ -446,8 +532,10 @@ def plot_memory(rows: list[dict], path: str, headroom: float) -> None:
   import matplotlib.pyplot as plt
   targets_ = list(dict.fromkeys(r["target"] for r in rows))
   models = list(dict.fromkeys(r["model"] for r in rows))
-  programs = [p for p in TABLE_PROGRAMS if any(r.get(f"peak_gib_{p}") not in (None, "")
-                                               for r in rows)] or ["update"]
+  # "persistent": the state alone (parameters, moments, reference), the one bar of a row
+  # that does not fit (its programs are not compiled on a mesh that fits).
+  programs = ["persistent"] + [p for p in TABLE_PROGRAMS
+                               if any(r.get(f"peak_gib_{p}") not in (None, "") for r in rows)]
   fig, axes = plt.subplots(1, len(targets_), figsize=(4.2 * len(targets_), 3.6), squeeze=False)
   width = 0.8 / max(len(models), 1)
   for ax, target in zip(axes[0], targets_):
@@ -455,7 +543,8 @@ def plot_memory(rows: list[dict], path: str, headroom: float) -> None:
       row = next((r for r in rows if r["target"] == target and r["model"] == model), None)
       if row is None:
         continue
-      values = [float(row.get(f"peak_gib_{p}") or 0) for p in programs]
+      values = [float(row.get("persistent_gib" if p == "persistent" else f"peak_gib_{p}") or 0)
+                for p in programs]
       xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(programs))]
       label = model + ("" if row["verdict"] == "fits" else " (does not fit)")
       ax.bar(xs, values, width, label=label)
