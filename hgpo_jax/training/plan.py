@@ -303,9 +303,10 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
   persistent bytes alone do not fit are not compiled; the learners' updates (the actor's
   and the critic's, `learner_phases`) are compiled at each micro-batch, smallest first
   (one row per device), moving on as soon as one does not fit (temporaries grow with the
-  micro-batch); then the other programs (log-probs, critic values, the sampler on the
-  per-host sampling mesh the trainer derives from this mesh, the estimator) at the largest
-  micro-batch that fit. The first mesh where all fit is returned with the whole plan.
+  micro-batch); then the other programs at the largest micro-batch that fit, one at a time
+  until one does not fit: the sampler first (on the per-host sampling mesh the trainer
+  derives from this mesh), then the log-probs, critic values and estimator. The first mesh
+  where all fit is returned with the whole plan.
   Returns (plan or None, tried: [(mesh, micro_batch or 0, verdict)]).
   """
   shapes = shapes_from_config(config)
@@ -340,15 +341,23 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
     if best is None:
       continue
     micro = best.shapes.micro_batch_rows
-    rest = compile_plan(cfg, mesh_shape, micro_batch_rows=micro, devices=devices,
-                        phases=[n for n in program_names(cfg, mesh_shape, devices)
-                                if n not in learners])
-    full = dataclasses.replace(rest, phases={**best.phases, **rest.phases})
+    # The sampler first (its cache grows with the rows, not the micro-batch: the program
+    # most likely to refuse a mesh), one program at a time, stopping at the first misfit.
+    rest = sorted((n for n in program_names(cfg, mesh_shape, devices) if n not in learners),
+                  key=lambda n: not n.startswith("generate"))
+    full = best
+    for name in rest:
+      one = compile_plan(cfg, mesh_shape, micro_batch_rows=micro, devices=devices,
+                         phases=(name,))
+      full = dataclasses.replace(one, phases={**full.phases, **one.phases})
+      if not full.fits(device_memory, headroom):
+        break
     ok = full.fits(device_memory, headroom)
     over = [n for n, p in full.phases.items()
             if p.refused or full.persistent + p.transient > budget]
     verdict = (f"every program: peak {full.peak() / GiB:.2f} GiB ({full.peak_phase()}): fits"
-               if ok else f"over budget or refused: {', '.join(over)}")
+               if ok else f"{', '.join(over)} refused or over budget "
+               f"(asked {max(full.phases[n].temp for n in over) / GiB:.2f} GiB of temporaries)")
     tried.append((mesh_shape, micro, verdict))
     log(f"  {_mesh_label(mesh_shape)} micro-batch {micro}, {verdict}")
     if ok:
