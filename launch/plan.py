@@ -471,6 +471,7 @@ def read_table(csv_path: str) -> list[dict]:
 def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: float) -> None:
   """The Markdown table, the CSV beside it and the memory figure of `rows`."""
   import csv
+  rows = [{k: row.get(k, "") for k in TABLE_FIELDS} for row in rows]
   os.makedirs(os.path.dirname(md_path) or ".", exist_ok=True)
   with open(_csv_path(md_path), "w", newline="", encoding="utf-8") as f:
     w = csv.DictWriter(f, fieldnames=TABLE_FIELDS, lineterminator="\n")
