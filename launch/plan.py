@@ -252,12 +252,11 @@ def plan_main(args, overrides) -> int:
   # --mesh is the run's --config.mesh.*: the sampler's per-host mesh derives from it too.
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
   where = args.topology or label
-  seconds_per_cycle = (targets.seconds_per_cycle(target)
-                       if target is not None and target.platform == "tpu" else None)
 
   def show(plan, t0):
-    seconds = (plan_lib.estimated_seconds(plan, seconds_per_cycle)
-               if seconds_per_cycle else None)
+    seconds = None
+    if target is not None and target.platform == "tpu":  # a calibration compile: only here
+      seconds = plan_lib.estimated_seconds(plan, targets.seconds_per_cycle(target))
     print(plan_lib.format_plan(plan, memory, args.headroom, seconds))
     print(f"(compiled in {time.perf_counter() - t0:.0f} s)", flush=True)
 
