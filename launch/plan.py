@@ -514,6 +514,12 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
     lines.append(f"| {r['model']} | {r['target']} ({r['chips']} chips) | {flags} | "
                  f"{r['micro_batch_rows'] or '-'} | {peak} | {r['verdict']} | "
                  f"{r['est_s_per_iteration'] if r['est_s_per_iteration'] != '' else '-'} |")
+  have = {(r["model"], r["target"]) for r in rows}
+  missing = [f"{m} on {t}" for m in ("qwen2.5-1.5b", "qwen2.5-7b")
+             for t in ("v5e-8", "v5p-8", "v6e-8") if (m, t) not in have]
+  if missing:
+    lines += ["", f"Not compiled yet (`python -m launch.plan --table` adds them): "
+              f"{', '.join(missing)}."]
   rel = os.path.relpath(figure_path, os.path.dirname(md_path) or ".")
   lines += ["", f"![Per-device memory by program]({rel})", "",
             "Per-device peak of each program (persistent state + the program's own bytes) for "
