@@ -1,10 +1,12 @@
-"""Process-wide JAX settings shared by the trainer, the tools and the tests."""
+"""Process-wide JAX settings shared by the trainer, the tools and the tests.
+
+JAX is imported inside the functions: JAX reads JAX_PLATFORMS when it is imported, and the
+topology compiles (`targets.prepare_environment`) set it after importing this module.
+"""
 
 from __future__ import annotations
 
 import os
-
-import jax
 
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "hgpo_jax", "jax_compile")
 # The widest x86 instruction set XLA's CPU compiler may use (see pin_cpu_isa).
@@ -56,8 +58,57 @@ def pin_cpu_numerics(mode: str | None = None) -> str:
 
 
 def pin_cpu_isa() -> str:
-  """The entry points' call: pin_cpu_numerics with the default or $HGPO_JAX_CPU_NUMERICS."""
+  """The entry points' call, before JAX initialises its backends: pin_cpu_numerics with the
+  default or $HGPO_JAX_CPU_NUMERICS, and `select_platforms` (no libtpu start-up on a host
+  without TPUs)."""
+  select_platforms()
   return pin_cpu_numerics()
+
+
+# PCI vendor id of Google's TPU chips (what JAX's own Cloud TPU check reads as well).
+_TPU_PCI_VENDOR = "0x1ae0"
+
+
+def tpu_chips_present() -> bool:
+  """Whether this host has TPU chips, read from the PCI bus and the device nodes (TPU VMs
+  expose /dev/accel* or /dev/vfio/<n>) without loading libtpu."""
+  import glob
+  for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
+    try:
+      with open(path, encoding="ascii") as f:
+        if f.read().strip() == _TPU_PCI_VENDOR:
+          return True
+    except OSError:
+      continue
+  return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def select_platforms() -> str:
+  """Keeps JAX from starting libtpu on a host without TPU chips; returns jax_platforms.
+
+  Why: the venv holds the `libtpu` wheel for the topology compiles (`launch.plan
+  --topology`), and JAX's default backend discovery initialises every installed plugin:
+  on a machine without TPUs libtpu then prints its start-up errors ("Failed to find host
+  bounds", "unexpected worker hostname", a "Source Location Trace") before the program's
+  first line. With no TPU on the PCI bus, JAX gets the platforms that can exist here (a GPU
+  plugin whose device nodes are present, and the CPU); a topology compile still loads
+  libtpu as a compiler (`targets.devices`). An explicit JAX_PLATFORMS or jax_platforms
+  wins. Must run before JAX initialises its backends (the first device query or compile).
+  """
+  import glob
+  import importlib.util
+  import pkgutil
+  import jax
+  chosen = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or ""
+  if chosen or tpu_chips_present() or importlib.util.find_spec("libtpu") is None:
+    return chosen
+  plugins = [m.name for m in pkgutil.iter_modules() if m.name.startswith("jax_")]
+  nodes = {"cuda": "/dev/nvidia[0-9]*", "rocm": "/dev/kfd"}
+  platforms = [platform for platform, node in nodes.items()
+               if glob.glob(node) and any(p.startswith(f"jax_{platform}") for p in plugins)]
+  chosen = ",".join(platforms + ["cpu"])
+  jax.config.update("jax_platforms", chosen)
+  return chosen
 
 
 def enable_compilation_cache(cache_dir: str | None = None) -> str:
@@ -67,6 +118,7 @@ def enable_compilation_cache(cache_dir: str | None = None) -> str:
   suite; a warm cache cuts first-call latency several-fold.
   Thresholds are zeroed because the defaults skip small and fast-compiling entries.
   """
+  import jax
   cache_dir = cache_dir or os.environ.get("HGPO_JAX_COMPILE_CACHE", DEFAULT_CACHE_DIR)
   os.makedirs(cache_dir, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", cache_dir)

@@ -22,10 +22,29 @@ parameters, optimizer state and batches, no weights) and compiles each for the t
 
 Prints per device each program's argument / output / aliased / temporary / peak bytes and
 FLOPs per call; `--rollout-programs list|compile` lists (or compiles) every sampler
-program a run can call, each batch and prompt bucket (`rollout.precompile` compiles them); `--search` then tries candidate meshes and micro-batches for the train
-step and the largest sampler rows per call, with the same compiles. The last line reads
-`fits: peak X GiB of Y GiB per device on <target> (<program>)` or `does not fit: ...`;
-the exit status is 0 iff every program fits.
+program a run can call, each batch and prompt bucket (`rollout.precompile` compiles them).
+`--micro-batch N` is every learner's micro-batch (the actor's and the critic's, the run's
+`--config.train.micro_batch_rows`); without it a config written for fewer devices gets its
+micro-batch raised to the mesh's data-parallel size. `--no-compile` checks the config, the
+mesh and the micro-batch and lowers every program, without XLA (seconds).
+
+`--search` tries candidate meshes, least communication first: on each, every learner's
+update (the critic's too) at growing micro-batches, then the other programs (the sampler
+on the per-host sampling mesh the trainer derives from that mesh) at the largest that fit;
+it ends with the winner's plan, its `launch.main` and `launch.plan` command lines, the most
+sampler rows per call that fit there, and its verdict (`does not fit` only when no
+candidate fits). Without `--mesh`/`--micro-batch` the config's own mesh is not compiled.
+
+  python -m launch.plan --table [--out docs/plan_table.md] [--figure docs/figures/plan_memory.png]
+  python -m launch.plan --render   # the Markdown and the figure again from the CSV, no compile
+
+`--table` runs the search for the 1.5B and 7B paper settings on v5e-8, v5p-8 and v6e-8
+(`--table-models`, `--table-targets`) and writes docs/plan_table.md, docs/plan_table.csv
+and the per-device memory figure docs/figures/plan_memory.png.
+
+The last line reads `fits: peak X GiB of Y GiB per device on <target> (<program>)` or
+`does not fit: ...`; the exit status is 0 iff every program fits, 2 for bad input (one line
+`launch.plan: error: ...` naming the flag to change).
 """
 
 from __future__ import annotations
@@ -54,19 +73,23 @@ def load_config(spec: str, overrides: list[str]):
       raise SystemExit(f"override {item!r} needs a value: --config.{key}=VALUE")
     try:
       flat[key] = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-      flat[key] = value
-  try:
-    config.update_from_flattened_dict(flat)
-  except (KeyError, TypeError, AttributeError) as e:
-    raise SystemExit(f"bad --config override: {e}") from None
+    except (ValueError, SyntaxError):  # as absl parses a bool field: true/false
+      flat[key] = {"true": True, "false": False}.get(value.lower(), value)
+  for key, value in flat.items():
+    try:
+      config.update_from_flattened_dict({key: value})
+    except (KeyError, AttributeError):
+      raise SystemExit(f"unknown config field --config.{key}; the fields are in the config file "
+                       "and configs/common.py") from None
+    except (TypeError, ValueError) as e:
+      raise SystemExit(f"bad --config.{key}={value!r}: {' '.join(str(e).split())}") from None
   return config
 
 
 def parse_args(argv):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--config", required=True, help="configs/<family>.py[:variant args]")
+  ap.add_argument("--config", default="", help="configs/<family>.py[:variant args]")
   ap.add_argument("--topology", default="", help="TPU target compiled by XLA:TPU, e.g. v5e-8, "
                   "v5p-8, v6e-16 or v5e:2x4 (needs the libtpu wheel)")
   ap.add_argument("--devices", type=int, default=8,
@@ -85,8 +108,20 @@ def parse_args(argv):
                   "bucket, shared and unshared prefill, training and evaluation sampling: "
                   "what --config.rollout.precompile=true compiles) and exit, or compile them "
                   "after the plan")
+  ap.add_argument("--no-compile", action="store_true", help="check the config, mesh and "
+                  "micro-batch and lower every program (trace and shardings) without compiling; "
+                  "prints the persistent bytes per device (exact without a compile)")
   ap.add_argument("--search", action="store_true", help="search meshes, micro-batches and "
                   "sampler rows per call that fit (several compiles)")
+  ap.add_argument("--table", action="store_true", help="compile the plan table of the paper "
+                  "settings (1.5B and 7B) on each target with --search: --out's Markdown, a CSV "
+                  "beside it and the memory figure (--figure)")
+  ap.add_argument("--render", action="store_true", help="rewrite --out's Markdown and the "
+                  "figure from the CSV beside it (rows of earlier --table runs), no compile")
+  ap.add_argument("--out", default="docs/plan_table.md", help="--table: the Markdown file")
+  ap.add_argument("--figure", default="docs/figures/plan_memory.png", help="--table: the figure")
+  ap.add_argument("--table-targets", default="v5e-8,v5p-8,v6e-8", help="--table: targets")
+  ap.add_argument("--table-models", default="qwen2.5-1.5b,qwen2.5-7b", help="--table: models")
   ap.add_argument("--no-recommend", action="store_true", help="(kept for old command lines: "
                   "the search runs only with --search)")
   args, rest = ap.parse_known_args(argv)
@@ -96,21 +131,61 @@ def parse_args(argv):
   return args, rest
 
 
+class PlanError(Exception):
+  """Bad input to the plan tool: reported as one line and exit status 2."""
+
+
+# Where a library message names the trainer's flag, the plan tool's own flag to change.
+_FLAG_HINTS = (
+    ("--config.mesh", "--mesh data=D,fsdp=F,tensor=T (or --search)"),
+    ("micro_batch_rows", "--micro-batch N (or --search)"),
+)
+
+
+def _one_line(error: BaseException) -> str:
+  text = " ".join(str(error.args[0] if isinstance(error, KeyError) and error.args else error)
+                  .split())
+  hints = [flag for key, flag in _FLAG_HINTS if key in text and flag not in text]
+  return text + (f"; launch.plan: {hints[0]}" if hints else "")
+
+
 def main(argv=None) -> int:
   args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-  if args.devices < 1:
-    raise SystemExit("--devices must be >= 1")
+  try:
+    if args.table:
+      return table_main(args)
+    if args.render:
+      rows = read_table(_csv_path(args.out))
+      write_table(rows, args.out, args.figure, args.headroom)
+      print(f"wrote {args.out} and {args.figure} from {len(rows)} rows of {_csv_path(args.out)}")
+      return 0
+    if not args.config:
+      raise PlanError("--config is required (e.g. --config=configs/alfworld.py:algo=hgpo), "
+                      "or --table")
+    return plan_main(args, overrides)
+  except (PlanError, ValueError, KeyError) as e:
+    # Bad input (a config the mesh or micro-batch cannot hold, a wrong flag value): one
+    # line naming the flag to change. ConfigError is a ValueError.
+    print(f"launch.plan: error: {_one_line(e)}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _setup(args, topology: str):
+  """(target or None, devices, label, device memory) with JAX set up for them; runs before
+  JAX initialises its backends."""
   from hgpo_jax.training import targets
-  if args.topology:
+  if topology:
     try:
-      target = targets.resolve(args.topology)
+      target = targets.resolve(topology)
     except ValueError as e:
-      raise SystemExit(f"--topology: {e}") from None
+      raise PlanError(f"--topology: {e}") from None
     reason = targets.compiler_available(target)
     if reason:
-      raise SystemExit(f"--topology {args.topology}: {reason}")
+      raise PlanError(f"--topology {topology}: {reason}")
     targets.prepare_environment()
   else:
+    if args.devices < 1:
+      raise PlanError("--devices must be >= 1")
     # The fake device count is fixed when JAX initialises: set it before importing jax.
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                      if "xla_force_host_platform_device_count" not in f)
@@ -119,41 +194,80 @@ def main(argv=None) -> int:
   import jax
   from hgpo_jax import runtime
   from hgpo_jax.training import plan as plan_lib
-  from hgpo_jax.training import run_config
-
-  if not args.topology:
-    # Candidate meshes recompile the same programs: the persistent cache makes repeats
-    # cheap. (XLA:TPU executables of a compile-only client cannot be read back from it.)
-    runtime.enable_compilation_cache()
-
-  config = load_config(args.config, overrides)
-  if args.topology:
+  if topology:
     devices = targets.devices(target)
     label = f"{target.name} ({target.topology}, {len(devices)} chips, " \
             f"{targets.process_count(devices)} hosts)"
     memory = (plan_lib.parse_bytes(args.device_memory) if args.device_memory
               else targets.available_hbm(target))
   else:
+    # Candidate meshes recompile the same programs: the persistent cache makes repeats
+    # cheap. (XLA:TPU executables of a compile-only client cannot be read back from it.)
+    runtime.enable_compilation_cache()
     target = None
     devices = jax.devices()[:args.devices]
     assert len(devices) == args.devices, jax.devices()
     label = f"{args.devices} fake CPU devices (XLA:CPU approximation)"
     memory = plan_lib.parse_bytes(args.device_memory or "16GiB")
-  mesh = plan_lib.parse_mesh(args.mesh) if args.mesh else (
-      config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  return target, devices, label, memory
+
+
+def _micro_batch(config, mesh, devices, requested: int) -> int | None:
+  """The micro-batch of every learner (actor and critic) on `mesh`: `--micro-batch`,
+  checked against the mesh and the mini-batch, or the config's, raised to the mesh's
+  data-parallel size when it is not a multiple of it (a smoke config on 8 devices)."""
+  from hgpo_jax.models import sharding as sharding_lib
+  m = sharding_lib.make_mesh(*mesh, devices=devices)
+  dp = m.shape["data"] * m.shape["fsdp"]
+  mini = config.train.mini_batch_rows
+  where = f"mesh data={m.shape['data']} fsdp={m.shape['fsdp']} tensor={m.shape['tensor']}"
+  if requested:
+    if requested < 1 or requested % dp or mini % requested:
+      raise PlanError(f"--micro-batch {requested} must be a multiple of the data-parallel size "
+                      f"{dp} ({where}) that divides the mini-batch of {mini} rows; change "
+                      "--micro-batch or --mesh (or --search)")
+    return requested
+  micro = config.train.micro_batch_rows
+  if micro % dp == 0:
+    return None
+  if mini % dp:
+    raise PlanError(f"the mini-batch of {mini} rows cannot be split over the {dp} data-parallel "
+                    f"devices of {where}; change --mesh (more fsdp/tensor, or --search) or "
+                    "--config.train.mini_batch_rows")
+  print(f"note: micro-batch of every learner raised from {micro} to {dp} rows (one per "
+        f"data-parallel device of {where})")
+  return dp
+
+
+def plan_main(args, overrides) -> int:
+  target, devices, label, memory = _setup(args, args.topology)
+  from hgpo_jax.training import plan as plan_lib
+  from hgpo_jax.training import run_config
+  from hgpo_jax.training import targets
+
+  config = load_config(args.config, overrides)
+  run_config.validate(config)  # config errors before any compile
+  mesh = (plan_lib.parse_mesh(args.mesh) if args.mesh
+          else (config.mesh.data, config.mesh.fsdp, config.mesh.tensor))
   # --mesh is the run's --config.mesh.*: the sampler's per-host mesh derives from it too.
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
-  micro = args.micro_batch or None
-  if micro is None:
-    # One row per device at least: a config written for fewer devices (smoke) gets its
-    # micro-batch raised to the data-parallel size of the target mesh.
-    from hgpo_jax.models import sharding as sharding_lib
-    m = sharding_lib.make_mesh(*mesh, devices=devices)
-    dp = m.shape["data"] * m.shape["fsdp"]
-    if config.train.micro_batch_rows % dp:
-      micro = dp
-      print(f"note: micro-batch raised from {config.train.micro_batch_rows} to {dp} rows (one per "
-            f"data-parallel device of mesh data={m.shape['data']} fsdp={m.shape['fsdp']})")
+  where = args.topology or label
+
+  def show(plan, t0):
+    seconds = None
+    if target is not None and target.platform == "tpu":  # a calibration compile: only here
+      seconds = plan_lib.estimated_seconds(plan, targets.seconds_per_cycle(target))
+    print(plan_lib.format_plan(plan, memory, args.headroom, seconds))
+    print(f"(compiled in {time.perf_counter() - t0:.0f} s)", flush=True)
+
+  if args.search and not (args.mesh or args.micro_batch):
+    # The search compiles its own candidates; the config's default mesh is not compiled.
+    print(f"plan: {args.config} {' '.join(overrides)} on {label}, "
+          f"{memory / plan_lib.GiB:.2f} GiB per device; model {config.model.name}", flush=True)
+    return _search(args, overrides, config, devices, memory, where, show)
+  micro = _micro_batch(config, mesh, devices, args.micro_batch)
+  if micro:  # every learner's micro-batch, as the run's --config.train.micro_batch_rows
+    config.train.micro_batch_rows = micro
   shapes = plan_lib.shapes_from_config(config, micro, args.rollout_rows or None)
   print(f"plan: {args.config} {' '.join(overrides)} on {label}, {memory / plan_lib.GiB:.2f} GiB "
         f"per device; model {config.model.name} ({shapes.model.dtype})", flush=True)
@@ -165,15 +279,13 @@ def main(argv=None) -> int:
     print("\n".join(f"  {name}" for name, _ in listed))
     print(f"{len(listed)} sampler programs a run can call (per process)", flush=True)
     return 0
+  if args.no_compile:
+    return _lower_only(args, config, mesh, micro, devices, where)
   t0 = time.perf_counter()
   plan = plan_lib.compile_plan(
       config, mesh, micro_batch_rows=micro, rollout_rows=args.rollout_rows or None,
       phases=[p for p in args.programs.split(",") if p] or None, devices=devices)
-  seconds = None
-  if target is not None and target.platform == "tpu":
-    seconds = plan_lib.estimated_seconds(plan, targets.seconds_per_cycle(target))
-  print(plan_lib.format_plan(plan, memory, args.headroom, seconds))
-  print(f"(compiled in {time.perf_counter() - t0:.0f} s)", flush=True)
+  show(plan, t0)
   if args.rollout_programs:
     print(f"sampler programs of a run ({args.rollout_programs}):", flush=True)
     t1 = time.perf_counter()
@@ -188,26 +300,271 @@ def main(argv=None) -> int:
             f"largest transient {worst[1].transient / plan_lib.GiB:.2f} GiB per device "
             f"({worst[0]}); refused by the compiler: {refused or 'none'}", flush=True)
   if args.search:
-    print("searching candidate meshes for the train step (update + log-probs):", flush=True)
-    best, _ = plan_lib.recommend(config, len(devices), memory, args.headroom,
-                                 log=lambda s: print(s, flush=True), devices=devices)
-    if best is None:
-      hint = "bfloat16 (--config.model.dtype=bfloat16), " if config.model.dtype == "float32" else ""
-      print(f"recommended: none of the candidate meshes fits; use {hint}more devices, or a "
-            "shorter prompt/response (--config.rollout.max_prompt_tokens).")
-    else:
-      d, f, t = best.mesh
-      print(f"recommended: --config.mesh.data={d} --config.mesh.fsdp={f} --config.mesh.tensor={t} "
-            f"--config.train.micro_batch_rows={best.shapes.micro_batch_rows} "
-            f"(train-step peak {best.peak() / plan_lib.GiB:.2f} GiB per device)")
-    print("searching sampler rows per generate call on the given mesh:", flush=True)
-    rows = plan_lib.largest_rollout_rows(config, mesh, memory, args.headroom,
-                                         micro_batch_rows=micro, devices=devices,
-                                         log=lambda s: print(s, flush=True))
-    print(f"sampler: at most {rows} rows per generate call fit on mesh {mesh} "
-          f"(the rollout asks for {plan.rollout_rows})")
-  print(plan_lib.verdict_line(plan, memory, args.headroom, args.topology or label), flush=True)
+    print(plan_lib.verdict_line(plan, memory, args.headroom, where), flush=True)
+    return _search(args, overrides, config, devices, memory, where, show)
+  print(plan_lib.verdict_line(plan, memory, args.headroom, where), flush=True)
   return 0 if plan.fits(memory, args.headroom) else 1
+
+
+def _lower_only(args, config, mesh, micro, devices, where) -> int:
+  """--no-compile: every program of the config built and lowered on the mesh, no XLA."""
+  from hgpo_jax.models import sharding as sharding_lib
+  from hgpo_jax.training import plan as plan_lib
+  from hgpo_jax.training import programs as programs_lib
+  t0 = time.perf_counter()
+  registry = programs_lib.build(config, sharding_lib.make_mesh(*mesh, devices=devices),
+                                micro_batch_rows=micro, rollout_rows=args.rollout_rows or None)
+  names = [p for p in args.programs.split(",") if p] or list(registry.programs)
+  unknown = sorted(set(names) - set(registry.programs))
+  if unknown:
+    raise PlanError(f"--programs: unknown programs {unknown}; this config has "
+                    f"{sorted(registry.programs)}")
+  for name in names:
+    registry.programs[name].lower()
+  d, f, t = (registry.mesh.shape[a] for a in ("data", "fsdp", "tensor"))
+  print(f"lowered without compiling ({time.perf_counter() - t0:.0f} s): {', '.join(names)} on "
+        f"mesh data={d} fsdp={f} tensor={t}, micro-batch "
+        f"{registry.learner.config.micro_batch_rows}; persistent "
+        f"{registry.persistent / plan_lib.GiB:.2f} GiB per device on {where}", flush=True)
+  return 0
+
+
+def _search(args, overrides, config, devices, memory, where, show) -> int:
+  """Searches meshes and micro-batches where every program fits; prints the winner's plan,
+  its command lines and its verdict (or why none fits). 0 iff a candidate fits."""
+  from hgpo_jax.training import plan as plan_lib
+  print("searching candidate meshes and micro-batches (every learner's update first, then "
+        "the other programs on the mesh that fits):", flush=True)
+  t0 = time.perf_counter()
+  best, tried = plan_lib.recommend(config, len(devices), memory, args.headroom,
+                                   log=lambda s: print(s, flush=True), devices=devices)
+  if best is None:
+    hint = "bfloat16 (--config.model.dtype=bfloat16), " if config.model.dtype == "float32" else ""
+    last = tried[-1][2] if tried else "no candidate mesh"
+    print(f"recommended: none of the candidate meshes fits; use {hint}more devices (a larger "
+          "--topology), or a shorter prompt/response (--config.rollout.max_prompt_tokens, "
+          "--config.rollout.max_new_tokens)")
+    print(f"does not fit: no candidate mesh and micro-batch fits on {where} (last tried: "
+          f"{last})", flush=True)
+    return 1
+  print(f"recommended: {' '.join(plan_lib.run_flags(best))}", flush=True)
+  show(best, t0)
+  cfg = plan_lib.with_mesh(config, best.mesh)
+  print(f"searching sampler rows per generate call on the recommended mesh {best.mesh} "
+        f"(sampler mesh {best.sample_mesh}):", flush=True)
+  rows = plan_lib.largest_rollout_rows(cfg, best.mesh, memory, args.headroom,
+                                       micro_batch_rows=best.shapes.micro_batch_rows,
+                                       devices=devices, log=lambda s: print(s, flush=True))
+  print(f"sampler: at most {rows} rows per generate call fit (the rollout asks for "
+        f"{best.rollout_rows})")
+  print(f"run:  {plan_lib.run_command(args.config, overrides, best)}")
+  print(f"plan: {plan_lib.plan_command(args.config, overrides, best, args.topology)}")
+  print(plan_lib.verdict_line(best, memory, args.headroom, where), flush=True)
+  return 0
+
+
+# ---- the plan table of the paper settings (--table) ---------------------------------------
+TABLE_CONFIG = "configs/alfworld.py:algo=hgpo,model={model}"
+TABLE_PROGRAMS = ("update", "logprobs", "logprobs_old", "critic_values", "critic_update",
+                  "advantages", "generate", "generate_shared")
+TABLE_FIELDS = ("model", "target", "chips", "usable_hbm_gib", "mesh", "micro_batch_rows",
+                "peak_gib", "peak_program", "verdict", "est_s_per_iteration", "persistent_gib",
+                *(f"peak_gib_{p}" for p in TABLE_PROGRAMS), "search_s", "commit")
+
+
+def table_main(args) -> int:
+  """--table: `--search` for each (model, target); rewrites the Markdown, the CSV and the
+  figure after each row, so an interrupted run keeps the rows it finished."""
+  names = [t for t in args.table_targets.split(",") if t]
+  models = [m for m in args.table_models.split(",") if m]
+  if not names or not models:
+    raise PlanError("--table-targets and --table-models need at least one name each")
+  from hgpo_jax.training import targets
+  resolved = []
+  for name in names:
+    try:
+      t = targets.resolve(name)
+    except ValueError as e:
+      raise PlanError(f"--table-targets: {e}") from None
+    if t.platform != "tpu":
+      raise PlanError(f"--table-targets: {name} is not a TPU target (the table compiles "
+                      "with XLA:TPU)")
+    resolved.append(t)
+  _setup(args, names[0])
+  from hgpo_jax.training import plan as plan_lib
+  rows = []
+  for model in models:
+    spec = TABLE_CONFIG.format(model=model)
+    for target in resolved:
+      config = load_config(spec, [])
+      devices = targets.devices(target)
+      memory = targets.available_hbm(target)
+      print(f"table: {spec} on {target.name} ({memory / plan_lib.GiB:.2f} GiB per chip):",
+            flush=True)
+      t0 = time.perf_counter()
+      best, tried = plan_lib.recommend(config, len(devices), memory, args.headroom,
+                                       log=lambda s: print(s, flush=True), devices=devices)
+      row = {"model": model, "target": target.name, "chips": len(devices), "commit": _commit(),
+             "usable_hbm_gib": round(memory / plan_lib.GiB, 2),
+             "search_s": round(time.perf_counter() - t0)}
+      if best is None:
+        persistent = min(plan_lib.persistent_bytes(config, m, devices=devices)
+                         for m, _, _ in tried) if tried else 0
+        row.update(mesh="-", micro_batch_rows="", peak_gib="", peak_program="",
+                   verdict="does not fit", est_s_per_iteration="",
+                   persistent_gib=round(persistent / plan_lib.GiB, 2))
+      else:
+        seconds = plan_lib.estimated_seconds(best, targets.seconds_per_cycle(target))
+        d, f, t = best.mesh
+        row.update(mesh=f"data={d},fsdp={f},tensor={t}",
+                   micro_batch_rows=best.shapes.micro_batch_rows,
+                   peak_gib=round(best.peak() / plan_lib.GiB, 2),
+                   peak_program=best.peak_phase(), verdict="fits",
+                   est_s_per_iteration=round(seconds["iteration"], 1),
+                   persistent_gib=round(best.persistent / plan_lib.GiB, 2))
+        for name, phase in best.phases.items():
+          row[f"peak_gib_{name}"] = round((best.persistent + phase.transient) / plan_lib.GiB, 2)
+      print(f"table row: {row}", flush=True)
+      rows.append(row)
+      write_table(rows, args.out, args.figure, args.headroom)
+  print(f"wrote {args.out}, {_csv_path(args.out)} and {args.figure}")
+  return 0
+
+
+def _commit() -> str:
+  """The repository's short HEAD commit (a `+` when the work tree has changes), or "?"."""
+  import subprocess
+  try:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=True, cwd=os.path.dirname(__file__)).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=True,
+                           cwd=os.path.dirname(__file__)).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "?"
+  return head + ("+" if dirty else "")
+
+
+def _csv_path(md_path: str) -> str:
+  return os.path.splitext(md_path)[0] + ".csv"
+
+
+def read_table(csv_path: str) -> list[dict]:
+  """The rows of a plan-table CSV, numbers as numbers."""
+  import csv
+  try:
+    with open(csv_path, encoding="utf-8") as f:
+      rows = list(csv.DictReader(f))
+  except OSError as e:
+    raise PlanError(f"--render: cannot read {csv_path} ({e.strerror}); run --table first") from None
+  for row in rows:
+    for key, value in row.items():
+      if key in ("chips", "micro_batch_rows", "search_s") and value:
+        row[key] = int(value)
+      elif (key.endswith("_gib") or key.startswith("peak_gib") or key == "est_s_per_iteration") \
+          and value:
+        row[key] = float(value)
+  return rows
+
+
+def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: float) -> None:
+  """The Markdown table, the CSV beside it and the memory figure of `rows`."""
+  import csv
+  rows = [{k: row.get(k, "") for k in TABLE_FIELDS} for row in rows]
+  os.makedirs(os.path.dirname(md_path) or ".", exist_ok=True)
+  with open(_csv_path(md_path), "w", newline="", encoding="utf-8") as f:
+    w = csv.DictWriter(f, fieldnames=TABLE_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for row in rows:
+      w.writerow({k: row.get(k, "") for k in TABLE_FIELDS})
+  import jax
+  try:
+    import libtpu
+    libtpu_version = getattr(libtpu, "__version__", "?")
+  except ImportError:
+    libtpu_version = "?"
+  commit = ", ".join(sorted({str(r.get("commit") or _commit()) for r in rows}))
+  lines = [
+      "# Compiled plans of the paper settings",
+      "",
+      "Generated by `python -m launch.plan --table` (do not edit by hand): for each model "
+      f"(`{TABLE_CONFIG}`, the ALFWorld paper setting: 16 groups x 8 trajectories, prompts "
+      "of 4096 + 512 new tokens, mini-batch 256) and TPU target, `launch.plan --search` on "
+      "XLA:TPU's compile-only devices, no TPU needed: the first mesh (least communication "
+      "first) on which every program of an iteration fits, with the largest micro-batch that "
+      f"fits, at {headroom:.0%} headroom of XLA:TPU's usable HBM per chip. Peak = the "
+      "persistent state (parameters, AdamW moments, reference) + the largest program's "
+      "arguments, outputs and temporaries, per device. Seconds per iteration: XLA:TPU's cost "
+      "model (device compute of every program's calls, decode loops at max_new_tokens), not a "
+      "measurement. Each row is one `python -m launch.plan "
+      "--config=configs/alfworld.py:algo=hgpo,model=M --topology T --search`.",
+      "",
+      f"Compiled at commit {commit} (+: with uncommitted changes) with jax {jax.__version__}, libtpu {libtpu_version}; "
+      f"CSV: [{os.path.basename(_csv_path(md_path))}]({os.path.basename(_csv_path(md_path))}).",
+      "",
+      "| model | target | mesh | micro-batch | peak GiB per device (of usable) | verdict | "
+      "est. s per iteration |",
+      "|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    peak = (f"{r['peak_gib']:.2f} of {r['usable_hbm_gib']:.2f} ({r['peak_program']})"
+            if r["verdict"] == "fits" else
+            f"persistent alone {r['persistent_gib']:.2f} of {r['usable_hbm_gib']:.2f}")
+    flags = f"`{r['mesh']}`" if r["verdict"] == "fits" else "none fits"
+    lines.append(f"| {r['model']} | {r['target']} ({r['chips']} chips) | {flags} | "
+                 f"{r['micro_batch_rows'] or '-'} | {peak} | {r['verdict']} | "
+                 f"{r['est_s_per_iteration'] if r['est_s_per_iteration'] != '' else '-'} |")
+  have = {(r["model"], r["target"]) for r in rows}
+  missing = [f"{m} on {t}" for m in ("qwen2.5-1.5b", "qwen2.5-7b")
+             for t in ("v5e-8", "v5p-8", "v6e-8") if (m, t) not in have]
+  if missing:
+    lines += ["", f"Not compiled yet (`python -m launch.plan --table` adds them): "
+              f"{', '.join(missing)}."]
+  rel = os.path.relpath(figure_path, os.path.dirname(md_path) or ".")
+  lines += ["", f"![Per-device memory by program]({rel})", "",
+            "Per-device peak of each program (persistent state + the program's own bytes) for "
+            "the rows that fit, and the persistent state alone (for a row that does not fit: "
+            "on its most sharded candidate mesh); the dashed line is the budget (usable HBM less the headroom). "
+            "Regenerated with the table by `python -m launch.plan --table`.", ""]
+  with open(md_path, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines))
+  plot_memory(rows, figure_path, headroom)
+
+
+def plot_memory(rows: list[dict], path: str, headroom: float) -> None:
+  """One panel per target: per-device peak GiB of each program, one bar per model."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  targets_ = list(dict.fromkeys(r["target"] for r in rows))
+  models = list(dict.fromkeys(r["model"] for r in rows))
+  # "persistent": the state alone (parameters, moments, reference), the one bar of a row
+  # that does not fit (its programs are not compiled on a mesh that fits).
+  programs = ["persistent"] + [p for p in TABLE_PROGRAMS
+                               if any(r.get(f"peak_gib_{p}") not in (None, "") for r in rows)]
+  fig, axes = plt.subplots(1, len(targets_), figsize=(4.2 * len(targets_), 3.6), squeeze=False)
+  width = 0.8 / max(len(models), 1)
+  for ax, target in zip(axes[0], targets_):
+    for i, model in enumerate(models):
+      row = next((r for r in rows if r["target"] == target and r["model"] == model), None)
+      if row is None:
+        continue
+      values = [float(row.get("persistent_gib" if p == "persistent" else f"peak_gib_{p}") or 0)
+                for p in programs]
+      xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(programs))]
+      label = model + ("" if row["verdict"] == "fits" else " (does not fit)")
+      ax.bar(xs, values, width, label=label)
+      budget = float(row["usable_hbm_gib"]) * (1 - headroom)
+    ax.axhline(budget, color="k", ls="--", lw=1)
+    ax.set_title(f"{target}: budget {budget:.1f} GiB")
+    ax.set_xticks(range(len(programs)))
+    ax.set_xticklabels(programs, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("peak GiB per device")
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -181,13 +181,44 @@ def subprocess_runner(cmd: list, workdir: str) -> int:
 
 
 def _select(suite: suites_lib.Suite, envs, methods, seeds):
-  envs = [suite.env(e) for e in envs] if envs else list(suite.environments)
-  methods = [suite.method(m) for m in methods] if methods else list(suite.methods)
+  try:
+    envs = [suite.env(e) for e in envs] if envs else list(suite.environments)
+  except ValueError as e:
+    raise ValueError(f"--envs: {e}") from None
+  try:
+    methods = [suite.method(m) for m in methods] if methods else list(suite.methods)
+  except ValueError as e:
+    raise ValueError(f"--methods: {e}") from None
   seeds = list(seeds) if seeds else list(suite.seeds)
   unknown = [s for s in seeds if s not in suite.seeds]
   if unknown:
-    raise ValueError(f"seeds {unknown} are not seeds of suite {suite.name!r} {list(suite.seeds)}")
+    raise ValueError(f"--seeds: seeds {unknown} are not seeds of suite {suite.name!r} "
+                     f"{list(suite.seeds)}")
   return envs, methods, seeds
+
+
+def check_configs(entries: list[dict]) -> None:
+  """Loads and validates the config of every run that would start (its file, variant
+  arguments and overrides, `--override` included), as the trainer does before any work;
+  raises ValueError naming the run and the flag to change."""
+  from launch import plan as plan_cli
+  from hgpo_jax.training import run_config
+  seen = set()
+  for e in entries:
+    if e["status"] in ("pending", "stale"):
+      continue
+    spec = next(a.split("=", 1)[1] for a in e["command"] if a.startswith("--config="))
+    overrides = tuple(a for a in e["command"] if a.startswith("--config."))
+    if (spec, overrides) in seen:
+      continue
+    seen.add((spec, overrides))
+    tag = f"{e['env']}/{e['method']}"
+    try:
+      run_config.validate(plan_cli.load_config(spec, list(overrides)))
+    except SystemExit as err:  # load_config's one-line errors
+      raise ValueError(f"{tag}: {err} (check --override)") from None
+    except (ValueError, KeyError) as err:
+      raise ValueError(f"{tag}: {err} (check --override)") from None
 
 
 def plan_suite(suite: suites_lib.Suite, root: str, envs=None, methods=None, seeds=None,
@@ -301,6 +332,7 @@ def _suite_main(args) -> int:
       print(f"wrote {paths[kind]}")
     return 0
   entries = plan_suite(suite, args.root, args.envs, args.methods, args.seeds, extra=args.override)
+  check_configs(entries)  # a config the trainer would refuse: one line before any run
   if args.cmd == "plan" and args.records:
     # The files the repository keeps of each finished run (for `git add`): the table is
     # rendered from them alone; checkpoints, event files and task data stay behind.

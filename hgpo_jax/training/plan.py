@@ -276,56 +276,140 @@ def persistent_bytes(config, mesh_shape, devices=None) -> int:
 
 def micro_batch_candidates(config, data_parallel: int) -> list[int]:
   """Micro-batches to try, smallest first: the data-parallel size (one row per device),
-  then doublings up to the config's micro-batch (each dividing the mini-batch)."""
+  then doublings up to the config's micro-batch (each dividing the mini-batch). A config
+  written for fewer devices (a smoke variant's 4 rows on 8 devices) gets the data-parallel
+  size alone; a mesh wider than the mini-batch gets none."""
   out = []
   m = data_parallel
-  while m <= config.train.micro_batch_rows:
+  while m <= max(config.train.micro_batch_rows, data_parallel):
     if config.train.mini_batch_rows % m == 0:
       out.append(m)
     m *= 2
   return out
 
 
+def learner_phases(config) -> tuple[str, ...]:
+  """The programs whose temporaries grow with the micro-batch and hold the train step's
+  backward residuals: the actor's update, and the critic's when the estimator has one."""
+  critic = run_config.validate(config).estimator.needs_critic
+  return ("update", "critic_update") if critic else ("update",)
+
+
+def _mesh_label(mesh_shape) -> str:
+  return f"mesh data={mesh_shape[0]} fsdp={mesh_shape[1]} tensor={mesh_shape[2]}"
+
+
+def with_mesh(config, mesh_shape):
+  """A copy of `config` whose --config.mesh.* is `mesh_shape`: the sampler's per-host mesh
+  derives from it (`programs.sampling_mesh`), as in a run with that mesh."""
+  out = config.copy_and_resolve_references()
+  out.mesh.data, out.mesh.fsdp, out.mesh.tensor = (int(x) for x in mesh_shape)
+  return out
+
+
 def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.1,
               log=print, devices=None) -> tuple[Optional[Plan], list[tuple[tuple, int, str]]]:
-  """The first candidate mesh whose train step (update, then log-probs) fits, with the
+  """The first candidate mesh on which every program of an iteration fits, with the
   largest micro-batch that fits on it.
 
-  Candidates whose persistent bytes alone do not fit are not compiled; on each mesh the
-  micro-batches are tried smallest first (one row per device) and the search moves to
-  the next mesh as soon as one does not fit (temporaries grow with the micro-batch).
+  On each candidate mesh (`candidate_meshes`, least communication first): candidates whose
+  persistent bytes alone do not fit are not compiled; the learners' updates (the actor's
+  and the critic's, `learner_phases`) are compiled at each micro-batch, smallest first
+  (one row per device), moving on as soon as one does not fit (temporaries grow with the
+  micro-batch); then the other programs at the largest micro-batch that fit, one at a time
+  until one does not fit: the sampler first (on the per-host sampling mesh the trainer
+  derives from this mesh), then the log-probs, critic values and estimator. The first mesh
+  where all fit is returned with the whole plan.
   Returns (plan or None, tried: [(mesh, micro_batch or 0, verdict)]).
   """
   shapes = shapes_from_config(config)
   budget = device_memory * (1.0 - headroom)
+  learners = learner_phases(config)
   tried = []
   for mesh_shape in candidate_meshes(num_devices, shapes.model):
-    persistent = persistent_bytes(config, mesh_shape, devices=devices)
+    cfg = with_mesh(config, mesh_shape)
+    persistent = persistent_bytes(cfg, mesh_shape, devices=devices)
     if persistent > budget:
       tried.append((mesh_shape, 0, f"persistent {persistent / GiB:.2f} GiB > budget {budget / GiB:.2f} GiB"))
-      log(f"  mesh data={mesh_shape[0]} fsdp={mesh_shape[1]} tensor={mesh_shape[2]}: {tried[-1][2]}")
+      log(f"  {_mesh_label(mesh_shape)}: {tried[-1][2]}")
       continue
     best = None
-    for micro in micro_batch_candidates(config, mesh_shape[0] * mesh_shape[1]):
-      # The update holds the largest temporaries of the train step (the log-prob pass
-      # keeps no backward residuals); the log-probs are compiled for the winner below.
-      plan = compile_plan(config, mesh_shape, micro_batch_rows=micro, phases=("update",),
+    micros = micro_batch_candidates(cfg, mesh_shape[0] * mesh_shape[1])
+    if not micros:
+      tried.append((mesh_shape, 0, f"no micro-batch: the mini-batch of "
+                    f"{cfg.train.mini_batch_rows} rows is narrower than the mesh"))
+      log(f"  {_mesh_label(mesh_shape)}: {tried[-1][2]}")
+      continue
+    for micro in micros:
+      plan = compile_plan(cfg, mesh_shape, micro_batch_rows=micro, phases=learners,
                           devices=devices)
       ok = plan.fits(device_memory, headroom)
-      verdict = f"peak {plan.peak() / GiB:.2f} GiB, budget {budget / GiB:.2f} GiB: {'fits' if ok else 'no'}"
+      verdict = (f"{' + '.join(learners)} peak {plan.peak() / GiB:.2f} GiB, budget "
+                 f"{budget / GiB:.2f} GiB: {'fits' if ok else 'no'}")
       tried.append((mesh_shape, micro, verdict))
-      log(f"  mesh data={mesh_shape[0]} fsdp={mesh_shape[1]} tensor={mesh_shape[2]} "
-          f"micro-batch {micro}: {verdict}")
+      log(f"  {_mesh_label(mesh_shape)} micro-batch {micro}: {verdict}")
       if not ok:
         break
       best = plan
-    if best is not None:
-      best = compile_plan(config, mesh_shape, micro_batch_rows=best.shapes.micro_batch_rows,
-                          phases=TRAIN_PHASES, devices=devices)
-      if best.fits(device_memory, headroom):
-        return best, tried
-      tried.append((mesh_shape, best.shapes.micro_batch_rows, "log-probs do not fit"))
+    if best is None:
+      continue
+    micro = best.shapes.micro_batch_rows
+    # The sampler first (its cache grows with the rows, not the micro-batch: the program
+    # most likely to refuse a mesh), one program at a time, stopping at the first misfit.
+    rest = sorted((n for n in program_names(cfg, mesh_shape, devices) if n not in learners),
+                  key=lambda n: not n.startswith("generate"))
+    full = best
+    for name in rest:
+      one = compile_plan(cfg, mesh_shape, micro_batch_rows=micro, devices=devices,
+                         phases=(name,))
+      full = dataclasses.replace(one, phases={**full.phases, **one.phases})
+      if not full.fits(device_memory, headroom):
+        break
+    ok = full.fits(device_memory, headroom)
+    over = [n for n, p in full.phases.items()
+            if p.refused or full.persistent + p.transient > budget]
+    verdict = (f"every program: peak {full.peak() / GiB:.2f} GiB ({full.peak_phase()}): fits"
+               if ok else f"{', '.join(over)} refused or over budget "
+               f"(asked {max(full.phases[n].temp for n in over) / GiB:.2f} GiB of temporaries)")
+    tried.append((mesh_shape, micro, verdict))
+    log(f"  {_mesh_label(mesh_shape)} micro-batch {micro}, {verdict}")
+    if ok:
+      return full, tried
   return None, tried
+
+
+def program_names(config, mesh_shape, devices=None) -> list[str]:
+  """The names of the config's programs on a mesh (no compile)."""
+  mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
+  dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
+  return list(programs_lib.build(config, mesh, micro_batch_rows=dp).programs)
+
+
+def run_flags(plan: Plan) -> list[str]:
+  """The trainer's flags of `plan`'s mesh and micro-batch (every learner's)."""
+  d, f, t = plan.mesh
+  return [f"--config.mesh.data={d}", f"--config.mesh.fsdp={f}", f"--config.mesh.tensor={t}",
+          f"--config.train.micro_batch_rows={plan.shapes.micro_batch_rows}"]
+
+
+def _without_run_flags(overrides: Sequence[str]) -> list[str]:
+  return [o for o in overrides
+          if not o.startswith(("--config.mesh.", "--config.train.micro_batch_rows="))]
+
+
+def plan_command(config_spec: str, overrides: Sequence[str], plan: Plan, target: str) -> str:
+  """The `launch.plan` command line that compiles `plan` again (its mesh and micro-batch)."""
+  d, f, t = plan.mesh
+  return " ".join(["python -m launch.plan", f"--config={config_spec}",
+                   *_without_run_flags(overrides), *([f"--topology {target}"] if target else []),
+                   f"--mesh data={d},fsdp={f},tensor={t}",
+                   f"--micro-batch {plan.shapes.micro_batch_rows}"])
+
+
+def run_command(config_spec: str, overrides: Sequence[str], plan: Plan) -> str:
+  """The trainer's command line with `plan`'s mesh and micro-batch."""
+  return " ".join(["python -m launch.main", f"--config={config_spec}",
+                   *_without_run_flags(overrides), *run_flags(plan), "--workdir=DIR"])
 
 
 def largest_rollout_rows(config, mesh_shape, device_memory: int, headroom: float = 0.1, *,

@@ -270,7 +270,8 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   Args:
     config: an experiment ConfigDict (configs/*.py).
     mesh: the training mesh (real devices, fake CPU devices or TPU topology devices).
-    micro_batch_rows: override of config.train.micro_batch_rows.
+    micro_batch_rows: override of config.train.micro_batch_rows: the micro-batch of every
+      learner (the actor's and the critic's, which a run shares).
     rollout_rows: override of the sampler's rows per call on one process.
     local_devices: one process's devices (default: the mesh's devices of process 0; for TPU
       topology devices the same chips as a one-host topology, `targets.one_host_devices`).
@@ -295,9 +296,11 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
     preset = model_config.get_preset(config.model.name).replace(param_dtype=config.model.dtype)
     model_cfg = run_config.model_settings(config, preset, mesh)
   run = run_config.validate(config)
-  update = run.update
-  if micro_batch_rows:
+  update, critic_update = run.update, run.critic_update
+  if micro_batch_rows:  # every learner's (the critic's micro-batch is the actor's, as in a run)
     update = dataclasses.replace(update, micro_batch_rows=micro_batch_rows)
+    if critic_update is not None:
+      critic_update = dataclasses.replace(critic_update, micro_batch_rows=micro_batch_rows)
   if model is None:
     model = nnx.eval_shape(lambda: decoder.Decoder(model_cfg, rngs=nnx.Rngs(0)))
   learner = train_step.Learner(model, mesh, update)
@@ -350,7 +353,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   if estimator.needs_critic:
     heads = run_config.CRITIC_HEADS[estimator.name]
     critic = critic_step.CriticLearner(critic_lib.abstract_critic(model_cfg, heads), mesh,
-                                       run.critic_update, run.value_loss)
+                                       critic_update, run.value_loss)
     cstate = critic.abstract_state()
     critic_b = sharded_bytes(cstate)
     vbatch = abstract_value_batch(critic.config.mini_batch_rows, seq, heads, critic.row_sharding)

@@ -95,12 +95,24 @@ _NOMINAL_HBM_GIB = {"v4": 32, "v5e": 16, "v5": 96, "v5p": 96, "v6e": 32}
 _RAW_TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v5|v6e):\d+(x\d+){1,2}$")
 
 
+# What libtpu reads of the host it runs on when it starts; on a host without TPU chips it
+# finds none and prints errors ("Failed to find host bounds", "unexpected worker hostname
+# 'WARNING: could not determine TPU worker hostnames...'", a "Source Location Trace"). A
+# one-host, one-worker answer silences them and changes no compile-only topology
+# (`get_topology_desc` takes the slice's own shape: same devices, hosts and coordinates).
+_NO_TPU_HOST = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_HOST_BOUNDS": "1,1,1"}
+
+
 def prepare_environment() -> None:
   """CPU JAX + XLA:TPU as a compiler only; call before JAX initialises its backends."""
+  from hgpo_jax import runtime
   os.environ["JAX_PLATFORMS"] = "cpu"
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
   # Several libtpu users in one machine (pytest-xdist workers) must not lock each other out.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "true")
+  if not runtime.tpu_chips_present():  # a TPU VM's own settings are left alone
+    for name, value in _NO_TPU_HOST.items():
+      os.environ.setdefault(name, value)
 
 
 def libtpu_available() -> Optional[str]:

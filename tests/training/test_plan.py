@@ -227,3 +227,25 @@ def test_decode_step_traffic_against_its_necessary_bytes_per_device():
   (line,) = plan_lib.decode_step_lines(plan)
   assert line.startswith("decode step of generate (8 rows)")
   assert line.endswith(f"{step.traffic / need.total:.2f}x")
+
+
+def test_the_micro_batch_override_reaches_the_critic_and_the_search_starts_at_one_row_per_device():
+  """A smoke config (micro-batch 4) on 8 data-parallel devices: the override of 8 rows is
+  every learner's (the critic kept 4 and refused the mesh); the search's candidates start
+  at one row per device and stay within the mini-batch of 8."""
+  from configs import webshop
+  from hgpo_jax.models import sharding
+  from hgpo_jax.training import programs
+  config = webshop.get_config("algo=hiper,smoke")
+  registry = programs.build(config, sharding.make_mesh(8, 1, 1, devices=_devices(8)),
+                            micro_batch_rows=8)
+  assert registry.learner.config.micro_batch_rows == 8
+  assert registry.critic.config.micro_batch_rows == 8
+  assert plan_lib.learner_phases(config) == ("update", "critic_update")
+  assert plan_lib.learner_phases(alfworld.get_config("algo=hgpo,smoke")) == ("update",)
+  assert plan_lib.micro_batch_candidates(config, 8) == [8]
+  assert plan_lib.micro_batch_candidates(config, 2) == [2, 4]
+  assert plan_lib.micro_batch_candidates(config, 16) == []
+  moved = plan_lib.with_mesh(config, (1, 4, 2))
+  assert (moved.mesh.data, moved.mesh.fsdp, moved.mesh.tensor) == (1, 4, 2)
+  assert (config.mesh.data, config.mesh.fsdp, config.mesh.tensor) == (-1, 1, 1)
