@@ -13,8 +13,8 @@ _EXPORTS = {
     "load_model": "loading", "make_mesh": "sharding", "param_shardings": "sharding",
     "shard_model": "sharding",
 }
-__all__ = ["Decoder", "KVCache", "ModelConfig", "Tokenizer", "get_preset", "init_cache",
-           "load_model", "make_mesh", "param_shardings", "shard_model"]
+# No `__all__`: these names resolve lazily (`__getattr__`), and the API reference documents
+# them in their modules.
 
 
 def __getattr__(name):
