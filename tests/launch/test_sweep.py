@@ -591,8 +591,9 @@ def test_quick_suite_is_the_main_jobs_cells_of_the_table():
 def test_unknown_selection_is_one_line_error(capsys, tmp_path):
   assert sweep.main(["plan", "--suite", "mini", "--envs", "alfworld", "--root", str(tmp_path)]) == 2
   err = capsys.readouterr().err
-  assert err.startswith("launch.sweep: error: suite 'mini' has no environment 'alfworld'; choose "
-                        "from ['alfworld_mini', 'sokoban', 'webshop_mini']")
+  # one line that names the flag to change (issue 54)
+  assert err == ("launch.sweep: error: --envs: suite 'mini' has no environment 'alfworld'; "
+                 "choose from ['alfworld_mini', 'sokoban', 'webshop_mini']\n")
 
 
 def test_render_of_one_column_writes_its_own_files(runs, tmp_path, monkeypatch, capsys):
