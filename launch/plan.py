@@ -39,8 +39,10 @@ candidate fits). Without `--mesh`/`--micro-batch` the config's own mesh is not c
   python -m launch.plan --render   # the Markdown and the figure again from the CSV, no compile
 
 `--table` runs the search for the 1.5B and 7B paper settings on v5e-8, v5p-8 and v6e-8
-(`--table-models`, `--table-targets`) and writes docs/plan_table.md, docs/plan_table.csv
-and the per-device memory figure docs/figures/plan_memory.png.
+(`--table-models`, `--table-targets` pick a subset) and writes docs/plan_table.md,
+docs/plan_table.csv and the per-device memory figure docs/figures/plan_memory.png; rows of
+earlier runs that this run does not recompile stay in the table, so it can be built one row
+at a time.
 
 The last line reads `fits: peak X GiB of Y GiB per device on <target> (<program>)` or
 `does not fit: ...`; the exit status is 0 iff every program fits, 2 for bad input (one line
@@ -392,7 +394,12 @@ def table_main(args) -> int:
     resolved.append(t)
   _setup(args, names[0])
   from hgpo_jax.training import plan as plan_lib
-  rows = []
+  # Rows of earlier runs stay unless this run recompiles their (model, target): one row can
+  # be (re)compiled at a time with --table-models / --table-targets.
+  try:
+    rows = read_table(_csv_path(args.out))
+  except PlanError:
+    rows = []
   for model in models:
     spec = TABLE_CONFIG.format(model=model)
     for target in resolved:
@@ -425,10 +432,16 @@ def table_main(args) -> int:
         for name, phase in best.phases.items():
           row[f"peak_gib_{name}"] = round((best.persistent + phase.transient) / plan_lib.GiB, 2)
       print(f"table row: {row}", flush=True)
-      rows.append(row)
+      rows = [r for r in rows if (r["model"], r["target"]) != (model, target.name)] + [row]
+      rows.sort(key=_table_order)
       write_table(rows, args.out, args.figure, args.headroom)
   print(f"wrote {args.out}, {_csv_path(args.out)} and {args.figure}")
   return 0
+
+
+def _table_order(row: dict) -> tuple:
+  """Rows by model size, then target name: the order a reader scans the table in."""
+  return (row["model"].endswith("7b"), row["model"], row["target"])
 
 
 def _commit() -> str:
