@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from hgpo_jax.models import attention
+from hgpo_jax.models import axes
 from hgpo_jax.models import decode_kernels  # noqa: F401  (registers the pallas_* decode kernels)
 from hgpo_jax.models.config import ModelConfig
 from hgpo_jax.models.kv_cache import KVCache, cache_shape, init_cache  # noqa: F401
@@ -236,6 +237,11 @@ def write_rows(cache_lbksd, new_lbktd, rows_b, slots_b, valid_b=None):
   return jax.lax.fori_loop(0, new_lbktd.shape[1], one, cache_lbksd)
 
 
+def _spec_axes(entry) -> tuple:
+  """The mesh axes of one PartitionSpec entry (None, a name or a tuple of names)."""
+  return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+
+
 class Decoder(nnx.Module):
   """Llama / Qwen2 decoder: embedding, L pre-norm blocks, final RMSNorm, output layer.
 
@@ -379,6 +385,48 @@ class Decoder(nnx.Module):
     return jnp.einsum("btd,vd->btv", hidden_btd.astype(dt), out_vd[...].astype(dt),
                       preferred_element_type=jnp.float32)
 
+  def decode_logits(self, hidden_btd) -> jax.Array:
+    """`logits` of a decode step (few rows x few tokens) on the mesh in context, computed
+    where the output layer lies: when its D axis is split over a mesh axis that also splits
+    the rows (fsdp), the rows' hidden states are gathered and split over D instead, each
+    device multiplies its [V, D] shard, and the partial logits are summed back onto the
+    rows' devices. Left to itself XLA gathers the [V, D] shard over that axis in every step
+    (the tied 1.5B embedding: 350 MB per chip per step on a v5e-8, docs/performance.md),
+    where the hidden states are kilobytes. Without a mesh, or an output layer whose D is
+    not split: `logits`. The sums over D halves differ from one sum only in float
+    round-off."""
+    mesh = jax.sharding.get_abstract_mesh()
+    out_vd = self.embed if self.cfg.tie_embeddings else self.lm_head
+    if mesh.empty:
+      return self.logits(hidden_btd)
+    w_spec = axes.logical_to_spec(("vocab", "embed"), mesh, shape=out_vd.shape)
+    d_axes = _spec_axes(w_spec[1])
+    if not d_axes:
+      return self.logits(hidden_btd)
+    out_spec = axes.logical_to_spec(("batch", "length", "vocab"), mesh,
+                                    shape=hidden_btd.shape[:2] + (out_vd.shape[0],))
+    rows = tuple(a for a in _spec_axes(out_spec[0]) if a not in d_axes)
+    hidden_btd = jax.lax.with_sharding_constraint(
+        hidden_btd, jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec(rows or None, None, w_spec[1])))
+    return jax.lax.with_sharding_constraint(
+        self.logits(hidden_btd), jax.sharding.NamedSharding(mesh, out_spec))
+
+  def for_decoding(self) -> "Decoder":
+    """This decoder with its output layer (the embedding; lm_head when untied) cast to the
+    compute dtype, for a decode loop: cast once per call before the loop, where each
+    step's `astype` would convert the whole [V, D] shard again (XLA hoists the layers'
+    casts out of the loop but not this one's). The values are the ones each step's cast
+    makes, so the samples are unchanged; itself when nothing needs casting."""
+    dt = jnp.dtype(self.cfg.compute_dtype)
+    names = ("embed",) if self.cfg.tie_embeddings else ("embed", "lm_head")
+    if all(getattr(self, n)[...].dtype == dt for n in names):
+      return self
+    graphdef, state = nnx.split(self)
+    for n in names:
+      state[n] = state[n].replace(state[n][...].astype(dt))
+    return nnx.merge(graphdef, state)
+
   def __call__(self, tokens_bt, positions_bt, segment_ids_bt):
     """Forward: (logits f32[B, T, V], None); arguments as in `hidden`."""
     hidden_btd, _ = self.hidden(tokens_bt, positions_bt, segment_ids_bt)
@@ -388,4 +436,4 @@ class Decoder(nnx.Module):
     """Decode: (logits f32[B, T, V], updated cache); arguments as in `decode_hidden`."""
     hidden_btd, cache = self.decode_hidden(tokens_bt, positions_bt, cache, cache_index,
                                            segment_ids_bt)
-    return self.logits(hidden_btd), cache
+    return self.decode_logits(hidden_btd), cache

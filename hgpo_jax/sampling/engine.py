@@ -10,7 +10,9 @@
      `slotted_decode` (flags.slots = S < B): S cache rows, rows admitted into free slots
      as others finish (`slots.admit_rows`), each slot at its own cache offset.
 Both return a `DecodeResult`. The cache's dtype, sharding and the prefill's chunking are
-the `Engine`'s (built once per `Sampler`).
+the `Engine`'s (built once per `Sampler`). The model is a `decoder.Decoder`, or any module
+with its `for_decoding`, `prefill` and `decode`; `generate` decodes with
+`model.for_decoding()` (the output layer cast to the compute dtype once per call).
 """
 
 from __future__ import annotations
@@ -174,6 +176,7 @@ class DecodeState:
 def generate(engine: Engine, model, inputs: inputs_lib.DecodeInputs,
              flags: inputs_lib.DecodeFlags) -> DecodeResult:
   """Prefill + decode of one call (module docstring)."""
+  model = model.for_decoding()
   batch, plen = inputs.tokens.shape
   cache_len = engine.cache_length(plen, flags.max_new_tokens)
   rules = engine.rules(inputs, flags)

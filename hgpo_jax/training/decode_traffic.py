@@ -19,7 +19,8 @@ and `necessary_bytes` the step's floor for the sampler's mesh, per device:
   layers' weights, converted once per call). A weight split over fsdp needs no gathered
   copy in device memory: the v5e-8 program gathers each layer's slices into on-chip
   memory, and gathering the (small) activations instead is always possible, so a
-  gathered copy written to device memory per step (the tied embedding's, today) is
+  gathered copy written to device memory per step (the tied embedding's, until
+  `Decoder.decode_logits` gathered the rows instead) is
   traffic above this floor;
 * KV: the device's share of the cache (its rows, its kv heads), keys and values, at the
   mean valid length of a decode step: a row of prompt l reads l + j + 1 slots at step j

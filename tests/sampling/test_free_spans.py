@@ -201,6 +201,9 @@ class ScriptedModel(nnx.Module):
   def prefill(self, tokens_bt, positions_bt, segment_ids_bt, cache):
     return self.hidden(tokens_bt, positions_bt, segment_ids_bt, cache)
 
+  def for_decoding(self):
+    return self  # no output layer to cast (`Decoder.for_decoding`)
+
   def decode(self, tokens_bt, positions_bt, cache, cache_index):
     return self(tokens_bt, positions_bt, jnp.ones_like(positions_bt), cache, cache_index)
 

@@ -166,6 +166,9 @@ class ScriptedModel(nnx.Module):
   def prefill(self, tokens_bt, positions_bt, segment_ids_bt, cache):
     return self.hidden(tokens_bt, positions_bt, segment_ids_bt, cache)
 
+  def for_decoding(self):
+    return self  # no output layer to cast (`Decoder.for_decoding`)
+
   def decode(self, tokens_bt, positions_bt, cache, cache_index):
     return self(tokens_bt, positions_bt, jnp.ones_like(positions_bt), cache, cache_index)
 
@@ -306,6 +309,70 @@ def test_sharded_equals_unsharded(tok, prompts):
     assert a.tokens == b.tokens
     for x, y in zip(a.logprobs, b.logprobs):
       np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def _decode_program_text(smp, prompts, params) -> str:
+  """The compiled generate program of `smp.generate(prompts, params, ...)`, as HLO text."""
+  program, seen = smp.generate_program, []
+
+  def record(*args, **kwargs):
+    seen.append((args, kwargs))
+    return program(*args, **kwargs)
+  smp.generate_program = record
+  try:
+    out = smp.generate(prompts, params, jax.random.key(4))
+  finally:
+    smp.generate_program = program
+  args, kwargs = seen[-1]
+  return out, program.lower(*args, **kwargs).compile().as_text()
+
+
+def test_fsdp_sampler_gathers_rows_not_the_output_layer(tok, prompts, monkeypatch):
+  """On a mesh whose fsdp axis splits both the rows and the output layer's D (data=1 x
+  fsdp=2 x tensor=2), a decode step gathers the rows' hidden states, not the tied
+  embedding's [V/tensor, D] block (`Decoder.decode_logits`), and samples what the unsharded
+  sampler samples. The same program with plain `logits` does gather that block: the check
+  sees the regression it guards against."""
+  cfg = config.get_preset("tiny")
+  plain = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
+  sharded = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
+  mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2, devices=fake_devices.take(4))
+  sharding.shard_model(sharded, mesh)
+  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=8)
+  gathered_block = rf"f32\[{cfg.vocab_size // 2},{cfg.hidden_dim}\]\S* all-gather\("
+  ref = sampler.Sampler(plain, tok, prompt_buckets=(32,), batch_buckets=(4,))
+  a = ref.generate(prompts, params, jax.random.key(4))
+  dist = sampler.Sampler(sharded, tok, prompt_buckets=(32,), batch_buckets=(4,), mesh=mesh)
+  b, text = _decode_program_text(dist, prompts, params)
+  assert a.tokens == b.tokens
+  for x, y in zip(a.logprobs, b.logprobs):
+    np.testing.assert_allclose(x, y, atol=1e-5)
+  import re
+  assert not re.search(gathered_block, text)
+  assert re.search(rf"f32\[4,1,{cfg.vocab_size // 2}\]\S* all-reduce\(", text)  # partial logits
+  monkeypatch.setattr(decoder.Decoder, "decode_logits", decoder.Decoder.logits)
+  dist = sampler.Sampler(sharded, tok, prompt_buckets=(32,), batch_buckets=(4,), mesh=mesh)
+  assert re.search(gathered_block, _decode_program_text(dist, prompts, params)[1])
+
+
+def test_for_decoding_casts_only_the_output_layer_and_keeps_the_logits():
+  """`Decoder.for_decoding` under bf16 compute: the tied embedding becomes bf16 (cast once
+  per call), every other parameter keeps its dtype, and the decode logits are bitwise the
+  ones the float32-stored decoder computes (each step casts to bf16 anyway)."""
+  cfg = dataclasses.replace(config.get_preset("tiny"), dtype="bfloat16")
+  model = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
+  view = model.for_decoding()
+  assert model.embed[...].dtype == jnp.float32 and view.embed[...].dtype == jnp.bfloat16
+  assert view.final_norm[...].dtype == model.final_norm[...].dtype
+  assert view.layers.stacked().keys() == model.layers.stacked().keys()
+  for name, w in model.layers.stacked().items():
+    assert view.layers.stacked()[name].dtype == w.dtype, name
+  cache = decoder.init_cache(cfg, 2, 8, jnp.float32)
+  tokens, positions = jnp.array([[3], [7]]), jnp.array([[0], [0]])
+  want, _ = model.decode(tokens, positions, cache, 0)
+  got, _ = view.decode(tokens, positions, cache, 0)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert view.for_decoding() is view
 
 
 def test_user_errors_are_clear(smp, prompts):
