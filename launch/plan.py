@@ -496,7 +496,6 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
     libtpu_version = getattr(libtpu, "__version__", "?")
   except ImportError:
     libtpu_version = "?"
-  commit = ", ".join(sorted({str(r.get("commit") or _commit()) for r in rows}))
   lines = [
       "# Compiled plans of the paper settings",
       "",
@@ -512,12 +511,13 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
       "measurement. Each row is one `python -m launch.plan "
       "--config=configs/alfworld.py:algo=hgpo,model=M --topology T --search`.",
       "",
-      f"Compiled at commit {commit} (+: with uncommitted changes) with jax {jax.__version__}, libtpu {libtpu_version}; "
+      f"Compiled with jax {jax.__version__}, libtpu {libtpu_version}, each row at the commit "
+      "it names (+: with uncommitted changes); "
       f"CSV: [{os.path.basename(_csv_path(md_path))}]({os.path.basename(_csv_path(md_path))}).",
       "",
       "| model | target | mesh | micro-batch | peak GiB per device (of usable) | verdict | "
-      "est. s per iteration |",
-      "|---|---|---|---|---|---|---|",
+      "est. s per iteration | commit |",
+      "|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     peak = (f"{r['peak_gib']:.2f} of {r['usable_hbm_gib']:.2f} ({r['peak_program']})"
@@ -526,7 +526,8 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
     flags = f"`{r['mesh']}`" if r["verdict"] == "fits" else "none fits"
     lines.append(f"| {r['model']} | {r['target']} ({r['chips']} chips) | {flags} | "
                  f"{r['micro_batch_rows'] or '-'} | {peak} | {r['verdict']} | "
-                 f"{r['est_s_per_iteration'] if r['est_s_per_iteration'] != '' else '-'} |")
+                 f"{r['est_s_per_iteration'] if r['est_s_per_iteration'] != '' else '-'} | "
+                 f"{r.get('commit') or '?'} |")
   have = {(r["model"], r["target"]) for r in rows}
   missing = [f"{m} on {t}" for m in ("qwen2.5-1.5b", "qwen2.5-7b")
              for t in ("v5e-8", "v5p-8", "v6e-8") if (m, t) not in have]
