@@ -401,7 +401,7 @@ class Decoder(nnx.Module):
       return self.logits(hidden_btd)
     w_spec = axes.logical_to_spec(("vocab", "embed"), mesh, shape=out_vd.shape)
     d_axes = _spec_axes(w_spec[1])
-    if not d_axes:
+    if int(np.prod([mesh.shape[a] for a in d_axes])) == 1:
       return self.logits(hidden_btd)
     out_spec = axes.logical_to_spec(("batch", "length", "vocab"), mesh,
                                     shape=hidden_btd.shape[:2] + (out_vd.shape[0],))
