@@ -25,7 +25,9 @@
 # $DEVICE_SITE (/tmp/site) and put on PYTHONPATH after the repository; --tiny skips them
 # (they are cp312 wheels for the device image; WHEELS=1 forces, WHEELS=0 skips).
 # Environment: PYTHON (python3), OUT, DEVICE_SITE, WHEELS, DECODE_TIMEOUT (480),
-# ITERATION_TIMEOUT (500), KERNEL_TIMEOUT (240 per test file).
+# ITERATION_TIMEOUT (500), KERNEL_TIMEOUT (240 per test file), BUDGET (560: seconds for the
+# whole script, set-up included; each step's timeout is cut to what is left, so a device
+# call with timeout_s 600 always gets the logs back).
 set -euo pipefail
 
 usage() {
@@ -62,6 +64,7 @@ OUT="${OUT:-$PWD/device_out}"
 SITE="${DEVICE_SITE:-/tmp/site}"
 DECODE_TIMEOUT="${DECODE_TIMEOUT:-480}"
 ITERATION_TIMEOUT="${ITERATION_TIMEOUT:-500}"
+BUDGET="${BUDGET:-560}"
 KERNEL_TIMEOUT="${KERNEL_TIMEOUT:-240}"
 if [[ $TINY == 1 ]]; then
   export JAX_PLATFORMS=cpu
@@ -109,12 +112,20 @@ say() { echo "$*" >> "$OUT/summary.txt"; }
 
 # run_logged LOG TIMEOUT CMD: runs CMD (with `python` -> $PY) under `timeout`, appends its
 # output to LOG and the terminal, and returns CMD's status (124: it ran out of time).
+# The limit is cut to what is left of BUDGET (the whole script's seconds), so the script
+# ends inside one device call with every log kept; with under 30 s left it skips CMD (124).
 run_logged() {
   local log="$1" limit="$2" cmd="${3/#python /$PY }"
   if [[ $DRY == 1 ]]; then
     echo "+ timeout $limit ${3}"
     return 0
   fi
+  local left=$((BUDGET - SECONDS - 10))
+  if [[ $left -lt 30 ]]; then
+    echo "skipped (BUDGET=${BUDGET} s spent): $cmd" | tee -a "$log"
+    return 124
+  fi
+  [[ $left -lt $limit ]] && limit=$left
   echo "+ timeout $limit $cmd" | tee -a "$log"
   local rc=0
   timeout --kill-after=20 "$limit" bash -c "$cmd" 2>&1 | tee -a "$log" || rc=$?
@@ -186,7 +197,7 @@ step_decode() {
   [[ $DRY == 1 ]] || : > "$log"
   run_logged "$log" "$DECODE_TIMEOUT" "$(decode_cmd)" || rc=$?
   [[ $DRY == 1 ]] && return 0
-  say "decode (exit $rc$([[ $rc == 124 ]] && echo ": timed out after ${DECODE_TIMEOUT} s")):"
+  say "decode (exit $rc$([[ $rc == 124 ]] && echo ": stopped by its timeout or BUDGET")):"
   grep -E "^jax |rows .*ms per decode step|^  baseline|^fraction of the|kernels of|busy" \
     "$log" >> "$OUT/summary.txt" || true
   return "$rc"
@@ -197,7 +208,7 @@ step_iteration() {
   [[ $DRY == 1 ]] || : > "$log"
   run_logged "$log" "$ITERATION_TIMEOUT" "$(iteration_cmd)" || rc=$?
   [[ $DRY == 1 ]] && return 0
-  say "iteration (exit $rc$([[ $rc == 124 ]] && echo ": timed out after ${ITERATION_TIMEOUT} s")):"
+  say "iteration (exit $rc$([[ $rc == 124 ]] && echo ": stopped by its timeout or BUDGET")):"
   # (tqdm's progress bar shares a line with the iteration lines: -o cuts them out)
   grep -oE "^jax .*|iteration [0-9]+: wall_s=.*|^tokens/s per chip.*" "$log" \
     >> "$OUT/summary.txt" || true
