@@ -81,29 +81,36 @@ export HGPO_JAX_COMPILE_CACHE="${HGPO_JAX_COMPILE_CACHE:-/tmp/hgpo_jax_compile_c
 # ------------------------------------------------------------------------ the step commands
 # Each entry is one command line; `python` stands for $PY (substituted when run).
 kernels_cmds() {
+  local pytest="python -m pytest -q -n 0 -p no:cacheprovider"
   if [[ $TINY == 1 ]]; then  # interpret mode on a CPU: a few cases of each file
-    echo "python -m pytest -q -n 0 -p no:cacheprovider tests/models/test_decode_kernels.py -k \"several_new_tokens or nan\""
-    echo "python -m pytest -q -n 0 -p no:cacheprovider tests/sampling/test_sampler_decode_kernels.py -k \"pallas_gpu and not mesh and 0\""
+    echo "$pytest tests/models/test_decode_kernels.py -k \"several_new_tokens or nan\""
+    echo "$pytest tests/sampling/test_sampler_decode_kernels.py" \
+         "-k \"pallas_gpu and not mesh and 0\""
   else
-    echo "python -m pytest -q -n 0 -p no:cacheprovider tests/models/test_decode_kernels.py -k \"match or nan or layer\""
-    echo "python -m pytest -q -n 0 -p no:cacheprovider tests/sampling/test_sampler_decode_kernels.py -k \"pallas_gpu and not mesh\""
+    echo "$pytest tests/models/test_decode_kernels.py -k \"match or nan or layer\""
+    echo "$pytest tests/sampling/test_sampler_decode_kernels.py -k \"pallas_gpu and not mesh\""
   fi
-  echo "python -m pytest -q -n 0 -p no:cacheprovider tests/models/test_attention.py -k \"cudnn\""
+  echo "$pytest tests/models/test_attention.py -k \"cudnn\""
 }
 
 decode_cmd() {
+  local run="python -m launch.benchmarks.rollout --accelerator"
   if [[ $TINY == 1 ]]; then
-    echo "python -m launch.benchmarks.rollout --accelerator --allow-cpu --model tiny --rows 2,4 --prompt 16 --new 4 --reps 1 --copy-mib 4 --decode-impl pallas_gpu --baseline --profile"
+    echo "$run --allow-cpu --model tiny --rows 2,4 --prompt 16 --new 4 --reps 1 --copy-mib 4" \
+         "--decode-impl pallas_gpu --baseline --profile"
   else
-    echo "python -m launch.benchmarks.rollout --accelerator --model qwen2.5-1.5b --rows 1,32,128 --prompt 1024 --new 512 --decode-impl pallas_gpu --baseline --profile"
+    echo "$run --model qwen2.5-1.5b --rows 1,32,128 --prompt 1024 --new 512" \
+         "--decode-impl pallas_gpu --baseline --profile"
   fi
 }
 
 iteration_cmd() {
+  local run="python -m launch.benchmarks.iteration --accelerator"
   if [[ $TINY == 1 ]]; then
-    echo "python -m launch.benchmarks.iteration --accelerator --allow-cpu --model tiny --env sokoban --envs 8 --turns 2 --iterations 2 --response-lengths fixed:24 --max-new-tokens 48"
+    echo "$run --allow-cpu --model tiny --env sokoban --envs 8 --turns 2 --iterations 2" \
+         "--response-lengths fixed:24 --max-new-tokens 48"
   else
-    echo "python -m launch.benchmarks.iteration --accelerator --model qwen2.5-1.5b --env sokoban --envs 128 --turns 8 --iterations 3"
+    echo "$run --model qwen2.5-1.5b --env sokoban --envs 128 --turns 8 --iterations 3"
   fi
 }
 
@@ -135,7 +142,8 @@ run_logged() {
 setup() {
   if [[ $WHEELS == 1 ]] && compgen -G ".whl/*.whl" > /dev/null; then
     if [[ $DRY == 1 ]]; then
-      echo "+ python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl"
+      echo "+ python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir" \
+           "--upgrade --target $SITE .whl/*.whl"
     else
       "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" .whl/*.whl

@@ -2,7 +2,7 @@
 # The wheels launch/device_check.sh needs on the lent GPU machine, whose image ('cuda',
 # Python 3.12, no network) lacks some of requirements.txt. Run it here, where PyPI answers:
 #
-#   bash launch/device_wheels.sh             # download them into .whl/ (git-ignored), print the size
+#   bash launch/device_wheels.sh             # download them into .whl/ (git-ignored), print sizes
 #   bash launch/device_wheels.sh --list      # print `wheel|override NAME==VERSION` lines only
 #   bash launch/device_wheels.sh --image     # print the image's packages (KINDS.md) only
 #   bash launch/device_wheels.sh --closure TRACE...  # the distributions the traced imports

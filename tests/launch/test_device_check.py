@@ -17,7 +17,7 @@ import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# The image's Python packages, as /work/.library/device/KINDS.md ("Python packages already
+# The image's Python packages, as the lending workplace's KINDS.md ("Python packages already
 # there", read on a machine running the 'cuda' image on 2026-11-17) lists them.
 IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc
 anyio attrs botorch build certifi charset-normalizer chex click cloudpickle cmake colorama
