@@ -75,6 +75,10 @@ treescope triton typer typing-extensions typing-inspect urllib3 uvloop wadler-li
 wheel wrapt xarray xxhash yarl zipp"
 
 PY="${PYTHON:-python3}"
+# WHEEL_PYTHON / WHEEL_DIR: another Python and folder (3.11 and /tmp/whl311 for a rehearsal
+# in a Python 3.11 environment holding only the image's packages); the device needs 3.12.
+TARGET_PY="${WHEEL_PYTHON:-3.12}"
+DIR="${WHEEL_DIR:-.whl}"
 
 case "${1:-}" in
   --list)
@@ -142,25 +146,26 @@ esac
 
 [[ -f launch/device_wheels.sh ]] || { echo "device_wheels: run it from the repository root" >&2
                                       exit 2; }
-rm -rf .whl
-mkdir -p .whl
+mkdir -p "$DIR"
+rm -f "$DIR"/*.whl  # one version of each: none left from an earlier list
 quiet() {  # pip's notes about this host's local mirrors are noise here
   "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }
 }
 for spec in "${WHEELS[@]}" "${OVERRIDES[@]}"; do
-  quiet "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  quiet "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$TARGET_PY" \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 -d .whl "$spec" \
-    || { echo "device_wheels: pip found no cp312 manylinux wheel of $spec" >&2; exit 1; }
+    --platform manylinux1_x86_64 -d "$DIR" "$spec" \
+    || { echo "device_wheels: pip found no cp${TARGET_PY/./} manylinux wheel of $spec" >&2
+         exit 1; }
 done
 for spec in "${SDISTS[@]}"; do
-  quiet "$PY" -m pip wheel -q --no-deps -w .whl "$spec" \
+  quiet "$PY" -m pip wheel -q --no-deps -w "$DIR" "$spec" \
     || { echo "device_wheels: pip could not build a wheel of $spec" >&2; exit 1; }
-  if ls .whl/"${spec%%==*}"-*.whl | grep -qv -- "-py3-none-any.whl"; then
+  if ls "$DIR/${spec%%==*}"-*.whl | grep -qv -- "-py3-none-any.whl"; then
     echo "device_wheels: the wheel built from $spec is not pure Python" >&2
     exit 1
   fi
 done
-ls -l .whl | awk 'NR > 1 {printf "%10d  %s\n", $5, $9}'
-echo "$(ls .whl | wc -l) wheels, $(du -sk .whl | cut -f1) KiB in .whl/ (carry: [\".whl\"])"
+ls -l "$DIR" | awk 'NR > 1 {printf "%10d  %s\n", $5, $9}'
+echo "$(ls "$DIR" | wc -l) wheels, $(du -sk "$DIR" | cut -f1) KiB in $DIR/ (carry: [\".whl\"])"
