@@ -1,7 +1,7 @@
 """Benchmark: the trainer's rollout sampler decoding on one accelerator, against its roofline.
 
   python -m launch.benchmarks.rollout --accelerator [--model qwen2.5-1.5b] [--rows 1,32,128]
-      [--prompt 1024] [--new 512] [--reps 2] [--hf] [--profile]
+      [--prompt 1024] [--new 512] [--reps 2] [--hf] [--profile] [--allow-cpu]
 
 On one GPU or TPU chip (the process's first device; a CPU is refused): the sampler the
 trainer runs, built by the program registry (`hgpo_jax.training.programs.build` on a
@@ -399,6 +399,9 @@ def main(argv=None):
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--accelerator", action="store_true",
                   help="run on the first GPU/TPU device (required: there is no CPU mode)")
+  ap.add_argument("--allow-cpu", action="store_true",
+                  help="let --accelerator run on a CPU (a plumbing check with the tiny preset: "
+                       "launch/device_check.sh --tiny); its timings mean nothing")
   ap.add_argument("--model", default="qwen2.5-1.5b", help="model preset (random weights)")
   ap.add_argument("--rows", type=_int_list, default=[1, 32, 128],
                   help="rows per call, e.g. 1,32,128")
@@ -434,7 +437,7 @@ def main(argv=None):
     model_config.get_preset(args.model)
   except (KeyError, ValueError) as e:
     raise SystemExit(f"--model: {e}") from None
-  run_accelerator(args)
+  run_accelerator(args, allow_cpu=args.allow_cpu)
 
 
 if __name__ == "__main__":
