@@ -78,9 +78,15 @@ of 128-512 slots, the GPU kernel's of 16-64)."""
 
 def cache_multiple(cfg, mesh_or_devices) -> int:
   """`KERNEL_CACHE_MULTIPLE` when `cfg.decode_attention_impl` resolves to a Pallas kernel on
-  the target devices, else 1 (the XLA form takes any length: CPU programs unchanged)."""
+  the target devices, or the targets are GPUs; else 1 (the XLA form takes any length: CPU
+  and TPU programs unchanged). On GPUs the XLA form pads an odd cache length (P + M - 1) to
+  the next multiple of its matmul tiles, a copy of each layer's keys and values in every
+  decode step (the XLA:GPU decode-traffic proxy of the 1.5B paper setting: 2114 MB per
+  step, docs/performance.md)."""
   impl = attention.resolve_decode_impl(cfg.decode_attention_impl, mesh_or_devices)
-  return KERNEL_CACHE_MULTIPLE if impl in attention.STACKED_DECODE_IMPLEMENTATIONS else 1
+  if impl in attention.STACKED_DECODE_IMPLEMENTATIONS:
+    return KERNEL_CACHE_MULTIPLE
+  return KERNEL_CACHE_MULTIPLE if platform.target_platform(mesh_or_devices) == "gpu" else 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -187,13 +187,21 @@ class Sampler:
   def decode_loop_weights(self, batch: int, max_new_tokens: int) -> tuple[float, ...]:
     """Trip counts of the generate program's data-dependent loops, outermost first, as
     upper bounds for cost estimates (`perf.hlo_matmul_flops`): lockstep, max_new_tokens
-    steps; slotted (S slots), ceil(Bb / S) x max_new_tokens steps, inside which the
+    steps in chunks of `decode_steps_per_iteration` (the loop runs once per chunk); slotted (S slots), ceil(Bb / S) x max_new_tokens steps, inside which the
     admission loop runs ceil(Bb / admit) times in all (a fraction per step)."""
     slots = self.slots_for(batch)
     if not slots:
-      return (max_new_tokens,)
+      return (-(-max_new_tokens // self.decode_steps_per_iteration(batch, max_new_tokens)),)
     steps = -(-batch // slots) * max_new_tokens
     return (steps, -(-batch // self.admit_rows) / steps)
+
+  def decode_steps_per_iteration(self, batch: int, max_new_tokens: int) -> int:
+    """Decode steps one iteration of the generate program's outermost data-dependent loop
+    runs: a lockstep decode's chunk (`engine.lockstep_decode`: K steps per iteration, the
+    inner loop of known trip count), 1 for a slotted decode."""
+    if self.slots_for(batch):
+      return 1
+    return max(1, min(self.engine.decode_chunk, max_new_tokens))
 
   def slots_for(self, batch: int) -> int:
     """The `slots` flag of a call of `batch` (bucketed) rows: `decode_slots` when the call

@@ -14,7 +14,9 @@ program (any backend: XLA:TPU for a topology, XLA:CPU, XLA:GPU) and returns, per
 and `necessary_bytes` the step's floor for the sampler's mesh, per device:
 
 * weights: each parameter's shard as laid out on the device, once, in the dtype its
-  matmuls read: the parameter's, except float32 on TPU, which XLA:TPU's default precision
+  matmuls read: the compute dtype where it is narrower than the parameter's (the sampler
+  casts them once per call, `Decoder.for_decoding`; the norms' small scales are counted
+  so too), else the parameter's, except float32 on TPU, which XLA:TPU's default precision
   multiplies in one bfloat16 pass (the compiled decode loop carries bf16 copies of the
   layers' weights, converted once per call). A weight split over fsdp needs no gathered
   copy in device memory: the v5e-8 program gathers each layer's slices into on-chip
@@ -58,13 +60,16 @@ class Necessary:
     return self.weights + self.kv
 
 
-def step_cost(hlo_text: str, unknown_trip_count) -> StepCost:
-  """Traffic and XLA:TPU cycles of one iteration of the program's decode loop (its
-  outermost loop without a fixed trip count; `unknown_trip_count` as the registry's
-  `Program.unknown_trip_count`, whose inner weights are kept)."""
+def step_cost(hlo_text: str, unknown_trip_count, steps_per_iteration: int = 1) -> StepCost:
+  """Traffic and XLA:TPU cycles of one decode step: one iteration of the program's decode
+  loop (its outermost loop without a fixed trip count; `unknown_trip_count` as the
+  registry's `Program.unknown_trip_count`, whose inner weights are kept) divided by the
+  decode steps that iteration runs (`Program.steps_per_iteration`: a lockstep decode in
+  chunks of K steps, the GPU default, runs K per iteration)."""
+  k = max(1, int(steps_per_iteration))
   return StepCost(
-      traffic=perf.loop_iteration(perf.hlo_memory_traffic, hlo_text, unknown_trip_count),
-      cycles=perf.loop_iteration(perf.hlo_estimated_cycles, hlo_text, unknown_trip_count))
+      traffic=perf.loop_iteration(perf.hlo_memory_traffic, hlo_text, unknown_trip_count) / k,
+      cycles=perf.loop_iteration(perf.hlo_estimated_cycles, hlo_text, unknown_trip_count) / k)
 
 
 def _shard_bytes(leaf) -> float:
@@ -84,10 +89,13 @@ def necessary_bytes(sampler, rows: int, prompt: int, new_tokens: int,
   (`jax.ShapeDtypeStruct`s with shardings, as the program registry builds it) or arrays."""
   from flax import nnx
   on_tpu = sampler.mesh is not None and sampler.mesh.devices.flat[0].platform == "tpu"
+  compute = np.dtype(sampler.cfg.compute_dtype)
   weights = 0.0
   for leaf in jax.tree.leaves(nnx.state(sampler.model, nnx.Param)):
     shard = _shard_bytes(leaf)
-    if on_tpu and leaf.dtype == np.float32:
+    if compute.itemsize < leaf.dtype.itemsize:
+      shard *= compute.itemsize / leaf.dtype.itemsize  # cast once per call (`for_decoding`)
+    elif on_tpu and leaf.dtype == np.float32:
       shard /= 2  # read as bfloat16 (module doc)
     weights += shard
   cfg = sampler.cfg

@@ -183,7 +183,8 @@ def _phase(program: programs_lib.Program) -> Phase:
                temp=mem["temp"], persistent_args=program.persistent, calls=program.calls,
                cycles=perf.hlo_estimated_cycles(text, program.unknown_trip_count),
                note=program.note,
-               step=(decode_traffic.step_cost(text, program.unknown_trip_count)
+               step=(decode_traffic.step_cost(text, program.unknown_trip_count,
+                                              program.steps_per_iteration)
                      if program.name.startswith("generate") else None))
 
 

@@ -106,6 +106,8 @@ class Program:
   # weight of a loop without a fixed trip count (decode loop), or one per nesting depth
   unknown_trip_count: int | tuple[float, ...] = 1
   note: str = ""
+  # generate programs: decode steps per iteration of that loop (a lockstep chunk)
+  steps_per_iteration: int = 1
 
   def lower(self):
     return self.jitted.lower(*self.args, **self.static)
@@ -147,6 +149,8 @@ class Registry:
     return [Program(name, sampler.generate_program, (sampler.model,) + args, static, 0,
                     self.programs["generate"].persistent,
                     unknown_trip_count=sampler.decode_loop_weights(
+                        args[0].tokens.shape[0], static["flags"].max_new_tokens),
+                    steps_per_iteration=sampler.decode_steps_per_iteration(
                         args[0].tokens.shape[0], static["flags"].max_new_tokens))
             for name, args, static in rollout_calls(self.config, sampler, self.rollout_rows)]
 
@@ -387,6 +391,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   programs["generate"] = Program(
       "generate", sampler.generate_program, (sampler.model,) + args, static, max(turns - 1, 1),
       sample_params_b, unknown_trip_count=sampler.decode_loop_weights(rows, decode_steps),
+      steps_per_iteration=sampler.decode_steps_per_iteration(rows, decode_steps),
       note=f"{rows} rows x prompt {prompt}, prefill + up to {decode_steps} decode steps"
            + (f" in {static['flags'].slots} slots" if static["flags"].slots else ""))
   unique = sampler.shared_prefill_rows(rows)
@@ -396,6 +401,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
     programs["generate_shared"] = Program(
         "generate_shared", sampler.generate_program, (sampler.model,) + args, static, 1,
         sample_params_b, unknown_trip_count=sampler.decode_loop_weights(rows, decode_steps),
+        steps_per_iteration=sampler.decode_steps_per_iteration(rows, decode_steps),
         note=f"first turn: {unique} prompts prefilled, copied to {rows} rows")
   return Registry(config=config, mesh=mesh, sample_mesh=sample_mesh, model_cfg=model_cfg,
                   learner=learner, critic=critic, sampler=sampler, programs=programs,

@@ -355,24 +355,51 @@ def test_fsdp_sampler_gathers_rows_not_the_output_layer(tok, prompts, monkeypatc
   assert re.search(gathered_block, _decode_program_text(dist, prompts, params)[1])
 
 
-def test_for_decoding_casts_only_the_output_layer_and_keeps_the_logits():
-  """`Decoder.for_decoding` under bf16 compute: the tied embedding becomes bf16 (cast once
-  per call), every other parameter keeps its dtype, and the decode logits are bitwise the
-  ones the float32-stored decoder computes (each step casts to bf16 anyway)."""
+def test_for_decoding_casts_what_each_step_casts_and_keeps_the_logits():
+  """`Decoder.for_decoding` under bf16 compute over float32 parameters: the tied embedding
+  and the layers' projections become bf16 (cast once per call), the norms' scales stay
+  float32, and the decode logits are bitwise the ones the float32-stored decoder computes
+  (each step casts those weights to bf16 anyway); under float32 compute it is the decoder
+  itself."""
   cfg = dataclasses.replace(config.get_preset("tiny"), dtype="bfloat16")
   model = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
   view = model.for_decoding()
   assert model.embed[...].dtype == jnp.float32 and view.embed[...].dtype == jnp.bfloat16
-  assert view.final_norm[...].dtype == model.final_norm[...].dtype
-  assert view.layers.stacked().keys() == model.layers.stacked().keys()
-  for name, w in model.layers.stacked().items():
-    assert view.layers.stacked()[name].dtype == w.dtype, name
+  assert view.final_norm[...].dtype == jnp.float32
+  cast = {n: w.dtype for n, w in view.layers.stacked().items()}
+  assert cast == {n: jnp.float32 if n.endswith("norm") else jnp.bfloat16
+                  for n in model.layers.stacked()}, cast
   cache = decoder.init_cache(cfg, 2, 8, jnp.float32)
   tokens, positions = jnp.array([[3], [7]]), jnp.array([[0], [0]])
   want, _ = model.decode(tokens, positions, cache, 0)
   got, _ = view.decode(tokens, positions, cache, 0)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   assert view.for_decoding() is view
+  plain = decoder.Decoder(config.get_preset("tiny"), rngs=nnx.Rngs(1))
+  assert plain.for_decoding() is plain
+
+
+def test_an_unrolled_decode_layer_loop_computes_the_scanned_one(monkeypatch):
+  """On GPUs the decode step's layer loop is unrolled (`decoder.decode_layer_unroll`: all
+  layers there, 1 on CPUs and TPUs); forced on a CPU, the unrolled step gives the scanned
+  step's logits and cache."""
+  class Gpu:
+    platform = "gpu"
+  cfg = config.get_preset("tiny")
+  assert decoder.decode_layer_unroll(cfg, [Gpu()]) == cfg.num_layers
+  assert decoder.decode_layer_unroll(cfg, jax.devices()) == 1
+  model = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
+  cache = decoder.init_cache(cfg, 2, 8, jnp.float32)
+  cache = decoder.KVCache(k=jax.random.normal(jax.random.key(0), cache.k.shape),
+                          v=jax.random.normal(jax.random.key(1), cache.v.shape))
+  tokens, positions = jnp.array([[3], [7]]), jnp.array([[4], [2]])
+  step = jax.jit(lambda m, c: m.decode(tokens, positions, c, 4))
+  want = step(model, cache)
+  monkeypatch.setattr(decoder, "decode_layer_unroll", lambda cfg, target: cfg.num_layers)
+  got = jax.jit(lambda m, c: m.decode(tokens, positions, c, 4))(model, cache)
+  np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-6, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
 
 
 def test_user_errors_are_clear(smp, prompts):

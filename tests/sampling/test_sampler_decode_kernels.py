@@ -3,6 +3,8 @@ interpret mode on CPU: the samples of the XLA form (tokens equal, log-probs with
 rounding), through the decoder's stacked-cache path (each layer read in place) and a cache
 rounded up to `engine.KERNEL_CACHE_MULTIPLE` slots, in lockstep and in slots."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -18,6 +20,19 @@ TEXTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly ar
 def _model(impl):
   cfg = config.get_preset("tiny").replace(decode_attention_impl=impl)
   return decoder.Decoder(cfg, rngs=nnx.Rngs(0))
+
+
+def test_the_cache_length_is_a_multiple_of_128_on_gpus_and_under_kernels_only():
+  """XLA's decode attention on GPUs and both Pallas kernels get a cache of a multiple of
+  128 slots (`engine.cache_multiple`); the XLA form on CPUs and TPUs keeps P + M - 1."""
+  class Device:
+    def __init__(self, platform):
+      self.platform = platform
+  xla = config.get_preset("tiny")
+  for platform, want in (("cpu", 1), ("tpu", 1), ("gpu", 128), ("cuda", 128)):
+    assert engine.cache_multiple(xla, [Device(platform)]) == want, platform
+  kernel = dataclasses.replace(xla, decode_attention_impl="pallas_tpu")
+  assert engine.cache_multiple(kernel, [Device("tpu")]) == engine.KERNEL_CACHE_MULTIPLE
 
 
 @pytest.mark.parametrize("impl", ["pallas_tpu", "pallas_gpu"])

@@ -229,6 +229,23 @@ def test_decode_step_traffic_against_its_necessary_bytes_per_device():
   assert line.endswith(f"{step.traffic / need.total:.2f}x")
 
 
+def test_a_chunked_decode_counts_steps_not_chunks():
+  """With `rollout.decode_chunk_steps` = 4 (the lockstep loop runs 4 steps per iteration,
+  the GPU default's form) the plan's FLOPs of the whole program and its decode step's
+  traffic equal the one-step loop's: the loop is weighted by 32 / 4 iterations and a step
+  is a quarter of one. Without that accounting both came out 4x too large (the chunk's
+  inner loop of known trip count weighted again by max_new_tokens)."""
+  plans = {}
+  for chunk in (1, 4):
+    config = _config(prompt=64, response=32, rollout_groups=4)
+    config.rollout.decode_chunk_steps = chunk
+    plans[chunk] = plan_lib.compile_plan(config, (1, 2, 2), phases=("generate",),
+                                         devices=_devices(4))
+  one, four = plans[1].phases["generate"], plans[4].phases["generate"]
+  assert four.flops == pytest.approx(one.flops, rel=0.02)
+  assert four.step.traffic == pytest.approx(one.step.traffic, rel=0.15)
+
+
 def test_the_micro_batch_override_reaches_the_critic_and_the_search_starts_at_one_row_per_device():
   """A smoke config (micro-batch 4) on 8 data-parallel devices: the override of 8 rows is
   every learner's (the critic kept 4 and refused the mesh); the search's candidates start
