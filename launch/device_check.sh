@@ -200,27 +200,27 @@ step_kernels() {
   return "$failed"
 }
 
-step_decode() {
-  local log="$OUT/decode.log" rc=0
+# One command's step: its log, then the lines of it matching PATTERN (grep FLAGS) in the
+# summary. Usage: run_step NAME TIMEOUT COMMAND FLAGS PATTERN
+run_step() {
+  local name="$1" timeout="$2" cmd="$3" flags="$4" pattern="$5" log="$OUT/$1.log" rc=0
   [[ $DRY == 1 ]] || : > "$log"
-  run_logged "$log" "$DECODE_TIMEOUT" "$(decode_cmd)" || rc=$?
+  run_logged "$log" "$timeout" "$cmd" || rc=$?
   [[ $DRY == 1 ]] && return 0
-  say "decode (exit $rc$([[ $rc == 124 ]] && echo ": stopped by its timeout or BUDGET")):"
-  grep -E "^jax |rows .*ms per decode step|^  baseline|^fraction of the|kernels of|busy" \
-    "$log" >> "$OUT/summary.txt" || true
+  say "$name (exit $rc$([[ $rc == 124 ]] && echo ": stopped by its timeout or BUDGET")):"
+  grep "$flags" "$pattern" "$log" >> "$OUT/summary.txt" || true
   return "$rc"
 }
 
+step_decode() {
+  run_step decode "$DECODE_TIMEOUT" "$(decode_cmd)" -E \
+    "^jax |rows .*ms per decode step|^  baseline|^fraction of the|kernels of|busy"
+}
+
 step_iteration() {
-  local log="$OUT/iteration.log" rc=0
-  [[ $DRY == 1 ]] || : > "$log"
-  run_logged "$log" "$ITERATION_TIMEOUT" "$(iteration_cmd)" || rc=$?
-  [[ $DRY == 1 ]] && return 0
-  say "iteration (exit $rc$([[ $rc == 124 ]] && echo ": stopped by its timeout or BUDGET")):"
   # (tqdm's progress bar shares a line with the iteration lines: -o cuts them out)
-  grep -oE "^jax .*|iteration [0-9]+: wall_s=.*|^tokens/s per chip.*" "$log" \
-    >> "$OUT/summary.txt" || true
-  return "$rc"
+  run_step iteration "$ITERATION_TIMEOUT" "$(iteration_cmd)" -oE \
+    "^jax .*|iteration [0-9]+: wall_s=.*|^tokens/s per chip.*"
 }
 
 setup
