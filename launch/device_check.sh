@@ -24,7 +24,8 @@
 # Wheels carried in .whl/ (launch/device_wheels.sh makes them) are installed into
 # $DEVICE_SITE (/tmp/site) and put on PYTHONPATH after the repository; --tiny skips them
 # (they are cp312 wheels for the device image; WHEELS=1 forces, WHEELS=0 skips).
-# Environment: PYTHON (python3), OUT, DEVICE_SITE, WHEELS, DECODE_TIMEOUT (480),
+# Environment: PYTHON (python3), OUT, DEVICE_SITE, WHEELS, DECODE_TIMEOUT (480), DECODE_ROWS
+# (1,32,128),
 # ITERATION_TIMEOUT (500), KERNEL_TIMEOUT (240 per test file), BUDGET (560: seconds for the
 # whole script, set-up included; each step's timeout is cut to what is left, so a device
 # call with timeout_s 600 always gets the logs back).
@@ -63,6 +64,7 @@ PY="${PYTHON:-python3}"
 OUT="${OUT:-$PWD/device_out}"
 SITE="${DEVICE_SITE:-/tmp/site}"
 DECODE_TIMEOUT="${DECODE_TIMEOUT:-480}"
+DECODE_ROWS="${DECODE_ROWS:-1,32,128}"
 ITERATION_TIMEOUT="${ITERATION_TIMEOUT:-500}"
 BUDGET="${BUDGET:-560}"
 KERNEL_TIMEOUT="${KERNEL_TIMEOUT:-240}"
@@ -99,7 +101,7 @@ decode_cmd() {
     echo "$run --allow-cpu --model tiny --rows 2,4 --prompt 16 --new 4 --reps 1 --copy-mib 4" \
          "--decode-impl pallas_gpu --baseline --profile"
   else
-    echo "$run --model qwen2.5-1.5b --rows 1,32,128 --prompt 1024 --new 512" \
+    echo "$run --model qwen2.5-1.5b --rows $DECODE_ROWS --prompt 1024 --new 512" \
          "--decode-impl pallas_gpu --baseline --profile"
   fi
 }
@@ -214,7 +216,7 @@ run_step() {
 
 step_decode() {
   run_step decode "$DECODE_TIMEOUT" "$(decode_cmd)" -E \
-    "^jax |rows .*ms per decode step|^  baseline|^fraction of the|kernels of|busy"
+    "^jax |rows .*ms per decode step|^  baseline|^fraction of the|kernels of|busy|FAILED|sampler at"
 }
 
 step_iteration() {

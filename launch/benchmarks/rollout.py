@@ -354,14 +354,23 @@ def run_accelerator(args, allow_cpu: bool = False) -> None:
     hf_torch_model = hf_model(sampler.cfg, "cuda" if device.platform == "gpu" else "cpu")
   results = []
   for rows in args.rows:
-    r = time_decode(sampler, params, rows, args.prompt, args.reps, bandwidth, sheet)
-    results.append(r)
-    print(format_setting(args.model, r), flush=True)
+    r = _setting(f"current rows {rows}", lambda: time_decode(
+        sampler, params, rows, args.prompt, args.reps, bandwidth, sheet))
+    if r is not None:
+      results.append(r)
+      print(format_setting(args.model, r), flush=True)
     if baseline is not None:
-      b = time_decode(baseline, params, rows, args.prompt, args.reps, bandwidth, sheet)
-      r["baseline"] = b
-      print("  baseline (xla decode attention, one step per loop iteration): "
-            + format_setting(args.model, b), flush=True)
+      b = _setting(f"baseline rows {rows}", lambda: time_decode(
+          baseline, params, rows, args.prompt, args.reps, bandwidth, sheet))
+      if b is not None:
+        if r is None:  # the baseline alone still reports the setting
+          r = {"rows": rows, "failed": True}
+          results.append(r)
+        r["baseline"] = b
+        print("  baseline (xla decode attention, one step per loop iteration): "
+              + format_setting(args.model, b), flush=True)
+    if r is None or r.get("failed"):
+      continue
     if args.hf:
       hf = time_hf(hf_torch_model, random_prompts(rows, args.prompt, sampler.cfg.vocab_size),
                    args.new, sampler.pad_id, args.reps, "cuda" if device.platform == "gpu"
@@ -371,9 +380,22 @@ def run_accelerator(args, allow_cpu: bool = False) -> None:
   if args.profile:
     rows = args.rows[-1]
     prompts = random_prompts(rows, args.prompt, sampler.cfg.vocab_size)
-    p = profile_call(lambda: sampler.generate(prompts, params, jax.random.key(0)), args.new)
-    print("\n".join(format_profile(p)), flush=True)
+    sides = [("current", sampler)] + ([("baseline", baseline)] if baseline is not None else [])
+    for name, s in sides:
+      p = _setting(f"profile of the {name} sampler", lambda: profile_call(
+          lambda: s.generate(prompts, params, jax.random.key(0)), args.new))
+      if p is not None:
+        print(f"{name} sampler at {rows} rows:", flush=True)
+        print("\n".join(format_profile(p)), flush=True)
+  if not results:
+    raise SystemExit("rollout benchmark: every setting failed (the lines above say why)")
   last = results[-1]
+  if last.get("failed"):
+    b = last["baseline"]
+    print(f"fraction of the measured-bandwidth roofline at {last['rows']} rows: current "
+          f"failed; baseline {b['fraction']:.1%} ({b['step_ms']:.2f} ms per decode step vs "
+          f"{b['roofline_ms']:.2f} ms)")
+    return
   tail = ""
   if "baseline" in last:
     b = last["baseline"]
@@ -382,6 +404,17 @@ def run_accelerator(args, allow_cpu: bool = False) -> None:
   print(f"fraction of the measured-bandwidth roofline at {last['rows']} rows: "
         f"{last['fraction']:.1%} ({last['step_ms']:.2f} ms per decode step vs "
         f"{last['roofline_ms']:.2f} ms){tail}")
+
+
+def _setting(what: str, fn):
+  """fn()'s result, or None after one line saying why it failed (so one side's failure on
+  a first run, a kernel that does not compile say, still leaves the other side's figures)."""
+  try:
+    return fn()
+  except Exception as e:  # noqa: BLE001 - reported, the run goes on
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    print(f"{what}: FAILED {type(e).__name__}: {first}", flush=True)
+    return None
 
 
 def _int_list(text: str) -> list[int]:
