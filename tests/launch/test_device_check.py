@@ -109,7 +109,7 @@ def _check_iteration(argv, monkeypatch, tiny):
     seen.update(vars(args), config=c)
     return c
 
-  def stop():
+  def stop(*args):
     raise _Stop
 
   monkeypatch.setattr(paper_iteration, "paper_config", config)
