@@ -57,7 +57,7 @@ class ModelConfig:
       `attention.resolve_impl`), "xla", "chunked", "splash" or "cudnn".
     decode_attention_impl: how decode steps attend over the KV cache
       (`attention.decode_attention`): "auto" (by the target platform,
-      `attention.resolve_decode_impl`; "xla" everywhere today) or a name of
+      `attention.resolve_decode_impl`: "pallas_gpu" on GPUs, "xla" elsewhere) or a name of
       `attention_names.DECODE_IMPLEMENTATIONS`.
   """
   vocab_size: int

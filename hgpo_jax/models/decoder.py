@@ -110,11 +110,25 @@ class DecoderLayers(nnx.Module):
     self.down = _param(rngs, (n, d, f), f ** -0.5, dt, ("layers", "embed", "mlp"))
 
   def stacked(self) -> dict[str, jax.Array]:
-    """name -> stacked array [L, ...] of every parameter (the `xs` of the layer scan)."""
+    """name -> stacked array [L, ...] of every parameter (the `xs` of the layer scan). On
+    `Decoder.for_decoding`'s per-layer view (GPUs) the layers are stacked again here: a
+    copy, which a prefill's layer scan pays once per call."""
+    per_layer = self.unstacked()
+    if per_layer is not None:
+      return {n: jnp.stack([p[n] for p in per_layer]) for n in per_layer[0]}
     names = ["attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down"]
+    if hasattr(self, "gate_up"):  # `Decoder.for_decoding`'s fused [L, 2, F, D] on GPUs
+      names = [n for n in names if n not in ("gate", "up")] + ["gate_up"]
     if hasattr(self, "q_bias"):
       names += ["q_bias", "k_bias", "v_bias"]
     return {name: getattr(self, name)[...] for name in names}
+
+  def unstacked(self) -> list[dict[str, jax.Array]] | None:
+    """Each layer's parameters as their own arrays (`Decoder.for_decoding` on GPUs), else
+    None."""
+    if not hasattr(self, "per_layer"):
+      return None
+    return [{n: w[...] for n, w in layer.items()} for layer in self.per_layer]
 
 
 def _project(x_bti, w_oi):
@@ -208,7 +222,11 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
                                            impl=decode_impl, layer=layer)
   x_btd = x_btd + _project(attn_bthk.reshape(b, t, -1), p["o"].reshape(cfg.hidden_dim, -1))
   h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps)
-  gated_btf = jax.nn.silu(_project(h_btd, p["gate"])) * _project(h_btd, p["up"])
+  if "gate_up" in p:  # one product with both weights (`Decoder.for_decoding` on GPUs)
+    both_bt2f = _project(h_btd, p["gate_up"])
+    gated_btf = jax.nn.silu(both_bt2f[:, :, 0]) * both_bt2f[:, :, 1]
+  else:
+    gated_btf = jax.nn.silu(_project(h_btd, p["gate"])) * _project(h_btd, p["up"])
   x_btd = x_btd + _project(gated_btf, p["down"])
   return x_btd, (k_bthk.transpose(0, 2, 1, 3), v_bthk.transpose(0, 2, 1, 3))
 
@@ -248,6 +266,20 @@ def decode_layer_unroll(cfg: ModelConfig, target) -> int:
   step, docs/performance.md). The cost is compile time (the step's layers compiled one by
   one)."""
   return cfg.num_layers if platform.target_platform(target) == "gpu" else 1
+
+
+def per_layer_decode_weights(cfg: ModelConfig, target) -> bool:
+  """Whether `Decoder.for_decoding` gives each layer's weights their own arrays and stacks
+  each layer's gate and up projections into one gate_up [2, F, D]: on GPU targets, once per
+  generate call. Why: a decode step's matmuls go to cuBLAS, which reads an operand only as
+  a whole buffer, so XLA:GPU copies each layer's slice of a stacked [L, ...] weight before
+  its matmul in every step (the unrolled loop's static slices too), and it merges gate and
+  up into one matmul by copying both slices side by side: for the 1.5B model 3,086 MB of
+  gate/up copies and 526 MB of q/o copies per step, read and written (the XLA:GPU proxy),
+  the largest kernels of a one-row decode step on an H200 (1.17 + 0.58 of 4.8 ms,
+  docs/performance.md). CPU and TPU programs are unchanged."""
+  del cfg
+  return platform.target_platform(target) == "gpu"
 
 
 # Layer parameters a decode step casts to the compute dtype before use (`_block`, `_project`)
@@ -328,11 +360,13 @@ class Decoder(nnx.Module):
     impl = attention.resolve_impl(cfg.attention_impl, attention.context_target(),
                                   length=tokens_bt.shape[1])
     decode_impl = attention.resolve_decode_impl(cfg.decode_attention_impl,
-                                                attention.context_target())
+                                                attention.context_target(),
+                                                head_dim=cfg.head_dim)
     x_btd = jnp.take(self.embed[...], tokens_bt, axis=0).astype(cfg.compute_dtype)
     cos_btk, sin_btk = rope_angles(positions_bt, cfg.head_dim, cfg.rope_theta)
     seg_bt = jnp.asarray(segment_ids_bt).astype(jnp.int32)
-    layer_params = self.layers.stacked()
+    per_layer = self.layers.unstacked() if mode is Mode.DECODE else None
+    layer_params = self.layers.stacked() if per_layer is None else None
 
     remat = jax.checkpoint if cfg.remat else (lambda f: f)
     # A prefill's cache holds nothing the new positions may read: they attend to each
@@ -370,7 +404,20 @@ class Decoder(nnx.Module):
         x, (k, v) = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, (k_bksd, v_bksd), index,
                            start_b, decode_impl)
         return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
-      if decode_impl in attention.STACKED_DECODE_IMPLEMENTATIONS:
+      stacked_impl = decode_impl in attention.STACKED_DECODE_IMPLEMENTATIONS
+      if per_layer is not None:
+        # Each layer's weights are arrays of their own (`for_decoding` on GPUs): a Python
+        # loop over them, the unrolled scan below without slicing stacked weights.
+        news = []
+        for i, p in enumerate(per_layer):
+          cached = (cache.k, cache.v) if stacked_impl else (cache.k[i], cache.v[i])
+          x_btd, (k, v) = _block(cfg, impl, p, x_btd, cos_btk, sin_btk, seg_bt, cached, index,
+                                 start_b, decode_impl,
+                                 layer=jnp.int32(i) if stacked_impl else None)
+          news.append((k.astype(cache.k.dtype), v.astype(cache.v.dtype)))
+        k_lbkth = jnp.stack([k for k, _ in news])
+        v_lbkth = jnp.stack([v for _, v in news])
+      elif stacked_impl:
         # These kernels read layer l of the whole cache in place (a slice as a scan input
         # would be copied before the kernel's custom call, in every layer and step).
         @remat
@@ -439,21 +486,50 @@ class Decoder(nnx.Module):
     embedding; lm_head when untied) and the layers' projections and biases, each of which
     every step casts to the compute dtype anyway, so the values, and the samples, are
     unchanged; the norms' scales (read in float32) keep theirs. Only a narrowing cast
-    (float32 parameters under bfloat16 compute); itself when nothing needs casting."""
+    (float32 parameters under bfloat16 compute). On GPU targets
+    (`per_layer_decode_weights`) each layer's gate and up weights become one gate_up
+    [2, F, D] that the decode step multiplies once (`_block`; when F is not split over the
+    mesh), and every layer's weights become arrays of their own (`DecoderLayers.unstacked`),
+    which the decode step's unrolled layer loop reads in place. Itself when there is
+    nothing to do."""
     dt = jnp.dtype(self.cfg.compute_dtype)
     narrows = lambda x: x.dtype != dt and dt.itemsize < x.dtype.itemsize  # noqa: E731
     top = [n for n in (("embed",) if self.cfg.tie_embeddings else ("embed", "lm_head"))
            if narrows(getattr(self, n)[...])]
     layer = [n for n, w in self.layers.stacked().items() if n in _CAST_FOR_DECODING
              and narrows(w)]
-    if not top and not layer:
+    per_layer = (not hasattr(self.layers, "per_layer")
+                 and per_layer_decode_weights(self.cfg, attention.context_target()))
+    if not top and not layer and not per_layer:
       return self
     graphdef, state = nnx.split(self)
     for n in top:
       state[n] = state[n].replace(state[n][...].astype(dt))
     for n in layer:
       state["layers"][n] = state["layers"][n].replace(state["layers"][n][...].astype(dt))
-    return nnx.merge(graphdef, state)
+    view = nnx.merge(graphdef, state)
+    if per_layer:
+      layers = view.layers
+      if self._f_unsplit():
+        layers.gate_up = nnx.Param(jnp.stack([layers.gate[...], layers.up[...]], axis=1))
+        del layers.gate, layers.up
+      stacked = layers.stacked()
+      layers.per_layer = nnx.List([nnx.Dict({n: nnx.Param(w[i]) for n, w in stacked.items()})
+                                   for i in range(self.cfg.num_layers)])
+      for n in stacked:
+        delattr(layers, n)
+    return view
+
+  def _f_unsplit(self) -> bool:
+    """Whether the layers' F axis is whole on each device of the mesh in context (a stacked
+    [2, F, D] gate_up split over F would need a gate and an up shard side by side on each
+    device: not done)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+      return True
+    spec = axes.logical_to_spec(("layers", "mlp", "embed"), mesh,
+                                shape=self.layers.gate[...].shape)
+    return int(np.prod([mesh.shape[a] for a in _spec_axes(spec[1])])) == 1
 
   def __call__(self, tokens_bt, positions_bt, segment_ids_bt):
     """Forward: (logits f32[B, T, V], None); arguments as in `hidden`."""

@@ -83,7 +83,8 @@ def cache_multiple(cfg, mesh_or_devices) -> int:
   the next multiple of its matmul tiles, a copy of each layer's keys and values in every
   decode step (the XLA:GPU decode-traffic proxy of the 1.5B paper setting: 2114 MB per
   step, docs/performance.md)."""
-  impl = attention.resolve_decode_impl(cfg.decode_attention_impl, mesh_or_devices)
+  impl = attention.resolve_decode_impl(cfg.decode_attention_impl, mesh_or_devices,
+                                      head_dim=cfg.head_dim)
   if impl in attention.STACKED_DECODE_IMPLEMENTATIONS:
     return KERNEL_CACHE_MULTIPLE
   return KERNEL_CACHE_MULTIPLE if platform.target_platform(mesh_or_devices) == "gpu" else 1

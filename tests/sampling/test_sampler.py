@@ -402,6 +402,81 @@ def test_an_unrolled_decode_layer_loop_computes_the_scanned_one(monkeypatch):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
 
 
+def test_on_gpus_the_decode_step_reads_per_layer_weights_and_one_gate_up(monkeypatch):
+  """`decoder.per_layer_decode_weights` (GPU targets): `for_decoding` gives every layer's
+  weights their own arrays and stacks each layer's gate and up into one gate_up [2, F, D]
+  (the separate ones dropped), and the decode step (a Python loop over the layers) gives
+  the stacked scan's logits and cache; `stacked()` of that view restacks them for a
+  prefill. CPU and TPU targets keep the stacked weights. Forced on a CPU; gate_up is not
+  made when F is split over the mesh (tensor=2)."""
+  class Device:
+    def __init__(self, platform):
+      self.platform = platform
+  cfg = config.get_preset("tiny")
+  gpu = decoder.per_layer_decode_weights
+  assert gpu(cfg, [Device("gpu")]) and gpu(cfg, [Device("cuda")])
+  assert not gpu(cfg, [Device("tpu")]) and not gpu(cfg, jax.devices())
+  model = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
+  assert model.for_decoding() is model  # f32 compute over f32 weights, a CPU: nothing to do
+  cache = decoder.init_cache(cfg, 2, 8, jnp.float32)
+  cache = decoder.KVCache(k=jax.random.normal(jax.random.key(0), cache.k.shape),
+                          v=jax.random.normal(jax.random.key(1), cache.v.shape))
+  tokens, positions = jnp.array([[3], [7]]), jnp.array([[4], [2]])
+  step = jax.jit(lambda m, c: m.for_decoding().decode(tokens, positions, c, 4))
+  want = step(model, cache)
+  monkeypatch.setattr(decoder, "per_layer_decode_weights", lambda cfg, target: True)
+  view = model.for_decoding()
+  per_layer = view.layers.unstacked()
+  assert len(per_layer) == cfg.num_layers
+  names = set(per_layer[0])
+  assert "gate_up" in names and not names & {"gate", "up"}, names
+  np.testing.assert_array_equal(np.asarray(per_layer[1]["gate_up"][1]),
+                                np.asarray(model.layers.up[...][1]))
+  np.testing.assert_array_equal(np.asarray(view.layers.stacked()["q"]),
+                                np.asarray(model.layers.q[...]))
+  assert view.for_decoding() is view
+  got = jax.jit(lambda m, c: m.for_decoding().decode(tokens, positions, c, 4))(model, cache)
+  np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-6, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+  mesh = sharding.make_mesh(data=1, fsdp=1, tensor=2, devices=fake_devices.take(2))
+  with jax.set_mesh(mesh):
+    assert not model._f_unsplit()  # F split over tensor=2: gate and up stay two weights
+  assert model._f_unsplit()
+
+
+def test_a_sampler_on_per_layer_weights_samples_what_the_stacked_one_samples(
+    model, tok, prompts, monkeypatch):
+  """The whole generate call (prefill on the restacked layers, decode on the per-layer
+  weights and gate_up, `per_layer_decode_weights` forced on a CPU) samples the tokens of
+  the stacked sampler, with log-probs equal up to float round-off."""
+  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=10)
+  want = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,)).generate(
+      prompts, params, jax.random.key(3))
+  monkeypatch.setattr(decoder, "per_layer_decode_weights", lambda cfg, target: True)
+  got = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,)).generate(
+      prompts, params, jax.random.key(3))
+  assert got.tokens == want.tokens
+  for x, y in zip(got.logprobs, want.logprobs):
+    np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_auto_decode_attention_is_the_gpu_kernel_on_gpus_only():
+  """'auto' decode attention by the target devices' platform: pallas_gpu on GPUs (a
+  power-of-two head_dim; else xla), xla on CPUs and TPUs."""
+  from hgpo_jax.models import attention
+  class Device:
+    def __init__(self, platform):
+      self.platform = platform
+  resolve = attention.resolve_decode_impl
+  assert resolve("auto", [Device("gpu")], head_dim=128) == "pallas_gpu"
+  assert resolve("auto", [Device("gpu")]) == "pallas_gpu"
+  assert resolve("auto", [Device("gpu")], head_dim=96) == "xla"
+  assert resolve("auto", [Device("tpu")], head_dim=128) == "xla"
+  assert resolve("auto", jax.devices(), head_dim=128) == "xla"
+  assert resolve("xla", [Device("gpu")], head_dim=128) == "xla"
+
+
 def test_user_errors_are_clear(smp, prompts):
   with pytest.raises(ValueError, match="exceeds the largest bucket 32"):
     smp.generate([[5] * 40], sampler.SamplingParams(max_new_tokens=4), jax.random.key(0))
