@@ -456,12 +456,17 @@ def _fused_writes(comps, roots, comp: str, shape: str) -> float:
 
 
 def _instruction_traffic(comps, roots, shapes: dict[str, str], op: str, shape: str,
-                         rest: str) -> float:
-  """Device-memory bytes one top-level instruction reads and writes."""
+                         rest: str, custom_reads=None) -> float:
+  """Device-memory bytes one top-level instruction reads and writes (`custom_reads`: as
+  `hlo_memory_traffic`)."""
   if op in _NO_TRAFFIC:
     return 0.0
   operands = _operand_names(rest)
   reads = [array_bytes(shapes.get(o, "")) for o in operands]
+  if op == "custom-call" and custom_reads is not None:
+    credited = custom_reads(rest, [shapes.get(o, "") for o in operands])
+    if credited is not None:
+      return sum(credited) + array_bytes(shape)
   if op == "fusion":
     callee = re.search(r"calls=%?([\w.\-]+)", rest)
     if callee is None:
@@ -482,10 +487,16 @@ def _instruction_traffic(comps, roots, shapes: dict[str, str], op: str, shape: s
   return sum(reads) + array_bytes(shape)
 
 
-def hlo_memory_traffic(hlo_text: str, unknown_trip_count=1) -> float:
+def hlo_memory_traffic(hlo_text: str, unknown_trip_count=1, custom_reads=None) -> float:
   """Device-memory bytes one run of an HLO module's entry computation reads and writes,
   loops weighted by their trip counts as in `hlo_matmul_flops` (`unknown_trip_count` for
   loops without a fixed count, one weight per nesting depth).
+
+  A custom call (a cuBLAS gemm, a Pallas kernel) books all its operands and its output,
+  unless `custom_reads(rest_of_line, operand_shapes)` returns the bytes it reads of each
+  operand: a kernel that reads only part of an operand (the decode attention kernels, each
+  row's valid cache blocks of one layer: `decode_traffic.kernel_reads`) is credited with
+  that part; None keeps the full count.
 
   XLA's `cost_analysis()["bytes accessed"]` counts a loop body once: the decoder's layer
   loop reads one layer's weights in it. Here every top-level instruction of the entry, of
@@ -516,7 +527,7 @@ def hlo_memory_traffic(hlo_text: str, unknown_trip_count=1) -> float:
   direct = {}
   for c, instrs in comps.items():
     shapes = {i[0]: i[1] for i in instrs}
-    direct[c] = (sum(_instruction_traffic(comps, roots, shapes, op, shape, rest)
+    direct[c] = (sum(_instruction_traffic(comps, roots, shapes, op, shape, rest, custom_reads)
                      for _, shape, op, rest in instrs) if c in control else 0.0)
   graph, graph_entry, _ = _parse_hlo(hlo_text)
   return _weighted_total(graph, graph_entry, direct, unknown_trip_count)
@@ -607,22 +618,22 @@ class Peak:
   source: str
 
 
-# Published dense peaks per chip / GPU (no sparsity), FLOP/s, and HBM per device.
-# TPU: cloud.google.com/tpu/docs/{v4,v5e,v5p,v6e}; GPU: NVIDIA A100/H100/H200 datasheets
-# (SXM parts). TPU f32 matmuls run as bf16 passes at JAX's default precision, so TPUs
-# list one peak; GPUs list f32 without TF32.
+# Published dense peaks per chip / GPU (no sparsity), FLOP/s, HBM per device and HBM
+# bandwidth (bytes/s). TPU: cloud.google.com/tpu/docs/{v4,v5e,v5p,v6e}; GPU: NVIDIA
+# A100/H100/H200 datasheets (SXM parts). TPU f32 matmuls run as bf16 passes at JAX's
+# default precision, so TPUs list one peak; GPUs list f32 without TF32.
 ACCELERATORS: dict[str, dict[str, Any]] = {
-    "TPU v4": dict(bfloat16=275e12, float32=275e12, memory_gib=32),
-    "TPU v5 lite": dict(bfloat16=197e12, float32=197e12, memory_gib=16),  # v5e
-    "TPU v5e": dict(bfloat16=197e12, float32=197e12, memory_gib=16),
-    "TPU v5p": dict(bfloat16=459e12, float32=459e12, memory_gib=95),
-    "TPU v5": dict(bfloat16=459e12, float32=459e12, memory_gib=95),  # v5p's device_kind
-    "TPU v6 lite": dict(bfloat16=918e12, float32=918e12, memory_gib=32),  # v6e (Trillium)
-    "TPU v6e": dict(bfloat16=918e12, float32=918e12, memory_gib=32),
-    "NVIDIA H200": dict(bfloat16=989e12, float32=67e12, memory_gib=141),
-    "NVIDIA H100 PCIe": dict(bfloat16=756e12, float32=51e12, memory_gib=80),
-    "NVIDIA H100": dict(bfloat16=989e12, float32=67e12, memory_gib=80),  # SXM
-    "NVIDIA A100": dict(bfloat16=312e12, float32=19.5e12, memory_gib=80),
+    "TPU v4": dict(bfloat16=275e12, float32=275e12, memory_gib=32, bandwidth=1200e9),
+    "TPU v5 lite": dict(bfloat16=197e12, float32=197e12, memory_gib=16, bandwidth=819e9),  # v5e
+    "TPU v5e": dict(bfloat16=197e12, float32=197e12, memory_gib=16, bandwidth=819e9),
+    "TPU v5p": dict(bfloat16=459e12, float32=459e12, memory_gib=95, bandwidth=2765e9),
+    "TPU v5": dict(bfloat16=459e12, float32=459e12, memory_gib=95, bandwidth=2765e9),  # v5p's kind
+    "TPU v6 lite": dict(bfloat16=918e12, float32=918e12, memory_gib=32, bandwidth=1640e9),  # v6e
+    "TPU v6e": dict(bfloat16=918e12, float32=918e12, memory_gib=32, bandwidth=1640e9),
+    "NVIDIA H200": dict(bfloat16=989e12, float32=67e12, memory_gib=141, bandwidth=4.8e12),
+    "NVIDIA H100 PCIe": dict(bfloat16=756e12, float32=51e12, memory_gib=80, bandwidth=2.0e12),
+    "NVIDIA H100": dict(bfloat16=989e12, float32=67e12, memory_gib=80, bandwidth=3.35e12),  # SXM
+    "NVIDIA A100": dict(bfloat16=312e12, float32=19.5e12, memory_gib=80, bandwidth=2.04e12),
 }
 
 
@@ -633,6 +644,13 @@ def _table_entry(kind: str) -> Optional[tuple[str, dict]]:
     if kind.lower().startswith(key.lower()) and (best is None or len(key) > len(best[0])):
       best = (key, row)
   return best
+
+
+def memory_bandwidth(kind: str) -> tuple[Optional[str], Optional[float]]:
+  """(table key, datasheet HBM bytes/s) of the `ACCELERATORS` entry `device_kind` `kind`
+  starts with (the longest key), or (None, None) for a device the table does not hold."""
+  entry = _table_entry(kind)
+  return (entry[0], entry[1]["bandwidth"]) if entry else (None, None)
 
 
 def _read(path: str) -> str:

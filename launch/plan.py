@@ -14,7 +14,8 @@ parameters, optimizer state and batches, no weights) and compiles each for the t
   as not fitting with the bytes it asked for. The device memory defaults to XLA:TPU's own
   usable HBM per chip. Also prints XLA:TPU's estimated time per iteration (its cost model,
   not a measurement).
-* `--topology h100-8` (experimental): 8 x H100 SXM compiled by XLA:GPU without a GPU, through
+* `--topology h100-8` or `h100-1` (experimental): 8 x H100 SXM, or one (the shape of
+  `launch.benchmarks.rollout`), compiled by XLA:GPU without a GPU, through
   the CUDA plugin's compile-only topology (needs `jax-cuda12-plugin[with-cuda]==0.10.2`,
   not installed by default; no autotuning, so temporaries can differ from a real compile).
 * `--devices N` without a topology: N fake CPU devices compiled by XLA:CPU, a labelled

@@ -21,11 +21,16 @@ skip the cache blocks that hold no valid slot instead of loading and masking the
     pipeline issues no DMA for them; an online softmax (FlashAttention's recurrence) runs
     across the visited blocks in VMEM scratch.
 
-In both, the T new tokens' attention over themselves (a T x T problem, not in the cache
-yet) is computed in plain JAX and merged with the cache part by log-sum-exp:
+The new tokens are not in the cache yet. A sampling step has one (T = 1), which every
+query reads by rule (1) whatever its segment: both kernels take its key and value and fold
+it into their online softmax as one more slot (`_fold_new_token`; the GPU kernel in its
+first split), so the step's attention is the kernel and, on GPU, the merge of its splits.
+For T > 1 (a T x T problem by rule (1)) the new tokens' attention over themselves is
+computed in plain JAX. Parts are merged by log-sum-exp:
     out = sum_i exp(lse_i - M) o_i / sum_i exp(lse_i - M),   M = max_i lse_i,         (2)
 over the parts i (cache splits, new tokens); an empty part has o = 0 and lse = -1e30, and
-the new-token part is never empty (every query reads itself), so (2) is always defined.
+the part holding the new tokens is never empty (every query reads itself), so (2) is
+always defined.
 
 Both also take `layer=` with all layers' caches [L, B, Hkv, S, Dh] and read that layer in
 place. Inside a scan over layers, passing each layer's slice (scan xs) instead makes XLA
@@ -123,6 +128,39 @@ def merge_parts(o_parts, lse_parts):
   return jnp.sum(w[..., None] * o_parts, axis=0) / jnp.sum(w, axis=0)[..., None]
 
 
+def _fold_new_token(q, k_new, v_new, m, l, acc, scale):
+  """One more slot, the new token's key k_new and value v_new [1, Dh], in an online softmax
+  (FlashAttention's recurrence) over the queries q [R, Dh]: its state m, l [R] or [R, 1]
+  (running max, sum) and acc [R, Dh] (f32). The score is the XLA form's q . k product
+  (products of the activations' dtype exact in f32, summed in f32); the probability is
+  rounded to that dtype before it multiplies the value, as the cache blocks' are."""
+  f32 = jnp.float32
+  column = m.ndim == 2
+  s = jnp.sum(q.astype(f32) * k_new.astype(f32), axis=1, keepdims=column) * scale
+  m_new = jnp.maximum(m, s)
+  alpha = jnp.exp(m - m_new)
+  p = jnp.exp(s - m_new)
+  l = alpha * l + p
+  if not column:
+    alpha, p = alpha[:, None], p[:, None]
+  acc = alpha * acc + p.astype(q.dtype).astype(f32) * v_new.astype(f32)
+  return m_new, l, acc
+
+
+def _finish_folded(q_bthd, num_kv_heads, o, lse):
+  """The parts of a T = 1 step whose kernel folded the new token in (o [P, B, Hkv, >= G,
+  Dh], lse [P, B, Hkv, >= G]), merged by (2) when P > 1; [B, 1, H, Dh] in q's dtype."""
+  b, t, h, d = q_bthd.shape
+  g = h // num_kv_heads
+  out = o[0, :, :, :g] if o.shape[0] == 1 else merge_parts(o[:, :, :, :g], lse[:, :, :, :g])
+  return out.reshape(b, 1, h, d).astype(q_bthd.dtype)
+
+
+def _new_kv(k_bthd, v_bthd):
+  """The one new token's key and value [B, 1, Hkv, Dh] -> [B, Hkv, 1, Dh] each."""
+  return k_bthd.transpose(0, 2, 1, 3), v_bthd.transpose(0, 2, 1, 3)
+
+
 def _finish(q_bthd, k_bthd, v_bthd, segment_ids_bt, cache_o, cache_lse, scale):
   """Merge the cache part(s) (o [P, B, Hkv, >= T*G, Dh], lse [P, B, Hkv, >= T*G]) with the
   new tokens' part; [B, T, H, Dh] in q's dtype."""
@@ -170,12 +208,16 @@ def _next_power_of_two(n: int) -> int:
 # ---------------------------------------------------------------------------------------
 # GPU: split-K flash decoding on the Triton backend
 # ---------------------------------------------------------------------------------------
-def _gpu_kernel(q_ref, k_ref, v_ref, start_ref, end_ref, layer_ref, o_ref, lse_ref,
-                *count_ref, scale, block_k, blocks_per_split, precision):
+def _gpu_kernel(q_ref, k_ref, v_ref, start_ref, end_ref, layer_ref, *refs, scale, block_k,
+                blocks_per_split, precision, fold_new, count_blocks):
   """One (row, kv head, split): k_ref/v_ref [L, S, Dh] are pointers to every layer's cache
-  of the row and head (nothing is loaded until the loop); o_ref [R, Dh] <- the split's
-  normalised output, lse_ref [R] <- its log-sum-exp; count_ref (optional) [R] <- how many
-  blocks the loop loaded."""
+  of the row and head (nothing is loaded until the loop); with fold_new, refs start with
+  the new token's key and value [1, Dh], which split 0 folds in after its blocks; then
+  o_ref [R, Dh] <- the split's normalised output, lse_ref [R] <- its log-sum-exp, and with
+  count_blocks a ref [R] <- how many blocks the loop loaded."""
+  if fold_new:
+    k_new_ref, v_new_ref, *refs = refs
+  o_ref, lse_ref, *count_ref = refs
   split = pl.program_id(2)
   start, end, layer = start_ref[()], end_ref[()], layer_ref[0]
   first, stop = valid_block_range(start, end, block_k)
@@ -208,10 +250,14 @@ def _gpu_kernel(q_ref, k_ref, v_ref, start_ref, end_ref, layer_ref, o_ref, lse_r
   init = (jnp.full((rows,), _MASKED, jnp.float32), jnp.zeros((rows,), jnp.float32),
           jnp.zeros(q.shape, jnp.float32))
   m, l, acc = lax.fori_loop(lo, jnp.maximum(hi, lo), body, init)
+  if fold_new:  # split 0 only: the others keep their state (a select, no branch)
+    folded = _fold_new_token(q, k_new_ref[...], v_new_ref[...], m, l, acc, scale)
+    first_split = split == 0
+    m, l, acc = (jnp.where(first_split, new, old) for new, old in zip(folded, (m, l, acc)))
   nonempty = l > 0
   o_ref[...] = (acc / jnp.where(nonempty, l, 1.0)[:, None]).astype(o_ref.dtype)
   lse_ref[...] = jnp.where(nonempty, m + jnp.log(jnp.where(nonempty, l, 1.0)), _MASKED)
-  if count_ref:
+  if count_blocks:
     count_ref[0][...] = jnp.full((rows,), jnp.maximum(hi - lo, 0), jnp.int32)
 
 
@@ -235,10 +281,11 @@ def gpu_layout(batch: int, num_kv_heads: int, length: int, block_k: int = GPU_BL
 
 def gpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1, *, scale,
                    block_k=GPU_BLOCK_K, k_splits=None, num_warps=4, num_stages=2,
-                   interpret=False, count_blocks=False):
+                   interpret=False, count_blocks=False, new_kv=None):
   """The GPU kernel's cache part over layer layer_1[0] of [L, B, Hkv, S, Dh] caches:
   (o f32[k_splits, B, Hkv, R, Dh], lse f32[k_splits, B, Hkv, R]) and, with count_blocks,
-  int32[B, Hkv, k_splits]: the blocks each program loaded."""
+  int32[B, Hkv, k_splits]: the blocks each program loaded. new_kv: None, or the one new
+  token's (key, value) [B, Hkv, 1, Dh] each (T = 1), folded into split 0."""
   b, t, h, d = q_bthd.shape
   num_layers, _, hkv, length, _ = k_cache_lbksd.shape
   if d & (d - 1) or d < 16:
@@ -249,12 +296,21 @@ def gpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1
   q = _query_rows(q_bthd, hkv, rows)
   precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None  # no TF32
   kernel = functools.partial(_gpu_kernel, scale=scale, block_k=block_k,
-                             blocks_per_split=blocks_per_split, precision=precision)
+                             blocks_per_split=blocks_per_split, precision=precision,
+                             fold_new=new_kv is not None, count_blocks=count_blocks)
   row_spec = pl.BlockSpec((None, None, rows, d), lambda i, j, s: (i, j, 0, 0))
   cache_spec = pl.BlockSpec((num_layers, None, None, length, d),
                             lambda i, j, s: (0, i, j, 0, 0))
   bound_spec = pl.BlockSpec((None,), lambda i, j, s: (i,))
   layer_spec = pl.BlockSpec((1,), lambda i, j, s: (0,))
+  in_specs = [row_spec, cache_spec, cache_spec, bound_spec, bound_spec, layer_spec]
+  operands = [q, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1]
+  if new_kv is not None:
+    if t != 1:
+      raise ValueError(f"decode_attention_gpu: new_kv folds one new token in, not T={t}.")
+    new_spec = pl.BlockSpec((None, None, 1, d), lambda i, j, s: (i, j, 0, 0))
+    in_specs += [new_spec, new_spec]
+    operands += list(new_kv)
   out_shape = [jax.ShapeDtypeStruct((b, hkv, k_splits, rows, d), jnp.float32),
                jax.ShapeDtypeStruct((b, hkv, k_splits, rows), jnp.float32)]
   out_specs = [pl.BlockSpec((None, None, None, rows, d), lambda i, j, s: (i, j, s, 0, 0)),
@@ -263,12 +319,11 @@ def gpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1
     out_shape.append(jax.ShapeDtypeStruct((b, hkv, k_splits, rows), jnp.int32))
     out_specs.append(out_specs[-1])
   outs = pl.pallas_call(
-      kernel, grid=(b, hkv, k_splits),
-      in_specs=[row_spec, cache_spec, cache_spec, bound_spec, bound_spec, layer_spec],
+      kernel, grid=(b, hkv, k_splits), in_specs=in_specs,
       out_specs=out_specs, out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret, name="decode_attention_gpu",
-  )(q, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1)
+  )(*operands)
   o, lse = outs[0].transpose(2, 0, 1, 3, 4), outs[1].transpose(2, 0, 1, 3)
   return (o, lse, outs[2][..., 0]) if count_blocks else (o, lse)
 
@@ -293,9 +348,13 @@ def decode_attention_gpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v
                                              v_cache_bksd, layer, "decode_attention_gpu")
   scale = q_bthd.shape[3] ** -0.5 if scale is None else scale
   start_b, end_b = cache_bounds(cache_start_b, cache_index, q_bthd.shape[0], k_cache.shape[3])
+  one_new = q_bthd.shape[1] == 1
   o, lse = gpu_cache_part(q_bthd, k_cache, v_cache, start_b, end_b, layer_1, scale=scale,
                           block_k=block_k, k_splits=k_splits,
-                          interpret=_platform_interpret(interpret, ("gpu", "cuda", "rocm")))
+                          interpret=_platform_interpret(interpret, ("gpu", "cuda", "rocm")),
+                          new_kv=_new_kv(k_bthd, v_bthd) if one_new else None)
+  if one_new:
+    return _finish_folded(q_bthd, k_bthd.shape[2], o, lse)
   return _finish(q_bthd, k_bthd, v_bthd, segment_ids_bt, o, lse, scale)
 
 
@@ -315,12 +374,17 @@ def tpu_kv_block_index(b, j, start_ref, end_ref, block: int):
   return jnp.minimum(jnp.maximum(j, first), jnp.maximum(stop - 1, first))
 
 
-def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
-                m_sc, l_sc, acc_sc, *, scale, block, precision):
+def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, *refs, scale, block,
+                precision, fold_new):
   """One (row, cache block) step over all kv heads: q_ref [Hkv, R, Dh], k_ref/v_ref
-  [Hkv, block, Dh]; the online softmax state m_sc/l_sc [Hkv, R, 1], acc_sc [Hkv, R, Dh]
-  lives across the block axis; the last step writes o_ref [Hkv, R, Dh], lse_ref [Hkv, R, 1].
+  [Hkv, block, Dh]; with fold_new, refs start with the new token's key and value
+  [Hkv, 1, Dh], folded in at the last step; the online softmax state m_sc/l_sc
+  [Hkv, R, 1], acc_sc [Hkv, R, Dh] lives across the block axis; the last step writes
+  o_ref [Hkv, R, Dh], lse_ref [Hkv, R, 1].
   """
+  if fold_new:
+    k_new_ref, v_new_ref, *refs = refs
+  o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
   b, j = pl.program_id(0), pl.program_id(1)
   start, end = start_ref[b], end_ref[b]
   first, stop = valid_block_range(start, end, block)
@@ -357,6 +421,10 @@ def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_r
 
   @pl.when(j == pl.num_programs(1) - 1)
   def _write():
+    if fold_new:
+      for h in range(q_ref.shape[0]):
+        m_sc[h], l_sc[h], acc_sc[h] = _fold_new_token(
+            q_ref[h], k_new_ref[h], v_new_ref[h], m_sc[h], l_sc[h], acc_sc[h], scale)
     l = l_sc[...]
     nonempty = l > 0
     safe_l = jnp.where(nonempty, l, 1.0)
@@ -365,10 +433,11 @@ def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, o_ref, lse_r
 
 
 def tpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1, *, scale,
-                   block: int | None = None, interpret=False):
+                   block: int | None = None, interpret=False, new_kv=None):
   """The TPU kernel's cache part over layer layer_1[0] of [L, B, Hkv, S, Dh] caches:
   (o f32[1, B, Hkv, R, Dh], lse f32[1, B, Hkv, R]). Grid (B, S / block): one step reads one
-  block of every kv head of a row (fewer, larger steps than one per kv head)."""
+  block of every kv head of a row (fewer, larger steps than one per kv head). new_kv:
+  None, or the one new token's (key, value) [B, Hkv, 1, Dh] each (T = 1), folded in."""
   b, t, h, d = q_bthd.shape
   _, _, hkv, length, _ = k_cache_lbksd.shape
   block = tpu_block(length) if block is None else block
@@ -381,24 +450,31 @@ def tpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1
   kv_map = lambda i, j, start_ref, end_ref, layer_ref: (
       layer_ref[0], i, 0, tpu_kv_block_index(i, j, start_ref, end_ref, block), 0)
   row_map = lambda i, j, *prefetch_refs: (i, 0, 0, 0)
+  in_specs = [pl.BlockSpec((None, hkv, rows, d), row_map),
+              pl.BlockSpec((None, None, hkv, block, d), kv_map),
+              pl.BlockSpec((None, None, hkv, block, d), kv_map)]
+  operands = [start_b, end_b, layer_1, q, k_cache_lbksd, v_cache_lbksd]
+  if new_kv is not None:
+    if t != 1:
+      raise ValueError(f"decode_attention_tpu: new_kv folds one new token in, not T={t}.")
+    in_specs += [pl.BlockSpec((None, hkv, 1, d), row_map)] * 2
+    operands += list(new_kv)
   grid_spec = pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=3, grid=(b, length // block),
-      in_specs=[pl.BlockSpec((None, hkv, rows, d), row_map),
-                pl.BlockSpec((None, None, hkv, block, d), kv_map),
-                pl.BlockSpec((None, None, hkv, block, d), kv_map)],
+      num_scalar_prefetch=3, grid=(b, length // block), in_specs=in_specs,
       out_specs=[pl.BlockSpec((None, hkv, rows, d), row_map),
                  pl.BlockSpec((None, hkv, rows, 1), row_map)],
       scratch_shapes=[pltpu.VMEM((hkv, rows, 1), jnp.float32),
                       pltpu.VMEM((hkv, rows, 1), jnp.float32),
                       pltpu.VMEM((hkv, rows, d), jnp.float32)])
   o, lse = pl.pallas_call(
-      functools.partial(_tpu_kernel, scale=scale, block=block, precision=precision),
+      functools.partial(_tpu_kernel, scale=scale, block=block, precision=precision,
+                        fold_new=new_kv is not None),
       grid_spec=grid_spec,
       out_shape=[jax.ShapeDtypeStruct((b, hkv, rows, d), jnp.float32),
                  jax.ShapeDtypeStruct((b, hkv, rows, 1), jnp.float32)],
       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
       interpret=interpret, name="decode_attention_tpu",
-  )(start_b, end_b, layer_1, q, k_cache_lbksd, v_cache_lbksd)
+  )(*operands)
   return o[None], lse[None, ..., 0]
 
 
@@ -420,8 +496,12 @@ def decode_attention_tpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v
                                              v_cache_bksd, layer, "decode_attention_tpu")
   scale = q_bthd.shape[3] ** -0.5 if scale is None else scale
   start_b, end_b = cache_bounds(cache_start_b, cache_index, q_bthd.shape[0], k_cache.shape[3])
+  one_new = q_bthd.shape[1] == 1
   o, lse = tpu_cache_part(q_bthd, k_cache, v_cache, start_b, end_b, layer_1, scale=scale,
-                          block=block, interpret=_platform_interpret(interpret, ("tpu",)))
+                          block=block, interpret=_platform_interpret(interpret, ("tpu",)),
+                          new_kv=_new_kv(k_bthd, v_bthd) if one_new else None)
+  if one_new:
+    return _finish_folded(q_bthd, k_bthd.shape[2], o, lse)
   return _finish(q_bthd, k_bthd, v_bthd, segment_ids_bt, o, lse, scale)
 
 

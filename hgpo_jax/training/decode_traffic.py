@@ -29,11 +29,24 @@ and `necessary_bytes` the step's floor for the sampler's mesh, per device:
   (its own new key included), so l + (N + 1) / 2 on average over N steps, with l the
   mean prompt length given (the plan's default: 3/4 of the prompt bucket, the mean of
   the accelerator benchmark's prompt lengths, uniform in [P/2, P]).
+
+A decode attention kernel (`models/decode_kernels.py`) is a custom call that takes all
+layers' caches [L, B, Hkv, S, Dh] as operands and reads, of each, one layer's valid slots
+of each row. Booked in full, its operands would count the whole cache once per layer (the
+pallas_tpu plan of the paper setting read 26x its necessary bytes that way).
+`kernel_reads(valid_slots)` credits it with what it reads instead: one layer's share of
+each cache operand at the rows' mean valid length, exactly for `decode_attention_gpu`
+(masked loads in its boundary blocks), in whole blocks for `decode_attention_tpu` (its
+pipeline DMAs a block of `tpu_block(S)` slots whole: on average block - 1 slots more per
+row, (block - 1) / 2 at each end of its valid range). `StepCost.kernel_bytes` keeps those
+credited bytes apart, because XLA:TPU's cost model leaves a custom call's time out of its
+cycles: the plan adds them at the chip's datasheet bandwidth.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import numpy as np
@@ -47,6 +60,7 @@ class StepCost:
   """One decode step of a compiled generate program, per device."""
   traffic: float  # bytes the HLO reads and writes in one decode-loop iteration
   cycles: float  # XLA:TPU's cost-model cycles of that iteration (0 elsewhere)
+  kernel_bytes: float = 0.0  # of `traffic`: the decode attention kernels' credited reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,21 +68,68 @@ class Necessary:
   """The bytes one decode step must move, per device (module doc)."""
   weights: float
   kv: float
+  valid_slots: float = 0.0  # a row's mean valid cache slots over the decode steps
 
   @property
   def total(self) -> float:
     return self.weights + self.kv
 
 
-def step_cost(hlo_text: str, unknown_trip_count, steps_per_iteration: int = 1) -> StepCost:
+_DECODE_KERNEL = re.compile(r'op_name="[^"]*\bdecode_attention_(gpu|tpu)/pallas_call"')
+
+
+def kernel_reads(valid_slots: float):
+  """A `perf.hlo_memory_traffic` `custom_reads` rule: the bytes a decode attention kernel
+  reads of each operand when a row holds `valid_slots` valid slots on average (module doc);
+  None for any other custom call (booked in full)."""
+  from hgpo_jax.models import decode_kernels
+
+  def reads(rest: str, operand_shapes: list[str]):
+    kernel = _DECODE_KERNEL.search(rest)
+    if kernel is None:
+      return None
+    out = []
+    for shape in operand_shapes:
+      full = perf.array_bytes(shape)
+      dims = perf._dims(shape.lstrip("("))
+      if dims is None or len(dims) != 5:  # queries, bounds, layer index: read whole
+        out.append(full)
+        continue
+      layers, length = dims[0], dims[3]  # all layers' cache [L, B, Hkv, S, Dh]
+      slots = valid_slots
+      if kernel.group(1) == "tpu":
+        slots += decode_kernels.tpu_block(length) - 1
+      out.append(full / layers * min(1.0, slots / length))
+    return out
+
+  return reads
+
+
+def step_cost(hlo_text: str, unknown_trip_count, steps_per_iteration: int = 1,
+              valid_slots: float | None = None) -> StepCost:
   """Traffic and XLA:TPU cycles of one decode step: one iteration of the program's decode
   loop (its outermost loop without a fixed trip count; `unknown_trip_count` as the
   registry's `Program.unknown_trip_count`, whose inner weights are kept) divided by the
   decode steps that iteration runs (`Program.steps_per_iteration`: a lockstep decode in
-  chunks of K steps, the GPU default, runs K per iteration)."""
+  chunks of K steps, the GPU default, runs K per iteration). With `valid_slots` (a row's
+  mean valid slots, `Necessary.valid_slots`) the decode attention kernels are credited
+  with the valid blocks they read (`kernel_reads`), else their operands count in full."""
   k = max(1, int(steps_per_iteration))
+  rule = kernel_reads(valid_slots) if valid_slots is not None else None
+
+  def traffic(custom_reads):
+    return perf.loop_iteration(
+        lambda text, weights: perf.hlo_memory_traffic(text, weights, custom_reads),
+        hlo_text, unknown_trip_count) / k
+
+  total = traffic(rule)
+  kernels = 0.0
+  if rule is not None:
+    no_reads = lambda rest, shapes: (None if rule(rest, shapes) is None
+                                     else [0.0] * len(shapes))
+    kernels = total - traffic(no_reads)
   return StepCost(
-      traffic=perf.loop_iteration(perf.hlo_memory_traffic, hlo_text, unknown_trip_count) / k,
+      traffic=total, kernel_bytes=kernels,
       cycles=perf.loop_iteration(perf.hlo_estimated_cycles, hlo_text, unknown_trip_count) / k)
 
 
@@ -108,4 +169,4 @@ def necessary_bytes(sampler, rows: int, prompt: int, new_tokens: int,
     cache = sharding_lib.cache_shardings(cfg, sampler.mesh, rows, slots)
     per_device = float(np.prod(cache.k.shard_shape(shape), dtype=np.int64))
   kv = 2 * per_device * (valid / slots) * np.dtype(sampler.cache_dtype).itemsize
-  return Necessary(weights=weights, kv=kv)
+  return Necessary(weights=weights, kv=kv, valid_slots=valid)

@@ -163,8 +163,10 @@ def _mesh_tuple(mesh) -> tuple[int, int, int]:
   return (m["data"], m["fsdp"], m["tensor"])
 
 
-def _phase(program: programs_lib.Program) -> Phase:
-  """Compiles one registry program; an out-of-memory refusal becomes a refused Phase."""
+def _phase(program: programs_lib.Program, valid_slots: Optional[float] = None) -> Phase:
+  """Compiles one registry program; an out-of-memory refusal becomes a refused Phase.
+  `valid_slots`: a row's mean valid cache slots, to credit a generate program's decode
+  attention kernels with what they read (`decode_traffic.step_cost`)."""
   try:
     compiled = program.lower().compile()
   except Exception as e:  # noqa: BLE001  (XlaRuntimeError; only OOM is expected here)
@@ -184,7 +186,7 @@ def _phase(program: programs_lib.Program) -> Phase:
                cycles=perf.hlo_estimated_cycles(text, program.unknown_trip_count),
                note=program.note,
                step=(decode_traffic.step_cost(text, program.unknown_trip_count,
-                                              program.steps_per_iteration)
+                                              program.steps_per_iteration, valid_slots)
                      if program.name.startswith("generate") else None))
 
 
@@ -212,11 +214,12 @@ def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optiona
   if unknown:
     raise ValueError(f"unknown programs {sorted(unknown)}; this config has "
                      f"{sorted(registry.programs)}.")
-  out = {n: _phase(registry.programs[n]) for n in names}
-  device = mesh.devices.flat[0]
   necessary = (decode_traffic.necessary_bytes(registry.sampler, registry.rollout_rows,
                                               shapes.prompt, shapes.response)
                if any(n.startswith("generate") for n in names) else None)
+  out = {n: _phase(registry.programs[n], necessary.valid_slots if necessary else None)
+         for n in names}
+  device = mesh.devices.flat[0]
   return Plan(mesh=_mesh_tuple(mesh), shapes=dataclasses.replace(
                   shapes, rollout_rows=registry.rollout_rows, model=registry.model_cfg),
               params=registry.params_bytes, opt_state=registry.opt_bytes,
@@ -446,11 +449,23 @@ def estimated_seconds(plan: Plan, seconds_per_cycle: float) -> dict[str, float]:
   estimate, not a measurement: collectives, host work and env steps are not in it, and the
   decode loop is counted at max_new_tokens for every row."""
   out = {n: p.calls * p.cycles * seconds_per_cycle for n, p in plan.phases.items()}
+  kernel = {n: _kernel_seconds(plan, p) for n, p in plan.phases.items()}
+  for n, p in plan.phases.items():  # the decode attention kernels: one per decode step
+    out[n] += p.calls * plan.shapes.response * kernel[n]
   out["iteration"] = sum(out.values())
   for n, p in plan.phases.items():  # not part of the sum: one decode step of each call
     if p.step is not None:
-      out[f"{n} decode step"] = p.step.cycles * seconds_per_cycle
+      out[f"{n} decode step"] = p.step.cycles * seconds_per_cycle + kernel[n]
   return out
+
+
+def _kernel_seconds(plan: Plan, phase: Phase) -> float:
+  """Seconds of one decode step's attention-kernel reads (`StepCost.kernel_bytes`) at the
+  chip's datasheet bandwidth: XLA:TPU's cost model leaves a custom call's time out."""
+  if phase.step is None or not phase.step.kernel_bytes:
+    return 0.0
+  bandwidth = perf.memory_bandwidth(plan.device_kind)[1]
+  return phase.step.kernel_bytes / bandwidth if bandwidth else 0.0
 
 
 def decode_step_lines(plan: Plan, seconds: Optional[dict[str, float]] = None) -> list[str]:
@@ -463,12 +478,18 @@ def decode_step_lines(plan: Plan, seconds: Optional[dict[str, float]] = None) ->
     if p.step is None or need is None:
       continue
     est = (seconds or {}).get(f"{p.name} decode step")
+    kernel_s = _kernel_seconds(plan, p)
     lines.append(
         f"decode step of {p.name} ({plan.rollout_rows} rows), per device: HLO reads+writes "
-        f"{p.step.traffic / 1e6:.1f} MB (loops weighted by trip count) vs necessary "
+        f"{p.step.traffic / 1e6:.1f} MB (loops weighted by trip count"
+        + (f"; the attention kernels' valid blocks {p.step.kernel_bytes / 1e6:.1f} MB"
+           if p.step.kernel_bytes else "")
+        + f") vs necessary "
         f"{need.total / 1e6:.1f} MB (weights {need.weights / 1e6:.1f} as laid out + valid KV "
         f"{need.kv / 1e6:.1f} at 3/4 of the prompt bucket): {p.step.traffic / need.total:.2f}x"
-        + (f"; XLA:TPU estimate {1e3 * est:.2f} ms per step" if est else ""))
+        + (f"; XLA:TPU estimate {1e3 * est:.2f} ms per step" if est else "")
+        + (f" (the kernels' {1e3 * kernel_s:.2f} ms at the datasheet bandwidth included)"
+           if est and kernel_s else ""))
   return lines
 
 

@@ -55,6 +55,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
 # no driver; experimental in JAX 0.10): `get_topology_desc(platform="cuda",
 # target_config=<GpuTargetConfig text proto>, topology="slices x hosts x devices")`.
 GPU_TARGETS: dict[str, Target] = {t.name: t for t in (
+    Target("h100-1", "1x1x1", "h100_sxm", 1, 80, platform="cuda"),  # the decode benchmark's chip
     Target("h100-8", "1x1x8", "h100_sxm", 8, 80, platform="cuda"),
 )}
 # The device description XLA:GPU compiles for (NVIDIA H100 SXM 80GB: the public datasheet's

@@ -20,7 +20,7 @@ call of each shape) and are the median of `--reps` calls. Per setting it prints:
   over the N steps (row r of prompt length l_r reads l_r + j + 1 slots at step j:
   `decode_traffic.necessary_bytes`), at the copy bandwidth measured in the same process (a
   jitted x + 1 over `--copy-mib` MiB: bytes read + written / time) and at the chip's
-  datasheet bandwidth (`DATASHEET_BANDWIDTH`), and the fraction of each reached;
+  datasheet bandwidth (`perf.ACCELERATORS`), and the fraction of each reached;
 * with `--hf`: transformers' `generate` on the same device (a randomly initialised
   `Qwen2ForCausalLM` / `LlamaForCausalLM` of the preset's shapes, bf16, static cache,
   sampling at temperature 1, `min_new_tokens` = `max_new_tokens` = N, same prompts);
@@ -47,29 +47,11 @@ import statistics
 import tempfile
 import time
 
-# Datasheet memory bandwidth (bytes/s) by `device.device_kind` prefix (longest match).
-DATASHEET_BANDWIDTH = {
-    "NVIDIA H100 PCIe": 2.0e12,
-    "NVIDIA H100": 3.35e12,  # SXM
-    "NVIDIA H200": 4.8e12,
-    "NVIDIA A100": 2.04e12,  # 80 GB SXM
-    "TPU v5 lite": 819e9,  # v5e
-    "TPU v5e": 819e9,
-    "TPU v5p": 2765e9,
-    "TPU v5": 2765e9,  # v5p's device_kind
-    "TPU v6 lite": 1640e9,  # v6e
-    "TPU v6e": 1640e9,
-}
-
-
 def datasheet_bandwidth(kind: str):
-  """(table key, bytes/s) of the longest `DATASHEET_BANDWIDTH` key `kind` starts with, or
-  (None, None) for a device the table does not hold."""
-  best = None
-  for key in DATASHEET_BANDWIDTH:
-    if kind.lower().startswith(key.lower()) and (best is None or len(key) > len(best)):
-      best = key
-  return (best, DATASHEET_BANDWIDTH[best]) if best else (None, None)
+  """(table key, bytes/s) of the chip's datasheet HBM bandwidth (`perf.ACCELERATORS`, the
+  longest key `kind` starts with), or (None, None) for a device the table does not hold."""
+  from hgpo_jax import perf
+  return perf.memory_bandwidth(kind)
 
 
 def copy_bandwidth(nbytes: int = 1 << 31, reps: int = 5, device=None) -> float:
