@@ -151,6 +151,9 @@ def time_decode(sampler, params, rows: int, prompt: int, reps: int, bandwidth: f
   if out.decoded_tokens != rows * n:
     raise RuntimeError(f"time_decode: {out.decoded_tokens} tokens decoded, expected {rows * n}")
   step_s = (full_s - one_s) / (n - 1)
+  unmeasured = step_s <= 0  # the N-token call no slower than the 1-token call: noise
+  if unmeasured:
+    step_s = float("nan")
   mean_prompt = sum(len(p) for p in prompts) / rows
   need = decode_traffic.necessary_bytes(sampler, rows, prompt, n, mean_prompt=mean_prompt)
   roofline_s = need.total / bandwidth
@@ -158,6 +161,9 @@ def time_decode(sampler, params, rows: int, prompt: int, reps: int, bandwidth: f
            one_s=one_s, step_ms=1e3 * step_s, tokens_per_s=rows * n / full_s,
            weight_bytes=need.weights, kv_bytes=need.kv, bandwidth=bandwidth,
            roofline_ms=1e3 * roofline_s, fraction=roofline_s / step_s)
+  if unmeasured:
+    r["note"] = (f"not measured: the {n}-token call ({full_s:.4f} s) took no longer than the "
+                 f"1-token call ({one_s:.4f} s); noise swamps the decode, raise --new or --reps")
   if datasheet:
     r["datasheet_roofline_ms"] = 1e3 * need.total / datasheet
     r["datasheet_fraction"] = need.total / datasheet / step_s
@@ -175,6 +181,8 @@ def format_setting(model_name: str, r: dict) -> str:
   if "datasheet_fraction" in r:
     line += (f", {r['datasheet_roofline_ms']:.2f} ms at the datasheet's "
              f"({r['datasheet_fraction']:.0%} reached)")
+  if "note" in r:
+    line += f" [{r['note']}]"
   return line
 
 

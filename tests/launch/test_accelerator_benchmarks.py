@@ -120,6 +120,21 @@ def test_rollout_decode_timing_of_the_trainer_sampler_is_consistent():
   assert f"rows    {rows}" in line and "ms per decode step" in line and "reached" in line
 
 
+def test_rollout_a_decode_step_lost_in_noise_is_reported_not_measured(monkeypatch):
+  """When the N-token call is timed no slower than the 1-token call (a tiny model on a
+  loaded host), the step is not measured: NaN instead of a negative time, and the line
+  says why and what to raise."""
+  from launch.benchmarks import rollout
+  sampler, params = rollout.trainer_sampler("tiny", jax.devices()[0], 16, 4)
+  times = iter([0.010, 0.012])  # the 4-token call, then the 1-token call
+  monkeypatch.setattr(rollout, "_median_call", lambda fn, reps: next(times))
+  r = rollout.time_decode(sampler, params, 2, 16, 1, 1e10)
+  assert np.isnan(r["step_ms"]) and np.isnan(r["fraction"])
+  line = rollout.format_setting("tiny", r)
+  assert "not measured: the 4-token call (0.0100 s) took no longer than the 1-token call " \
+         "(0.0120 s)" in line and "raise --new or --reps" in line
+
+
 def test_rollout_profile_summary_of_a_hand_made_trace():
   """Two decode steps on a device stream: kernel time per step, busy fraction over the
   device's span, and one device-to-host copy per step (the step waits on the host)."""
