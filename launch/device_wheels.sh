@@ -37,10 +37,23 @@ WHEELS=(
   tensorflow-metadata==1.21.0
   termcolor==3.3.0
   toml==0.10.2
+  # ALFWorld's env servers (`device_check.sh` with ITERATION_ENV=alfworld), at
+  # the pins of requirements.txt and env_servers/requirements-nodeps.txt
+  alfworld==0.4.2
+  mementos==1.3.1
+  prompt_toolkit==3.0.53
+  tatsu==5.8.3
+  textworld==1.7.0
+  wcwidth==0.9.4
 )
-# Published as a source archive only: built here into a pure-Python wheel (`pip wheel`).
+# Published as source archives only: built here into wheels tagged py3-none-any (`pip
+# wheel`). jericho and fast-downward-textworld (ALFWorld's) each hold a shared library that
+# Python loads with ctypes, not a CPython extension, so a wheel built under this host's
+# Python serves the image's 3.12; the libraries need glibc >= 2.32 (this host: 2.36).
 SDISTS=(
   promise==2.3
+  jericho==3.3.1
+  fast-downward-textworld==20.6.4
 )
 OVERRIDES=(
   grpcio==1.85.1
@@ -162,8 +175,9 @@ done
 for spec in "${SDISTS[@]}"; do
   quiet "$PY" -m pip wheel -q --no-deps -w "$DIR" "$spec" \
     || { echo "device_wheels: pip could not build a wheel of $spec" >&2; exit 1; }
-  if ls "$DIR/${spec%%==*}"-*.whl | grep -qv -- "-py3-none-any.whl"; then
-    echo "device_wheels: the wheel built from $spec is not pure Python" >&2
+  name="${spec%%==*}"
+  if ls "$DIR/${name//-/_}"-*.whl | grep -qv -- "-py3-none-any.whl"; then
+    echo "device_wheels: the wheel built from $spec is not tagged py3-none-any" >&2
     exit 1
   fi
 done

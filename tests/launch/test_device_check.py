@@ -52,14 +52,16 @@ def _norm(name: str) -> str:
   return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _bash(*args: str) -> subprocess.CompletedProcess:
+def _bash(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+  import os
   return subprocess.run(["bash", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                        timeout=60)
+                        timeout=60, env={**os.environ, **(env or {})})
 
 
-def _commands(*flags: str) -> list[list[str]]:
+def _commands(*flags: str, env: dict | None = None) -> list[list[str]]:
   """The python commands `device_check.sh --dry-run` prints, as argv lists."""
-  r = _bash("launch/device_check.sh", "--dry-run", *flags, "kernels", "decode", "iteration")
+  r = _bash("launch/device_check.sh", "--dry-run", *flags, "kernels", "decode", "iteration",
+            env=env)
   assert r.returncode == 0, r.stderr
   lines = [line[2:] for line in r.stdout.splitlines() if line.startswith("+ ")]
   assert len(lines) == len(r.stdout.splitlines())  # nothing else is printed or run
@@ -94,7 +96,7 @@ def _check_rollout(argv, monkeypatch, tiny):
         "qwen2.5-1.5b", [1, 32, 128], 1024, 512)
 
 
-def _check_iteration(argv, monkeypatch, tiny):
+def _check_iteration(argv, monkeypatch, tiny, env="sokoban"):
   """Runs the benchmark's main up to the trainer's config check, on a pretend GPU for the
   full command, and stops it before it builds anything."""
   import jax
@@ -129,7 +131,8 @@ def _check_iteration(argv, monkeypatch, tiny):
   with pytest.raises(_Stop):
     iteration.main()
   assert seen["validated"] is seen["config"]
-  assert seen["env"] == "sokoban" and seen["allow_cpu"] is tiny
+  assert seen["env"] == env and seen["allow_cpu"] is tiny
+  assert seen["config"].env.name == env
   if not tiny:
     c = seen["config"]
     assert (seen["model"], seen["envs"], seen["turns"], seen["iterations"]) == (
@@ -162,11 +165,24 @@ def test_every_command_of_the_dry_run_is_accepted(tiny, monkeypatch):
     _check_pytest(argv)
 
 
+@pytest.mark.parametrize("tiny", [False, True])
+def test_the_iteration_runs_on_alfworld_servers_when_asked(tiny, monkeypatch):
+  """ITERATION_ENV=alfworld: the same iteration command on ALFWorld env servers (whose
+  wheels device_wheels.sh carries), accepted up to the trainer's config check."""
+  argvs = _commands(*(["--tiny"] if tiny else []), env={"ITERATION_ENV": "alfworld"})
+  (iteration,) = [a for a in argvs if a[0] == "launch.benchmarks.iteration"]
+  assert iteration[iteration.index("--env") + 1] == "alfworld"
+  _check_iteration(iteration, monkeypatch, tiny, env="alfworld")
+
+
 def test_bad_arguments_end_in_one_line():
   for args in (["bogus"], [], ["--trace-imports"]):
     r = _bash("launch/device_check.sh", *args)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
     assert r.stderr.startswith("device_check: ") and not r.stdout
+  r = _bash("launch/device_check.sh", "iteration", env={"ITERATION_ENV": "webshop"})
+  assert r.returncode == 2 and r.stderr.strip() == (
+      "device_check: ITERATION_ENV must be sokoban or alfworld, not 'webshop'")
   r = _bash("launch/device_wheels.sh", "--bogus")
   assert r.returncode == 2 and r.stderr.startswith("device_wheels: unknown argument")
 
@@ -187,10 +203,12 @@ def test_wheels_carry_only_what_the_image_lacks_at_the_pins():
   image = _bash("launch/device_wheels.sh", "--image").stdout.split()
   assert set(image) == IMAGE  # the script's copy of KINDS.md's list is this one
   pins = {}
-  for line in (REPO_ROOT / "requirements.txt").read_text().splitlines():
-    m = re.match(r"([A-Za-z0-9_.-]+)==([^\s#]+)", line)
-    if m:
-      pins[_norm(m[1])] = m[2]
+  for path in ("requirements.txt", "env_servers/requirements-nodeps.txt"):
+    for line in (REPO_ROOT / path).read_text().splitlines():
+      m = re.match(r"([A-Za-z0-9_.-]+)==([^\s#]+)", line)
+      if m:
+        pins[_norm(m[1])] = m[2]
+  assert {"textworld", "alfworld", "jericho", "fast-downward-textworld"} <= set(kinds)
   for name, (_, version) in kinds.items():
     if name in pins:
       assert version == pins[name], (name, version, pins[name])
