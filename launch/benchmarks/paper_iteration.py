@@ -23,11 +23,21 @@ followed by a free span of exactly as many model-sampled tokens as the draw leav
 newline, so the env still receives a valid action and the decode loop, the log-prob passes
 and the update see responses of the drawn lengths. `free` leaves decoding unconstrained.
 
+The update's rows are length-grouped by default (`--length-multiple 256`:
+`train.group_by_length`, each micro-batch of 16 steps sorted by length and padded only to
+its longest step rounded up to 256 tokens; the same loss as the padded rows,
+tests/training/test_packing.py). verl-agent's scripts remove the padding
+(`use_remove_padding=True`), and padding every row to the iteration's prompt + response
+buckets spent most of the update on padding on the H200 (docs/performance.md). Each new
+micro-batch length compiles a gradient and a log-prob program once; `--length-multiple 0`
+pads every row to the buckets, as the config does by default.
+
 Per iteration it prints one line of `key=value` fields: the phase times (`time/*` of
 metrics.jsonl), the prompt and response tokens of every step, tokens/s per chip (prompt +
 response tokens / iteration wall time / chips, as verl's `perf/throughput`), the MFU of the
-update and log-prob passes (`perf/*`: XLA's FLOPs / time / the chip's peak) and the peak
-device memory. The last line compares the median tokens/s per chip of the iterations after
+update and log-prob passes (`perf/*`: XLA's FLOPs / time / the chip's peak; padding
+included), the update's `token_fill` (real tokens / token slots of its rows,
+`train/token_fill`) and the peak device memory. The last line compares the median tokens/s per chip of the iterations after
 the first (which compiles the programs it uses) with the HiPER authors' 2,340 tokens/s per
 H100. The persistent compilation cache (`hgpo_jax.runtime`, $HGPO_JAX_COMPILE_CACHE) makes a
 second run's compiles cache reads. `--precompile` (`rollout.precompile`) compiles every
@@ -202,6 +212,8 @@ def paper_config(args, allow_cpu: bool, precompile: bool):
   c.eval.every, c.eval.at_end = 0, False
   c.checkpoint.every = args.iterations  # the last iteration only (skipped without --checkpoint)
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, 1, 1  # every local chip data-parallel
+  if args.length_multiple:  # verl's remove-padding counterpart (module doc)
+    c.train.group_by_length, c.train.length_multiple = True, args.length_multiple
   c.lock()
   return c
 
@@ -223,6 +235,8 @@ def iteration_line(step: int, metrics: dict, tokens: dict, chips: int, peak_gib)
   for name in ("update_mfu", "logprobs_mfu"):
     value = metrics.get(f"perf/{name}")
     fields.append(f"{name}={value:.4f}" if value is not None else f"{name}=n/a")
+  fill = metrics.get("train/token_fill")
+  fields.append(f"token_fill={fill:.3f}" if fill is not None else "token_fill=n/a")
   fields.append("peak_memory_gib=" + (f"{peak_gib:.2f}" if peak_gib is not None else "n/a"))
   return f"iteration {step}: " + " ".join(fields)
 
@@ -261,6 +275,10 @@ def main(argv=None) -> int:
   ap.add_argument("--precompile", action="store_true",
                   help="rollout.precompile: every sampler program (each batch x prompt "
                        "bucket) before iteration 1")
+  ap.add_argument("--length-multiple", type=int, default=256, metavar="N",
+                  help="the update's micro-batches grouped by length, each padded to its "
+                       "longest step rounded up to N tokens (train.group_by_length); 0 = every "
+                       "row padded to the iteration's prompt + response buckets")
   ap.add_argument("--checkpoint", action="store_true", help="keep the last iteration's checkpoint")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--tokenizer", default="",
@@ -289,6 +307,9 @@ def main(argv=None) -> int:
              f"(groups of {GROUP_SIZE})")
   if args.turns < 1 or args.iterations < 1:
     ap.error("--turns and --iterations must be >= 1")
+  if args.length_multiple < 0:
+    ap.error(f"--length-multiple {args.length_multiple}: give 0 (no grouping) or a positive "
+             "number of tokens")
 
   import importlib.util
   missing = [m for m in ENV_MODULES[args.env] if importlib.util.find_spec(m) is None]
@@ -323,8 +344,10 @@ def main(argv=None) -> int:
         f"(groups of {GROUP_SIZE}), {args.turns} turns, {args.iterations} iterations; prompts "
         f"<= {config.rollout.max_prompt_tokens}, responses <= {config.rollout.max_new_tokens} "
         f"tokens ({args.response_lengths}); mini-batch {config.train.mini_batch_rows} rows "
-        f"(micro {config.train.micro_batch_rows}); precompile {'on' if precompile else 'off'}",
-        flush=True)
+        f"(micro {config.train.micro_batch_rows}"
+        + (f", grouped by length in multiples of {args.length_multiple} tokens"
+           if args.length_multiple else ", every row padded to the buckets")
+        + f"); precompile {'on' if precompile else 'off'}", flush=True)
 
   counts: list[dict] = []
   per_chip: list[float] = []

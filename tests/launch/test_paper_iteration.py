@@ -73,6 +73,10 @@ def test_bad_flags_end_in_one_usage_line_not_a_traceback():
   assert done.returncode == 2 and "Traceback" not in done.stderr
   assert done.stderr.strip().splitlines()[-1].endswith(
       "--envs 12: give a positive multiple of 8 (groups of 8)")
+  done = _bench("--allow-cpu", "--length-multiple", "-1", timeout=120)
+  assert done.returncode == 2 and "Traceback" not in done.stderr
+  assert done.stderr.strip().splitlines()[-1].endswith(
+      "--length-multiple -1: give 0 (no grouping) or a positive number of tokens")
 
 
 FIELD = re.compile(r"(\w+)=(\S+)")
@@ -88,6 +92,7 @@ def test_tiny_cpu_run_prints_consistent_iteration_lines():
   assert lines[0].startswith("jax ")
   assert "tiny random init, float32 parameters, bfloat16 compute; " in lines[0]
   assert "sokoban x 8 envs (groups of 8), 1 turns, 2 iterations" in lines[0]
+  assert "(micro 8, grouped by length in multiples of 256 tokens)" in lines[0]
   chips = int(re.match(r"jax \S+ on (\d+) x cpu \(cpu\); ", lines[0])[1])  # the suite fakes 8
   its = [l for l in lines if l.startswith("iteration ")]
   assert [l.split(":")[0] for l in its] == ["iteration 1", "iteration 2"]
@@ -108,6 +113,12 @@ def test_tiny_cpu_run_prints_consistent_iteration_lines():
         int(f["tokens"]) / wall / int(f["chips"]), rel=1e-3, abs=0.06)
     assert 0 < float(f["update_mfu"]) < 1 and 0 < float(f["logprobs_mfu"]) < 1
     assert f["peak_memory_gib"] == "n/a"  # CPUs report no device memory
+    # grouped by length: the 8 steps alone (the builder's copies up to the 32-row
+    # mini-batch dropped), each row padded to a multiple of 256 slots (512 here: prompts of
+    # ~480 tokens + 24); the padded layout would be 32 rows of 512 + 48 slots (fill 0.22)
+    fill = float(f["token_fill"])
+    slots_per_row = int(f["tokens"]) / steps / fill
+    assert 0.5 < fill <= 1 and abs(slots_per_row - 256 * round(slots_per_row / 256)) < 1.5
     per_chip.append(float(f["tokens_per_s_per_chip"]))
   assert "response lengths drawn: 16, mean 24.0" in lines
   last = lines[-1]
