@@ -76,6 +76,12 @@ def _dims(shape_text: str) -> Optional[list[int]]:
   return [int(d) for d in m.group(2).split(",") if d]
 
 
+def array_dims(shape_text: str) -> Optional[list[int]]:
+  """The dimensions of an HLO array shape (`bf16[28,128,2,1536,128]{4,3,2,1,0}` -> [28, 128,
+  2, 1536, 128]); None for a tuple or a token."""
+  return _dims(shape_text)
+
+
 def _operand_names(args: str) -> list[str]:
   """Names of the operands in the text after `op(` (up to the matching parenthesis)."""
   depth, end = 1, len(args)

@@ -91,7 +91,7 @@ def kernel_reads(valid_slots: float):
     out = []
     for shape in operand_shapes:
       full = perf.array_bytes(shape)
-      dims = perf._dims(shape.lstrip("("))
+      dims = perf.array_dims(shape)
       if dims is None or len(dims) != 5:  # queries, bounds, layer index: read whole
         out.append(full)
         continue
