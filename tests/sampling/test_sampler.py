@@ -380,13 +380,15 @@ def test_for_decoding_casts_what_each_step_casts_and_keeps_the_logits():
 
 
 def test_an_unrolled_decode_layer_loop_computes_the_scanned_one(monkeypatch):
-  """On GPUs the decode step's layer loop is unrolled (`decoder.decode_layer_unroll`: all
-  layers there, 1 on CPUs and TPUs); forced on a CPU, the unrolled step gives the scanned
-  step's logits and cache."""
-  class Gpu:
-    platform = "gpu"
+  """On accelerators the decode step's layer loop is unrolled (`decoder.decode_layer_unroll`:
+  all layers on GPUs and TPUs, 1 on CPUs); forced on a CPU, the unrolled step gives the
+  scanned step's logits and cache."""
+  class Device:
+    def __init__(self, platform):
+      self.platform = platform
   cfg = config.get_preset("tiny")
-  assert decoder.decode_layer_unroll(cfg, [Gpu()]) == cfg.num_layers
+  for accelerator in ("gpu", "cuda", "tpu"):
+    assert decoder.decode_layer_unroll(cfg, [Device(accelerator)]) == cfg.num_layers
   assert decoder.decode_layer_unroll(cfg, jax.devices()) == 1
   model = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
   cache = decoder.init_cache(cfg, 2, 8, jnp.float32)
