@@ -101,8 +101,8 @@ def time_update(model, cfg, mesh, model_name: str, s: dict, devices: int, steps:
   perf_line = perf.format_line(f"{model_name} devices={devices} update", flops, med, peak)
   return dict(perf_line=perf_line, model=model_name, devices=devices,
               mesh=[int(n) for n in mesh.devices.shape], rows=s["rows"], seq=s["seq"],
-              dtype=s["dtype"], first_call_s=round(compile_s, 3), step_s_median=round(med, 4),
-              step_s_all=[round(t, 4) for t in times], tokens_per_s=round(s["rows"] * s["seq"] / med, 1),
+              dtype=s["dtype"], first_call_s=round(compile_s, 3), step_s_median=round(med, 6),
+              step_s_all=[round(t, 6) for t in times], tokens_per_s=round(s["rows"] * s["seq"] / med, 1),
               loss=float(m["loss"]))
 
 
