@@ -13,8 +13,9 @@ skip the cache blocks that hold no valid slot instead of loading and masking the
     heads (and all T new tokens) as the rows of one matrix, and a contiguous range of
     cache blocks, of which its loop visits only those that intersect the row's valid
     range (masked loads inside the two boundary blocks, so invalid slots are never read).
-    Each split writes its normalised partial output and log-sum-exp; the splits are
-    combined outside the kernel.
+    Each split writes its normalised partial output and log-sum-exp; they are combined
+    by (2) outside the kernel, for a sampling step with many splits (few rows) by a
+    second kernel (`gpu_merge_splits`, grid (B, Hkv)) where XLA would launch three.
   `decode_attention_tpu`  Pallas on Mosaic (TPU): grid (B, S / block), each step one block
     of all kv heads of a row, with each row's [start, end) as scalar-prefetch operands; the K/V block index maps clamp the block
     axis to the row's valid blocks, so steps outside them repeat the block index and the
@@ -67,6 +68,12 @@ GPU_BLOCK_K = 64
 GPU_TARGET_PROGRAMS = 512
 """The GPU kernel's default k_splits aims at about this many programs (B x Hkv x k_splits),
 a few per SM of an H100/H200 (132 SMs), so that one row alone still fills the GPU."""
+GPU_MERGE_MIN_SPLITS = 9
+"""A sampling step's splits are merged by `gpu_merge_splits` (one kernel) from this many
+on, by XLA below. Read from XLA:GPU's deviceless compile of the 1.5B decode step (jax
+0.10.2's CUDA 12 plugin, docs/performance.md): XLA fuses a merge of 2 or 4 splits into one
+kernel, of 8 into two, of 24 (one row) into three; the merge kernel writes padded query
+rows whose slice is one more kernel unless the o projection's matvec fuses it (one row)."""
 TPU_BLOCK_CHOICES = (512, 256, 128)
 """Cache slots per grid step of the TPU kernel: the largest of these dividing S."""
 
@@ -212,11 +219,12 @@ def _gpu_kernel(q_ref, k_ref, v_ref, start_ref, end_ref, layer_ref, *refs, scale
                 blocks_per_split, precision, fold_new, count_blocks):
   """One (row, kv head, split): k_ref/v_ref [L, S, Dh] are pointers to every layer's cache
   of the row and head (nothing is loaded until the loop); with fold_new, refs start with
-  the new token's key and value [1, Dh], which split 0 folds in after its blocks; then
-  o_ref [R, Dh] <- the split's normalised output, lse_ref [R] <- its log-sum-exp, and with
-  count_blocks a ref [R] <- how many blocks the loop loaded."""
+  the new token's key and value [2, Dh] (one operand: XLA writes both in one kernel), which
+  split 0 folds in after its blocks; then o_ref [R, Dh] <- the split's normalised output,
+  lse_ref [R] <- its log-sum-exp, and with count_blocks a ref [R] <- how many blocks the
+  loop loaded."""
   if fold_new:
-    k_new_ref, v_new_ref, *refs = refs
+    kv_new_ref, *refs = refs
   o_ref, lse_ref, *count_ref = refs
   split = pl.program_id(2)
   start, end, layer = start_ref[()], end_ref[()], layer_ref[0]
@@ -251,7 +259,8 @@ def _gpu_kernel(q_ref, k_ref, v_ref, start_ref, end_ref, layer_ref, *refs, scale
           jnp.zeros(q.shape, jnp.float32))
   m, l, acc = lax.fori_loop(lo, jnp.maximum(hi, lo), body, init)
   if fold_new:  # split 0 only: the others keep their state (a select, no branch)
-    folded = _fold_new_token(q, k_new_ref[...], v_new_ref[...], m, l, acc, scale)
+    folded = _fold_new_token(q, kv_new_ref[pl.ds(0, 1), :], kv_new_ref[pl.ds(1, 1), :], m,
+                             l, acc, scale)
     first_split = split == 0
     m, l, acc = (jnp.where(first_split, new, old) for new, old in zip(folded, (m, l, acc)))
   nonempty = l > 0
@@ -308,9 +317,8 @@ def gpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1
   if new_kv is not None:
     if t != 1:
       raise ValueError(f"decode_attention_gpu: new_kv folds one new token in, not T={t}.")
-    new_spec = pl.BlockSpec((None, None, 1, d), lambda i, j, s: (i, j, 0, 0))
-    in_specs += [new_spec, new_spec]
-    operands += list(new_kv)
+    in_specs.append(pl.BlockSpec((None, None, 2, d), lambda i, j, s: (i, j, 0, 0)))
+    operands.append(jnp.concatenate(new_kv, axis=2))  # [B, Hkv, 2, Dh]
   out_shape = [jax.ShapeDtypeStruct((b, hkv, k_splits, rows, d), jnp.float32),
                jax.ShapeDtypeStruct((b, hkv, k_splits, rows), jnp.float32)]
   out_specs = [pl.BlockSpec((None, None, None, rows, d), lambda i, j, s: (i, j, s, 0, 0)),
@@ -326,6 +334,40 @@ def gpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1
   )(*operands)
   o, lse = outs[0].transpose(2, 0, 1, 3, 4), outs[1].transpose(2, 0, 1, 3)
   return (o, lse, outs[2][..., 0]) if count_blocks else (o, lse)
+
+
+def _gpu_merge_kernel(o_ref, lse_ref, out_ref, *, splits):
+  """One (row, kv head): o_ref [P, R, Dh] and lse_ref [P, R], the P splits' normalised
+  outputs and log-sum-exps -> out_ref [R, Dh] by (2), in two passes over the splits (their
+  maximum, then the weighted sums), each loading one split's [R, Dh] tile."""
+  m = lax.fori_loop(1, splits, lambda p, m: jnp.maximum(m, lse_ref[p]), lse_ref[0])
+
+  def body(p, carry):
+    l, acc = carry
+    w = jnp.exp(lse_ref[p] - m)
+    return l + w, acc + w[:, None] * o_ref[p]
+
+  w0 = jnp.exp(lse_ref[0] - m)
+  l, acc = lax.fori_loop(1, splits, body, (w0, w0[:, None] * o_ref[0]))
+  out_ref[...] = (acc / l[:, None]).astype(out_ref.dtype)
+
+
+def gpu_merge_splits(o, lse, dtype, *, num_warps=4, interpret=False):
+  """The GPU kernel's splits (o f32[P, B, Hkv, R, Dh], lse f32[P, B, Hkv, R], as
+  `gpu_cache_part` returns them) merged by (2) in one kernel: [B, Hkv, R, Dh] in `dtype`.
+  Every row's merge must have a nonempty split (a sampling step's: split 0 holds the new
+  token), else it divides 0 by 0."""
+  splits, b, hkv, rows, d = o.shape
+  o, lse = o.transpose(1, 2, 0, 3, 4), lse.transpose(1, 2, 0, 3)  # undoes gpu_cache_part's
+  return pl.pallas_call(
+      functools.partial(_gpu_merge_kernel, splits=splits), grid=(b, hkv),
+      in_specs=[pl.BlockSpec((None, None, splits, rows, d), lambda i, j: (i, j, 0, 0, 0)),
+                pl.BlockSpec((None, None, splits, rows), lambda i, j: (i, j, 0, 0))],
+      out_specs=pl.BlockSpec((None, None, rows, d), lambda i, j: (i, j, 0, 0)),
+      out_shape=jax.ShapeDtypeStruct((b, hkv, rows, d), dtype),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="decode_merge_gpu",
+  )(o, lse)
 
 
 def decode_attention_gpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd,
@@ -349,10 +391,15 @@ def decode_attention_gpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v
   scale = q_bthd.shape[3] ** -0.5 if scale is None else scale
   start_b, end_b = cache_bounds(cache_start_b, cache_index, q_bthd.shape[0], k_cache.shape[3])
   one_new = q_bthd.shape[1] == 1
+  interpret = _platform_interpret(interpret, ("gpu", "cuda", "rocm"))
   o, lse = gpu_cache_part(q_bthd, k_cache, v_cache, start_b, end_b, layer_1, scale=scale,
-                          block_k=block_k, k_splits=k_splits,
-                          interpret=_platform_interpret(interpret, ("gpu", "cuda", "rocm")),
+                          block_k=block_k, k_splits=k_splits, interpret=interpret,
                           new_kv=_new_kv(k_bthd, v_bthd) if one_new else None)
+  if one_new and o.shape[0] >= GPU_MERGE_MIN_SPLITS:  # the splits merged by a second kernel
+    b, _, h, d = q_bthd.shape
+    hkv = k_bthd.shape[2]
+    out = gpu_merge_splits(o, lse, q_bthd.dtype, interpret=interpret)
+    return out[:, :, :h // hkv].reshape(b, 1, h, d)
   if one_new:
     return _finish_folded(q_bthd, k_bthd.shape[2], o, lse)
   return _finish(q_bthd, k_bthd, v_bthd, segment_ids_bt, o, lse, scale)

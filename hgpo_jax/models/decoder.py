@@ -116,12 +116,11 @@ class DecoderLayers(nnx.Module):
     per_layer = self.unstacked()
     if per_layer is not None:
       return {n: jnp.stack([p[n] for p in per_layer]) for n in per_layer[0]}
-    names = ["attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down"]
-    if hasattr(self, "gate_up"):  # `Decoder.for_decoding`'s fused [L, 2, F, D] on GPUs
-      names = [n for n in names if n not in ("gate", "up")] + ["gate_up"]
-    if hasattr(self, "q_bias"):
-      names += ["q_bias", "k_bias", "v_bias"]
-    return {name: getattr(self, name)[...] for name in names}
+    names = ["attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down",
+             "q_bias", "k_bias", "v_bias", "gate_up", "qkv", "qkv_bias"]
+    # `Decoder.for_decoding`'s fused [L, 2, F, D] gate_up and [L, H + 2 Hkv, Dh, D] qkv on
+    # GPUs stand in for the weights they hold; biases only with cfg.qkv_bias
+    return {name: getattr(self, name)[...] for name in names if hasattr(self, name)}
 
   def unstacked(self) -> list[dict[str, jax.Array]] | None:
     """Each layer's parameters as their own arrays (`Decoder.for_decoding` on GPUs), else
@@ -204,11 +203,18 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
   b, t, _ = x_btd.shape
   w = lambda name: p[name].astype(dt)
   h_btd = rms_norm(x_btd, p["attn_norm"], cfg.rms_eps)
-  q_bthk = _project(h_btd, p["q"])
-  k_bthk = _project(h_btd, p["k"])
-  v_bthk = _project(h_btd, p["v"])
-  if cfg.qkv_bias:
-    q_bthk, k_bthk, v_bthk = q_bthk + w("q_bias"), k_bthk + w("k_bias"), v_bthk + w("v_bias")
+  if "qkv" in p:  # one product with the three weights (`Decoder.for_decoding` on GPUs)
+    qkv_bthk = _project(h_btd, p["qkv"])
+    if cfg.qkv_bias:
+      qkv_bthk = qkv_bthk + w("qkv_bias")
+    q_bthk, k_bthk, v_bthk = jnp.split(
+        qkv_bthk, (cfg.num_heads, cfg.num_heads + cfg.num_kv_heads), axis=2)
+  else:
+    q_bthk = _project(h_btd, p["q"])
+    k_bthk = _project(h_btd, p["k"])
+    v_bthk = _project(h_btd, p["v"])
+    if cfg.qkv_bias:
+      q_bthk, k_bthk, v_bthk = q_bthk + w("q_bias"), k_bthk + w("k_bias"), v_bthk + w("v_bias")
   q_bthk = apply_rope(q_bthk, cos_btk, sin_btk, cfg.rope_layout)
   k_bthk = apply_rope(k_bthk, cos_btk, sin_btk, cfg.rope_layout)
   scale = cfg.head_dim ** -0.5
@@ -276,15 +282,18 @@ def decode_layer_unroll(cfg: ModelConfig, target) -> int:
 
 
 def per_layer_decode_weights(cfg: ModelConfig, target) -> bool:
-  """Whether `Decoder.for_decoding` gives each layer's weights their own arrays and stacks
-  each layer's gate and up projections into one gate_up [2, F, D]: on GPU targets, once per
-  generate call. Why: a decode step's matmuls go to cuBLAS, which reads an operand only as
-  a whole buffer, so XLA:GPU copies each layer's slice of a stacked [L, ...] weight before
+  """Whether `Decoder.for_decoding` gives each layer's weights their own arrays, stacks
+  each layer's gate and up projections into one gate_up [2, F, D] and concatenates its q,
+  k and v into one qkv [H + 2 Hkv, Dh, D]: on GPU targets, once per generate call. Why: a
+  decode step's matmuls go to cuBLAS, which reads an operand only as a whole buffer, so
+  XLA:GPU copies each layer's slice of a stacked [L, ...] weight before
   its matmul in every step (the unrolled loop's static slices too), and it merges gate and
   up into one matmul by copying both slices side by side: for the 1.5B model 3,086 MB of
   gate/up copies and 526 MB of q/o copies per step, read and written (the XLA:GPU proxy),
   the largest kernels of a one-row decode step on an H200 (1.17 + 0.58 of 4.8 ms,
-  docs/performance.md). CPU and TPU programs are unchanged."""
+  docs/performance.md). One qkv product where XLA:GPU made two at one row (the query's and
+  a two-output one for the key and value: matrix-vector reductions, not GEMMs): 536 -> 508
+  kernels per decode step in the deviceless proxy. CPU and TPU programs are unchanged."""
   del cfg
   return platform.target_platform(target) == "gpu"
 
@@ -496,7 +505,8 @@ class Decoder(nnx.Module):
     (float32 parameters under bfloat16 compute). On GPU targets
     (`per_layer_decode_weights`) each layer's gate and up weights become one gate_up
     [2, F, D] that the decode step multiplies once (`_block`; when F is not split over the
-    mesh), and every layer's weights become arrays of their own (`DecoderLayers.unstacked`),
+    mesh), its q, k and v (and their biases) one qkv [H + 2 Hkv, Dh, D] (when the heads are
+    not split), and every layer's weights become arrays of their own (`DecoderLayers.unstacked`),
     which the decode step's unrolled layer loop reads in place. Itself when there is
     nothing to do."""
     dt = jnp.dtype(self.cfg.compute_dtype)
@@ -520,6 +530,14 @@ class Decoder(nnx.Module):
       if self._f_unsplit():
         layers.gate_up = nnx.Param(jnp.stack([layers.gate[...], layers.up[...]], axis=1))
         del layers.gate, layers.up
+      if self._heads_unsplit():
+        parts = [("q", "k", "v")] + ([("q_bias", "k_bias", "v_bias")] if self.cfg.qkv_bias
+                                     else [])
+        for names, fused in zip(parts, ("qkv", "qkv_bias")):
+          setattr(layers, fused, nnx.Param(jnp.concatenate(
+              [getattr(layers, n)[...] for n in names], axis=1)))
+          for n in names:
+            delattr(layers, n)
       stacked = layers.stacked()
       layers.per_layer = nnx.List([nnx.Dict({n: nnx.Param(w[i]) for n, w in stacked.items()})
                                    for i in range(self.cfg.num_layers)])
@@ -537,6 +555,20 @@ class Decoder(nnx.Module):
     spec = axes.logical_to_spec(("layers", "mlp", "embed"), mesh,
                                 shape=self.layers.gate[...].shape)
     return int(np.prod([mesh.shape[a] for a in _spec_axes(spec[1])])) == 1
+
+  def _heads_unsplit(self) -> bool:
+    """Whether the layers' query and kv head axes are whole on each device of the mesh in
+    context (a [H + 2 Hkv, Dh, D] qkv concatenated over split head axes would need each
+    device's query, key and value heads side by side: not done)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+      return True
+    for name, axis in (("q", "heads"), ("k", "kv_heads")):
+      spec = axes.logical_to_spec(("layers", axis, "head_dim", "embed"), mesh,
+                                  shape=getattr(self.layers, name)[...].shape)
+      if int(np.prod([mesh.shape[a] for a in _spec_axes(spec[1])])) != 1:
+        return False
+    return True
 
   def __call__(self, tokens_bt, positions_bt, segment_ids_bt):
     """Forward: (logits f32[B, T, V], None); arguments as in `hidden`."""

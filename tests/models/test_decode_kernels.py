@@ -93,6 +93,56 @@ def test_kernels_match_the_xla_form(index_kind, heads, kv_heads, dtype):
                                err_msg=name)
 
 
+@pytest.mark.parametrize("index_kind,heads,kv_heads,dtype", MATCH_CASES[4:],
+                         ids=lambda x: getattr(x, "__name__", str(x)))
+def test_gpu_merge_kernel_gives_the_xla_form(index_kind, heads, kv_heads, dtype, monkeypatch):
+  """T = 1 with the splits merged by the second GPU kernel (`gpu_merge_splits`, taken
+  from GPU_MERGE_MIN_SPLITS splits on; lowered to 2 here so that the 4 splits of these
+  rows take it): the output equals the XLA form as the one-kernel path's does."""
+  monkeypatch.setattr(decode_kernels, "GPU_MERGE_MIN_SPLITS", 2)
+  q, k, v, k_cache, v_cache = _inputs(heads, kv_heads, dtype)
+  seg = jnp.ones(q.shape[:2], jnp.int32)
+  starts, index = _bounds(index_kind)
+  want = np.asarray(_run(attention.decode_attention, q, k, v, seg, k_cache, v_cache, starts,
+                         index), np.float32)
+  fn = functools.partial(decode_kernels.decode_attention_gpu, block_k=BLOCK, k_splits=4)
+  text = jax.jit(lambda *a: fn(*a[:6], cache_start_b=a[6], cache_index=a[7])).trace(
+      q, k, v, seg, k_cache, v_cache, starts, index).jaxpr.pretty_print()
+  assert text.count("pallas_call") == 2 and "decode_merge_gpu" in text
+  got = _run(fn, q, k, v, seg, k_cache, v_cache, starts, index)
+  np.testing.assert_allclose(np.asarray(got, np.float32), want,
+                             atol=_tolerance(dtype, want), rtol=0)
+
+
+def test_gpu_merge_kernel_is_equation_2_over_many_splits():
+  """`gpu_merge_splits` against the readable `merge_parts` over 24 splits (one row's in
+  the 1.5B step), a third of them empty (o = 0, lse = -1e30) and split 0 never; and the
+  kernel path taken by default for one row over a 256-slot cache (16 splits >=
+  GPU_MERGE_MIN_SPLITS) matches the XLA form."""
+  rng = np.random.default_rng(5)
+  p, b, hkv, rows, d = 24, 3, 2, 16, 16
+  o = rng.standard_normal((p, b, hkv, rows, d)).astype(np.float32)
+  lse = (3 * rng.standard_normal((p, b, hkv, rows))).astype(np.float32)
+  empty = np.zeros((p, 1, 1, 1), bool)
+  empty[1::3] = True
+  o, lse = np.where(empty[..., None], 0.0, o), np.where(empty, -1e30, lse)
+  got = decode_kernels.gpu_merge_splits(jnp.asarray(o), jnp.asarray(lse), jnp.float32,
+                                        interpret=True)
+  want = decode_kernels.merge_parts(jnp.asarray(o), jnp.asarray(lse))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+  length = 256
+  q, k, v, _, _ = _inputs(12, 2, jnp.float32)
+  q, k, v = q[:1], k[:1], v[:1]
+  k_cache, v_cache = (jnp.asarray(rng.standard_normal((1, 2, length, 16)), jnp.float32)
+                      for _ in range(2))
+  seg, starts, index = jnp.ones((1, 1), jnp.int32), jnp.asarray([3], jnp.int32), jnp.int32(250)
+  fn = functools.partial(decode_kernels.decode_attention_gpu, block_k=BLOCK)
+  assert decode_kernels.gpu_layout(1, 2, length, BLOCK)[2] >= decode_kernels.GPU_MERGE_MIN_SPLITS
+  want = _run(attention.decode_attention, q, k, v, seg, k_cache, v_cache, starts, index)
+  got = _run(fn, q, k, v, seg, k_cache, v_cache, starts, index)
+  np.testing.assert_allclose(got, want, atol=_tolerance(jnp.float32, want), rtol=0)
+
+
 def test_kernels_match_the_xla_form_for_several_new_tokens():
   """T = 3 new tokens in two segments plus a padding token: the new tokens' own part
   (rule (1), merged by log-sum-exp) is exact too."""
@@ -274,6 +324,11 @@ def test_gpu_kernel_lowers_to_triton_ir_without_a_gpu():
                                 jax.ShapeDtypeStruct((), jnp.int32)).lower(
       lowering_platforms=("cuda",)).as_text()
   assert "__gpu$xla.gpu.triton" in text and "tensor<28x8x2x1536x128xbf16>" in text
+  # one row: 24 splits, merged by the second kernel (GPU_MERGE_MIN_SPLITS)
+  one_row = [jax.ShapeDtypeStruct((1,) + a.shape[1:], a.dtype) for a in args]
+  text = jax.jit(fn).trace(*one_row).lower(lowering_platforms=("cuda",)).as_text()
+  assert 'name = "decode_attention_gpu"' in text and 'name = "decode_merge_gpu"' in text
+  assert "grid_x = 1 : i32, grid_y = 2 : i32, grid_z = 24 : i32" in text
 
 
 @pytest.mark.tpu_compile

@@ -406,11 +406,13 @@ def test_an_unrolled_decode_layer_loop_computes_the_scanned_one(monkeypatch):
 
 def test_on_gpus_the_decode_step_reads_per_layer_weights_and_one_gate_up(monkeypatch):
   """`decoder.per_layer_decode_weights` (GPU targets): `for_decoding` gives every layer's
-  weights their own arrays and stacks each layer's gate and up into one gate_up [2, F, D]
-  (the separate ones dropped), and the decode step (a Python loop over the layers) gives
+  weights their own arrays, stacks each layer's gate and up into one gate_up [2, F, D] and
+  concatenates q, k and v into one qkv [H + 2 Hkv, Dh, D] (the separate ones dropped), and
+  the decode step (a Python loop over the layers) gives
   the stacked scan's logits and cache; `stacked()` of that view restacks them for a
-  prefill. CPU and TPU targets keep the stacked weights. Forced on a CPU; gate_up is not
-  made when F is split over the mesh (tensor=2)."""
+  prefill. CPU and TPU targets keep the stacked weights. Forced on a CPU, with and
+  without Qwen2's q/k/v biases (one qkv_bias); gate_up is not made when F is split over
+  the mesh (tensor=2), nor qkv when the heads are."""
   class Device:
     def __init__(self, platform):
       self.platform = platform
@@ -418,33 +420,45 @@ def test_on_gpus_the_decode_step_reads_per_layer_weights_and_one_gate_up(monkeyp
   gpu = decoder.per_layer_decode_weights
   assert gpu(cfg, [Device("gpu")]) and gpu(cfg, [Device("cuda")])
   assert not gpu(cfg, [Device("tpu")]) and not gpu(cfg, jax.devices())
-  model = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
-  assert model.for_decoding() is model  # f32 compute over f32 weights, a CPU: nothing to do
   cache = decoder.init_cache(cfg, 2, 8, jnp.float32)
   cache = decoder.KVCache(k=jax.random.normal(jax.random.key(0), cache.k.shape),
                           v=jax.random.normal(jax.random.key(1), cache.v.shape))
   tokens, positions = jnp.array([[3], [7]]), jnp.array([[4], [2]])
   step = jax.jit(lambda m, c: m.for_decoding().decode(tokens, positions, c, 4))
-  want = step(model, cache)
+  models = [decoder.Decoder(c, rngs=nnx.Rngs(1)) for c in (cfg, cfg.replace(qkv_bias=True))]
+  assert models[0].for_decoding() is models[0]  # f32 over f32 weights, a CPU: nothing to do
+  wants = [step(m, cache) for m in models]
   monkeypatch.setattr(decoder, "per_layer_decode_weights", lambda cfg, target: True)
-  view = model.for_decoding()
-  per_layer = view.layers.unstacked()
-  assert len(per_layer) == cfg.num_layers
-  names = set(per_layer[0])
-  assert "gate_up" in names and not names & {"gate", "up"}, names
-  np.testing.assert_array_equal(np.asarray(per_layer[1]["gate_up"][1]),
-                                np.asarray(model.layers.up[...][1]))
-  np.testing.assert_array_equal(np.asarray(view.layers.stacked()["q"]),
-                                np.asarray(model.layers.q[...]))
-  assert view.for_decoding() is view
-  got = jax.jit(lambda m, c: m.for_decoding().decode(tokens, positions, c, 4))(model, cache)
-  np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-6, atol=1e-6)
-  for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+  h, kv = cfg.num_heads, cfg.num_kv_heads
+  for model, want in zip(models, wants):
+    view = model.for_decoding()
+    per_layer = view.layers.unstacked()
+    assert len(per_layer) == cfg.num_layers
+    names = set(per_layer[0])
+    assert {"gate_up", "qkv"} <= names and not names & {"gate", "up", "q", "k", "v"}, names
+    np.testing.assert_array_equal(np.asarray(per_layer[1]["gate_up"][1]),
+                                  np.asarray(model.layers.up[...][1]))
+    stacked = view.layers.stacked()  # restacked for a prefill
+    np.testing.assert_array_equal(np.asarray(stacked["qkv"])[:, :h],
+                                  np.asarray(model.layers.q[...]))
+    np.testing.assert_array_equal(np.asarray(stacked["qkv"])[:, h + kv:],
+                                  np.asarray(model.layers.v[...]))
+    if model.cfg.qkv_bias:
+      assert "qkv_bias" in names and not names & {"q_bias", "k_bias", "v_bias"}, names
+      np.testing.assert_array_equal(np.asarray(stacked["qkv_bias"])[:, h:h + kv],
+                                    np.asarray(model.layers.k_bias[...]))
+    assert view.for_decoding() is view
+    # a new jit: `step`'s cached programs were traced before the patch
+    got = jax.jit(lambda m, c: m.for_decoding().decode(tokens, positions, c, 4))(model, cache)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-6, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+  model = models[0]
   mesh = sharding.make_mesh(data=1, fsdp=1, tensor=2, devices=fake_devices.take(2))
   with jax.set_mesh(mesh):
     assert not model._f_unsplit()  # F split over tensor=2: gate and up stay two weights
-  assert model._f_unsplit()
+    assert not model._heads_unsplit()  # heads split too: q, k and v stay three
+  assert model._f_unsplit() and model._heads_unsplit()
 
 
 def test_a_sampler_on_per_layer_weights_samples_what_the_stacked_one_samples(
