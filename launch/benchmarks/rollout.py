@@ -26,7 +26,9 @@ call of each shape) and are the median of `--reps` calls. Per setting it prints:
   sampling at temperature 1, `min_new_tokens` = `max_new_tokens` = N, same prompts);
 * with `--profile`: the top device kernels of one decode step (a `jax.profiler` trace of
   the N-token call at the largest row count, its Perfetto JSON parsed: kernel time / N),
-  the device's busy fraction over the call, and the device-to-host copies per step (a
+  the kernels launched per step (the call's kernels, memory copies aside, / N: against the
+  deviceless proxy's count, docs/performance.md) and their mean duration, the device's busy
+  fraction over the call, and the device-to-host copies per step (a
   `while` loop whose trip count XLA:GPU does not know copies its condition to the host
   each iteration: one per step means the step waits on the host).
 
@@ -277,8 +279,18 @@ def summarize_trace(events: list[dict], process_names: dict[int, str], steps: in
     busy = sum(per_name.values()) / span if span else None
   d2h = [e for e in events if _is_device_to_host(e["name"])]
   ranked = sorted(per_name.items(), key=lambda kv: -kv[1])[:top]
+  launched = [e for e in kernels if not _is_copy(e["name"])] if device_pids else []
   return dict(top=[(name, us / steps) for name, us in ranked], busy_fraction=busy,
-              device_to_host_per_step=len(d2h) / steps, on_device=bool(device_pids))
+              device_to_host_per_step=len(d2h) / steps, on_device=bool(device_pids),
+              kernels_per_step=len(launched) / steps if device_pids else None,
+              mean_kernel_us=(sum(float(e["dur"]) for e in launched) / len(launched)
+                              if launched else None))
+
+
+def _is_copy(name: str) -> bool:
+  """A memory copy on a device stream (not a kernel the program launches)."""
+  low = name.lower()
+  return low.startswith("memcpy") or low.startswith("memset")
 
 
 def _is_device_to_host(name: str) -> bool:
@@ -305,6 +317,11 @@ def format_profile(p: dict) -> list[str]:
   lines += [f"  {us:10.1f}  {name[:110]}" for name, us in p["top"]]
   busy = "n/a" if p["busy_fraction"] is None else f"{p['busy_fraction']:.0%}"
   waits = p["device_to_host_per_step"]
+  if p.get("kernels_per_step") is not None:
+    mean = p["mean_kernel_us"]
+    lines.append(f"profile: {p['kernels_per_step']:.1f} kernels per decode step"
+                 + (f", {mean:.1f} us each on average" if mean is not None else "")
+                 + " (the deviceless XLA:GPU proxy counts them too: docs/performance.md)")
   lines.append(f"profile: device busy {busy} of the traced call; {waits:.2f} device-to-host "
                f"copies per decode step ("
                + ("the step waits on the host)" if waits >= 1 else "no host round trip per step)"))

@@ -152,10 +152,15 @@ def test_rollout_profile_summary_of_a_hand_made_trace():
       "fusion_attention", 30.0)
   assert p["busy_fraction"] == pytest.approx(170 / 198)
   assert p["device_to_host_per_step"] == 1.0
-  assert "the step waits on the host" in rollout.format_profile(p)[-1]
+  assert p["kernels_per_step"] == 2.0 and p["mean_kernel_us"] == 40.0  # copies not counted
+  lines = rollout.format_profile(p)
+  assert "the step waits on the host" in lines[-1]
+  assert "2.0 kernels per decode step, 40.0 us each on average" in lines[-2]
   cpu = rollout.summarize_trace([events[-2], ev(1, "ThunkExecutor", 0, 10, tid=1)],
                                 {1: "/host:CPU", 3: "/device:CUSTOM:Megascale Trace"}, 1)
   assert cpu["top"] == [("ThunkExecutor", 10.0)] and cpu["busy_fraction"] is None
+  assert cpu["kernels_per_step"] is None and "kernels per decode step" not in "".join(
+      rollout.format_profile(cpu))
 
 
 def test_rollout_profile_traces_a_cpu_call():
