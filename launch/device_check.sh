@@ -97,7 +97,7 @@ kernels_cmds() {
     echo "$pytest tests/sampling/test_sampler_decode_kernels.py" \
          "-k \"pallas_gpu and not mesh and 0\""
   else
-    echo "$pytest tests/models/test_decode_kernels.py -k \"match or nan or layer\""
+    echo "$pytest tests/models/test_decode_kernels.py -k \"match or nan or layer or merge\""
     echo "$pytest tests/sampling/test_sampler_decode_kernels.py -k \"pallas_gpu and not mesh\""
   fi
   echo "$pytest tests/models/test_attention.py -k \"cudnn\""
