@@ -510,9 +510,32 @@ def hlo_memory_traffic(hlo_text: str, unknown_trip_count=1, custom_reads=None) -
   output (a fusion only the slices it takes of an operand and the update it writes in
   place; arrays in another memory space, `S(n)`, are not device memory); what happens
   inside a fusion stays on chip. Conditional branches count once each (an upper bound)."""
+  return _control_total(
+      hlo_text, unknown_trip_count, "hlo_memory_traffic",
+      lambda comps, roots, shapes, op, shape, rest: _instruction_traffic(
+          comps, roots, shapes, op, shape, rest, custom_reads))
+
+
+def hlo_launches(hlo_text: str, unknown_trip_count=1) -> float:
+  """Device ops one run of an HLO module's entry computation launches, loops weighted as in
+  `hlo_memory_traffic`: every top-level instruction of the entry, loop bodies, called
+  computations and conditional branches that does work on the device (a fusion, a custom
+  call, a copy, ...; an async pair counts once, at its start), not the tuples, bitcasts and
+  control flow around them. On XLA:GPU each is a kernel (a memcpy for a copy): the count of
+  one decode step is what a launch-bound step pays for (docs/performance.md)."""
+  return _control_total(
+      hlo_text, unknown_trip_count, "hlo_launches",
+      lambda comps, roots, shapes, op, shape, rest: (
+          0.0 if op in _NO_TRAFFIC or op.endswith("-done") else 1.0))
+
+
+def _control_total(hlo_text: str, unknown_trip_count, caller: str, per_instruction) -> float:
+  """Sum of `per_instruction(comps, roots, shapes, op, shape, rest)` over the top-level
+  instructions of the computations control reaches (the entry, loop bodies, calls,
+  conditional branches), loops weighted by trip count (`_weighted_total`)."""
   comps, roots, entry = _computations(hlo_text)
   if entry is None:
-    raise ValueError("hlo_memory_traffic: no ENTRY computation in the HLO text.")
+    raise ValueError(f"{caller}: no ENTRY computation in the HLO text.")
   control = {entry}
   todo = [entry]
   while todo:
@@ -533,7 +556,7 @@ def hlo_memory_traffic(hlo_text: str, unknown_trip_count=1, custom_reads=None) -
   direct = {}
   for c, instrs in comps.items():
     shapes = {i[0]: i[1] for i in instrs}
-    direct[c] = (sum(_instruction_traffic(comps, roots, shapes, op, shape, rest, custom_reads)
+    direct[c] = (sum(per_instruction(comps, roots, shapes, op, shape, rest)
                      for _, shape, op, rest in instrs) if c in control else 0.0)
   graph, graph_entry, _ = _parse_hlo(hlo_text)
   return _weighted_total(graph, graph_entry, direct, unknown_trip_count)

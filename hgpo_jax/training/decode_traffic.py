@@ -61,6 +61,7 @@ class StepCost:
   traffic: float  # bytes the HLO reads and writes in one decode-loop iteration
   cycles: float  # XLA:TPU's cost-model cycles of that iteration (0 elsewhere)
   kernel_bytes: float = 0.0  # of `traffic`: the decode attention kernels' credited reads
+  launches: float = 0.0  # device ops of one decode step (`perf.hlo_launches`; GPU: kernels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,9 +108,9 @@ def kernel_reads(valid_slots: float):
 
 def step_cost(hlo_text: str, unknown_trip_count, steps_per_iteration: int = 1,
               valid_slots: float | None = None) -> StepCost:
-  """Traffic and XLA:TPU cycles of one decode step: one iteration of the program's decode
-  loop (its outermost loop without a fixed trip count; `unknown_trip_count` as the
-  registry's `Program.unknown_trip_count`, whose inner weights are kept) divided by the
+  """Traffic, XLA:TPU cycles and device ops of one decode step: one iteration of the
+  program's decode loop (its outermost loop without a fixed trip count; `unknown_trip_count`
+  as the registry's `Program.unknown_trip_count`, whose inner weights are kept) divided by the
   decode steps that iteration runs (`Program.steps_per_iteration`: a lockstep decode in
   chunks of K steps, the GPU default, runs K per iteration). With `valid_slots` (a row's
   mean valid slots, `Necessary.valid_slots`) the decode attention kernels are credited
@@ -130,7 +131,8 @@ def step_cost(hlo_text: str, unknown_trip_count, steps_per_iteration: int = 1,
     kernels = total - traffic(no_reads)
   return StepCost(
       traffic=total, kernel_bytes=kernels,
-      cycles=perf.loop_iteration(perf.hlo_estimated_cycles, hlo_text, unknown_trip_count) / k)
+      cycles=perf.loop_iteration(perf.hlo_estimated_cycles, hlo_text, unknown_trip_count) / k,
+      launches=perf.loop_iteration(perf.hlo_launches, hlo_text, unknown_trip_count) / k)
 
 
 def _shard_bytes(leaf) -> float:

@@ -470,8 +470,9 @@ def _kernel_seconds(plan: Plan, phase: Phase) -> float:
 
 def decode_step_lines(plan: Plan, seconds: Optional[dict[str, float]] = None) -> list[str]:
   """Per generate program: one decode step's trip-weighted HLO traffic per device against
-  the step's necessary bytes (`decode_traffic`), and XLA:TPU's estimated time of the step
-  when `seconds` (from `estimated_seconds`) has it."""
+  the step's necessary bytes (`decode_traffic`), XLA:TPU's estimated time of the step
+  when `seconds` (from `estimated_seconds`) has it, and on GPUs the kernels the step
+  launches (`perf.hlo_launches`: a one-row step is bound by them, docs/performance.md)."""
   need = plan.decode_necessary
   lines = []
   for p in plan.phases.values():
@@ -489,7 +490,8 @@ def decode_step_lines(plan: Plan, seconds: Optional[dict[str, float]] = None) ->
         f"{need.kv / 1e6:.1f} at 3/4 of the prompt bucket): {p.step.traffic / need.total:.2f}x"
         + (f"; XLA:TPU estimate {1e3 * est:.2f} ms per step" if est else "")
         + (f" (the kernels' {1e3 * kernel_s:.2f} ms at the datasheet bandwidth included)"
-           if est and kernel_s else ""))
+           if est and kernel_s else "")
+        + (f"; {p.step.launches:.0f} kernels per step" if plan.platform == "gpu" else ""))
   return lines
 
 

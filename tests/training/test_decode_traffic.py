@@ -86,6 +86,10 @@ def test_step_cost_credits_the_kernel_and_keeps_its_bytes_apart(kind, cache_read
   full = decode_traffic.step_cost(text, (512,))
   assert full.traffic == 4 * (QUERIES + 2 * CACHE + INDEX + OUTPUT + GEMM)
   assert full.kernel_bytes == 0.0
+  # launches: the kernel and the gemm in each of the 4 layers; the tuples, the loop and
+  # the loop conditions' custom call launch nothing that the step's body counts
+  assert credited.launches == full.launches == 8.0
+  assert decode_traffic.step_cost(text, (512,), steps_per_iteration=4).launches == 2.0
 
 
 def test_a_plan_adds_the_kernels_reads_at_the_chips_bandwidth():
