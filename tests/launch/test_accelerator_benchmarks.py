@@ -92,16 +92,22 @@ def test_rollout_benchmark_refuses_a_cpu_and_a_missing_accelerator_flag():
 
 def test_rollout_decode_timing_of_the_trainer_sampler_is_consistent():
   """The registry's sampler of the tiny preset (bf16 random weights) on this CPU: the
-  printed numbers follow from the timed calls and the shapes."""
+  printed numbers follow from the timed calls and the shapes. (On a loaded CPU the N-token
+  call can time below the 1-token call: then the step is NaN with its note, never a
+  negative time.)"""
   from launch.benchmarks import rollout
   device = jax.devices()[0]
-  rows, prompt, new = 4, 32, 6
+  rows, prompt, new = 4, 32, 16
   sampler, params = rollout.trainer_sampler("tiny", device, prompt, new)
   assert params.temperature == 1.0 and params.ignore_eos and params.max_new_tokens == new
   assert sampler.cfg.param_dtype == "bfloat16"
   r = rollout.time_decode(sampler, params, rows, prompt, 2, 1e10, datasheet=2e10)
   assert r["tokens_per_s"] == pytest.approx(rows * new / r["full_s"])
-  assert r["step_ms"] == pytest.approx(1e3 * (r["full_s"] - r["one_s"]) / (new - 1))
+  step_ms = 1e3 * (r["full_s"] - r["one_s"]) / (new - 1)
+  if step_ms > 0:
+    assert r["step_ms"] == pytest.approx(step_ms) and "note" not in r
+  else:
+    assert np.isnan(r["step_ms"]) and r["note"].startswith("not measured")
   cfg = sampler.cfg
   prompts = rollout.random_prompts(rows, prompt, cfg.vocab_size)
   assert all(prompt // 2 <= len(p) <= prompt for p in prompts)
@@ -114,8 +120,8 @@ def test_rollout_decode_timing_of_the_trainer_sampler_is_consistent():
                                         * kv_itemsize * rows * (r["mean_prompt"] + (new + 1) / 2))
   roofline_s = (r["weight_bytes"] + r["kv_bytes"]) / 1e10
   assert r["roofline_ms"] == pytest.approx(1e3 * roofline_s)
-  assert r["fraction"] == pytest.approx(roofline_s / (r["step_ms"] / 1e3))
-  assert r["datasheet_fraction"] == pytest.approx(r["fraction"] / 2)
+  assert r["fraction"] == pytest.approx(roofline_s / (r["step_ms"] / 1e3), nan_ok=True)
+  assert r["datasheet_fraction"] == pytest.approx(r["fraction"] / 2, nan_ok=True)
   line = rollout.format_setting("tiny", r)
   assert f"rows    {rows}" in line and "ms per decode step" in line and "reached" in line
 
