@@ -549,26 +549,24 @@ class Decoder(nnx.Module):
     """Whether the layers' F axis is whole on each device of the mesh in context (a stacked
     [2, F, D] gate_up split over F would need a gate and an up shard side by side on each
     device: not done)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-      return True
-    spec = axes.logical_to_spec(("layers", "mlp", "embed"), mesh,
-                                shape=self.layers.gate[...].shape)
-    return int(np.prod([mesh.shape[a] for a in _spec_axes(spec[1])])) == 1
+    return self._whole_on_each_device("gate", ("layers", "mlp", "embed"))
 
   def _heads_unsplit(self) -> bool:
     """Whether the layers' query and kv head axes are whole on each device of the mesh in
     context (a [H + 2 Hkv, Dh, D] qkv concatenated over split head axes would need each
     device's query, key and value heads side by side: not done)."""
+    return (self._whole_on_each_device("q", ("layers", "heads", "head_dim", "embed"))
+            and self._whole_on_each_device("k", ("layers", "kv_heads", "head_dim", "embed")))
+
+  def _whole_on_each_device(self, name: str, logical_axes: tuple) -> bool:
+    """Whether axis 1 of the stacked layer weight `name` (logical axes `logical_axes`) is
+    split over no mesh axis of the mesh in context (True without a mesh)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
       return True
-    for name, axis in (("q", "heads"), ("k", "kv_heads")):
-      spec = axes.logical_to_spec(("layers", axis, "head_dim", "embed"), mesh,
-                                  shape=getattr(self.layers, name)[...].shape)
-      if int(np.prod([mesh.shape[a] for a in _spec_axes(spec[1])])) != 1:
-        return False
-    return True
+    spec = axes.logical_to_spec(logical_axes, mesh,
+                                shape=getattr(self.layers, name)[...].shape)
+    return int(np.prod([mesh.shape[a] for a in _spec_axes(spec[1])])) == 1
 
   def __call__(self, tokens_bt, positions_bt, segment_ids_bt):
     """Forward: (logits f32[B, T, V], None); arguments as in `hidden`."""
