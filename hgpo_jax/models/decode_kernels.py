@@ -99,14 +99,25 @@ def valid_block_range(start, end, block: int):
   return first, stop
 
 
-def _query_rows(q_bthd, num_kv_heads: int, rows: int):
+def _query_rows(q_bthd, num_kv_heads: int, rows: int, new_kv=None):
   """[B, T, H, Dh] -> [B, Hkv, rows, Dh]: row r = t * G + g holds query head kv * G + g of
-  token t; rows >= T * G are zero padding."""
+  token t; the rows from T * G on are zero padding, except that with new_kv (the one new
+  token's key and value [B, Hkv, 1, Dh] each) the last two rows hold them: the GPU kernel
+  takes them from there, so the step's query, key and value reach it as one operand,
+  written by one XLA kernel (the padded rows' outputs are never read)."""
   b, t, h, d = q_bthd.shape
   g = h // num_kv_heads
   q = q_bthd.reshape(b, t, num_kv_heads, g, d).transpose(0, 2, 1, 3, 4).reshape(
       b, num_kv_heads, t * g, d)
-  return jnp.pad(q, ((0, 0), (0, 0), (0, rows - t * g), (0, 0)))
+  if new_kv is None:
+    return jnp.pad(q, ((0, 0), (0, 0), (0, rows - t * g), (0, 0)))
+  k_new, v_new = new_kv
+  if rows < t * g + 2 or k_new.dtype != q.dtype or v_new.dtype != q.dtype:
+    raise ValueError(f"_query_rows: {rows} rows cannot hold {t * g} query rows and the new "
+                     f"key and value, or their dtypes {k_new.dtype}/{v_new.dtype} differ from "
+                     f"the query's {q.dtype}.")
+  pad = jnp.zeros((b, num_kv_heads, rows - t * g - 2, d), q.dtype)
+  return jnp.concatenate([q, pad, k_new, v_new], axis=2)
 
 
 def _new_token_part(q_bthd, k_bthd, v_bthd, seg_bt, scale):
@@ -217,14 +228,12 @@ def _next_power_of_two(n: int) -> int:
 # ---------------------------------------------------------------------------------------
 def _gpu_kernel(q_ref, k_ref, v_ref, start_ref, end_ref, layer_ref, *refs, scale, block_k,
                 blocks_per_split, precision, fold_new, count_blocks):
-  """One (row, kv head, split): k_ref/v_ref [L, S, Dh] are pointers to every layer's cache
-  of the row and head (nothing is loaded until the loop); with fold_new, refs start with
-  the new token's key and value [2, Dh] (one operand: XLA writes both in one kernel), which
-  split 0 folds in after its blocks; then o_ref [R, Dh] <- the split's normalised output,
+  """One (row, kv head, split): q_ref [R, Dh] the query rows; k_ref/v_ref [L, S, Dh] are
+  pointers to every layer's cache of the row and head (nothing is loaded until the loop);
+  with fold_new, q_ref's last two rows are the new token's key and value (`_query_rows`),
+  which split 0 folds in after its blocks; o_ref [R, Dh] <- the split's normalised output,
   lse_ref [R] <- its log-sum-exp, and with count_blocks a ref [R] <- how many blocks the
   loop loaded."""
-  if fold_new:
-    kv_new_ref, *refs = refs
   o_ref, lse_ref, *count_ref = refs
   split = pl.program_id(2)
   start, end, layer = start_ref[()], end_ref[()], layer_ref[0]
@@ -259,8 +268,8 @@ def _gpu_kernel(q_ref, k_ref, v_ref, start_ref, end_ref, layer_ref, *refs, scale
           jnp.zeros(q.shape, jnp.float32))
   m, l, acc = lax.fori_loop(lo, jnp.maximum(hi, lo), body, init)
   if fold_new:  # split 0 only: the others keep their state (a select, no branch)
-    folded = _fold_new_token(q, kv_new_ref[pl.ds(0, 1), :], kv_new_ref[pl.ds(1, 1), :], m,
-                             l, acc, scale)
+    folded = _fold_new_token(q, q_ref[pl.ds(rows - 2, 1), :], q_ref[pl.ds(rows - 1, 1), :],
+                             m, l, acc, scale)
     first_split = split == 0
     m, l, acc = (jnp.where(first_split, new, old) for new, old in zip(folded, (m, l, acc)))
   nonempty = l > 0
@@ -294,15 +303,19 @@ def gpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1
   """The GPU kernel's cache part over layer layer_1[0] of [L, B, Hkv, S, Dh] caches:
   (o f32[k_splits, B, Hkv, R, Dh], lse f32[k_splits, B, Hkv, R]) and, with count_blocks,
   int32[B, Hkv, k_splits]: the blocks each program loaded. new_kv: None, or the one new
-  token's (key, value) [B, Hkv, 1, Dh] each (T = 1), folded into split 0."""
+  token's (key, value) [B, Hkv, 1, Dh] each (T = 1), folded into split 0; they travel in
+  the query operand's last two rows (`_query_rows`)."""
   b, t, h, d = q_bthd.shape
   num_layers, _, hkv, length, _ = k_cache_lbksd.shape
   if d & (d - 1) or d < 16:
     raise ValueError(f"decode_attention_gpu: head_dim={d} is not a power of two >= 16 "
                      "(Triton tensor sides); use decode_attention (xla) for this model.")
   block_k, blocks_per_split, k_splits = gpu_layout(b, hkv, length, block_k, k_splits)
-  rows = max(16, _next_power_of_two(t * (h // hkv)))  # tl.dot needs >= 16 rows
-  q = _query_rows(q_bthd, hkv, rows)
+  if new_kv is not None and t != 1:
+    raise ValueError(f"decode_attention_gpu: new_kv folds one new token in, not T={t}.")
+  # tl.dot needs >= 16 rows; with new_kv two of them carry the new key and value
+  rows = max(16, _next_power_of_two(t * (h // hkv) + (2 if new_kv is not None else 0)))
+  q = _query_rows(q_bthd, hkv, rows, new_kv)
   precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None  # no TF32
   kernel = functools.partial(_gpu_kernel, scale=scale, block_k=block_k,
                              blocks_per_split=blocks_per_split, precision=precision,
@@ -314,11 +327,6 @@ def gpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1
   layer_spec = pl.BlockSpec((1,), lambda i, j, s: (0,))
   in_specs = [row_spec, cache_spec, cache_spec, bound_spec, bound_spec, layer_spec]
   operands = [q, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1]
-  if new_kv is not None:
-    if t != 1:
-      raise ValueError(f"decode_attention_gpu: new_kv folds one new token in, not T={t}.")
-    in_specs.append(pl.BlockSpec((None, None, 2, d), lambda i, j, s: (i, j, 0, 0)))
-    operands.append(jnp.concatenate(new_kv, axis=2))  # [B, Hkv, 2, Dh]
   out_shape = [jax.ShapeDtypeStruct((b, hkv, k_splits, rows, d), jnp.float32),
                jax.ShapeDtypeStruct((b, hkv, k_splits, rows), jnp.float32)]
   out_specs = [pl.BlockSpec((None, None, None, rows, d), lambda i, j, s: (i, j, s, 0, 0)),

@@ -1,6 +1,6 @@
 """The Pallas decode-attention kernels (hgpo_jax/models/decode_kernels.py) against the
 readable XLA form `attention.decode_attention`, in interpret mode on CPU: grouped-query
-ratios 1, 2 and 6, rows with empty, full, partial and one-slot valid ranges, per-row and
+ratios 1, 2, 6, 14 and 16, rows with empty, full, partial and one-slot valid ranges, per-row and
 scalar cache_index, f32 and bf16; and that the kernels skip invalid blocks for real (the
 GPU kernel's own count of the blocks it loaded, the TPU interpreter's record of the DMAs
 the pipeline issued, NaNs planted outside the valid ranges); lowering for Mosaic (compiled
@@ -72,7 +72,10 @@ def _run(fn, q, k, v, seg, k_cache, v_cache, starts, index):
 MATCH_CASES = [("per_row", 2, 2, jnp.float32), ("scalar", 2, 2, jnp.bfloat16),
                ("scalar", 4, 2, jnp.float32), ("per_row", 4, 2, jnp.bfloat16),
                ("per_row", 12, 2, jnp.float32), ("scalar", 12, 2, jnp.bfloat16),
-               ("per_row", 12, 2, jnp.bfloat16)]
+               ("per_row", 12, 2, jnp.bfloat16),
+               # the GPU kernel's query block carries the new key and value in its last two
+               # rows: G = 14 fills all 16, G = 16 needs 32
+               ("scalar", 14, 1, jnp.bfloat16), ("per_row", 16, 1, jnp.float32)]
 
 
 @pytest.mark.parametrize("index_kind,heads,kv_heads,dtype", MATCH_CASES,
@@ -315,6 +318,11 @@ def test_gpu_kernel_lowers_to_triton_ir_without_a_gpu():
   assert "__gpu$xla.gpu.triton" in text and 'name = "decode_attention_gpu"' in text
   # grid (B, Hkv, k_splits): 8 x 2 x 24 programs, one 64-slot block each
   assert "grid_x = 8 : i32, grid_y = 2 : i32, grid_z = 24 : i32" in text
+  # six operands: the 16 query rows per kv head (G = 6 queries, the new key and value in
+  # the last two rows: one operand, one XLA kernel writes it), both caches, the bounds and
+  # the layer; no separate operand for the new token
+  assert ("(tensor<8x2x16x128xbf16>, tensor<1x8x2x1536x128xbf16>, tensor<1x8x2x1536x128xbf16>"
+          ", tensor<8xi32>, tensor<8xi32>, tensor<1xi32>) -> (tensor<8x2x24x16x128xf32>") in text
   # all layers' caches with a traced layer: the same kernel reads the stack in place
   args = _qwen_like_arguments()
   stack = jax.ShapeDtypeStruct((28,) + args[4].shape, args[4].dtype)
