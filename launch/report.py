@@ -719,3 +719,8 @@ def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
     f.write(csv_text(cells, suite))
   plot(cells, suite, paths["png"])
   return paths
+
+
+if __name__ == "__main__":
+  raise SystemExit("launch.report is the library behind `python -m launch.sweep render "
+                   "--suite NAME`; run that (--help for its options).")

@@ -459,3 +459,8 @@ def command(root: str, suite: Suite, env: Environment, method: Method, seed: int
          f"--config.seed={seed}"]
   cmd += [f"--config.{k}={format_value(v)}" for k, v in overrides(env, method).items()]
   return cmd
+
+
+if __name__ == "__main__":
+  raise SystemExit("launch.suites defines the suites that `python -m launch.sweep suite "
+                   "--suite NAME` runs and `... render` tabulates; run that (--help).")
