@@ -427,16 +427,12 @@ def _splash(q_bthd, k_bshd, v_bshd, seg_bt, causal, scale, mesh):
   mesh = jax.sharding.get_abstract_mesh() if mesh is None else mesh
   target = jax.devices() if mesh.empty else mesh
   interpret = target_platform(target) != "tpu"
+  seg_bt, q_bthd, k_bshd, v_bshd = pad_to_length(padded_length("splash", t), seg_bt, q_bthd,
+                                                 k_bshd, v_bshd)
   # The kernel takes no scale: fold it into q (in f32, then back to q's dtype).
   q_bhtd = (q_bthd.astype(jnp.float32) * scale).astype(q_bthd.dtype).transpose(0, 2, 1, 3)
   k_bhsd = k_bshd.transpose(0, 2, 1, 3)
   v_bhsd = v_bshd.transpose(0, 2, 1, 3)
-  pad = -t % SPLASH_BLOCK
-  if pad:
-    # Appended slots are padding (segment 0); causality hides them from every real query.
-    widen = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0)))
-    q_bhtd, k_bhsd, v_bhsd = widen(q_bhtd), widen(k_bhsd), widen(v_bhsd)
-    seg_bt = jnp.pad(seg_bt, ((0, 0), (0, pad)))
   local = functools.partial(_splash_local, causal=causal, interpret=interpret)
   if mesh.empty:
     out_bhtd = local(q_bhtd, k_bhsd, v_bhsd, seg_bt)
@@ -449,20 +445,48 @@ def _splash(q_bthd, k_bshd, v_bshd, seg_bt, causal, scale, mesh):
 
 
 # ---------------------------------------------------------------------------------------
+# Padding to the length a kernel takes
+# ---------------------------------------------------------------------------------------
+PAD_SEGMENT = -1
+"""Segment of the positions `pad_to_length` appends: one of their own, so no real query
+reads them (they come after every real position, and in another segment) and each reads at
+least itself (no empty softmax row)."""
+
+
+def padded_length(impl: str, length: int) -> int:
+  """The sequence length `impl` computes on: splash rounds T up to a multiple of
+  `SPLASH_BLOCK` (its only granularity), cudnn up to an even length (its fused kernel
+  refuses odd ones in training: seen on an H100 with jax 0.11.2), the others take T.
+
+  Each call pads to it (`pad_to_length`) and slices its output back; a caller that runs
+  many calls over one sequence (the decoder's layer stack) pads its input once instead,
+  so no layer pads again (`Decoder._hidden`)."""
+  if impl == "splash":
+    return -(-length // SPLASH_BLOCK) * SPLASH_BLOCK
+  if impl == "cudnn":
+    return length + length % 2
+  return length
+
+
+def pad_to_length(length: int, seg_bt, *xs_bt):
+  """(segment ids, *xs) with positions T..length-1 appended: zeros in every x [B, T, ...],
+  `PAD_SEGMENT` in the segment ids. Exact for the first T positions of causal or
+  segment-masked attention, gradients included (the appended ones are read by nobody
+  else); nothing is appended when T == length."""
+  pad = length - seg_bt.shape[1]
+  if pad < 0:
+    raise ValueError(f"pad_to_length: length {length} is shorter than T={seg_bt.shape[1]}.")
+  if pad == 0:
+    return (seg_bt, *xs_bt)
+  widen = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+  seg = jnp.concatenate([seg_bt, jnp.full((seg_bt.shape[0], pad), PAD_SEGMENT, seg_bt.dtype)],
+                        axis=1)
+  return (seg, *(widen(x) for x in xs_bt))
+
+
+# ---------------------------------------------------------------------------------------
 # cudnn
 # ---------------------------------------------------------------------------------------
-def pad_to_even_length(q_bthd, k_bshd, v_bshd, seg_bt):
-  """q, k, v and segment ids with one zero position appended when T is odd, in a segment
-  (-1) of its own: no real query attends to it and it attends only to itself, so slicing
-  the output back to T positions is exact, gradients included."""
-  t = q_bthd.shape[1]
-  if t % 2 == 0:
-    return q_bthd, k_bshd, v_bshd, seg_bt
-  pad = lambda x: jnp.pad(x, [(0, 0), (0, 1)] + [(0, 0)] * (x.ndim - 2))
-  seg = jnp.concatenate([seg_bt, jnp.full((seg_bt.shape[0], 1), -1, seg_bt.dtype)], axis=1)
-  return pad(q_bthd), pad(k_bshd), pad(v_bshd), seg
-
-
 def _cudnn(q_bthd, k_bshd, v_bshd, seg_bt, causal, scale):
   if q_bthd.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"attention_impl='cudnn' needs bfloat16/float16 activations, got "
@@ -472,7 +496,8 @@ def _cudnn(q_bthd, k_bshd, v_bshd, seg_bt, causal, scale):
   # training (jax._src.cudnn.fused_attention_stablehlo.check_is_flash_attention; seen on
   # an H100 with jax 0.11.2): pad to an even length, slice back.
   t = q_bthd.shape[1]
-  q_bthd, k_bshd, v_bshd, seg_bt = pad_to_even_length(q_bthd, k_bshd, v_bshd, seg_bt)
+  seg_bt, q_bthd, k_bshd, v_bshd = pad_to_length(padded_length("cudnn", t), seg_bt, q_bthd,
+                                                 k_bshd, v_bshd)
   mask_b1ts = (seg_bt[:, :, None] == seg_bt[:, None, :])[:, None]
   out = jax.nn.dot_product_attention(q_bthd, k_bshd, v_bshd, mask=mask_b1ts, scale=scale,
                                      is_causal=causal, implementation="cudnn")

@@ -378,9 +378,20 @@ class Decoder(nnx.Module):
     decode_impl = attention.resolve_decode_impl(cfg.decode_attention_impl,
                                                 attention.context_target(),
                                                 head_dim=cfg.head_dim)
-    x_btd = jnp.take(self.embed[...], tokens_bt, axis=0).astype(cfg.compute_dtype)
-    cos_btk, sin_btk = rope_angles(positions_bt, cfg.head_dim, cfg.rope_theta)
     seg_bt = jnp.asarray(segment_ids_bt).astype(jnp.int32)
+    t = tokens_bt.shape[1]
+    if mode is not Mode.DECODE:
+      # The length the attention kernel computes on (splash: a multiple of 128, cudnn: even),
+      # reached once here rather than by a pad and a slice of q, k and v in every layer; the
+      # appended positions are read by no real one and sliced off after the stack.
+      seg_bt, tokens_bt, positions_bt = attention.pad_to_length(
+          attention.padded_length(impl, t), seg_bt, tokens_bt, positions_bt)
+    x_btd = jnp.take(self.embed[...], tokens_bt, axis=0).astype(cfg.compute_dtype)
+    # The barrier keeps the angles computed once, before the layers: XLA:TPU otherwise sinks
+    # their cos/sin into the layer loop and recomputes them in every layer (the values are
+    # the same either way).
+    cos_btk, sin_btk = jax.lax.optimization_barrier(
+        rope_angles(positions_bt, cfg.head_dim, cfg.rope_theta))
     per_layer = self.layers.unstacked() if mode is Mode.DECODE else None
     layer_params = self.layers.stacked() if per_layer is None else None
 
@@ -399,6 +410,7 @@ class Decoder(nnx.Module):
         x, (k, v) = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt)
         return x, (k, v) if kv_dtype is None else (k.astype(kv_dtype), v.astype(kv_dtype))
       x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, layer_params)
+      x_btd, k_lbkth, v_lbkth = x_btd[:, :t], k_lbkth[:, :, :, :t], v_lbkth[:, :, :, :t]
       new_cache = None
       if fresh:
         zero = jnp.zeros((), jnp.int32)

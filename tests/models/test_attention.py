@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import fake_devices
 import model_fixtures
-from hgpo_jax.models import attention, cudnn_check, decoder, load_model, sharding
+from hgpo_jax.models import attention, cudnn_check, decoder, init_cache, load_model, sharding
 from hgpo_jax.models import config as model_config
 
 
@@ -163,16 +163,25 @@ def test_cudnn_refuses_float32_with_a_clear_error():
     attention.attention(q, k, v, seg, impl="cudnn")
 
 
+@pytest.mark.parametrize("impl,length", [("cudnn", 38), ("splash", 128)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_padding_to_an_even_length_is_exact(causal):
-  # what the cudnn path does for odd T (cuDNN refuses it), run through the reference
+def test_padding_to_the_kernels_length_is_exact(causal, impl, length):
+  # what the cudnn (odd T) and splash (T not a multiple of 128) paths do, and the decoder's
+  # layer stack once for all layers, run through the reference
   q, k, v, seg, w = _inputs(37)
-  padded = attention.pad_to_even_length(q, k, v, seg)
-  assert padded[0].shape[1] == 38 and attention.pad_to_even_length(*padded)[0].shape[1] == 38
+  assert attention.padded_length(impl, 37) == length
+  assert attention.padded_length(impl, length) == length
+  assert attention.padded_length("xla", 37) == 37
+  padded = attention.pad_to_length(length, seg, q, k, v)
+  assert [x.shape[1] for x in padded] == [length] * 4
+  assert (padded[0][:, 37:] == attention.PAD_SEGMENT).all()
+  assert all(x is y for x, y in zip(attention.pad_to_length(37, seg, q), (seg, q)))
+  with pytest.raises(ValueError, match="shorter"):
+    attention.pad_to_length(36, seg, q)
 
   def padded_xla(q, k, v):
-    return attention.attention(*attention.pad_to_even_length(q, k, v, seg), causal=causal,
-                               impl="xla")[:, :37]
+    s, q, k, v = attention.pad_to_length(length, seg, q, k, v)
+    return attention.attention(q, k, v, s, causal=causal, impl="xla")[:, :37]
 
   want = _loss_and_grads("xla", q, k, v, seg, w, causal)
   out = jax.jit(padded_xla)(q, k, v)
@@ -290,6 +299,32 @@ def test_decoder_loss_and_gradients_equal_xla(impl):
   np.testing.assert_allclose(float(other_value), float(value), rtol=1e-6)
   for g, h in zip(jax.tree.leaves(grads), jax.tree.leaves(other_grads)):
     np.testing.assert_allclose(np.asarray(h), np.asarray(g), atol=2e-6)
+
+
+def test_a_splash_prefill_pads_the_layer_stack_once_and_equals_xla():
+  """Prefill of 11 tokens into a cache of exactly 11 slots (as the sampler makes it): the
+  splash stack runs on 128 positions, padded once before the layers (no pad in the layer
+  loop), and writes the xla prefill's hidden states and keys/values."""
+  model = load_model("tiny", seed=3)[0]
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=9, batch=4, length=11,
+                                                             pads=(0, 3, 7, 1))
+  cache = init_cache(model.cfg, 4, 11)
+  prefill = jax.jit(lambda m, t, p, s, c: m.prefill(t, p, s, c))
+  want_hidden, want_cache = prefill(model, tokens, positions, mask, cache)
+  splash = nnx.merge(*nnx.split(model))
+  splash.cfg = model.cfg.replace(attention_impl="splash")
+  jaxpr = jax.make_jaxpr(lambda t, p, s, c: splash.prefill(t, p, s, c))(
+      tokens, positions, mask, cache)
+  scans = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+  assert len(scans) == 1
+  assert "pad" not in str(scans[0].params["jaxpr"])  # the layers take 128 positions as they are
+  assert "128" in str(scans[0].params["jaxpr"].in_avals)
+  hidden, got_cache = prefill(splash, tokens, positions, mask, cache)
+  assert hidden.shape == want_hidden.shape and got_cache.k.shape == cache.k.shape
+  np.testing.assert_allclose(np.asarray(hidden)[mask], np.asarray(want_hidden)[mask], atol=2e-5)
+  for got, want in ((got_cache.k, want_cache.k), (got_cache.v, want_cache.v)):
+    real = np.broadcast_to(mask[None, :, None, :, None], got.shape)
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-5)
 
 
 @pytest.mark.tpu_compile
