@@ -1,4 +1,5 @@
-"""Top-k / top-p filtering of one decode step's logits: pure functions of [B, V] arrays.
+"""Top-k / top-p filtering of one decode step's logits, and the log-prob of the token a row
+chose: pure functions of [B, V] arrays.
 
 `filter_logits` takes the `max_candidates` largest logits of each row with
 `jax.lax.top_k` instead of sorting the vocabulary, and decides the kept set on them
@@ -110,3 +111,11 @@ def filter_logits(logits_bv: jax.Array, temperature, top_k, top_p,
                       lambda: sort_filter(scaled_bv, top_k, top_p))
 
 
+def token_logprob(logits_bv: jax.Array, token_b: jax.Array) -> jax.Array:
+  """f32[B]: log_softmax(logits_bv)[b, token_b[b]], without the [B, V] array of every
+  token's log-prob (one f32 write and read of the vocabulary per row and step fewer).
+  (x - max) - logsumexp(x - max) at one index is `jax.nn.log_softmax`'s own arithmetic,
+  so the bits are its."""
+  max_b1 = jnp.max(logits_bv, axis=-1, keepdims=True)
+  lse_b1 = jnp.log(jnp.sum(jnp.exp(logits_bv - max_b1), axis=-1, keepdims=True))
+  return ((jnp.take_along_axis(logits_bv, token_b[:, None], axis=-1) - max_b1) - lse_b1)[:, 0]

@@ -108,7 +108,6 @@ class TokenRules:
                                                    rules.stop_state)
     batch = logits_bv.shape[0]
     logits_bv = logits_bv.astype(jnp.float32)
-    logp_all_bv = jax.nn.log_softmax(logits_bv, axis=-1)
     at_node = lambda table_bn: jnp.take_along_axis(table_bn, node_b[:, None], axis=1)[:, 0]  # noqa: E731
 
     masked_bv = logits_bv
@@ -133,7 +132,7 @@ class TokenRules:
       allowed_bv = jnp.where(is_free_b[:, None], at_free_bv, edges_bv)
       masked_bv = jnp.where(in_trie_b[:, None] & ~allowed_bv, -jnp.inf, masked_bv)
     token_b = self.choose(masked_bv, rows_b, step)
-    token_logp_b = jnp.take_along_axis(logp_all_bv, token_b[:, None], axis=1)[:, 0]
+    token_logp_b = logits_lib.token_logprob(logits_bv, token_b)
 
     is_eos_b = self.eos_v[token_b] & (not self.flags.ignore_eos)
     next_stop_b = self.inputs.stop_table[stop_state_b, token_b]
