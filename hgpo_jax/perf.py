@@ -352,7 +352,8 @@ _ARRAY_TEXT = re.compile(r"([a-z][a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
 # Ops that move no array through memory themselves (control flow, views, bookkeeping; a
 # generic async op's wrapped computation books its op). Another async pair (copy-start /
 # copy-done, all-gather-start / -done, ...) books its reads at its start and its writes at
-# its done.
+# its done; an async slice (`slice-start`, which XLA:TPU's as_text() prints for a prefetch
+# of part of a weight into on-chip memory) reads only the slice it takes, as a slice does.
 _NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
                "conditional", "after-all", "add-dependency", "opt-barrier", "partition-id",
                "replica-id", "domain", "async-start", "async-update", "async-done"}
@@ -402,21 +403,26 @@ def _computations(text: str):
   return comps, roots, entry
 
 
-def _fused_param_reads(comps, comp: str, index: int, full: float, depth: int = 0) -> float:
+def _fused_param_reads(comps, roots, comp: str, index: int, full: float, depth: int = 0) -> float:
   """Bytes a fusion reads of its operand `index` (`full` bytes in device memory): the
   slices it takes when the fused computation only slices it (a layer's weights out of the
   stacked [L, ...] array; wherever the slice goes, on-chip memory included), nothing when
   it only updates it in place (dynamic-update-slice), else all of it (XLA's
-  HloCostAnalysis books fusion operands the same way)."""
+  HloCostAnalysis books fusion operands the same way). An operand that leaves a nested
+  fused computation as its root (a bitcast of a weight that the enclosing fusion's matmul
+  reads) is read in full."""
   instrs = comps.get(comp, [])
   params = [i for i in instrs if i[2] == "parameter" and re.match(rf"{index}\)", i[3])]
   if not params or depth > 4:
     return full
-  return _value_reads(comps, instrs, params[0][0], full, depth)
+  return _value_reads(comps, roots, comp, params[0][0], full, depth)
 
 
-def _value_reads(comps, instrs, value: str, full: float, depth: int) -> float:
+def _value_reads(comps, roots, comp: str, value: str, full: float, depth: int) -> float:
+  if roots.get(comp) == value:
+    return full
   total = 0.0
+  instrs = comps.get(comp, [])
   for name, shape, op, rest in instrs:
     operands = _operand_names(rest)
     if value not in operands:
@@ -426,12 +432,13 @@ def _value_reads(comps, instrs, value: str, full: float, depth: int) -> float:
     elif op == "dynamic-update-slice" and operands[0] == value and operands.count(value) == 1:
       continue  # updated in place: the written slice is booked as the fusion's output
     elif op == "bitcast":
-      total += _value_reads(comps, instrs, name, full, depth)
+      total += _value_reads(comps, roots, comp, name, full, depth)
     elif op == "fusion" and operands.count(value) == 1:
       callee = re.search(r"calls=%?([\w.\-]+)", rest)
       if callee is None:
         return full
-      total += _fused_param_reads(comps, callee.group(1), operands.index(value), full, depth + 1)
+      total += _fused_param_reads(comps, roots, callee.group(1), operands.index(value), full,
+                                  depth + 1)
     else:
       return full
   return min(total, full)
@@ -478,7 +485,7 @@ def _instruction_traffic(comps, roots, shapes: dict[str, str], op: str, shape: s
     if callee is None:
       return sum(reads) + array_bytes(shape)
     fused = callee.group(1)
-    return (sum(_fused_param_reads(comps, fused, i, r) for i, r in enumerate(reads))
+    return (sum(_fused_param_reads(comps, roots, fused, i, r) for i, r in enumerate(reads))
             + _fused_writes(comps, roots, fused, shape))
   if op in _SLICING:  # reads the slice where its operand lives, writes it where it goes
     source = array_bytes(shapes.get(operands[0], "")) if operands else 0.0
@@ -486,6 +493,11 @@ def _instruction_traffic(comps, roots, shapes: dict[str, str], op: str, shape: s
   if op == "dynamic-update-slice":  # in place: reads the update, writes it into the buffer
     update = shapes.get(operands[1], "") if len(operands) > 1 else ""
     return reads[1] + (array_bytes(update, any_memory=True) if array_bytes(shape) else 0.0)
+  if op.endswith("-start") and op[:-len("-start")] in _SLICING:
+    # shape: ((operands), output, context): the output, the second array, is what it reads
+    arrays = [m.group(0) for m in _ARRAY_TEXT.finditer(shape)]
+    taken = arrays[len(operands)] if len(arrays) > len(operands) else ""
+    return array_bytes(taken, any_memory=True) if sum(reads) else 0.0
   if op.endswith("-start"):
     return sum(reads)
   if op.endswith("-done"):

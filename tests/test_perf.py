@@ -386,6 +386,8 @@ ENTRY %main (a: bf16[4,16,8], b: f32[4,32]) -> (s32[], bf16[4,16,8], f32[4,32]) 
   %cp = f32[4,32]{1,0} copy(%b)
   %cs = (f32[4,32]{1,0:S(1)}, f32[4,32]{1,0}, u32[]{:S(2)}) copy-start(%b)
   %cd = f32[4,32]{1,0:S(1)} copy-done(%cs)
+  %ss = ((f32[4,32]{1,0}), f32[1,32]{1,0:S(1)}, s32[]{:S(2)}) slice-start(%b), slice={[1:2], [0:32]}
+  %sd = f32[1,32]{1,0:S(1)} slice-done(%ss)
   %t0 = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) tuple(%zero, %a, %cp)
   ROOT %loop = (s32[], bf16[4,16,8]{2,1,0}, f32[4,32]{1,0}) while(%t0), condition=%not_done, body=%step
 }
@@ -399,15 +401,46 @@ def test_hlo_memory_traffic_of_a_hand_made_module_with_known_bytes():
   on-chip memory reads 128 and writes nothing; the in-place update reads the new row and
   the index (132) and writes the row (128), not the whole f32[4,32] buffer: 776 B. A
   decode step (the data-dependent outer loop) adds a negate (512 + 512); the entry a copy
-  (512 + 512) and a prefetch into on-chip memory (copy-start reads 512, copy-done writes
-  nothing to device memory)."""
+  (512 + 512), a prefetch into on-chip memory (copy-start reads 512, copy-done writes
+  nothing to device memory) and an async prefetch of one row (slice-start reads the row's
+  128, not the 512 of its operand; slice-done writes nothing to device memory)."""
   layer = (256 + 4 + 0) + (0 + 128) + 128 + (128 + 4 + 128)
   assert layer == 776
   step = 4 * layer + 1024
-  assert perf.hlo_memory_traffic(_TRAFFIC_HLO) == 1536 + step
-  assert perf.hlo_memory_traffic(_TRAFFIC_HLO, unknown_trip_count=3) == 1536 + 3 * step
+  entry = (512 + 512) + 512 + 128
+  assert perf.hlo_memory_traffic(_TRAFFIC_HLO) == entry + step
+  assert perf.hlo_memory_traffic(_TRAFFIC_HLO, unknown_trip_count=3) == entry + 3 * step
   assert perf.loop_iteration(perf.hlo_memory_traffic, _TRAFFIC_HLO, (512,)) == step
   assert perf.array_bytes("(f32[2,3]{1,0}, bf16[4]{0:S(1)}, pred[], s4[8])") == 24 + 0 + 1 + 4
+
+
+_NESTED_BITCAST_HLO = """HloModule nested
+
+%as_matrix (p0: bf16[1,16,8]) -> bf16[16,8] {
+  %p0 = bf16[1,16,8]{2,1,0} parameter(0)
+  ROOT %b = bf16[16,8]{1,0} bitcast(%p0)
+}
+
+%matvec (w: bf16[1,16,8], x: f32[4,16]) -> f32[4,8] {
+  %w = bf16[1,16,8]{2,1,0} parameter(0)
+  %x = f32[4,16]{1,0:S(1)} parameter(1)
+  %m = bf16[16,8]{1,0} fusion(%w), kind=kLoop, calls=%as_matrix
+  ROOT %d = f32[4,8]{1,0:S(1)} convolution(%x, %m), dim_labels=bf_io->bf
+}
+
+ENTRY %main (w: bf16[1,16,8], x: f32[4,16]) -> f32[4,8] {
+  %w = bf16[1,16,8]{2,1,0} parameter(0)
+  %x = f32[4,16]{1,0:S(1)} parameter(1)
+  ROOT %y = f32[4,8]{1,0:S(1)} fusion(%w, %x), kind=kOutput, calls=%matvec
+}
+"""
+
+
+def test_hlo_memory_traffic_reads_a_weight_that_a_nested_fusion_passes_on_whole():
+  """XLA:TPU's decode matmuls take a layer's weight through a nested fusion whose root is
+  a bitcast of it: the weight (16 x 8 bf16, 256 B in device memory) is read in full, not
+  booked as nothing; the activations and the product live on chip (`S(1)`)."""
+  assert perf.hlo_memory_traffic(_NESTED_BITCAST_HLO) == 256
 
 
 def test_hlo_memory_traffic_weights_the_layer_loop_that_xla_counts_once():

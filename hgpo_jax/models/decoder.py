@@ -111,8 +111,8 @@ class DecoderLayers(nnx.Module):
 
   def stacked(self) -> dict[str, jax.Array]:
     """name -> stacked array [L, ...] of every parameter (the `xs` of the layer scan). On
-    `Decoder.for_decoding`'s per-layer view (GPUs) the layers are stacked again here: a
-    copy, which a prefill's layer scan pays once per call."""
+    `Decoder.for_decoding`'s per-layer view (GPUs, TPUs) the layers are stacked again
+    here: a copy, which a prefill's layer scan pays once per call."""
     per_layer = self.unstacked()
     if per_layer is not None:
       return {n: jnp.stack([p[n] for p in per_layer]) for n in per_layer[0]}
@@ -123,8 +123,8 @@ class DecoderLayers(nnx.Module):
     return {name: getattr(self, name)[...] for name in names if hasattr(self, name)}
 
   def unstacked(self) -> list[dict[str, jax.Array]] | None:
-    """Each layer's parameters as their own arrays (`Decoder.for_decoding` on GPUs), else
-    None."""
+    """Each layer's parameters as their own arrays (`Decoder.for_decoding` on GPUs and
+    TPUs), else None."""
     if not hasattr(self, "per_layer"):
       return None
     return [{n: w[...] for n, w in layer.items()} for layer in self.per_layer]
@@ -284,18 +284,24 @@ def decode_layer_unroll(cfg: ModelConfig, target) -> int:
 def per_layer_decode_weights(cfg: ModelConfig, target) -> bool:
   """Whether `Decoder.for_decoding` gives each layer's weights their own arrays, stacks
   each layer's gate and up projections into one gate_up [2, F, D] and concatenates its q,
-  k and v into one qkv [H + 2 Hkv, Dh, D]: on GPU targets, once per generate call. Why: a
-  decode step's matmuls go to cuBLAS, which reads an operand only as a whole buffer, so
-  XLA:GPU copies each layer's slice of a stacked [L, ...] weight before
-  its matmul in every step (the unrolled loop's static slices too), and it merges gate and
-  up into one matmul by copying both slices side by side: for the 1.5B model 3,086 MB of
-  gate/up copies and 526 MB of q/o copies per step, read and written (the XLA:GPU proxy),
-  the largest kernels of a one-row decode step on an H200 (1.17 + 0.58 of 4.8 ms,
-  docs/performance.md). One qkv product where XLA:GPU made two at one row (the query's and
-  a two-output one for the key and value: matrix-vector reductions, not GEMMs): 536 -> 508
-  kernels per decode step in the deviceless proxy. CPU and TPU programs are unchanged."""
+  k and v into one qkv [H + 2 Hkv, Dh, D] (each where the mesh does not split them): on
+  GPU and TPU targets, once per generate call. CPU programs are unchanged. Why:
+  - GPU: a decode step's matmuls go to cuBLAS, which reads an operand only as a whole
+    buffer, so XLA:GPU copies each layer's slice of a stacked [L, ...] weight before its
+    matmul in every step (the unrolled loop's static slices too), and it merges gate and
+    up into one matmul by copying both slices side by side: for the 1.5B model 3,086 MB
+    of gate/up copies and 526 MB of q/o copies per step, read and written (the XLA:GPU
+    proxy), the largest kernels of a one-row decode step on an H200 (1.17 + 0.58 of
+    4.8 ms, docs/performance.md). One qkv product where XLA:GPU made two at one row:
+    536 -> 508 kernels per decode step in the deviceless proxy.
+  - TPU: with slices of stacked weights XLA:TPU copies some layers' q/o slices into a new
+    layout in every step and its matmuls read the rest from HBM as they go; with arrays of
+    their own it prefetches each layer's weights into on-chip memory (async copies and
+    slices) while the layers before it compute. XLA:TPU's estimate of the 1.5B paper step
+    on a v5e-8 (`pallas_tpu`): 4.48 -> 4.28 ms with float32 compute, 4.34 -> 3.51 ms with
+    bfloat16 (docs/performance.md, "Per-layer decode weights on TPU")."""
   del cfg
-  return platform.target_platform(target) == "gpu"
+  return platform.target_platform(target) in ("gpu", "tpu")
 
 
 # Layer parameters a decode step casts to the compute dtype before use (`_block`, `_project`)
@@ -434,8 +440,8 @@ class Decoder(nnx.Module):
         return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
       stacked_impl = decode_impl in attention.STACKED_DECODE_IMPLEMENTATIONS
       if per_layer is not None:
-        # Each layer's weights are arrays of their own (`for_decoding` on GPUs): a Python
-        # loop over them, the unrolled scan below without slicing stacked weights.
+        # Each layer's weights are arrays of their own (`for_decoding` on accelerators): a
+        # Python loop over them, the unrolled scan below without slicing stacked weights.
         news = []
         for i, p in enumerate(per_layer):
           cached = (cache.k, cache.v) if stacked_impl else (cache.k[i], cache.v[i])
@@ -514,7 +520,7 @@ class Decoder(nnx.Module):
     embedding; lm_head when untied) and the layers' projections and biases, each of which
     every step casts to the compute dtype anyway, so the values, and the samples, are
     unchanged; the norms' scales (read in float32) keep theirs. Only a narrowing cast
-    (float32 parameters under bfloat16 compute). On GPU targets
+    (float32 parameters under bfloat16 compute). On GPU and TPU targets
     (`per_layer_decode_weights`) each layer's gate and up weights become one gate_up
     [2, F, D] that the decode step multiplies once (`_block`; when F is not split over the
     mesh), its q, k and v (and their biases) one qkv [H + 2 Hkv, Dh, D] (when the heads are

@@ -404,22 +404,22 @@ def test_an_unrolled_decode_layer_loop_computes_the_scanned_one(monkeypatch):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
 
 
-def test_on_gpus_the_decode_step_reads_per_layer_weights_and_one_gate_up(monkeypatch):
-  """`decoder.per_layer_decode_weights` (GPU targets): `for_decoding` gives every layer's
+def test_on_accelerators_the_decode_step_reads_per_layer_weights_and_one_gate_up(monkeypatch):
+  """`decoder.per_layer_decode_weights` (GPU and TPU targets): `for_decoding` gives every layer's
   weights their own arrays, stacks each layer's gate and up into one gate_up [2, F, D] and
   concatenates q, k and v into one qkv [H + 2 Hkv, Dh, D] (the separate ones dropped), and
   the decode step (a Python loop over the layers) gives
   the stacked scan's logits and cache; `stacked()` of that view restacks them for a
-  prefill. CPU and TPU targets keep the stacked weights. Forced on a CPU, with and
+  prefill. CPU targets keep the stacked weights. Forced on a CPU, with and
   without Qwen2's q/k/v biases (one qkv_bias); gate_up is not made when F is split over
   the mesh (tensor=2), nor qkv when the heads are."""
   class Device:
     def __init__(self, platform):
       self.platform = platform
   cfg = config.get_preset("tiny")
-  gpu = decoder.per_layer_decode_weights
-  assert gpu(cfg, [Device("gpu")]) and gpu(cfg, [Device("cuda")])
-  assert not gpu(cfg, [Device("tpu")]) and not gpu(cfg, jax.devices())
+  chosen = decoder.per_layer_decode_weights
+  assert all(chosen(cfg, [Device(p)]) for p in ("gpu", "cuda", "tpu"))
+  assert not chosen(cfg, [Device("cpu")]) and not chosen(cfg, jax.devices())
   cache = decoder.init_cache(cfg, 2, 8, jnp.float32)
   cache = decoder.KVCache(k=jax.random.normal(jax.random.key(0), cache.k.shape),
                           v=jax.random.normal(jax.random.key(1), cache.v.shape))

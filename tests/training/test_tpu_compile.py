@@ -204,23 +204,25 @@ def test_qwen2_5_1_5b_paper_update_and_logprobs_fit_a_v5e_8():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impl, ratio, kernel_mb, ms", [
-    ("xla", 1.21, 0.0, 6.22), ("pallas_tpu", 1.05, 1761.4, 4.50)])
+    ("xla", 1.31, 0.0, 5.24), ("pallas_tpu", 1.135, 1761.4, 4.28)])
 def test_qwen2_5_1_5b_paper_decode_step_traffic_on_a_v5e_8(impl, ratio, kernel_mb, ms):
   """One decode step of the paper setting's generate program (64 rows per host of prompt
   4096 + 512 new, prefill in chunks of 8 rows, sampler fsdp=2 x tensor=2 per host) as
   XLA:TPU compiles it for a v5e-8, per chip, against 2299 MB necessary (bf16 weights as
   laid out 772 + valid KV 1527), bounded within 2 % (XLA:TPU's estimates are deterministic
   for a libtpu version; docs/performance.md, "Decode on accelerators"):
-  * xla attention: the HLO moves 2773 MB (loops weighted by trip count), 1.21x, and
-    XLA:TPU estimates 6.22 ms per step. It was 3470 MB, 1.51x and 8.90 ms while each step
-    converted the tied embedding to bf16 and all-gathered it over fsdp
-    (`Decoder.decode_logits`, `Decoder.for_decoding`), and 6.54 ms with the layers in a
-    loop (`decoder.decode_layer_unroll`); the rest above the floor is this attention
+  * xla attention: the HLO moves 3020 MB (loops weighted by trip count), 1.31x, and
+    XLA:TPU estimates 5.24 ms per step. It was 8.90 ms while each step converted the tied
+    embedding to bf16 and all-gathered it over fsdp (`Decoder.decode_logits`,
+    `Decoder.for_decoding`), 6.54 ms with the layers in a loop
+    (`decoder.decode_layer_unroll`) and 6.20 ms with the layers' weights sliced from stacked
+    arrays (`decoder.per_layer_decode_weights`); the rest above the floor is this attention
     reading every slot of the cache.
   * pallas_tpu: the Mosaic calls credited with the blocks they DMA (each row's valid slots
-    in blocks of 512: 1761 MB, `decode_traffic.kernel_reads`), 1.05x; XLA:TPU's 2.35 ms for
-    the rest of the step (the new token folded into the kernel, the layers unrolled: 2.56
-    ms in a loop) + the kernels' bytes at v5e's 819 GB/s = 4.50 ms."""
+    in blocks of 512: 1761 MB, `decode_traffic.kernel_reads`), 2611 MB in all, 1.14x;
+    XLA:TPU's 2.13 ms for the rest of the step (each layer's weights prefetched into
+    on-chip memory while the layers before it compute) + the kernels' bytes at v5e's
+    819 GB/s = 4.28 ms (4.48 ms with the weights sliced from stacked arrays)."""
   config = alfworld.get_config("algo=hgpo,model=qwen2.5-1.5b")
   config.rollout.prefill_chunk_rows = 8
   config.model.decode_attention_impl = impl
