@@ -16,11 +16,12 @@ skip the cache blocks that hold no valid slot instead of loading and masking the
     Each split writes its normalised partial output and log-sum-exp; they are combined
     by (2) outside the kernel, for a sampling step with many splits (few rows) by a
     second kernel (`gpu_merge_splits`, grid (B, Hkv)) where XLA would launch three.
-  `decode_attention_tpu`  Pallas on Mosaic (TPU): grid (B, S / block), each step one block
-    of all kv heads of a row, with each row's [start, end) as scalar-prefetch operands; the K/V block index maps clamp the block
-    axis to the row's valid blocks, so steps outside them repeat the block index and the
-    pipeline issues no DMA for them; an online softmax (FlashAttention's recurrence) runs
-    across the visited blocks in VMEM scratch.
+  `decode_attention_tpu`  Pallas on Mosaic (TPU): grid (B / rows_per_step,), each step a
+    group of rows, with each row's [start, end) as scalar-prefetch operands. The caches
+    stay in HBM; the kernel copies each row's valid blocks of all kv heads into a two-slot
+    VMEM buffer itself (the next copy in flight while the current block is computed), so
+    no invalid block is copied and no grid step is spent on one; an online softmax
+    (FlashAttention's recurrence) runs across each row's blocks in VMEM scratch.
 
 The new tokens are not in the cache yet. A sampling step has one (T = 1), which every
 query reads by rule (1) whatever its segment: both kernels take its key and value and fold
@@ -43,7 +44,7 @@ target platform is not the kernel's; the DMA test passes
 `pltpu.InterpretParams()`). Limits: `decode_attention_gpu` needs a power-of-two head_dim
 and a cache length S that is a multiple of 16 (Triton tensors have power-of-two sides);
 `decode_attention_tpu` takes any S (blocks of 512, 256 or 128 slots when they divide S,
-else one block of S, which skips nothing). See docs/decode_kernels.md.
+else one block of S, which skips nothing) and any B (`tpu_rows_per_step`). See docs/decode_kernels.md.
 """
 
 from __future__ import annotations
@@ -75,7 +76,12 @@ on, by XLA below. Read from XLA:GPU's deviceless compile of the 1.5B decode step
 kernel, of 8 into two, of 24 (one row) into three; the merge kernel writes padded query
 rows whose slice is one more kernel unless the o projection's matvec fuses it (one row)."""
 TPU_BLOCK_CHOICES = (512, 256, 128)
-"""Cache slots per grid step of the TPU kernel: the largest of these dividing S."""
+"""Cache slots per copy of the TPU kernel: the largest of these dividing S."""
+TPU_ROWS_PER_STEP = 8
+"""Rows per grid step of the TPU kernel (at most; `tpu_rows_per_step`). A Pallas TPU grid
+step has a fixed cost whether or not it computes; one step per (row, block) made 8,064
+steps per decode step of the 1.5B paper setting on a v5e-8 chip, one per 8 rows makes 112,
+with the rows' blocks copied by the kernel's own loop."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -417,45 +423,69 @@ def decode_attention_gpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v
 # TPU: Mosaic kernel with scalar-prefetched valid ranges
 # ---------------------------------------------------------------------------------------
 def tpu_block(length: int) -> int:
-  """Cache slots per grid step: the largest of TPU_BLOCK_CHOICES dividing S, else S."""
+  """Cache slots per copy: the largest of TPU_BLOCK_CHOICES dividing S, else S."""
   return next((blk for blk in TPU_BLOCK_CHOICES if length % blk == 0), length)
 
 
-def tpu_kv_block_index(b, j, start_ref, end_ref, block: int):
-  """The cache block that grid step j of row b maps to: j clamped into the row's valid
-  blocks [first, stop), so steps outside them repeat a block index and the Pallas pipeline
-  fetches nothing for them (an empty row maps every step to one block)."""
-  first, stop = valid_block_range(start_ref[b], end_ref[b], block)
-  return jnp.minimum(jnp.maximum(j, first), jnp.maximum(stop - 1, first))
+def tpu_rows_per_step(batch: int) -> int:
+  """Rows per grid step of the TPU kernel: the largest divisor of B up to TPU_ROWS_PER_STEP."""
+  return next(n for n in range(min(TPU_ROWS_PER_STEP, batch), 0, -1) if batch % n == 0)
 
 
-def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, *refs, scale, block,
+def tpu_next_block(row, block, first_of, stop_of, rows: int):
+  """The copy after (row, block) in the TPU kernel's order: the row's next valid block, else
+  the first valid block of the next row (of `rows`) with any; row == rows when none is
+  left. first_of(r), stop_of(r): row r's valid blocks [first, stop) (`valid_block_range`);
+  row = -1 gives the first copy of all."""
+  def next_row(_):
+    r = lax.while_loop(lambda r: (r < rows) & (first_of(jnp.minimum(r, rows - 1))
+                                              >= stop_of(jnp.minimum(r, rows - 1))),
+                       lambda r: r + 1, row + 1)
+    return r, first_of(jnp.minimum(r, rows - 1))
+  more = (row >= 0) & (block + 1 < stop_of(jnp.maximum(row, 0)))
+  return lax.cond(more, lambda _: (row, block + 1), next_row, None)
+
+
+def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_hbm, v_hbm, *refs, scale, block,
                 precision, fold_new):
-  """One (row, cache block) step over all kv heads: q_ref [Hkv, R, Dh], k_ref/v_ref
-  [Hkv, block, Dh]; with fold_new, refs start with the new token's key and value
-  [Hkv, 1, Dh], folded in at the last step; the online softmax state m_sc/l_sc
-  [Hkv, R, 1], acc_sc [Hkv, R, Dh] lives across the block axis; the last step writes
-  o_ref [Hkv, R, Dh], lse_ref [Hkv, R, 1].
+  """One grid step: the cache part of `rows` rows (q_ref [rows, Hkv, R, Dh]), all kv heads.
+
+  k_hbm, v_hbm: the whole [L, B, Hkv, S, Dh] caches, left in HBM; the kernel copies each
+  row's valid blocks [Hkv, block, Dh] into a two-slot VMEM buffer itself, in the order of
+  `tpu_next_block`, the next copy in flight while the current block is computed. With
+  fold_new, refs start with the new token's key and value [rows, Hkv, 1, Dh], folded in
+  after the cache. The online softmax state m_sc/l_sc [rows, Hkv, R, 1], acc_sc [rows,
+  Hkv, R, Dh] (f32) lives in VMEM scratch; the step ends by writing o_ref [rows, Hkv, R, Dh]
+  and lse_ref [rows, Hkv, R, 1] of every row (an empty row: o = 0, lse = -1e30, unless the
+  new token is folded in).
   """
   if fold_new:
     k_new_ref, v_new_ref, *refs = refs
-  o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
-  b, j = pl.program_id(0), pl.program_id(1)
-  start, end = start_ref[b], end_ref[b]
-  first, stop = valid_block_range(start, end, block)
+  o_ref, lse_ref, k_buf, v_buf, sems, m_sc, l_sc, acc_sc = refs
+  rows, hkv = q_ref.shape[0], q_ref.shape[1]
+  row0 = pl.program_id(0) * rows
+  layer = layer_ref[0]
+  bounds = lambda r: (start_ref[row0 + r], end_ref[row0 + r])  # noqa: E731
+  first_of = lambda r: valid_block_range(*bounds(r), block)[0]  # noqa: E731
+  stop_of = lambda r: valid_block_range(*bounds(r), block)[1]  # noqa: E731
 
-  @pl.when(j == 0)
-  def _init():
-    m_sc[...] = jnp.full(m_sc.shape, _MASKED, jnp.float32)
-    l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
-    acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+  def copies(r, j, slot):
+    # (one block of S slots, whatever its alignment, starts at 0: a static offset)
+    offset = 0 if block == k_hbm.shape[3] else pl.multiple_of(j * block, block)
+    src = lambda cache: cache.at[layer, row0 + r, :, pl.ds(offset, block), :]  # noqa: E731
+    return (pltpu.make_async_copy(src(k_hbm), k_buf.at[slot], sems.at[0, slot]),
+            pltpu.make_async_copy(src(v_hbm), v_buf.at[slot], sems.at[1, slot]))
 
-  @pl.when((j >= first) & (j < stop))
-  def _block():
-    for h in range(q_ref.shape[0]):  # kv heads: a static loop of 2-D products
-      q = q_ref[h]
-      k = k_ref[h].astype(q.dtype)
-      v = v_ref[h].astype(q.dtype)
+  m_sc[...] = jnp.full(m_sc.shape, _MASKED, jnp.float32)
+  l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+  acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+  def attend(r, j, slot):
+    start, end = bounds(r)
+    for h in range(hkv):  # kv heads: a static loop of 2-D products
+      q = q_ref[r, h]
+      k = k_buf[slot, h].astype(q.dtype)
+      v = v_buf[slot, h].astype(q.dtype)
       s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
                           preferred_element_type=jnp.float32) * scale  # [R, block]
       slot_s = j * block + lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -464,70 +494,99 @@ def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_ref, v_ref, *refs, scale
       # not yet written): zero their values so that 0 x garbage cannot reach the output.
       slot_v = j * block + lax.broadcasted_iota(jnp.int32, v.shape, 0)
       v = jnp.where((slot_v >= start) & (slot_v < end), v, jnp.zeros_like(v))
-      m_prev = m_sc[h]
+      m_prev = m_sc[r, h]
       m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
       p = jnp.exp(s - m_new)
       alpha = jnp.exp(m_prev - m_new)
-      l_sc[h] = alpha * l_sc[h] + jnp.sum(p, axis=1, keepdims=True)
-      acc_sc[h] = alpha * acc_sc[h] + lax.dot_general(
+      l_sc[r, h] = alpha * l_sc[r, h] + jnp.sum(p, axis=1, keepdims=True)
+      acc_sc[r, h] = alpha * acc_sc[r, h] + lax.dot_general(
           p.astype(q.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
           preferred_element_type=jnp.float32)
-      m_sc[h] = m_new
+      m_sc[r, h] = m_new
 
-  @pl.when(j == pl.num_programs(1) - 1)
-  def _write():
+  def step(carry):
+    r, j, slot = carry
+    for copy in copies(r, j, slot):
+      copy.wait()
+    r_next, j_next = tpu_next_block(r, j, first_of, stop_of, rows)
+
+    @pl.when(r_next < rows)
+    def _prefetch():
+      for copy in copies(r_next, j_next, 1 - slot):
+        copy.start()
+
+    attend(r, j, slot)
+    return r_next, j_next, 1 - slot
+
+  r0, j0 = tpu_next_block(jnp.int32(-1), jnp.int32(0), first_of, stop_of, rows)
+
+  @pl.when(r0 < rows)
+  def _first():
+    for copy in copies(r0, j0, 0):
+      copy.start()
+
+  lax.while_loop(lambda carry: carry[0] < rows, step, (r0, j0, jnp.int32(0)))
+
+  for r in range(rows):
     if fold_new:
-      for h in range(q_ref.shape[0]):
-        m_sc[h], l_sc[h], acc_sc[h] = _fold_new_token(
-            q_ref[h], k_new_ref[h], v_new_ref[h], m_sc[h], l_sc[h], acc_sc[h], scale)
-    l = l_sc[...]
+      for h in range(hkv):
+        m_sc[r, h], l_sc[r, h], acc_sc[r, h] = _fold_new_token(
+            q_ref[r, h], k_new_ref[r, h], v_new_ref[r, h], m_sc[r, h], l_sc[r, h],
+            acc_sc[r, h], scale)
+    l = l_sc[r]
     nonempty = l > 0
     safe_l = jnp.where(nonempty, l, 1.0)
-    o_ref[...] = acc_sc[...] / safe_l
-    lse_ref[...] = jnp.where(nonempty, m_sc[...] + jnp.log(safe_l), _MASKED)
+    o_ref[r] = acc_sc[r] / safe_l
+    lse_ref[r] = jnp.where(nonempty, m_sc[r] + jnp.log(safe_l), _MASKED)
 
 
 def tpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1, *, scale,
-                   block: int | None = None, interpret=False, new_kv=None):
+                   block: int | None = None, rows_per_step: int | None = None,
+                   interpret=False, new_kv=None):
   """The TPU kernel's cache part over layer layer_1[0] of [L, B, Hkv, S, Dh] caches:
-  (o f32[1, B, Hkv, R, Dh], lse f32[1, B, Hkv, R]). Grid (B, S / block): one step reads one
-  block of every kv head of a row (fewer, larger steps than one per kv head). new_kv:
-  None, or the one new token's (key, value) [B, Hkv, 1, Dh] each (T = 1), folded in."""
+  (o f32[1, B, Hkv, R, Dh], lse f32[1, B, Hkv, R]). Grid (B / rows_per_step,): one step
+  runs `rows_per_step` rows, copying each row's valid blocks of `block` slots of every kv
+  head (`_tpu_kernel`). new_kv: None, or the one new token's (key, value) [B, Hkv, 1, Dh]
+  each (T = 1), folded in."""
   b, t, h, d = q_bthd.shape
   _, _, hkv, length, _ = k_cache_lbksd.shape
   block = tpu_block(length) if block is None else block
   if length % block:
     raise ValueError(f"decode_attention_tpu: block={block} does not divide S={length}.")
+  rows_per_step = tpu_rows_per_step(b) if rows_per_step is None else rows_per_step
+  if b % rows_per_step:
+    raise ValueError(f"decode_attention_tpu: rows_per_step={rows_per_step} does not divide "
+                     f"B={b}.")
   sublanes = 16 if q_bthd.dtype == jnp.bfloat16 else 8
   rows = -(-t * (h // hkv) // sublanes) * sublanes
   q = _query_rows(q_bthd, hkv, rows)
   precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None  # f32 as f32
-  kv_map = lambda i, j, start_ref, end_ref, layer_ref: (
-      layer_ref[0], i, 0, tpu_kv_block_index(i, j, start_ref, end_ref, block), 0)
-  row_map = lambda i, j, *prefetch_refs: (i, 0, 0, 0)
-  in_specs = [pl.BlockSpec((None, hkv, rows, d), row_map),
-              pl.BlockSpec((None, None, hkv, block, d), kv_map),
-              pl.BlockSpec((None, None, hkv, block, d), kv_map)]
+  group_map = lambda g, *prefetch_refs: (g, 0, 0, 0)  # noqa: E731
+  in_specs = [pl.BlockSpec((rows_per_step, hkv, rows, d), group_map),
+              pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)]
   operands = [start_b, end_b, layer_1, q, k_cache_lbksd, v_cache_lbksd]
   if new_kv is not None:
     if t != 1:
       raise ValueError(f"decode_attention_tpu: new_kv folds one new token in, not T={t}.")
-    in_specs += [pl.BlockSpec((None, hkv, 1, d), row_map)] * 2
+    in_specs += [pl.BlockSpec((rows_per_step, hkv, 1, d), group_map)] * 2
     operands += list(new_kv)
   grid_spec = pltpu.PrefetchScalarGridSpec(
-      num_scalar_prefetch=3, grid=(b, length // block), in_specs=in_specs,
-      out_specs=[pl.BlockSpec((None, hkv, rows, d), row_map),
-                 pl.BlockSpec((None, hkv, rows, 1), row_map)],
-      scratch_shapes=[pltpu.VMEM((hkv, rows, 1), jnp.float32),
-                      pltpu.VMEM((hkv, rows, 1), jnp.float32),
-                      pltpu.VMEM((hkv, rows, d), jnp.float32)])
+      num_scalar_prefetch=3, grid=(b // rows_per_step,), in_specs=in_specs,
+      out_specs=[pl.BlockSpec((rows_per_step, hkv, rows, d), group_map),
+                 pl.BlockSpec((rows_per_step, hkv, rows, 1), group_map)],
+      scratch_shapes=[pltpu.VMEM((2, hkv, block, d), k_cache_lbksd.dtype),
+                      pltpu.VMEM((2, hkv, block, d), v_cache_lbksd.dtype),
+                      pltpu.SemaphoreType.DMA((2, 2)),
+                      pltpu.VMEM((rows_per_step, hkv, rows, 1), jnp.float32),
+                      pltpu.VMEM((rows_per_step, hkv, rows, 1), jnp.float32),
+                      pltpu.VMEM((rows_per_step, hkv, rows, d), jnp.float32)])
   o, lse = pl.pallas_call(
       functools.partial(_tpu_kernel, scale=scale, block=block, precision=precision,
                         fold_new=new_kv is not None),
       grid_spec=grid_spec,
       out_shape=[jax.ShapeDtypeStruct((b, hkv, rows, d), jnp.float32),
                  jax.ShapeDtypeStruct((b, hkv, rows, 1), jnp.float32)],
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
       interpret=interpret, name="decode_attention_tpu",
   )(*operands)
   return o[None], lse[None, ..., 0]
@@ -535,13 +594,15 @@ def tpu_cache_part(q_bthd, k_cache_lbksd, v_cache_lbksd, start_b, end_b, layer_1
 
 def decode_attention_tpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v_cache_bksd,
                          *, cache_start_b, cache_index, scale: float | None = None,
-                         layer=None, block: int | None = None, interpret=None) -> jax.Array:
+                         layer=None, block: int | None = None,
+                         rows_per_step: int | None = None, interpret=None) -> jax.Array:
   """`attention.decode_attention` by a Pallas TPU kernel that DMAs only valid blocks.
 
   Args (as `attention.decode_attention`, plus):
     layer: None, or the layer to read (int32 scalar, may be traced) when the caches are
       all layers' [L, B, Hkv, S, Dh] (as `decode_attention_gpu`).
-    block: cache slots per grid step (must divide S); None: `tpu_block(S)`.
+    block: cache slots per copy (must divide S); None: `tpu_block(S)`.
+    rows_per_step: rows per grid step (must divide B); None: `tpu_rows_per_step(B)`.
     interpret: Pallas interpret mode (True or a `pltpu.InterpretParams`); None: on unless
       the target platform is a TPU.
   Returns:
@@ -553,7 +614,8 @@ def decode_attention_tpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v
   start_b, end_b = cache_bounds(cache_start_b, cache_index, q_bthd.shape[0], k_cache.shape[3])
   one_new = q_bthd.shape[1] == 1
   o, lse = tpu_cache_part(q_bthd, k_cache, v_cache, start_b, end_b, layer_1, scale=scale,
-                          block=block, interpret=_platform_interpret(interpret, ("tpu",)),
+                          block=block, rows_per_step=rows_per_step,
+                          interpret=_platform_interpret(interpret, ("tpu",)),
                           new_kv=_new_kv(k_bthd, v_bthd) if one_new else None)
   if one_new:
     return _finish_folded(q_bthd, k_bthd.shape[2], o, lse)

@@ -36,8 +36,8 @@ of each row. Booked in full, its operands would count the whole cache once per l
 pallas_tpu plan of the paper setting read 26x its necessary bytes that way).
 `kernel_reads(valid_slots)` credits it with what it reads instead: one layer's share of
 each cache operand at the rows' mean valid length, exactly for `decode_attention_gpu`
-(masked loads in its boundary blocks), in whole blocks for `decode_attention_tpu` (its
-pipeline DMAs a block of `tpu_block(S)` slots whole: on average block - 1 slots more per
+(masked loads in its boundary blocks), in whole blocks for `decode_attention_tpu` (it
+copies blocks of `tpu_block(S)` slots whole: on average block - 1 slots more per
 row, (block - 1) / 2 at each end of its valid range). `StepCost.kernel_bytes` keeps those
 credited bytes apart, because XLA:TPU's cost model leaves a custom call's time out of its
 cycles: the plan adds them at the chip's datasheet bandwidth.

@@ -228,53 +228,93 @@ def test_gpu_kernel_loads_only_blocks_that_hold_valid_slots():
   assert int(counts.sum()) == 2 * (4 + 0 + 3 + 1 + 1)  # of 2 * 5 * 4 = 40 blocks
 
 
-def test_tpu_kernel_dmas_only_blocks_that_hold_valid_slots(monkeypatch):
-  """Run in TPU interpret mode, which simulates the Pallas pipeline's HBM -> VMEM copies
-  (one per change of a block index), and record every copy of a cache block: each row
-  copies exactly the blocks that intersect its valid range, once each; an empty row copies
-  one block (the pipeline needs a block to point at)."""
+@pytest.mark.parametrize("rows_per_step", [5, 2, 1])
+def test_tpu_kernel_dmas_only_blocks_that_hold_valid_slots(monkeypatch, rows_per_step):
+  """Run in TPU interpret mode, which simulates the kernel's HBM -> VMEM copies, and record
+  every copy it starts: each row copies exactly the blocks that intersect its valid range,
+  once each, in order, keys and values alike; an empty row copies nothing (the padding
+  row included). With 5 rows per
+  grid step (one step), 2 (B = 6: a sixth, empty row pads the batch) and 1 (a step per
+  row); the output equals the XLA form's."""
   from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpreter
-  original = interpreter.get
+  original = interpreter.dma_start
   signature = inspect.signature(original)
-  if not {"input_name", "block_indices"} <= set(signature.parameters):
-    pytest.skip(f"this JAX's TPU interpreter ({jax.__version__}) does not name the block it "
-                "copies; the hook was written against jax 0.10.2")
+  if not {"src_id", "src_transforms"} <= set(signature.parameters):
+    pytest.skip(f"this JAX's TPU interpreter ({jax.__version__}) does not name the source "
+                "of a copy; the hook was written against jax 0.10.2")
   copies = []
 
-  def recording_get(*args, **kwargs):
+  def recording_dma_start(*args, **kwargs):
     bound = signature.bind(*args, **kwargs).arguments
-    if bound.get("input_name") in ("k_ref", "v_ref"):
-      copies.append((bound["input_name"], tuple(int(i) for i in bound["block_indices"])))
+    (indexer,) = bound["src_transforms"]
+    layer, row, heads, slots, dims = indexer.indices
+    copies.append((int(bound["src_id"]), int(layer), int(row), int(slots.start) // BLOCK,
+                   slots.size, heads.size))
     return original(*args, **kwargs)
-  monkeypatch.setattr(interpreter, "get", recording_get)
+  monkeypatch.setattr(interpreter, "dma_start", recording_dma_start)
   jax.clear_caches()  # the patched function is bound when the kernel is traced
-  q, k, v, k_cache, v_cache = _inputs(4, 2, jnp.float32, seed=1)  # both kv heads per step
-  seg = jnp.ones(q.shape[:2], jnp.int32)
+  q, k, v, k_cache, v_cache = _inputs(4, 2, jnp.float32, seed=1)  # both kv heads per copy
   starts, ends = _bounds("per_row")
+  if rows_per_step == 2:
+    q, k, v, k_cache, v_cache = (jnp.concatenate([x, x[:1]]) for x in (q, k, v, k_cache, v_cache))
+    starts, ends = jnp.append(starts, 7), jnp.append(ends, 7)
+  seg = jnp.ones(q.shape[:2], jnp.int32)
   got = decode_kernels.decode_attention_tpu(q, k, v, seg, k_cache, v_cache, cache_start_b=starts,
                                             cache_index=ends, block=BLOCK,
+                                            rows_per_step=rows_per_step,
                                             interpret=pltpu.InterpretParams())
   want = attention.decode_attention(q, k, v, seg, k_cache, v_cache, cache_start_b=starts,
                                     cache_index=ends)
   np.testing.assert_allclose(got, want, atol=_tolerance(jnp.float32, want), rtol=0)
-  for name in ("k_ref", "v_ref"):
+  sources = sorted({c[0] for c in copies})
+  assert len(sources) == 2  # the key and the value cache
+  for source in sources:  # (grid steps may run in any order: rows are compared one by one)
     for b, (s, e) in enumerate(PER_ROW):
-      blocks = [blk for n, (layer, bb, head, blk, _) in copies if n == name and bb == b]
-      want_blocks = _blocks_holding(s, e, BLOCK) or [s // BLOCK]
-      assert blocks == want_blocks, (name, b, blocks)
-  assert all(layer == 0 and head == 0 for _, (layer, _, head, _, _) in copies)
-  assert len(copies) == 2 * (4 + 1 + 3 + 1 + 1)  # of 2 * 5 * 4 = 40 block copies
+      blocks = [blk for src, _, row, blk, _, _ in copies if src == source and row == b]
+      assert blocks == _blocks_holding(s, e, BLOCK), (b, blocks)
+  assert all(layer == 0 and size == BLOCK and heads == 2 for _, layer, _, _, size, heads in copies)
+  assert len(copies) == 2 * (4 + 0 + 3 + 1 + 1)  # of 2 * 5 * 4 = 40 blocks
 
 
-def test_tpu_index_map_repeats_the_block_outside_the_valid_range():
-  """The K/V index map itself, over all grid steps of a row: the distinct consecutive block
-  indices (what the pipeline fetches) are the row's valid blocks."""
+def test_tpu_copy_order_visits_each_rows_valid_blocks_then_the_next_row():
+  """`tpu_next_block` from (-1, 0) to the end: the rows' valid blocks in row order, empty
+  rows skipped, leading and trailing ones included."""
+  cases = [PER_ROW, ((20, 20),) + PER_ROW + ((3, 3), (9, 9)), ((4, 4), (9, 9))]
+  for ranges in cases:
+    first = jnp.asarray([decode_kernels.valid_block_range(s, e, BLOCK)[0] for s, e in ranges])
+    stop = jnp.asarray([decode_kernels.valid_block_range(s, e, BLOCK)[1] for s, e in ranges])
+    order, row, blk = [], jnp.int32(-1), jnp.int32(0)
+    while True:
+      row, blk = decode_kernels.tpu_next_block(row, blk, lambda r: first[r],
+                                               lambda r: stop[r], len(ranges))
+      if int(row) == len(ranges):
+        break
+      order.append((int(row), int(blk)))
+    assert order == [(b, x) for b, (s, e) in enumerate(ranges)
+                     for x in _blocks_holding(s, e, BLOCK)], ranges
+
+
+def test_tpu_rows_per_step_do_not_change_a_bit():
+  """Each row's arithmetic is the same whichever rows share its grid step: 1, 5 rows per
+  step and the default give identical outputs (bf16, per-row ends)."""
+  q, k, v, k_cache, v_cache = _inputs(12, 2, jnp.bfloat16, seed=3)
+  seg = jnp.ones(q.shape[:2], jnp.int32)
   starts, ends = _bounds("per_row")
-  for b, (s, e) in enumerate(PER_ROW):
-    seq = [int(decode_kernels.tpu_kv_block_index(b, j, starts, ends, BLOCK))
-           for j in range(S // BLOCK)]
-    fetched = [blk for i, blk in enumerate(seq) if i == 0 or blk != seq[i - 1]]
-    assert fetched == (_blocks_holding(s, e, BLOCK) or [s // BLOCK]), (b, seq)
+  outs = [np.asarray(_run(functools.partial(decode_kernels.decode_attention_tpu, block=BLOCK,
+                                            rows_per_step=n), q, k, v, seg, k_cache, v_cache,
+                          starts, ends), np.float32) for n in (1, 5, None)]
+  assert decode_kernels.tpu_rows_per_step(5) == 5 and decode_kernels.tpu_rows_per_step(32) == 8
+  assert decode_kernels.tpu_rows_per_step(12) == 6 and decode_kernels.tpu_rows_per_step(7) == 7
+  np.testing.assert_array_equal(outs[0], outs[1])
+  np.testing.assert_array_equal(outs[0], outs[2])
+  # no block size divides S = 64 by default: one block of S per row, the XLA form's output
+  one_block = _run(decode_kernels.decode_attention_tpu, q, k, v, seg, k_cache, v_cache,
+                   starts, ends)
+  want = np.asarray(_run(attention.decode_attention, q, k, v, seg, k_cache, v_cache, starts,
+                         ends), np.float32)
+  assert decode_kernels.tpu_block(S) == S
+  np.testing.assert_allclose(np.asarray(one_block, np.float32), want,
+                             atol=_tolerance(jnp.bfloat16, want), rtol=0)
 
 
 def test_layout_choices_and_clear_errors():
@@ -292,6 +332,9 @@ def test_layout_choices_and_clear_errors():
     decode_kernels.decode_attention_gpu(q[..., :12], k[..., :12], v[..., :12], seg,
                                         k_cache[..., :12], v_cache[..., :12],
                                         cache_start_b=starts, cache_index=ends, interpret=True)
+  with pytest.raises(ValueError, match="rows_per_step=2 does not divide B=5"):
+    decode_kernels.decode_attention_tpu(q, k, v, seg, k_cache, v_cache, cache_start_b=starts,
+                                        cache_index=ends, rows_per_step=2, interpret=True)
   with pytest.raises(ValueError, match=r"\[B, Hkv, S, Dh\]"):
     decode_kernels.decode_attention_tpu(q, k, v, seg, k_cache[:, :1], v_cache[:, :1],
                                         cache_start_b=starts, cache_index=ends, interpret=True)
@@ -342,21 +385,37 @@ def test_gpu_kernel_lowers_to_triton_ir_without_a_gpu():
 @pytest.mark.tpu_compile
 def test_tpu_kernel_compiles_for_mosaic_from_a_cpu_host():
   """XLA:TPU (libtpu, no TPU) compiles the kernel for a v5e chip: the Mosaic custom call
-  passes Mosaic's own compiler, not interpret mode."""
+  passes Mosaic's own compiler, not interpret mode. Qwen2.5-1.5B's shapes in bf16 and f32;
+  S = 100 (one unaligned block of S: its copy must start at a static 0); and the paper
+  setting's per-chip step over all layers' caches (32 rows in 4 grid steps, S = 4608)."""
   from hgpo_jax.training import targets
   reason = targets.libtpu_available()
   if reason is not None:
     pytest.skip(reason)
   device = targets.devices(targets.resolve("v5e-8"))[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
-  args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
-          for a in _qwen_like_arguments()]
+  place = lambda a, shape=None, dtype=None: jax.ShapeDtypeStruct(  # noqa: E731
+      a.shape if shape is None else shape, a.dtype if dtype is None else dtype,
+      sharding=sharding)
+  base = _qwen_like_arguments()
+  f32 = [place(a, dtype=jnp.float32 if a.dtype == jnp.bfloat16 else a.dtype) for a in base]
+  short = [place(a, shape=a.shape[:2] + (100,) + a.shape[3:]) if a.ndim == 4 and i >= 4
+           else place(a) for i, a in enumerate(base)]
+  b, s, layers = 32, 4608, 28
+  paper = [place(a, shape=(b,) + a.shape[1:2] + ((6,) if i == 0 else (1,) if i < 3 else ())
+                 + a.shape[3:]) for i, a in enumerate(base[:4])]
+  paper += [place(base[4], shape=(layers, b, 1, s, 128))] * 2
+  paper += [place(base[6], shape=(b,))] * 2 + [jax.ShapeDtypeStruct((), jnp.int32,
+                                                                    sharding=sharding)]
   fn = lambda *a: decode_kernels.decode_attention_tpu(*a[:6], cache_start_b=a[6],
                                                       cache_index=a[7], interpret=False)
-  lowered = jax.jit(fn).lower(*args)
-  assert "tpu_custom_call" in lowered.as_text()
-  compiled = lowered.compile()
-  assert compiled.cost_analysis() is not None
+  stacked = lambda *a: decode_kernels.decode_attention_tpu(
+      *a[:6], cache_start_b=a[6], cache_index=a[7], layer=a[8], interpret=False)
+  for f, args in ((fn, [place(a) for a in base]), (fn, f32), (fn, short), (stacked, paper)):
+    lowered = jax.jit(f).lower(*args)
+    assert "tpu_custom_call" in lowered.as_text()
+    compiled = lowered.compile()
+    assert compiled.cost_analysis() is not None
 
 
 @pytest.mark.tpu_compile
