@@ -70,3 +70,44 @@ def test_param_shardings_cover_optimizer_state(mesh):
   mu = shardings["opt_state"][0]["mu"]["layers"]["gate"]
   assert mu.get_value().spec == P(None, "tensor", "fsdp")  # gate: [L, F, D]
   assert shardings["step"].get_value().spec == P()
+
+
+def test_sequence_parallel_blocks_give_the_unsplit_values(mesh, monkeypatch):
+  """On a tensor-parallel mesh an accelerator program's full-sequence blocks keep the
+  residual stream split over the sequence (`decoder.sequence_parallel`). Forced here for the
+  8 fake CPU devices (tensor=2; on CPU targets the decoder leaves it off, and with T not a
+  multiple of the tensor size): the program carries the sequence-split constraints and its
+  hidden states are the unsplit sharded program's. (Not bit for bit: XLA:CPU blocks the
+  products over half the positions differently; the sums are the same, so the values
+  agree to float round-off, as the sharded logits above do.)"""
+  from types import SimpleNamespace
+
+  from hgpo_jax.models import attention, decoder as decoder_lib
+
+  model = load_model("tiny", seed=3)[0]
+  cfg = model.cfg
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=9, batch=4, length=12,
+                                                             pads=(0, 3, 7, 1))
+  rows = jax.NamedSharding(mesh, P(("data", "fsdp"), None))
+  args = [jax.device_put(jnp.asarray(x), rows) for x in (tokens, positions, mask)]
+  sharded = shard_model(model, mesh)
+  hidden = lambda m, t, p, s: m.hidden(t, p, s)[0]  # noqa: E731
+  split = "P(('data', 'fsdp'), 'tensor', None)"
+
+  def run():
+    fn = jax.jit(attention.traced_on(mesh, hidden))
+    return np.asarray(fn(sharded, *args)), fn.trace(sharded, *args).jaxpr.pretty_print()
+
+  real = decoder_lib.sequence_parallel
+  tpu = [SimpleNamespace(platform="tpu")]
+  with jax.set_mesh(mesh):
+    assert real(cfg, attention.context_target(), (4, 12, cfg.hidden_dim)) is \
+        decoder_lib.SequenceParallel.OFF  # CPU devices
+    assert real(cfg, tpu, (4, 11, cfg.hidden_dim)) is decoder_lib.SequenceParallel.OFF
+    assert real(cfg, tpu, (4, 12, cfg.hidden_dim)) is not decoder_lib.SequenceParallel.OFF
+  want, plain = run()
+  monkeypatch.setattr(decoder_lib, "sequence_parallel",
+                      lambda c, target, shape: real(c, tpu, shape))
+  got, forced = run()
+  assert split in forced and split not in plain
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
