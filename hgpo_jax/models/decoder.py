@@ -15,6 +15,7 @@ Softmax, RMSNorm statistics, RoPE and logits are computed in float32 whatever `c
 from __future__ import annotations
 
 import enum
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -46,15 +47,27 @@ def rope_angles(positions_bt: jax.Array, head_dim: int, theta: float):
   return jnp.cos(angles_btk), jnp.sin(angles_btk)
 
 
-def apply_rope(x_bthd: jax.Array, cos_btk: jax.Array, sin_btk: jax.Array, layout: str) -> jax.Array:
+def apply_rope(x_bthd: jax.Array, cos_btk: jax.Array, sin_btk: jax.Array, layout: str,
+               rotate_by_product: bool = False) -> jax.Array:
   """Rotates pairs of x[B, T, H, Dh] by the RoPE angles (RoFormer eq. 34).
 
   layout "half" pairs (i, i + Dh/2) (HF rotate_half); "interleaved" pairs (2i, 2i+1) (GGML
   "normal" RoPE, which the llama.cpp converter's q/k row permutation makes equivalent).
+  rotate_by_product (`rope_rotation_by_product`: TPU targets; layout "half"): the halves'
+  partners come from one product with the constant signed permutation
+  `rope_rotation(Dh)` at full f32 precision, and out = x cos + rot(x) sin over all Dh
+  lanes: each lane's products and sum in the halves' form's order, so the same values
+  (bit for bit on XLA:CPU; a zero's sign aside), where XLA:TPU otherwise runs the halves
+  as 64-lane ops and lays them out again for the attention.
   """
   x = x_bthd.astype(jnp.float32)
   cos, sin = cos_btk[:, :, None, :], sin_btk[:, :, None, :]
-  if layout == "half":
+  if layout == "half" and rotate_by_product:
+    rot_bthd = jnp.einsum("bthd,de->bthe", x, rope_rotation(x.shape[-1]),
+                          precision=jax.lax.Precision.HIGHEST)
+    both = lambda a: jnp.concatenate([a, a], axis=-1)  # noqa: E731
+    out = x * both(cos) + rot_bthd * both(sin)
+  elif layout == "half":
     x1, x2 = jnp.split(x, 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   elif layout == "interleaved":
@@ -64,6 +77,26 @@ def apply_rope(x_bthd: jax.Array, cos_btk: jax.Array, sin_btk: jax.Array, layout
   else:
     raise ValueError(f"Unknown rope_layout {layout!r}.")
   return out.astype(x_bthd.dtype)
+
+
+def rope_rotation(head_dim: int) -> np.ndarray:
+  """f32[Dh, Dh] R with (x @ R) each lane's RoPE partner in the "half" layout, signed as
+  `apply_rope` multiplies it by sin: (x @ R)[i] = -x[i + Dh/2], (x @ R)[i + Dh/2] = x[i]."""
+  half = head_dim // 2
+  first = np.arange(half)
+  rot = np.zeros((head_dim, head_dim), np.float32)
+  rot[first + half, first] = -1.0
+  rot[first, first + half] = 1.0
+  return rot
+
+
+def rope_rotation_by_product(target) -> bool:
+  """Whether `apply_rope` takes the halves' partners by a product (`rotate_by_product`): on
+  TPU targets. XLA:TPU ran the halves' form as ops on 64 of a tile's 128 lanes and then
+  re-laid the queries out for the attention kernel: 0.46M + 0.23M cycles of a 1.5B prefill
+  layer, where the product and one full-lane fusion take ~0.19M (docs/performance.md,
+  "RoPE by a product on TPU"). Elsewhere the halves' form (CPU programs unchanged)."""
+  return platform.target_platform(target) == "tpu"
 
 
 def rms_norm(x_btd: jax.Array, scale_d: jax.Array, eps: float) -> jax.Array:
@@ -188,7 +221,7 @@ _matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
 
 def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segment_ids_bt,
            cached=None, cache_index=None, cache_start_b=None, decode_impl: str = "xla",
-           layer=None, seq: "SequenceParallel | None" = None):
+           layer=None, seq: "SequenceParallel | None" = None, rope_by_product: bool = False):
   """One decoder block. p holds one layer's parameters (no leading L axis).
 
   Without a cache the block attends over its own T keys (`attention.attention` with
@@ -198,7 +231,8 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
   `cached` holds all layers' caches [L, B, Hkv, S, Dh] and the block reads that one). The caller
   writes the new keys/values into the cache afterwards (see `Decoder.decode_hidden`).
   With `seq` (`sequence_parallel`) the residual stream, its norms and its adds are split
-  over the sequence between the products (the values are the same).
+  over the sequence between the products (the values are the same); `rope_by_product`:
+  `apply_rope`'s rotate_by_product.
   Returns (x_btd, (k, v) of the new positions, each [B, Hkv, T, Dh]).
   """
   dt = cfg.compute_dtype
@@ -219,8 +253,8 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
     v_bthk = _project(h_btd, p["v"])
     if cfg.qkv_bias:
       q_bthk, k_bthk, v_bthk = q_bthk + w("q_bias"), k_bthk + w("k_bias"), v_bthk + w("v_bias")
-  q_bthk = apply_rope(q_bthk, cos_btk, sin_btk, cfg.rope_layout)
-  k_bthk = apply_rope(k_bthk, cos_btk, sin_btk, cfg.rope_layout)
+  q_bthk = apply_rope(q_bthk, cos_btk, sin_btk, cfg.rope_layout, rope_by_product)
+  k_bthk = apply_rope(k_bthk, cos_btk, sin_btk, cfg.rope_layout, rope_by_product)
   scale = cfg.head_dim ** -0.5
   if cached is None:
     attn_bthk = attention.attention(q_bthk, k_bthk, v_bthk, segment_ids_bt, causal=True,
@@ -448,6 +482,8 @@ class Decoder(nnx.Module):
                                                 attention.context_target(),
                                                 head_dim=cfg.head_dim)
     seg_bt = jnp.asarray(segment_ids_bt).astype(jnp.int32)
+    block = functools.partial(
+        _block, rope_by_product=rope_rotation_by_product(attention.context_target()))
     t = tokens_bt.shape[1]
     if mode is not Mode.DECODE:
       # The length the attention kernel computes on (splash: a multiple of 128, cudnn: even),
@@ -478,7 +514,7 @@ class Decoder(nnx.Module):
 
       @remat
       def step(x, p):
-        x, (k, v) = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, seq=seq)
+        x, (k, v) = block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, seq=seq)
         return x, (k, v) if kv_dtype is None else (k.astype(kv_dtype), v.astype(kv_dtype))
       x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, layer_params)
       x_btd, k_lbkth, v_lbkth = x_btd[:, :t], k_lbkth[:, :, :, :t], v_lbkth[:, :, :, :t]
@@ -500,8 +536,8 @@ class Decoder(nnx.Module):
       @remat
       def step(x, xs):
         p, k_bksd, v_bksd = xs
-        x, (k, v) = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, (k_bksd, v_bksd), index,
-                           start_b, decode_impl)
+        x, (k, v) = block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, (k_bksd, v_bksd), index,
+                          start_b, decode_impl)
         return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
       stacked_impl = decode_impl in attention.STACKED_DECODE_IMPLEMENTATIONS
       if per_layer is not None:
@@ -510,9 +546,9 @@ class Decoder(nnx.Module):
         news = []
         for i, p in enumerate(per_layer):
           cached = (cache.k, cache.v) if stacked_impl else (cache.k[i], cache.v[i])
-          x_btd, (k, v) = _block(cfg, impl, p, x_btd, cos_btk, sin_btk, seg_bt, cached, index,
-                                 start_b, decode_impl,
-                                 layer=jnp.int32(i) if stacked_impl else None)
+          x_btd, (k, v) = block(cfg, impl, p, x_btd, cos_btk, sin_btk, seg_bt, cached, index,
+                                start_b, decode_impl,
+                                layer=jnp.int32(i) if stacked_impl else None)
           news.append((k.astype(cache.k.dtype), v.astype(cache.v.dtype)))
         k_lbkth = jnp.stack([k for k, _ in news])
         v_lbkth = jnp.stack([v for _, v in news])
@@ -522,8 +558,8 @@ class Decoder(nnx.Module):
         @remat
         def stacked_step(x, xs):
           p, layer = xs
-          x, (k, v) = _block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, (cache.k, cache.v),
-                             index, start_b, decode_impl, layer=layer)
+          x, (k, v) = block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, (cache.k, cache.v),
+                            index, start_b, decode_impl, layer=layer)
           return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
         layers = jnp.arange(cache.k.shape[0], dtype=jnp.int32)
         x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(stacked_step, x_btd, (layer_params, layers),

@@ -8,7 +8,7 @@ from flax import nnx
 
 import model_fixtures
 from hgpo_jax.models import Decoder, get_preset, init_cache, load_model
-from hgpo_jax.models.decoder import apply_rope, rope_angles
+from hgpo_jax.models.decoder import apply_rope, rope_angles, rope_rotation
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,28 @@ def test_hidden_and_logits_compose(tiny):
                              np.asarray(_forward(model, tokens, positions, attn)), atol=1e-6)
   # Final RMSNorm with unit scale: every real hidden row has mean square 1.
   np.testing.assert_allclose(np.mean(np.asarray(hidden) ** 2, -1), 1.0, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rope_by_a_product_keeps_every_bit(dtype):
+  """`apply_rope(rotate_by_product=True)` (TPU targets, layout "half") takes each lane's
+  partner from one full-precision product with the signed permutation `rope_rotation` and
+  computes x cos + rot(x) sin over whole lanes: the same values as the halves' form, bit
+  for bit on XLA:CPU, jitted and not, with magnitudes from 1e-30 to 1e30 (Qwen2.5's
+  Dh = 128 and rope theta, positions up to 4095). The interleaved layout keeps its form."""
+  rng = np.random.default_rng(4)
+  x = rng.standard_normal((2, 6, 3, 128)) * 10.0 ** rng.integers(-30, 31, (2, 6, 3, 128))
+  x = jnp.asarray(x, dtype)
+  pos = jnp.array([[0, 1, 2, 3, 4, 5], [4090, 4091, 4092, 4093, 4094, 4095]])
+  cos, sin = rope_angles(pos, 128, 1e6)
+  lanes = np.arange(8, dtype=np.float32)
+  np.testing.assert_array_equal(lanes @ rope_rotation(8), [-4, -5, -6, -7, 0, 1, 2, 3])
+  for fn in (apply_rope, jax.jit(apply_rope, static_argnums=(3, 4))):
+    want = np.asarray(fn(x, cos, sin, "half", False).astype(jnp.float32))
+    got = np.asarray(fn(x, cos, sin, "half", True).astype(jnp.float32))
+    np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(apply_rope(x, cos, sin, "interleaved", True),
+                                apply_rope(x, cos, sin, "interleaved", False))
 
 
 def test_interleaved_rope_equals_half_rope_on_permuted_dims():
