@@ -231,7 +231,7 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
   `cached` holds all layers' caches [L, B, Hkv, S, Dh] and the block reads that one). The caller
   writes the new keys/values into the cache afterwards (see `Decoder.decode_hidden`).
   With `seq` (`sequence_parallel`) the residual stream, its norms and its adds are split
-  over the sequence between the products (the values are the same); `rope_by_product`:
+  over the sequence between the products (the same sums); `rope_by_product`:
   `apply_rope`'s rotate_by_product.
   Returns (x_btd, (k, v) of the new positions, each [B, Hkv, T, Dh]).
   """
@@ -284,8 +284,9 @@ class SequenceParallel:
   intermediate split over its features (`inner`). The all-reduce of each tensor-parallel
   product's partial sums becomes a reduce-scatter and the gather an all-gather (the same
   bytes), and every device norms and adds only its share of the positions instead of
-  all of them twice. Each value is the one the unsplit block computes: the partial sums
-  are the same, and a norm or an add is per position. `OFF` constrains nothing."""
+  all of them twice. The sums are of the same partial products and a norm or an add is
+  per position, but XLA may block the products over the split differently: the values
+  agree with the unsplit block's to float round-off. `OFF` constrains nothing."""
 
   OFF: "SequenceParallel"
 
@@ -315,8 +316,8 @@ def sequence_parallel(cfg: ModelConfig, target, shape_btd) -> SequenceParallel:
   the mesh splits the heads and the MLP over a "tensor" axis of size > 1, and T is a
   multiple of its size; else `OFF` (CPU programs unchanged). XLA:TPU's estimate of the
   1.5B paper rollout on a v5e-8 (bf16 compute, `generate`): 149.6 -> 145.3 s, each
-  prefill layer's two norms and two residual adds on half the positions
-  (docs/performance.md, "Sequence-parallel prefill")."""
+  prefill layer's two norms and two residual adds on half the positions; the update
+  304.5 -> 274.4 s (docs/performance.md, "Sequence-parallel full-sequence blocks")."""
   mesh = jax.sharding.get_abstract_mesh()
   if (mesh.empty or platform.target_platform(target) not in ("gpu", "tpu")
       or mesh.shape.get("tensor", 1) == 1):
