@@ -432,17 +432,18 @@ def tpu_rows_per_step(batch: int) -> int:
   return next(n for n in range(min(TPU_ROWS_PER_STEP, batch), 0, -1) if batch % n == 0)
 
 
-def tpu_next_block(row, block, first_of, stop_of, rows: int):
+def tpu_next_block(row, block, valid_blocks, rows: int):
   """The copy after (row, block) in the TPU kernel's order: the row's next valid block, else
   the first valid block of the next row (of `rows`) with any; row == rows when none is
-  left. first_of(r), stop_of(r): row r's valid blocks [first, stop) (`valid_block_range`);
-  row = -1 gives the first copy of all."""
+  left. valid_blocks(r): row r's valid blocks [first, stop) (`valid_block_range`); row = -1
+  gives the first copy of all."""
   def next_row(_):
-    r = lax.while_loop(lambda r: (r < rows) & (first_of(jnp.minimum(r, rows - 1))
-                                              >= stop_of(jnp.minimum(r, rows - 1))),
-                       lambda r: r + 1, row + 1)
-    return r, first_of(jnp.minimum(r, rows - 1))
-  more = (row >= 0) & (block + 1 < stop_of(jnp.maximum(row, 0)))
+    def empty(r):
+      first, stop = valid_blocks(jnp.minimum(r, rows - 1))
+      return (r < rows) & (first >= stop)
+    r = lax.while_loop(empty, lambda r: r + 1, row + 1)
+    return r, valid_blocks(jnp.minimum(r, rows - 1))[0]
+  more = (row >= 0) & (block + 1 < valid_blocks(jnp.maximum(row, 0))[1])
   return lax.cond(more, lambda _: (row, block + 1), next_row, None)
 
 
@@ -466,8 +467,7 @@ def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_hbm, v_hbm, *refs, scale
   row0 = pl.program_id(0) * rows
   layer = layer_ref[0]
   bounds = lambda r: (start_ref[row0 + r], end_ref[row0 + r])  # noqa: E731
-  first_of = lambda r: valid_block_range(*bounds(r), block)[0]  # noqa: E731
-  stop_of = lambda r: valid_block_range(*bounds(r), block)[1]  # noqa: E731
+  valid_blocks = lambda r: valid_block_range(*bounds(r), block)  # noqa: E731
 
   def copies(r, j, slot):
     # (one block of S slots, whatever its alignment, starts at 0: a static offset)
@@ -508,7 +508,7 @@ def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_hbm, v_hbm, *refs, scale
     r, j, slot = carry
     for copy in copies(r, j, slot):
       copy.wait()
-    r_next, j_next = tpu_next_block(r, j, first_of, stop_of, rows)
+    r_next, j_next = tpu_next_block(r, j, valid_blocks, rows)
 
     @pl.when(r_next < rows)
     def _prefetch():
@@ -518,7 +518,7 @@ def _tpu_kernel(start_ref, end_ref, layer_ref, q_ref, k_hbm, v_hbm, *refs, scale
     attend(r, j, slot)
     return r_next, j_next, 1 - slot
 
-  r0, j0 = tpu_next_block(jnp.int32(-1), jnp.int32(0), first_of, stop_of, rows)
+  r0, j0 = tpu_next_block(jnp.int32(-1), jnp.int32(0), valid_blocks, rows)
 
   @pl.when(r0 < rows)
   def _first():

@@ -285,8 +285,8 @@ def test_tpu_copy_order_visits_each_rows_valid_blocks_then_the_next_row():
     stop = jnp.asarray([decode_kernels.valid_block_range(s, e, BLOCK)[1] for s, e in ranges])
     order, row, blk = [], jnp.int32(-1), jnp.int32(0)
     while True:
-      row, blk = decode_kernels.tpu_next_block(row, blk, lambda r: first[r],
-                                               lambda r: stop[r], len(ranges))
+      row, blk = decode_kernels.tpu_next_block(row, blk, lambda r: (first[r], stop[r]),
+                                               len(ranges))
       if int(row) == len(ranges):
         break
       order.append((int(row), int(blk)))
