@@ -94,12 +94,16 @@ def select_platforms() -> str:
   plugin whose device nodes are present, and the CPU); a topology compile still loads
   libtpu as a compiler (`targets.devices`). An explicit JAX_PLATFORMS or jax_platforms
   wins. Must run before JAX initialises its backends (the first device query or compile).
+  Before JAX is imported it sets JAX_PLATFORMS (which JAX reads on import, and which child
+  processes inherit) without importing JAX: `launch/__init__.py` calls it so that every
+  `python -m launch.*` tool starts clean; once JAX is imported it sets jax_platforms.
   """
   import glob
   import importlib.util
   import pkgutil
-  import jax
-  chosen = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or ""
+  import sys
+  jax = sys.modules.get("jax")
+  chosen = os.environ.get("JAX_PLATFORMS") or (jax.config.jax_platforms if jax else "") or ""
   if chosen or tpu_chips_present() or importlib.util.find_spec("libtpu") is None:
     return chosen
   plugins = [m.name for m in pkgutil.iter_modules() if m.name.startswith("jax_")]
@@ -107,7 +111,10 @@ def select_platforms() -> str:
   platforms = [platform for platform, node in nodes.items()
                if glob.glob(node) and any(p.startswith(f"jax_{platform}") for p in plugins)]
   chosen = ",".join(platforms + ["cpu"])
-  jax.config.update("jax_platforms", chosen)
+  if jax is None:
+    os.environ["JAX_PLATFORMS"] = chosen
+  else:
+    jax.config.update("jax_platforms", chosen)
   return chosen
 
 

@@ -159,6 +159,12 @@ def test_no_libtpu_start_up_noise_on_a_host_without_tpus(tmp_path):
                       "--topology", "v5e-8", "--no-compile", timeout=600)
   assert rc == 0 and "lowered without compiling" in out, err
   assert err.strip() == "", err
+  # a tool that never calls the runtime itself: `launch/__init__.py` picks the platforms
+  rc, out, err = _run("launch.benchmarks.rollout", "--accelerator", timeout=600)
+  assert rc == 1 and out == "", out
+  assert err.strip().splitlines() == [
+      "--accelerator needs a GPU or TPU (this process's first device is a CPU); the CPU "
+      "sampler benchmark is `python -m launch.benchmarks.sampler`."], err
 
 
 def test_select_platforms_leaves_an_explicit_choice(monkeypatch):
