@@ -11,15 +11,18 @@ loading, env servers, task splits) and its final evaluation
 (`hgpo_jax.training.evaluation`: one trajectory per task at `config.eval.temperature`,
 the eval random stream of `config.seed`), with no update. It writes one line to
 `<workdir>/metrics.jsonl` with `step` 0 and the trainer's `eval/<split>/<metric>` keys,
-so `launch.sweep` reads it like a training run's final evaluation. `config.model.path` /
-`--config.checkpoint.*` are not read: this evaluates the initial weights of the named
-model. With `--config.rollout.dump=true` the evaluated steps (prompt and response tokens,
+so `launch.sweep` reads it like a training run's final evaluation. It evaluates the named
+model's initial weights (a preset's bundled or random ones, or `--config.model.path`'s);
+`--config.checkpoint.*` is not read. Bad input ends it with one line,
+`launch.evaluate: error: ...`, and exit code 2, as the trainer's entry point does
+(`launch.main.run_guarded`). With `--config.rollout.dump=true` the evaluated steps (prompt and response tokens,
 action, observation, reward) go to `<workdir>/rollouts/eval_<split>_000000.jsonl`, to see
 what the model did.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 from absl import app
@@ -55,14 +58,17 @@ def evaluate_untrained(config, workdir: str) -> dict[str, float]:
   return scalars
 
 
+PROG = "launch.evaluate"
+
+
+def _main(argv):
+  config = main_lib.start(argv, PROG)
+  evaluate_untrained(config, main_lib.WORKDIR.value)
+
+
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from hgpo_jax import runtime
-  runtime.pin_cpu_isa()
-  runtime.enable_compilation_cache()
-  evaluate_untrained(main_lib.CONFIG.value, main_lib.WORKDIR.value)
+  main_lib.run_guarded(_main, argv, PROG)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=functools.partial(main_lib.parse_flags, prog=PROG))

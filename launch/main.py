@@ -54,11 +54,11 @@ class BadInput(Exception):
   """A user error: reported as one line and exit code 2."""
 
 
-def _fail(message: str, verbose: bool) -> None:
+def _fail(message: str, verbose: bool, prog: str = "launch.main") -> None:
   if verbose:
     traceback.print_exc()
   hint = "" if verbose else " (--verbose prints the traceback)"
-  print(f"launch.main: error: {message}{hint}", file=sys.stderr, flush=True)
+  print(f"{prog}: error: {message}{hint}", file=sys.stderr, flush=True)
   sys.exit(EXIT_BAD_INPUT)
 
 
@@ -108,8 +108,9 @@ def _override_error(argv, message: str) -> str | None:
   return None
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing with bad-input errors as one line and exit code 2."""
+def parse_flags(argv: list[str], prog: str = "launch.main") -> list[str]:
+  """absl flag parsing with bad-input errors as one line (`{prog}: error: ...`) and exit
+  code 2."""
   verbose = any(a in ("--verbose", "--verbose=true", "--verbose=1") for a in argv)
   try:
     return flags.FLAGS(argv)
@@ -126,7 +127,7 @@ def parse_flags(argv: list[str]) -> list[str]:
                    "[:args] (run from the repository root)")
       elif "unknown config argument" in message:
         message += "; fix the --config=FILE:ARGS string"
-    _fail(message, verbose)
+    _fail(message, verbose, prog)
     raise  # unreachable (sys.exit)
 
 
@@ -143,11 +144,14 @@ def _check_workdir(workdir: str) -> None:
                    "you can write to") from e
 
 
-def main(argv):
+def run_guarded(body, argv, prog: str = "launch.main") -> None:
+  """Runs `body(argv)`; a user error ends it with one line on stderr (`{prog}: error: ...`)
+  and exit code 2, a bug with its traceback. The entry points of the trainer and of
+  launch/evaluate.py share it."""
   try:
-    _main(argv)
+    body(argv)
   except (BadInput, app.UsageError) as e:
-    _fail(str(e), _VERBOSE.value)
+    _fail(str(e), _VERBOSE.value, prog)
   except Exception as e:
     from hgpo_jax import train
     from hgpo_jax.training import checkpoint
@@ -161,8 +165,12 @@ def main(argv):
       message = _last_line(str(e.args[0] if isinstance(e, KeyError) and e.args else e))
       if "no bundled weights" in message:
         message += " From the command line: --config.model.path=DIR."
-      _fail(message, _VERBOSE.value)
+      _fail(message, _VERBOSE.value, prog)
     raise
+
+
+def main(argv):
+  run_guarded(_main, argv)
 
 
 # Functions that read user input; a ValueError/KeyError/OSError raised under them is a
@@ -171,7 +179,10 @@ _INPUT_READERS = frozenset({"validate", "estimator_and_options", "load_model", "
                             "make_mesh", "make_pool"})
 
 
-def _main(argv):
+def start(argv, prog: str = "launch.main"):
+  """What both entry points do before their work: checks the arguments, the config file
+  and the workdir, pins the CPU numerics, starts JAX (multi-process if asked), prints the
+  platform and refuses a CPU run of a config meant for accelerators. Returns the config."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   config = CONFIG.value
@@ -186,7 +197,6 @@ def _main(argv):
     # Orbax and JAX log every checkpoint file operation at INFO; keep the console to
     # the per-iteration summaries unless --verbosity is given.
     logging.set_verbosity(logging.WARNING)
-  import os
   if _LOCAL_DEVICES.value > 0:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={_LOCAL_DEVICES.value}")
@@ -203,15 +213,20 @@ def _main(argv):
   # The platform first (stdout: stderr is kept for errors), then no silent CPU fallback.
   from hgpo_jax.training import run_config
   platform = jax.devices()[0].platform
-  print(f"launch.main: platform {platform} ({jax.devices()[0].device_kind}), "
+  print(f"{prog}: platform {platform} ({jax.devices()[0].device_kind}), "
         f"{jax.local_device_count()} local / {jax.device_count()} global devices, process "
         f"{jax.process_index()}/{jax.process_count()}, jax {jax.__version__}", flush=True)
   refusal = run_config.cpu_refusal(config, platform=platform, num_devices=jax.device_count(),
                                    distributed=_DISTRIBUTED.value != "off")
   if refusal:
     raise BadInput(refusal)
-  from hgpo_jax import train
   runtime.enable_compilation_cache()
+  return config
+
+
+def _main(argv):
+  config = start(argv)
+  from hgpo_jax import train
   train.train_and_evaluate(config, WORKDIR.value)
 
 

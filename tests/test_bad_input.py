@@ -39,9 +39,9 @@ FUZZ = hypothesis.settings(max_examples=50, derandomize=True, deadline=None,
 
 
 # ----------------------------------------------------------------------------- launch.main
-def _launch(tmp_path, *args):
+def _launch(tmp_path, *args, tool="launch.main"):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-m", "launch.main", *args], cwd=ROOT, env=env,
+  proc = subprocess.run([sys.executable, "-m", tool, *args], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300, check=False)
   return proc.returncode, proc.stderr
 
@@ -133,6 +133,35 @@ def test_launch_main_verbose_shows_the_traceback(tmp_path):
   assert code == 2 and "Traceback (most recent call last)" in err
   assert err.splitlines()[-1] == ("launch.main: error: unknown advantage estimator 'nope'; "
                                   "registered: ['gae', 'gigpo', 'grpo', 'hae', 'hgpo', 'rloo']")
+
+
+# The evaluation entry point shares launch.main's flags and guard (`run_guarded`): the
+# same one line, under its own name.
+EVALUATE_CASES = {
+    "no workdir": (
+        [_SMOKE], "flag --workdir=None: Flag --workdir must have a value other than None."),
+    "missing config file": (
+        ["--config=configs/sokobann.py:smoke", "--workdir={tmp}/run"],
+        "config file could not be loaded (No such file or directory: 'configs/sokobann.py'); "
+        "pass --config=configs/<env>.py[:args] (run from the repository root)"),
+    "mistyped override": (
+        [_SMOKE, "--workdir={tmp}/run", "--config.eval.num_taskss=2"],
+        "unknown config field --config.eval.num_taskss; did you mean --config.eval.num_tasks "
+        "or --config.env.num_servers?"),
+    "nothing to evaluate": (
+        [_SMOKE, "--workdir={tmp}/run", "--config.env.eval_splits=()"],
+        "config.env.eval_splits is empty: nothing to evaluate"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(EVALUATE_CASES))
+def test_launch_evaluate_bad_input_is_one_line_and_exit_2(tmp_path, case):
+  args, message = EVALUATE_CASES[case]
+  code, err = _launch(tmp_path, *[a.format(tmp=tmp_path) for a in args], tool="launch.evaluate")
+  assert code == 2, err
+  assert err.count("\n") == 1 and "Traceback" not in err, err
+  assert err == f"launch.evaluate: error: {message} (--verbose prints the traceback)\n", err
 
 
 # --------------------------------------------------------------------------- advantage CLI
