@@ -31,8 +31,10 @@ mesh and the micro-batch and lowers every program, without XLA (seconds).
 
 `--search` tries candidate meshes, least communication first: on each, every learner's
 update (the critic's too) at growing micro-batches, then the other programs (the sampler
-on the per-host sampling mesh the trainer derives from that mesh) at the largest that fit;
-it ends with the winner's plan, its `launch.main` and `launch.plan` command lines, the most
+on the per-host sampling mesh the trainer derives from that mesh) at the largest that fit,
+a sampler that does not fit prefilling every row at once again with its prefill in row
+chunks (`--config.rollout.prefill_chunk_rows`, the largest that fits, unless the config
+sets one); it ends with the winner's plan, its `launch.main` and `launch.plan` command lines, the most
 sampler rows per call that fit there, and its verdict (`does not fit` only when no
 candidate fits). Without `--mesh`/`--micro-batch` the config's own mesh is not compiled.
 
@@ -352,7 +354,7 @@ def _search(args, overrides, config, devices, memory, where, show) -> int:
     return 1
   print(f"recommended: {' '.join(plan_lib.run_flags(best))}", flush=True)
   show(best, t0)
-  cfg = plan_lib.with_mesh(config, best.mesh)
+  cfg = plan_lib.plan_config(config, best)
   print(f"searching sampler rows per generate call on the recommended mesh {best.mesh} "
         f"(sampler mesh {best.sample_mesh}):", flush=True)
   rows = plan_lib.largest_rollout_rows(cfg, best.mesh, memory, args.headroom,
@@ -371,6 +373,7 @@ TABLE_CONFIG = "configs/alfworld.py:algo=hgpo,model={model}"
 TABLE_PROGRAMS = ("update", "logprobs", "logprobs_old", "critic_values", "critic_update",
                   "advantages", "generate", "generate_shared")
 TABLE_FIELDS = ("model", "target", "chips", "usable_hbm_gib", "mesh", "micro_batch_rows",
+                "prefill_chunk_rows",
                 "peak_gib", "peak_program", "verdict", "est_s_per_iteration", "persistent_gib",
                 *(f"peak_gib_{p}" for p in TABLE_PROGRAMS), "search_s", "commit")
 
@@ -426,6 +429,7 @@ def table_main(args) -> int:
         d, f, t = best.mesh
         row.update(mesh=f"data={d},fsdp={f},tensor={t}",
                    micro_batch_rows=best.shapes.micro_batch_rows,
+                   prefill_chunk_rows=best.prefill_chunk_rows or "",
                    peak_gib=round(best.peak() / plan_lib.GiB, 2),
                    peak_program=best.peak_phase(), verdict="fits",
                    est_s_per_iteration=round(seconds["iteration"], 1),
@@ -473,7 +477,7 @@ def read_table(csv_path: str) -> list[dict]:
     raise PlanError(f"--render: cannot read {csv_path} ({e.strerror}); run --table first") from None
   for row in rows:
     for key, value in row.items():
-      if key in ("chips", "micro_batch_rows", "search_s") and value:
+      if key in ("chips", "micro_batch_rows", "prefill_chunk_rows", "search_s") and value:
         row[key] = int(value)
       elif (key.endswith("_gib") or key.startswith("peak_gib") or key == "est_s_per_iteration") \
           and value:
@@ -505,7 +509,9 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
       "of 4096 + 512 new tokens, mini-batch 256) and TPU target, `launch.plan --search` on "
       "XLA:TPU's compile-only devices, no TPU needed: the first mesh (least communication "
       "first) on which every program of an iteration fits, with the largest micro-batch that "
-      f"fits, at {headroom:.0%} headroom of XLA:TPU's usable HBM per chip. Peak = the "
+      "fits (and, where the sampler's prefill of all rows at once does not, the largest "
+      "`rollout.prefill_chunk_rows` that does; '-': all rows at once), "
+      f"at {headroom:.0%} headroom of XLA:TPU's usable HBM per chip. Peak = the "
       "persistent state (parameters, AdamW moments, reference) + the largest program's "
       "arguments, outputs and temporaries, per device. Seconds per iteration: XLA:TPU's cost "
       "model (device compute of every program's calls, decode loops at max_new_tokens), not a "
@@ -516,9 +522,9 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
       "it names (+: with uncommitted changes); "
       f"CSV: [{os.path.basename(_csv_path(md_path))}]({os.path.basename(_csv_path(md_path))}).",
       "",
-      "| model | target | mesh | micro-batch | peak GiB per device (of usable) | verdict | "
-      "est. s per iteration | commit |",
-      "|---|---|---|---|---|---|---|---|",
+      "| model | target | mesh | micro-batch | prefill chunk rows | peak GiB per device (of "
+      "usable) | verdict | est. s per iteration | commit |",
+      "|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     peak = (f"{r['peak_gib']:.2f} of {r['usable_hbm_gib']:.2f} ({r['peak_program']})"
@@ -526,7 +532,8 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
             f"persistent alone {r['persistent_gib']:.2f} of {r['usable_hbm_gib']:.2f}")
     flags = f"`{r['mesh']}`" if r["verdict"] == "fits" else "none fits"
     lines.append(f"| {r['model']} | {r['target']} ({r['chips']} chips) | {flags} | "
-                 f"{r['micro_batch_rows'] or '-'} | {peak} | {r['verdict']} | "
+                 f"{r['micro_batch_rows'] or '-'} | {r.get('prefill_chunk_rows') or '-'} | "
+                 f"{peak} | {r['verdict']} | "
                  f"{r['est_s_per_iteration'] if r['est_s_per_iteration'] != '' else '-'} | "
                  f"{r.get('commit') or '?'} |")
   have = {(r["model"], r["target"]) for r in rows}

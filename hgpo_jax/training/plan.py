@@ -139,6 +139,8 @@ class Plan:
   reference_host: int = 0  # the offloaded reference, in each device's host memory
   # what one decode step of the rollout's generate call must move, per device
   decode_necessary: Optional[decode_traffic.Necessary] = None
+  # rollout.prefill_chunk_rows the search chose (0: the config's own)
+  prefill_chunk_rows: int = 0
 
   @property
   def persistent(self) -> int:
@@ -322,8 +324,11 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
   (one row per device), moving on as soon as one does not fit (temporaries grow with the
   micro-batch); then the other programs at the largest micro-batch that fit, one at a time
   until one does not fit: the sampler first (on the per-host sampling mesh the trainer
-  derives from this mesh), then the log-probs, critic values and estimator. The first mesh
-  where all fit is returned with the whole plan.
+  derives from this mesh), then the log-probs, critic values and estimator. A sampler
+  program that does not fit when it prefills every row at once (a config without
+  `rollout.prefill_chunk_rows`) is compiled again with the prefill in row chunks, the
+  largest that fits (`prefill_chunk_candidates`; the plan's `prefill_chunk_rows`). The
+  first mesh where all fit is returned with the whole plan.
   Returns (plan or None, tried: [(mesh, micro_batch or 0, verdict)]).
   """
   shapes = shapes_from_config(config)
@@ -363,12 +368,29 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
     rest = sorted((n for n in program_names(cfg, mesh_shape, devices) if n not in learners),
                   key=lambda n: not n.startswith("generate"))
     full = best
+    chunk = 0
     for name in rest:
       one = compile_plan(cfg, mesh_shape, micro_batch_rows=micro, devices=devices,
                          phases=(name,))
-      full = dataclasses.replace(one, phases={**full.phases, **one.phases})
+      if (name.startswith("generate") and not cfg.rollout.prefill_chunk_rows
+          and not _merged(full, one).fits(device_memory, headroom)):
+        # A sampler whose prefill of every row at once does not fit: the prefill in row
+        # chunks (`rollout.prefill_chunk_rows`), the largest that fits; the decode is the same.
+        for rows in prefill_chunk_candidates(cfg, mesh_shape, devices):
+          chunked = with_prefill_chunk(cfg, rows)
+          tried_one = compile_plan(chunked, mesh_shape, micro_batch_rows=micro,
+                                   devices=devices, phases=(name,))
+          ok = _merged(full, tried_one).fits(device_memory, headroom)
+          log(f"  {_mesh_label(mesh_shape)} micro-batch {micro}, {name} with prefill chunks "
+              f"of {rows} rows: temporaries {tried_one.phases[name].temp / GiB:.2f} GiB: "
+              f"{'fits' if ok else 'no'}")
+          if ok:
+            cfg, one, chunk = chunked, tried_one, rows
+            break
+      full = _merged(full, one)
       if not full.fits(device_memory, headroom):
         break
+    full = dataclasses.replace(full, prefill_chunk_rows=chunk)
     ok = full.fits(device_memory, headroom)
     over = [n for n, p in full.phases.items()
             if p.refused or full.persistent + p.transient > budget]
@@ -382,6 +404,40 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
   return None, tried
 
 
+def _merged(plan: Plan, one: Plan) -> Plan:
+  """`one`'s compiled programs added to `plan`'s."""
+  return dataclasses.replace(one, phases={**plan.phases, **one.phases})
+
+
+def with_prefill_chunk(config, rows: int):
+  """A copy of `config` whose sampler prefills `rows` rows at a time."""
+  out = config.copy_and_resolve_references()
+  out.rollout.prefill_chunk_rows = int(rows)
+  return out
+
+
+def prefill_chunk_candidates(config, mesh_shape, devices=None) -> list[int]:
+  """Rows per prefill chunk to try, largest first: halvings of the sampler's rows per call
+  that stay multiples of its batch-parallel size (the sampler's rule), down to that size."""
+  mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
+  dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
+  registry = programs_lib.build(config, mesh, micro_batch_rows=dp)
+  step, rows = registry.sampler.batch_parallel, registry.rollout_rows
+  out = []
+  r = rows // 2
+  while r >= step:
+    if r % step == 0:
+      out.append(r)
+    r //= 2
+  return out
+
+
+def plan_config(config, plan: Plan):
+  """`config` with what the search chose for `plan`: its mesh (and prefill chunk)."""
+  out = with_mesh(config, plan.mesh)
+  return with_prefill_chunk(out, plan.prefill_chunk_rows) if plan.prefill_chunk_rows else out
+
+
 def program_names(config, mesh_shape, devices=None) -> list[str]:
   """The names of the config's programs on a mesh (no compile)."""
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
@@ -392,20 +448,26 @@ def program_names(config, mesh_shape, devices=None) -> list[str]:
 def run_flags(plan: Plan) -> list[str]:
   """The trainer's flags of `plan`'s mesh and micro-batch (every learner's)."""
   d, f, t = plan.mesh
+  chunk = ([f"--config.rollout.prefill_chunk_rows={plan.prefill_chunk_rows}"]
+           if plan.prefill_chunk_rows else [])
   return [f"--config.mesh.data={d}", f"--config.mesh.fsdp={f}", f"--config.mesh.tensor={t}",
-          f"--config.train.micro_batch_rows={plan.shapes.micro_batch_rows}"]
+          f"--config.train.micro_batch_rows={plan.shapes.micro_batch_rows}", *chunk]
 
 
-def _without_run_flags(overrides: Sequence[str]) -> list[str]:
+def _without_run_flags(overrides: Sequence[str], plan: Optional[Plan] = None) -> list[str]:
+  chosen = ("--config.rollout.prefill_chunk_rows=",) if plan and plan.prefill_chunk_rows else ()
   return [o for o in overrides
-          if not o.startswith(("--config.mesh.", "--config.train.micro_batch_rows="))]
+          if not o.startswith(("--config.mesh.", "--config.train.micro_batch_rows=", *chosen))]
 
 
 def plan_command(config_spec: str, overrides: Sequence[str], plan: Plan, target: str) -> str:
   """The `launch.plan` command line that compiles `plan` again (its mesh and micro-batch)."""
   d, f, t = plan.mesh
+  chunk = ([f"--config.rollout.prefill_chunk_rows={plan.prefill_chunk_rows}"]
+           if plan.prefill_chunk_rows else [])
   return " ".join(["python -m launch.plan", f"--config={config_spec}",
-                   *_without_run_flags(overrides), *([f"--topology {target}"] if target else []),
+                   *_without_run_flags(overrides, plan), *chunk,
+                   *([f"--topology {target}"] if target else []),
                    f"--mesh data={d},fsdp={f},tensor={t}",
                    f"--micro-batch {plan.shapes.micro_batch_rows}"])
 
@@ -413,7 +475,7 @@ def plan_command(config_spec: str, overrides: Sequence[str], plan: Plan, target:
 def run_command(config_spec: str, overrides: Sequence[str], plan: Plan) -> str:
   """The trainer's command line with `plan`'s mesh and micro-batch."""
   return " ".join(["python -m launch.main", f"--config={config_spec}",
-                   *_without_run_flags(overrides), *run_flags(plan), "--workdir=DIR"])
+                   *_without_run_flags(overrides, plan), *run_flags(plan), "--workdir=DIR"])
 
 
 def largest_rollout_rows(config, mesh_shape, device_memory: int, headroom: float = 0.1, *,

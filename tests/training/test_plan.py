@@ -266,3 +266,41 @@ def test_the_micro_batch_override_reaches_the_critic_and_the_search_starts_at_on
   moved = plan_lib.with_mesh(config, (1, 4, 2))
   assert (moved.mesh.data, moved.mesh.fsdp, moved.mesh.tensor) == (1, 4, 2)
   assert (config.mesh.data, config.mesh.fsdp, config.mesh.tensor) == (-1, 1, 1)
+
+
+@pytest.mark.slow
+def test_the_search_prefills_in_row_chunks_when_one_prefill_does_not_fit():
+  """A sampler whose prefill of all 32 rows of 512 tokens at once is over the budget, where
+  the update fits: the search keeps the mesh and micro-batch and prefills in chunks, the
+  largest that fits (16 rows, halvings of the call that stay multiples of the 8
+  data-parallel devices), and the run's command line carries the chunk."""
+  config = _config(prompt=512, response=16, mini=16, micro=16, rollout_groups=16)
+  devices = _devices(8)
+  assert plan_lib.prefill_chunk_candidates(config, (8, 1, 1), devices) == [16, 8]
+  whole = plan_lib.compile_plan(config, (8, 1, 1), devices=devices)
+  chunked = plan_lib.compile_plan(plan_lib.with_prefill_chunk(config, 16), (8, 1, 1),
+                                  devices=devices)
+  assert whole.rollout_rows == 32
+  # the prefill's temporaries shrink with the chunk; the learners' do not move
+  assert chunked.phases["generate"].temp < 0.7 * whole.phases["generate"].temp
+  assert chunked.phases["update"].temp == whole.phases["update"].temp
+  # a budget (90 % of the device) between the chunked plan's peak and the whole prefill's
+  budget = (chunked.peak() + whole.peak("generate")) / 2
+  assert chunked.peak() < budget < whole.peak("generate")
+  best, tried = plan_lib.recommend(config, 8, int(budget / 0.9), 0.1, log=lambda s: None,
+                                   devices=devices)
+  assert best is not None and best.mesh == (8, 1, 1) and best.prefill_chunk_rows == 16
+  assert best.shapes.micro_batch_rows == 16
+  assert best.phases["generate"].temp == chunked.phases["generate"].temp
+  assert plan_lib.run_flags(best)[-1] == "--config.rollout.prefill_chunk_rows=16"
+  command = plan_lib.run_command("C", ["--config.rollout.prefill_chunk_rows=0"], best)
+  assert command.count("prefill_chunk_rows") == 1
+  assert plan_lib.plan_config(config, best).rollout.prefill_chunk_rows == 16
+  # a config that sets its own chunk keeps it: the search adds no flag of its own
+  config.rollout.prefill_chunk_rows = 16
+  best, _ = plan_lib.recommend(config, 8, int(budget / 0.9), 0.1, log=lambda s: None,
+                               devices=devices)
+  assert best.mesh == (8, 1, 1) and best.prefill_chunk_rows == 0
+  assert best.phases["generate"].temp == chunked.phases["generate"].temp
+  command = plan_lib.run_command("C", ["--config.rollout.prefill_chunk_rows=16"], best)
+  assert command.count("--config.rollout.prefill_chunk_rows=16") == 1
