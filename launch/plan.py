@@ -415,7 +415,9 @@ def table_main(args) -> int:
       t0 = time.perf_counter()
       best, tried = plan_lib.recommend(config, len(devices), memory, args.headroom,
                                        log=lambda s: print(s, flush=True), devices=devices)
-      row = {"model": model, "target": target.name, "chips": len(devices), "commit": _commit(),
+      outputs = (args.out, _csv_path(args.out), args.figure)
+      row = {"model": model, "target": target.name, "chips": len(devices),
+             "commit": _commit(outputs),
              "usable_hbm_gib": round(memory / plan_lib.GiB, 2),
              "search_s": round(time.perf_counter() - t0)}
       if best is None:
@@ -449,17 +451,22 @@ def _table_order(row: dict) -> tuple:
   return (row["model"].endswith("7b"), row["model"], row["target"])
 
 
-def _commit() -> str:
-  """The repository's short HEAD commit (a `+` when the work tree has changes), or "?"."""
+def _commit(outputs: tuple[str, ...] = (), repo: str | None = None) -> str:
+  """The short HEAD commit of `repo` (default: this file's) with a `+` when its work tree
+  has changes other than `outputs` (the files the table run itself rewrites), or "?"."""
   import subprocess
+  here = repo or os.path.dirname(os.path.abspath(__file__))
   try:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=True, cwd=os.path.dirname(__file__)).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, check=True,
-                           cwd=os.path.dirname(__file__)).stdout.strip()
+    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, check=True,
+                                    cwd=here).stdout
+    head = git("rev-parse", "--short", "HEAD").strip()
+    top = git("rev-parse", "--show-toplevel").strip()
+    changed = [line[3:].strip() for line in
+               git("status", "--porcelain", "--untracked-files=no").splitlines() if line.strip()]
   except (OSError, subprocess.CalledProcessError):
     return "?"
+  mine = {os.path.realpath(p) for p in outputs}
+  dirty = [p for p in changed if os.path.realpath(os.path.join(top, p)) not in mine]
   return head + ("+" if dirty else "")
 
 

@@ -220,3 +220,25 @@ def test_plan_table_renders_from_its_csv(tmp_path):
     plan_cli.write_table(plan_cli.read_table(str(committed)), str(out),
                          str(tmp_path / "docs" / "figures" / "plan_memory.png"), 0.1)
     assert out.read_text() == (ROOT / "docs" / "plan_table.md").read_text()
+
+
+def test_a_table_row_names_its_commit_without_counting_the_tables_own_files(tmp_path):
+  """Each row is computed after the rows before it rewrote the table's files: those do not
+  make the commit read as modified (`+`); any other change does."""
+  import subprocess
+  git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True,
+                                  text=True).stdout.strip()
+  git("init", "-q")
+  (tmp_path / "table.md").write_text("a\n")
+  (tmp_path / "code.py").write_text("x = 1\n")
+  git("add", ".")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+  head = git("rev-parse", "--short", "HEAD")
+  outputs = (str(tmp_path / "table.md"),)
+  assert plan_cli._commit(outputs, repo=str(tmp_path)) == head
+  (tmp_path / "table.md").write_text("b\n")
+  assert plan_cli._commit(outputs, repo=str(tmp_path)) == head
+  assert plan_cli._commit((), repo=str(tmp_path)) == head + "+"
+  (tmp_path / "code.py").write_text("x = 2\n")
+  assert plan_cli._commit(outputs, repo=str(tmp_path)) == head + "+"
+  assert plan_cli._commit(outputs, repo=str(tmp_path / "nope")) == "?"
