@@ -445,13 +445,19 @@ def program_names(config, mesh_shape, devices=None) -> list[str]:
   return list(programs_lib.build(config, mesh, micro_batch_rows=dp).programs)
 
 
+def _chunk_flags(plan: Plan) -> list[str]:
+  """The prefill chunk the search chose, as a flag (none when it chose none)."""
+  return ([f"--config.rollout.prefill_chunk_rows={plan.prefill_chunk_rows}"]
+          if plan.prefill_chunk_rows else [])
+
+
 def run_flags(plan: Plan) -> list[str]:
-  """The trainer's flags of `plan`'s mesh and micro-batch (every learner's)."""
+  """The trainer's flags of `plan`'s mesh and micro-batch (every learner's), and its
+  prefill chunk where the search chose one."""
   d, f, t = plan.mesh
-  chunk = ([f"--config.rollout.prefill_chunk_rows={plan.prefill_chunk_rows}"]
-           if plan.prefill_chunk_rows else [])
   return [f"--config.mesh.data={d}", f"--config.mesh.fsdp={f}", f"--config.mesh.tensor={t}",
-          f"--config.train.micro_batch_rows={plan.shapes.micro_batch_rows}", *chunk]
+          f"--config.train.micro_batch_rows={plan.shapes.micro_batch_rows}",
+          *_chunk_flags(plan)]
 
 
 def _without_run_flags(overrides: Sequence[str], plan: Optional[Plan] = None) -> list[str]:
@@ -463,10 +469,8 @@ def _without_run_flags(overrides: Sequence[str], plan: Optional[Plan] = None) ->
 def plan_command(config_spec: str, overrides: Sequence[str], plan: Plan, target: str) -> str:
   """The `launch.plan` command line that compiles `plan` again (its mesh and micro-batch)."""
   d, f, t = plan.mesh
-  chunk = ([f"--config.rollout.prefill_chunk_rows={plan.prefill_chunk_rows}"]
-           if plan.prefill_chunk_rows else [])
   return " ".join(["python -m launch.plan", f"--config={config_spec}",
-                   *_without_run_flags(overrides, plan), *chunk,
+                   *_without_run_flags(overrides, plan), *_chunk_flags(plan),
                    *([f"--topology {target}"] if target else []),
                    f"--mesh data={d},fsdp={f},tensor={t}",
                    f"--micro-batch {plan.shapes.micro_batch_rows}"])
