@@ -15,7 +15,27 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 
+import pytest  # noqa: E402
+
 from hgpo_jax import runtime  # noqa: E402  (after the env vars on purpose)
 
 runtime.pin_cpu_isa()  # the same CPU programs on every x86 machine (see runtime.py)
 runtime.enable_compilation_cache()
+
+
+@pytest.fixture(autouse=True)
+def _compile_only_tests_skip_the_persistent_cache(request):
+  """Tests marked tpu_compile / gpu_compile compile with a compile-only client (XLA:TPU from
+  libtpu, XLA:GPU's deviceless compiler), which cannot read an executable back from the
+  persistent cache: JAX warns ("PjRtCompiler must be constructed with a Client") and
+  compiles again. Their compiles stay out of the cache; every other test keeps it."""
+  if not {"tpu_compile", "gpu_compile"} & {m.name for m in request.node.iter_markers()}:
+    yield
+    return
+  import jax
+  was = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", was)

@@ -28,17 +28,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _no_persistent_cache():
-  """A compile-only client cannot read an executable back from the persistent cache (JAX
-  warns and compiles again): these compiles stay out of it."""
-  import jax
-  was = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)
-  yield
-  jax.config.update("jax_enable_compilation_cache", was)
-
-
 def _config(model: str, prompt: int, new: int):
   c = alfworld.get_config(f"algo=hgpo,model={model}")
   c.model.compute_dtype = "bfloat16"
