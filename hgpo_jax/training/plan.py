@@ -376,6 +376,9 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
           and not _merged(full, one).fits(device_memory, headroom)):
         # A sampler whose prefill of every row at once does not fit: the prefill in row
         # chunks (`rollout.prefill_chunk_rows`), the largest that fits; the decode is the same.
+        log(f"  {_mesh_label(mesh_shape)} micro-batch {micro}, {name} prefilling all "
+            f"{one.rollout_rows} rows at once: temporaries {one.phases[name].temp / GiB:.2f} "
+            f"GiB: {'refused' if one.phases[name].refused else 'no'}")
         for rows in prefill_chunk_candidates(cfg, mesh_shape, devices):
           chunked = with_prefill_chunk(cfg, rows)
           tried_one = compile_plan(chunked, mesh_shape, micro_batch_rows=micro,

@@ -287,9 +287,14 @@ def test_the_search_prefills_in_row_chunks_when_one_prefill_does_not_fit():
   # a budget (90 % of the device) between the chunked plan's peak and the whole prefill's
   budget = (chunked.peak() + whole.peak("generate")) / 2
   assert chunked.peak() < budget < whole.peak("generate")
-  best, tried = plan_lib.recommend(config, 8, int(budget / 0.9), 0.1, log=lambda s: None,
+  lines = []
+  best, tried = plan_lib.recommend(config, 8, int(budget / 0.9), 0.1, log=lines.append,
                                    devices=devices)
   assert best is not None and best.mesh == (8, 1, 1) and best.prefill_chunk_rows == 16
+  said = [l.split(", ", 1)[1] for l in lines if "generate " in l and "prefill" in l]
+  assert said[0].startswith("generate prefilling all 32 rows at once: ") and said[0].endswith(": no")
+  assert said[1].startswith("generate with prefill chunks of 16 rows: ") and said[1].endswith("fits")
+  assert len(said) == 2  # the largest chunk that fits, then no smaller one
   assert best.shapes.micro_batch_rows == 16
   assert best.phases["generate"].temp == chunked.phases["generate"].temp
   assert plan_lib.run_flags(best)[-1] == "--config.rollout.prefill_chunk_rows=16"
