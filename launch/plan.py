@@ -345,6 +345,9 @@ def _search(args, overrides, config, devices, memory, where, show) -> int:
                                    log=lambda s: print(s, flush=True), devices=devices)
   if best is None:
     hint = "bfloat16 (--config.model.dtype=bfloat16), " if config.model.dtype == "float32" else ""
+    if config.train.kl_coef > 0 and config.train.reference_memory == "device":
+      hint += ("the reference model in host memory (--config.train.reference_memory=host) "
+               "or in bfloat16 (--config.train.reference_dtype=bfloat16), ")
     last = tried[-1][2] if tried else "no candidate mesh"
     print(f"recommended: none of the candidate meshes fits; use {hint}more devices (a larger "
           "--topology), or a shorter prompt/response (--config.rollout.max_prompt_tokens, "

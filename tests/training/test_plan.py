@@ -309,3 +309,22 @@ def test_the_search_prefills_in_row_chunks_when_one_prefill_does_not_fit():
   assert best.phases["generate"].temp == chunked.phases["generate"].temp
   command = plan_lib.run_command("C", ["--config.rollout.prefill_chunk_rows=16"], best)
   assert command.count("--config.rollout.prefill_chunk_rows=16") == 1
+
+
+def test_cli_search_that_finds_nothing_names_what_would_shrink_the_plan(capsys):
+  """A device too small for the persistent state on every candidate mesh: no compile, exit
+  1, the last line `does not fit`, and the hints name the config's own levers (float32
+  parameters, the KL reference kept on the devices)."""
+  if jax.device_count() != 8:
+    pytest.skip("the CLI is run in-process with the suite's 8 fake devices")
+  rc = plan_cli.main(["--config=configs/alfworld.py:algo=hgpo,model=tiny,smoke", "--devices", "8",
+                      "--device-memory", "1KiB", "--search"])
+  out = capsys.readouterr().out.strip().splitlines()
+  assert rc == 1
+  assert out[-1].startswith("does not fit: no candidate mesh and micro-batch fits on 8 fake CPU "
+                            "devices (XLA:CPU approximation) (last tried: persistent ")
+  hint = [l for l in out if l.startswith("recommended: none of the candidate meshes fits")]
+  assert len(hint) == 1
+  assert "--config.model.dtype=bfloat16" in hint[0]
+  assert "--config.train.reference_memory=host" in hint[0]
+  assert "--config.train.reference_dtype=bfloat16" in hint[0]
