@@ -33,9 +33,14 @@ def _compile_only_tests_skip_the_persistent_cache(request):
     yield
     return
   import jax
+  from jax.experimental.compilation_cache import compilation_cache
+  # JAX decides once per process whether the cache is in use: reset that decision on the
+  # way in and out, so the flag is read again.
   was = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   try:
     yield
   finally:
     jax.config.update("jax_enable_compilation_cache", was)
+    compilation_cache.reset_cache()
