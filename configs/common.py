@@ -222,8 +222,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.name = "smollm2-135m"  # one of MODELS (hgpo_jax/models/config.py presets)
   c.model.path = ""  # local HF directory or .gguf for the presets that need one; "" = bundled
   c.model.dtype = "float32"  # parameters (and optimizer state): float32 | bfloat16
-  c.model.compute_dtype = ""  # activations and matmul inputs; "" = model.dtype; bfloat16
-  #   over float32 parameters = mixed precision (products summed in f32)
+  c.model.compute_dtype = "auto"  # activations and matmul inputs: auto (bfloat16 on TPU/GPU,
+  #   the papers' mixed precision: verl's FSDP param_dtype and rollout dtype; model.dtype on
+  #   CPU) | "" (= model.dtype) | float32 | bfloat16 (over float32 parameters: products in
+  #   bf16 summed in f32, f32 weights, gradients and optimizer)
   c.model.remat = True  # recompute activations in the backward pass (memory / ~30% compute)
   c.model.attn_query_chunk = 0  # >0: causal block skipping in chunks of this many queries
   c.model.attention_impl = "auto"  # auto (by the mesh's platform: TPU splash, GPU cudnn, CPU
@@ -310,7 +312,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.clip_ratio_high = 0.2  # PPO ratio clip 1 + eps_high (verl default)
   c.train.clip_ratio_c = 3.0  # dual-clip constant c > 1 (verl default)
   c.train.kl_coef = 0.01  # low_var_kl (k3) to the frozen reference (scripts: 0.01)
-  c.train.reference_dtype = ""  # the frozen reference's parameters: "" (as the policy's) | bfloat16
+  # the frozen reference's parameters: auto (bfloat16 when the compute is, as verl loads its
+  # reference; else as the policy's) | "" (as the policy's) | float32 | bfloat16
+  c.train.reference_dtype = "auto"
   # where the reference lives between its log-prob passes: device | host (pinned host
   # memory, copied onto the devices per pass; verl's ref.fsdp_config.param_offload=True)
   c.train.reference_memory = "device"

@@ -102,8 +102,8 @@ LAUNCH_CASES = {
         [_SMOKE, "extra"], "unexpected arguments: ['extra']"),
     "unknown compute dtype": (
         [_SMOKE, "--config.model.compute_dtype=fp8"],
-        "config.model.compute_dtype='fp8': use one of ('float32', 'bfloat16') or \"\" (= "
-        "model.dtype)"),
+        "config.model.compute_dtype='fp8': use one of ('auto', '', 'float32', 'bfloat16') "
+        "(auto: bfloat16 on TPU/GPU, model.dtype on CPU; \"\": model.dtype)"),
     "negative attention chunk": (
         [_SMOKE, "--config.model.attn_query_chunk=-1"],
         "config.model.attn_query_chunk=-1 must be >= 0 (0: off)"),

@@ -10,7 +10,8 @@ released code it runs. Each row names the file the value is read from. The sourc
     recipe/hgpo/run_qwen2.5_1.5b_{alfworld,webshop}_train.sh,
     verl/trainer/config/ppo_trainer.yaml (the defaults no script overrides; the recipe's
     recipe/hgpo/config/hgpo_trainer.yaml only sets the hgpo block),
-    verl/trainer/ppo/core_algos.py (compute_value_loss),
+    verl/trainer/ppo/core_algos.py (compute_value_loss), verl/workers/fsdp_workers.py
+    (the actor's float32 parameters, FSDP's bf16 compute, the reference's bf16 weights),
     agent_system/environments/env_manager.py and recipe/hgpo/env_manager.py (WebShop prompt).
   * HiPER, repository JonP07/HiPER-agent: example_scripts/HiPER_trainer/run_{alfworld,
     webshop}.sh, its verl/trainer/config/ppo_trainer.yaml, verl/workers/critic/dp_critic.py
@@ -36,6 +37,8 @@ from configs import alfworld as alfworld_config
 from configs import common
 from configs import webshop as webshop_config
 from hgpo_jax import train
+from hgpo_jax.models import config as model_config
+from hgpo_jax.training import train_step
 
 VERL_AGENT = "zzj1111/alfworldauto"
 HIPER_AGENT = "JonP07/HiPER-agent"
@@ -58,6 +61,7 @@ SCRIPTS = {
     ("webshop", "hiper"): (HIPER_AGENT, "example_scripts/HiPER_trainer/run_webshop.sh"),
 }
 YAML = "verl/trainer/config/ppo_trainer.yaml"
+FSDP_WORKERS = "verl/workers/fsdp_workers.py"
 ENV_MANAGER = "agent_system/environments/env_manager.py"
 
 
@@ -83,8 +87,26 @@ _MODEL = {"qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B-Instruct"}
 CRITIC = ("ppo", "hiper")
 GROUPED = ("grpo", "rloo", "gigpo", "hgpo")
 
+
+def _on_gpu(c) -> str:
+  """The compute dtype a GPU (or TPU) run of config `c` resolves: the published runs' GPUs."""
+  return model_config.resolve_compute_dtype(c.model.compute_dtype, c.model.dtype, "gpu")
+
+
 PARAMETERS = (
     Parameter("actor_rollout_ref.model.path", "model.name", lambda c, r: _MODEL[c.model.name]),
+    # precision (fsdp_workers.py: the actor built in fp32, every other role in bf16; FSDP
+    # mixed precision param_dtype bf16 unless fsdp_config.mixed_precision says otherwise);
+    # "auto" resolved for a GPU, as the published runs ran (on CPUs it keeps float32)
+    Parameter("actor parameters (fsdp_config.model_dtype)", "model.dtype",
+              lambda c, r: c.model.dtype),
+    Parameter("actor compute on GPU (fsdp mixed_precision.param_dtype)", "model.compute_dtype",
+              lambda c, r: _on_gpu(c)),
+    Parameter("reference parameters on GPU (ref torch_dtype)", "train.reference_dtype",
+              lambda c, r: train_step.resolve_reference_dtype(c.train.reference_dtype,
+                                                              _on_gpu(c)) or c.model.dtype),
+    Parameter("rollout.dtype (on GPU)", "model.compute_dtype (the sampler's)",
+              lambda c, r: _on_gpu(c)),
     Parameter("train_data_size", "rollout.num_groups", lambda c, r: c.rollout.num_groups),
     Parameter("env.rollout.n (group_size)", "rollout.group_size",
               lambda c, r: c.rollout.group_size),
@@ -204,6 +226,12 @@ def _common(repo=VERL_AGENT):
   and the script lines all of them write the same way."""
   return {
       "actor_rollout_ref.model.path": _v("Qwen/Qwen2.5-1.5B-Instruct"),
+      # verl-agent's file; HiPER-agent's fork of verl is not among the transcribed sources
+      "actor parameters (fsdp_config.model_dtype)": _v("float32", FSDP_WORKERS, VERL_AGENT),
+      "actor compute on GPU (fsdp mixed_precision.param_dtype)": _v(
+          "bfloat16", FSDP_WORKERS, VERL_AGENT),
+      "reference parameters on GPU (ref torch_dtype)": _v("bfloat16", FSDP_WORKERS, VERL_AGENT),
+      "rollout.dtype (on GPU)": _yaml("bfloat16", repo),
       "env.history_length": _yaml(2, repo),
       "data.max_response_length": _v(512),
       "rollout.temperature": _yaml(1.0, repo),
@@ -498,6 +526,9 @@ def _fmt(value) -> str:
   return f"`{value}`"
 
 
+_REPO_LABEL = {VERL_AGENT: "verl-agent", HIPER_AGENT: "HiPER-agent"}
+
+
 def render() -> str:
   """The generated part of docs/algorithms.md's "Paper settings" section."""
   out = [BEGIN, ""]
@@ -510,7 +541,7 @@ def render() -> str:
                + " | ".join(_LABEL[a] for a in ALGOS) + " |")
     out.append("|---|---|" + "---|" * len(ALGOS))
     out.append("| script | – | " + " | ".join(
-        f"{'HiPER-agent' if SCRIPTS[(env, a)][0] == HIPER_AGENT else 'verl-agent'} "
+        f"{_REPO_LABEL[SCRIPTS[(env, a)][0]]} "
         f"`{SCRIPTS[(env, a)][1]}`" for a in ALGOS) + " |")
     for param in PARAMETERS:
       if not any(param.name in table[a] for a in ALGOS):
@@ -523,7 +554,8 @@ def render() -> str:
         value, src, got = table[algo][param.name]
         cell = _fmt(value)
         if src != SCRIPTS[(env, algo)]:
-          cell += " (yaml)" if src[1] == YAML else f" ({src[1]})"
+          other = "" if src[0] == SCRIPTS[(env, algo)][0] else f"{_REPO_LABEL[src[0]]} "
+          cell += f" ({other}yaml)" if src[1] == YAML else f" ({other}{src[1]})"
         if not _equal(got, value):
           cell += f" ≠ {_fmt(got)} [{listed(env, algo, param.name).name}]"
         row.append(cell)

@@ -18,6 +18,22 @@ from hgpo_jax.models import attention_names
 
 ROPE_LAYOUTS = ("half", "interleaved")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+COMPUTE_DTYPES = ("auto", "", *DTYPES)
+"""Values of `config.model.compute_dtype` (`resolve_compute_dtype`)."""
+
+
+def resolve_compute_dtype(name: str, param_dtype: str, platform: str) -> str:
+  """The dtype of activations and matmul inputs on devices of `platform` (`platform.
+  target_platform` of the run's mesh): "auto" is bfloat16 on TPUs and GPUs, the mixed
+  precision of the papers' runs (verl's FSDP `param_dtype` bf16 over float32 parameters,
+  its rollout's `dtype: bfloat16`; docs/algorithms.md §13), and the parameters' dtype
+  elsewhere, so CPU numbers do not depend on it; "" is the parameters' dtype; else the
+  named dtype. Raises ValueError for another name."""
+  if name not in COMPUTE_DTYPES:
+    raise ValueError(f"compute_dtype={name!r}: use one of {COMPUTE_DTYPES}")
+  if name == "auto":
+    return "bfloat16" if platform in ("tpu", "gpu") else param_dtype
+  return name or param_dtype
 
 
 @dataclasses.dataclass(frozen=True)

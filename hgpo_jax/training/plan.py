@@ -84,15 +84,18 @@ class Shapes:
 
 
 def shapes_from_config(config, micro_batch_rows: Optional[int] = None,
-                       rollout_rows: Optional[int] = None) -> Shapes:
-  """Model architecture (preset, dtype, remat) and batch shapes of a trainer config.
+                       rollout_rows: Optional[int] = None, devices=None) -> Shapes:
+  """Model architecture (preset, dtype, remat) and batch shapes of a trainer config, with
+  the numerics of `devices` (default: this process's JAX devices; "auto" settings resolve
+  by their platform).
 
   The update batch is [train.mini_batch_rows, rollout.max_prompt_tokens +
   rollout.max_new_tokens] (the largest prompt bucket); the sampler sees all
   num_groups x group_size slots of a process at once, as the rollout does.
   """
   cfg = run_config.model_settings(
-      config, model_config.get_preset(config.model.name).replace(param_dtype=config.model.dtype))
+      config, model_config.get_preset(config.model.name).replace(param_dtype=config.model.dtype),
+      devices)
   return Shapes(model=cfg, mini_batch_rows=config.train.mini_batch_rows,
                 micro_batch_rows=micro_batch_rows or config.train.micro_batch_rows,
                 prompt=config.rollout.max_prompt_tokens, response=config.rollout.max_new_tokens,
@@ -207,7 +210,7 @@ def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optiona
     devices: devices of the mesh: fake CPU devices, or TPU topology devices
       (`targets.devices`) to compile with XLA:TPU.
   """
-  shapes = shapes_from_config(config, micro_batch_rows, rollout_rows)
+  shapes = shapes_from_config(config, micro_batch_rows, rollout_rows, devices)
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
   registry = programs_lib.build(config, mesh, micro_batch_rows=shapes.micro_batch_rows,
                                 rollout_rows=rollout_rows)
@@ -331,7 +334,7 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
   first mesh where all fit is returned with the whole plan.
   Returns (plan or None, tried: [(mesh, micro_batch or 0, verdict)]).
   """
-  shapes = shapes_from_config(config)
+  shapes = shapes_from_config(config, devices=devices)
   budget = device_memory * (1.0 - headroom)
   learners = learner_phases(config)
   tried = []

@@ -338,7 +338,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
         num_mini * (int(not on_policy) + int(use_reference)), params_b,
         note="old and reference log-probs of one mini-batch")
   else:  # the reference in its own dtype or memory: a program of its own
-    what = ([f"{update.reference_dtype} parameters"] if not same_dtype else []) + (
+    what = ([f"{learner.reference_dtype} parameters"] if not same_dtype else []) + (
         ["copied from host memory"] if on_host else [])
     programs["logprobs"] = Program(
         "logprobs", learner.compute_reference_logprobs, (reference, batch), {}, num_mini,

@@ -22,6 +22,7 @@ from env_servers import registry as env_registry
 from hgpo_jax.advantages import registry
 from hgpo_jax.models import attention
 from hgpo_jax.models import config as model_config
+from hgpo_jax.models import platform
 from hgpo_jax.rollout import params as rollout_params
 from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.training import critic_step
@@ -150,11 +151,13 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
   if config.model.attention_impl not in attention.CHOICES:
     raise ConfigError(f"config.model.attention_impl={config.model.attention_impl!r}: use one of "
                       f"{attention.CHOICES}")
-  for name in ("dtype", "compute_dtype"):
-    value = config.model[name]
-    if value not in model_config.DTYPES and not (name == "compute_dtype" and value == ""):
-      raise ConfigError(f"config.model.{name}={value!r}: use one of {tuple(model_config.DTYPES)}"
-                        + (' or "" (= model.dtype)' if name == "compute_dtype" else ""))
+  if config.model.dtype not in model_config.DTYPES:
+    raise ConfigError(f"config.model.dtype={config.model.dtype!r}: use one of "
+                      f"{tuple(model_config.DTYPES)}")
+  if config.model.compute_dtype not in model_config.COMPUTE_DTYPES:
+    raise ConfigError(f"config.model.compute_dtype={config.model.compute_dtype!r}: use one of "
+                      f"{model_config.COMPUTE_DTYPES} (auto: bfloat16 on TPU/GPU, model.dtype "
+                      f"on CPU; \"\": model.dtype)")
   if not config.env.endpoints and config.env.num_servers < 1:
     raise ConfigError("config.env.num_servers must be >= 1 when no env.endpoints are given")
   for name in ("pack_rows", "group_by_length"):
@@ -220,13 +223,17 @@ def groups_per_process(config: ml_collections.ConfigDict, num_processes: int | N
 def model_settings(config: ml_collections.ConfigDict, cfg: model_config.ModelConfig,
                    mesh=None) -> model_config.ModelConfig:
   """`cfg` with the run's numerics: activations and matmul inputs in `model.compute_dtype`
-  ("" = `model.dtype`, the parameters' dtype; "bfloat16" over float32 parameters is mixed
-  precision: f32 weights, optimizer and gradients, bf16 products summed in f32),
-  `model.remat`, `model.attn_query_chunk` and `model.attention_impl` ("auto" resolved by the
-  platform of `mesh`'s devices when a mesh is given, `attention.resolve_impl`; on CPU it
-  stays "auto" and each attention call picks by its own sequence length)."""
+  (`model_config.resolve_compute_dtype` for the platform of `mesh`'s devices, of the local
+  devices without a mesh: "auto" is bfloat16 on TPUs and GPUs and `model.dtype` on CPUs;
+  "bfloat16" over float32 parameters is mixed precision: f32 weights, optimizer and
+  gradients, bf16 products summed in f32), `model.remat`, `model.attn_query_chunk` and
+  `model.attention_impl` ("auto" resolved by the platform of `mesh`'s devices when a mesh
+  is given, `attention.resolve_impl`; on CPU it stays "auto" and each attention call picks
+  by its own sequence length)."""
   impl = config.model.attention_impl
-  dtype = config.model.compute_dtype or config.model.dtype
+  target = platform.target_platform(jax.local_devices() if mesh is None else mesh)
+  dtype = model_config.resolve_compute_dtype(config.model.compute_dtype, config.model.dtype,
+                                             target)
   if mesh is not None:
     impl = attention.resolve_impl(impl, mesh, dtype)
   return cfg.replace(dtype=dtype,

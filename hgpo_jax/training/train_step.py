@@ -66,8 +66,21 @@ from hgpo_jax.training import losses
 from hgpo_jax.training import progress
 from hgpo_jax.training import train_batch as train_batch_lib
 
-REFERENCE_DTYPES = ("", "float32", "bfloat16")
-"""Values of `UpdateConfig.reference_dtype` ("" = the parameters' own dtype)."""
+REFERENCE_DTYPES = ("auto", "", "float32", "bfloat16")
+"""Values of `UpdateConfig.reference_dtype` (`resolve_reference_dtype`)."""
+
+
+def resolve_reference_dtype(name: str, compute_dtype: str) -> str:
+  """The frozen reference's parameter dtype, "" for the parameters' own: "auto" is
+  bfloat16 when the policy computes in bfloat16 (its products read bf16-rounded weights
+  anyway; verl loads its reference in bf16, `fsdp_workers.py`: `torch_dtype` bf16 for
+  every role but the actor) and "" otherwise, so float32 runs (CPU) keep an unrounded
+  reference; else `name`."""
+  if name not in REFERENCE_DTYPES:
+    raise ValueError(f"reference_dtype={name!r}: use one of {REFERENCE_DTYPES}")
+  if name == "auto":
+    return "bfloat16" if compute_dtype == "bfloat16" else ""
+  return name
 REFERENCE_MEMORIES = ("device", "host")
 """Values of `UpdateConfig.reference_memory`."""
 
@@ -121,7 +134,8 @@ class UpdateConfig:
   reference_dtype: str = ""
   """dtype of the frozen reference policy's parameters (the KL anchor): "" keeps the
   parameters' dtype; "bfloat16" halves its bytes per device (its log-probs are computed
-  in the compute dtype from bf16-rounded weights)."""
+  in the compute dtype from bf16-rounded weights); "auto" is bfloat16 when the policy
+  computes in bfloat16, else "" (`resolve_reference_dtype`)."""
   reference_memory: str = "device"
   """Where the frozen reference policy's parameters live between its log-prob passes:
   "device" (in accelerator memory, beside the policy) or "host" (the host memory of each
@@ -144,8 +158,7 @@ class UpdateConfig:
     if self.pack_rows and self.group_by_length:
       raise ValueError("pack_rows and group_by_length are two layouts of the update's rows: "
                        "set one of them")
-    if self.reference_dtype not in REFERENCE_DTYPES:
-      raise ValueError(f"reference_dtype={self.reference_dtype!r}: use one of {REFERENCE_DTYPES}")
+    resolve_reference_dtype(self.reference_dtype, "")  # raises for an unknown name
     if self.reference_memory not in REFERENCE_MEMORIES:
       raise ValueError(f"reference_memory={self.reference_memory!r}: use one of "
                        f"{REFERENCE_MEMORIES}")
@@ -280,6 +293,10 @@ class Learner:
     self.config = config
     self.mesh = mesh
     self.rules = sharding_lib.DEFAULT_RULES if rules is None else rules
+    # "" or the dtype the reference's floating params are cast to (`resolve_reference_dtype`
+    # against the model's compute dtype)
+    self.reference_dtype = resolve_reference_dtype(
+        config.reference_dtype, getattr(getattr(model, "cfg", None), "dtype", ""))
     self.graphdef, params_state = nnx.split(model, nnx.Param)
     self.param_shardings = _pure(sharding_lib.param_shardings(params_state, mesh, self.rules))
     self.tx = make_optimizer(config)
@@ -361,7 +378,7 @@ class Learner:
 
   def reference_params(self, state: TrainState) -> Any:
     """A frozen copy of the current params with the same shardings (call before updating),
-    floating leaves in `UpdateConfig.reference_dtype` when set, in the memory of
+    floating leaves in `self.reference_dtype` when set, in the memory of
     `UpdateConfig.reference_memory` (the devices' host memory for "host")."""
     return jax.jit(lambda p: jax.tree.map(self._to_reference, p),
                    out_shardings=self.reference_shardings)(state.params)
@@ -384,7 +401,7 @@ class Learner:
     return self._compute_logprobs(jax.device_put(ref_params, on_device), x)
 
   def _to_reference(self, x):
-    dtype = self.config.reference_dtype
+    dtype = self.reference_dtype
     if dtype and jnp.issubdtype(x.dtype, jnp.floating):
       return x.astype(dtype)
     return jnp.copy(x)

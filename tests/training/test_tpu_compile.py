@@ -240,6 +240,7 @@ def test_qwen2_5_1_5b_paper_decode_step_traffic_on_a_v5e_8(impl, ratio, kernel_m
   config = alfworld.get_config("algo=hgpo,model=qwen2.5-1.5b")
   config.rollout.prefill_chunk_rows = 8
   config.model.decode_attention_impl = impl
+  config.model.compute_dtype = "float32"  # the figures above (auto is bfloat16 on TPUs)
   # as `launch.plan --mesh data=1,fsdp=4,tensor=2` sets it: the sampler's per-host mesh
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 4, 2
   target = targets.resolve("v5e-8")
