@@ -383,7 +383,7 @@ TABLE_PROGRAMS = ("update", "logprobs", "logprobs_old", "critic_values", "critic
 TABLE_FIELDS = ("model", "target", "chips", "usable_hbm_gib", "mesh", "micro_batch_rows",
                 "prefill_chunk_rows",
                 "peak_gib", "peak_program", "verdict", "est_s_per_iteration", "persistent_gib",
-                *(f"peak_gib_{p}" for p in TABLE_PROGRAMS), "search_s", "commit")
+                *(f"peak_gib_{p}" for p in TABLE_PROGRAMS), "search_s", "commit", "why")
 
 
 def table_main(args) -> int:
@@ -431,9 +431,12 @@ def table_main(args) -> int:
       if best is None:
         persistent = min(plan_lib.persistent_bytes(config, m, devices=devices)
                          for m, _, _ in tried) if tried else 0
+        last = (f"last tried {plan_lib.mesh_label(tried[-1][0])}"
+                + (f" micro-batch {tried[-1][1]}" if tried[-1][1] else "")
+                + f": {tried[-1][2]}") if tried else "no candidate mesh"
         row.update(mesh="-", micro_batch_rows="", peak_gib="", peak_program="",
                    verdict="does not fit", est_s_per_iteration="",
-                   persistent_gib=round(persistent / plan_lib.GiB, 2))
+                   persistent_gib=round(persistent / plan_lib.GiB, 2), why=last)
       else:
         seconds = plan_lib.estimated_seconds(best, targets.seconds_per_cycle(target))
         d, f, t = best.mesh
@@ -546,7 +549,8 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
   for r in rows:
     peak = (f"{r['peak_gib']:.2f} of {r['usable_hbm_gib']:.2f} ({r['peak_program']})"
             if r["verdict"] == "fits" else
-            f"persistent alone {r['persistent_gib']:.2f} of {r['usable_hbm_gib']:.2f}")
+            f"persistent alone {r['persistent_gib']:.2f} of {r['usable_hbm_gib']:.2f}"
+            + (f"; {r['why']}" if r.get("why") else ""))
     flags = f"`{r['mesh']}`" if r["verdict"] == "fits" else "none fits"
     lines.append(f"| {r['model']} | {r['target']} ({r['chips']} chips) | {flags} | "
                  f"{r['micro_batch_rows'] or '-'} | {r.get('prefill_chunk_rows') or '-'} | "

@@ -183,6 +183,20 @@ def _as_segment_ids(segment_ids_bt) -> jax.Array:
 # ---------------------------------------------------------------------------------------
 # xla: the reference, with the CPU-tuned bf16 backward
 # ---------------------------------------------------------------------------------------
+def wide_probabilities(dtype, target=None) -> bool:
+  """Whether `_softmax_attention` keeps its float32 probabilities for the value product of
+  bf16 activations (the values widened into it) instead of rounding them to bf16: on TPU
+  targets (`target`, default `context_target()`). There the bf16 copy was a materialised
+  [B, Hkv, G, T, S] that XLA:TPU laid out against its reductions: the 1.5B paper setting's
+  decode step with bf16 compute took 7.19 ms where float32 compute took 5.33, and 5.09
+  with wide probabilities (docs/performance.md, "The papers' precision by default on
+  accelerators"). Elsewhere the bf16 form (the field's kernels also round P to bf16 before
+  P V): XLA:GPU would write a float32 copy of the cache's values for the product (the h100-1
+  decode step read 23.8 GB instead of 17.9), and CPU numbers stay as they were."""
+  return (jnp.dtype(dtype) == jnp.bfloat16
+          and target_platform(context_target() if target is None else target) == "tpu")
+
+
 def _softmax_attention(q_btkgd, parts, scale: float):
   """Grouped-query attention of T queries over one or more key/value parts.
 
@@ -202,16 +216,14 @@ def _softmax_attention(q_btkgd, parts, scale: float):
                                  preferred_element_type=jnp.float32) * scale,
                       _MASKED)
             for keys, _, mask in parts]
-  # The probabilities stay float32 and the values are widened into the product: a bf16
-  # copy of them was a materialised [B, Hkv, G, T, S] that XLA:TPU could not fuse into the
-  # product (the decode step's softmax in three fusions per layer: 7.19 ms where float32
-  # compute took 5.33, now 5.09; docs/performance.md, "The papers' precision by default").
   probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
+  if not wide_probabilities(dt):
+    probs = probs.astype(dt)
   attn_bkgtd, offset = 0, 0
   for keys, values, _ in parts:
     n = keys.shape[2]
     attn_bkgtd = attn_bkgtd + jnp.einsum(
-        "bkgts,bksd->bkgtd", probs[..., offset:offset + n], values.astype(jnp.float32),
+        "bkgts,bksd->bkgtd", probs[..., offset:offset + n], values.astype(probs.dtype),
         preferred_element_type=jnp.float32).astype(dt)
     offset += n
   return attn_bkgtd

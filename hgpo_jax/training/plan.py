@@ -304,7 +304,7 @@ def learner_phases(config) -> tuple[str, ...]:
   return ("update", "critic_update") if critic else ("update",)
 
 
-def _mesh_label(mesh_shape) -> str:
+def mesh_label(mesh_shape) -> str:
   return f"mesh data={mesh_shape[0]} fsdp={mesh_shape[1]} tensor={mesh_shape[2]}"
 
 
@@ -343,14 +343,14 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
     persistent = persistent_bytes(cfg, mesh_shape, devices=devices)
     if persistent > budget:
       tried.append((mesh_shape, 0, f"persistent {persistent / GiB:.2f} GiB > budget {budget / GiB:.2f} GiB"))
-      log(f"  {_mesh_label(mesh_shape)}: {tried[-1][2]}")
+      log(f"  {mesh_label(mesh_shape)}: {tried[-1][2]}")
       continue
     best = None
     micros = micro_batch_candidates(cfg, mesh_shape[0] * mesh_shape[1])
     if not micros:
       tried.append((mesh_shape, 0, f"no micro-batch: the mini-batch of "
                     f"{cfg.train.mini_batch_rows} rows is narrower than the mesh"))
-      log(f"  {_mesh_label(mesh_shape)}: {tried[-1][2]}")
+      log(f"  {mesh_label(mesh_shape)}: {tried[-1][2]}")
       continue
     for micro in micros:
       plan = compile_plan(cfg, mesh_shape, micro_batch_rows=micro, phases=learners,
@@ -359,7 +359,7 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
       verdict = (f"{' + '.join(learners)} peak {plan.peak() / GiB:.2f} GiB, budget "
                  f"{budget / GiB:.2f} GiB: {'fits' if ok else 'no'}")
       tried.append((mesh_shape, micro, verdict))
-      log(f"  {_mesh_label(mesh_shape)} micro-batch {micro}: {verdict}")
+      log(f"  {mesh_label(mesh_shape)} micro-batch {micro}: {verdict}")
       if not ok:
         break
       best = plan
@@ -379,7 +379,7 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
           and not _merged(full, one).fits(device_memory, headroom)):
         # A sampler whose prefill of every row at once does not fit: the prefill in row
         # chunks (`rollout.prefill_chunk_rows`), the largest that fits; the decode is the same.
-        log(f"  {_mesh_label(mesh_shape)} micro-batch {micro}, {name} prefilling all "
+        log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {name} prefilling all "
             f"{one.rollout_rows} rows at once: temporaries {one.phases[name].temp / GiB:.2f} "
             f"GiB: {'refused' if one.phases[name].refused else 'no'}")
         for rows in prefill_chunk_candidates(cfg, mesh_shape, devices):
@@ -387,7 +387,7 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
           tried_one = compile_plan(chunked, mesh_shape, micro_batch_rows=micro,
                                    devices=devices, phases=(name,))
           ok = _merged(full, tried_one).fits(device_memory, headroom)
-          log(f"  {_mesh_label(mesh_shape)} micro-batch {micro}, {name} with prefill chunks "
+          log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {name} with prefill chunks "
               f"of {rows} rows: temporaries {tried_one.phases[name].temp / GiB:.2f} GiB: "
               f"{'fits' if ok else 'no'}")
           if ok:
@@ -404,7 +404,7 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
                if ok else f"{', '.join(over)} refused or over budget "
                f"(asked {max(full.phases[n].temp for n in over) / GiB:.2f} GiB of temporaries)")
     tried.append((mesh_shape, micro, verdict))
-    log(f"  {_mesh_label(mesh_shape)} micro-batch {micro}, {verdict}")
+    log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {verdict}")
     if ok:
       return full, tried
   return None, tried

@@ -201,7 +201,11 @@ def test_plan_table_renders_from_its_csv(tmp_path):
                persistent_gib=5.25, peak_gib_update=13.5, peak_gib_generate=9.0, search_s=1,
                commit="abc1234", prefill_chunk_rows=16),
           dict(model="m2", target="v5e-8", chips=8, usable_hbm_gib=15.75, mesh="-",
-               verdict="does not fit", persistent_gib=20.0, commit="abc1234")]
+               verdict="does not fit", persistent_gib=20.0, commit="abc1234"),
+          dict(model="m3", target="v5e-8", chips=8, usable_hbm_gib=15.75, mesh="-",
+               verdict="does not fit", persistent_gib=12.0, commit="abc1234",
+               why="last tried mesh data=1 fsdp=8 tensor=1 micro-batch 2: update peak 30.00 "
+                   "GiB, budget 14.18 GiB: no")]
   md = tmp_path / "plan_table.md"
   plan_cli.write_table(rows, str(md), str(tmp_path / "f.png"), 0.1)
   back = plan_cli.read_table(str(tmp_path / "plan_table.csv"))
@@ -213,6 +217,9 @@ def test_plan_table_renders_from_its_csv(tmp_path):
          "| fits | 12.5 | abc1234 |" in text
   assert "| m2 | v5e-8 (8 chips) | none fits | - | - | persistent alone 20.00 of 15.75 | " \
          "does not fit | - | abc1234 |" in text
+  assert back[2]["why"].startswith("last tried mesh data=1 fsdp=8")
+  assert "| persistent alone 12.00 of 15.75; last tried mesh data=1 fsdp=8 tensor=1 " \
+         "micro-batch 2: update peak 30.00 GiB, budget 14.18 GiB: no | does not fit |" in text
   assert (tmp_path / "f.png").stat().st_size > 1000
   committed = ROOT / "docs" / "plan_table.csv"
   if committed.exists():

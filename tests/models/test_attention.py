@@ -129,6 +129,43 @@ def test_decode_attention_equals_full_attention():
   np.testing.assert_allclose(np.asarray(got), np.asarray(full[:, index:]), atol=2e-6)
 
 
+def test_bf16_decode_attention_on_tpu_keeps_float32_probabilities(monkeypatch):
+  """`attention.wide_probabilities`: TPU targets with bf16 activations only. Forced on
+  here (a CPU host), the bf16 decode attention with float32 probabilities agrees with the
+  float32 form to bf16 rounding, no worse than the bf16-probability form (the CPU and GPU
+  one), and that form's outputs are the ones the flag off gives, bit for bit."""
+  assert attention.wide_probabilities(jnp.bfloat16, [_Device("tpu")])
+  assert not attention.wide_probabilities(jnp.float32, [_Device("tpu")])
+  assert not attention.wide_probabilities(jnp.bfloat16, [_Device("gpu")])
+  assert not attention.wide_probabilities(jnp.bfloat16, [_Device("cpu")])
+  assert not attention.wide_probabilities(jnp.bfloat16)  # this host's CPUs
+  t, new = 13, 3
+  q, k, v, _, _ = _inputs(t)
+  pads = np.array([0, 4, 7, 2])
+  seg = jnp.asarray((np.arange(t)[None] >= pads[:, None]).astype(np.int32))
+  index = t - new
+  cache = lambda x: jnp.zeros((4, 2, 20, 16)).at[:, :, :index].set(
+      x[:, :index].transpose(0, 2, 1, 3))
+
+  def run(dtype):
+    c = lambda x: x.astype(dtype)
+    return np.asarray(attention.decode_attention(
+        c(q[:, index:]), c(k[:, index:]), c(v[:, index:]), seg[:, index:], c(cache(k)),
+        c(cache(v)), cache_start_b=jnp.asarray(pads), cache_index=jnp.int32(index)),
+        np.float32)
+
+  want = run(jnp.float32)
+  narrow = run(jnp.bfloat16)
+  monkeypatch.setattr(attention, "wide_probabilities", lambda dtype, target=None: True)
+  wide = run(jnp.bfloat16)
+  monkeypatch.undo()
+  np.testing.assert_array_equal(run(jnp.bfloat16), narrow)
+  assert not np.array_equal(wide, narrow)  # the flag reaches the product
+  scale = np.abs(want).max()
+  assert np.abs(wide - want).max() <= 2 ** -7 * scale
+  assert np.abs(wide - want).max() <= np.abs(narrow - want).max()
+
+
 def test_decode_attention_dispatches_by_name(monkeypatch):
   """`decode_attention(impl=)` runs the kernel registered under the name ("auto" is "xla"
   on CPU, bit-identical to calling the xla kernel); unknown names are clear errors."""
