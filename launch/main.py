@@ -212,10 +212,16 @@ def start(argv, prog: str = "launch.main"):
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   # The platform first (stdout: stderr is kept for errors), then no silent CPU fallback.
   from hgpo_jax.training import run_config
+  from hgpo_jax.models import config as model_config
+  from hgpo_jax.models import platform as platform_lib
   platform = jax.devices()[0].platform
+  compute = ""
+  if config.model.compute_dtype in model_config.COMPUTE_DTYPES:  # else validate says why
+    compute = ", compute " + model_config.resolve_compute_dtype(
+        config.model.compute_dtype, config.model.dtype, platform_lib.target_platform(jax.devices()))
   print(f"{prog}: platform {platform} ({jax.devices()[0].device_kind}), "
         f"{jax.local_device_count()} local / {jax.device_count()} global devices, process "
-        f"{jax.process_index()}/{jax.process_count()}, jax {jax.__version__}", flush=True)
+        f"{jax.process_index()}/{jax.process_count()}, jax {jax.__version__}{compute}", flush=True)
   refusal = run_config.cpu_refusal(config, platform=platform, num_devices=jax.device_count(),
                                    distributed=_DISTRIBUTED.value != "off")
   if refusal:

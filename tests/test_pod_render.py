@@ -16,9 +16,9 @@ CONFIG = "configs/alfworld.py:algo=hgpo,k=2,model=qwen2.5-1.5b"
 # "Launch paths").
 K8S_ARGS = ["k8s", "--num-hosts", "1", "--env-servers", "4", "--accelerator", "tpu-v5e-8",
             "--config", CONFIG, "--workdir", "gs://BUCKET/hgpo_k2", "--",
-            "--config.model.path=/models/Qwen2.5-1.5B-Instruct", "--config.mesh.data=1",
-            "--config.mesh.fsdp=4", "--config.mesh.tensor=2",
-            "--config.train.micro_batch_rows=8"]
+            "--config.model.path=/models/Qwen2.5-1.5B-Instruct", "--config.mesh.data=2",
+            "--config.mesh.fsdp=4", "--config.mesh.tensor=1",
+            "--config.train.micro_batch_rows=16", "--config.rollout.prefill_chunk_rows=16"]
 
 
 def _flags(argv):

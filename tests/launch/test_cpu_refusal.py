@@ -70,7 +70,7 @@ def test_launch_main_refuses_a_pod_config_on_cpu_in_one_line(tmp_path, case):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
   first = re.match(r"launch.main: platform cpu \(cpu\), (\d+) local / (\d+) global devices, "
-                   r"process 0/1, jax \S+\n", proc.stdout)
+                   r"process 0/1, jax \S+, compute float32\n", proc.stdout)
   assert first and first[1] == first[2], proc.stdout
   err = proc.stderr
   assert err.count("\n") == 1 and "Traceback" not in err, err

@@ -196,16 +196,18 @@ def test_launch_plan_exits_one_when_the_peak_exceeds_the_device_memory(capsys):
 
 @pytest.mark.slow
 def test_qwen2_5_1_5b_paper_iteration_fits_a_v5e_8_on_the_plan_tables_mesh():
-  """The paper setting (16 x 8 groups, prompt 4096 + 512, mini-batch 256, float32, remat)
-  with the plan table's v5e-8 row (docs/plan_table.md, `launch.plan --table`): mesh
-  data=2 fsdp=4 tensor=1, micro-batch 8, the prefill in chunks of 16 rows. Every program of
-  an iteration fits 15.75 GiB with the 10 % headroom."""
+  """The paper setting (16 x 8 groups, prompt 4096 + 512, mini-batch 256, float32
+  parameters with the configs' bf16 compute and reference on TPUs, remat) with the plan
+  table's v5e-8 row (docs/plan_table.md, `launch.plan --table`): mesh data=2 fsdp=4
+  tensor=1, micro-batch 16, the prefill in chunks of 16 rows. Every program of an
+  iteration fits 15.75 GiB with the 10 % headroom."""
   config = alfworld.get_config("algo=hgpo,model=qwen2.5-1.5b")
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 4, 1
   config.rollout.prefill_chunk_rows = 16
   target = targets.resolve("v5e-8")
-  plan = plan_lib.compile_plan(config, (2, 4, 1), micro_batch_rows=8,
+  plan = plan_lib.compile_plan(config, (2, 4, 1), micro_batch_rows=16,
                                devices=targets.devices(target))
+  assert plan.shapes.model.dtype == "bfloat16"
   memory = targets.available_hbm(target)
   assert not plan.refused()
   assert {"update", "logprobs", "generate", "generate_shared"} <= set(plan.phases)
