@@ -274,6 +274,38 @@ def test_local_variant_computes_in_float32_with_query_chunks():
   assert run_config.model_settings(c, cfg).dtype == "bfloat16"
 
 
+@dataclasses.dataclass
+class _Device:
+  platform: str
+  device_kind: str = "fake"
+
+
+def test_compute_and_reference_dtypes_auto_resolve_by_the_meshs_platform():
+  """`auto` (the configs' default) is the papers' mixed precision on TPUs and GPUs (bf16
+  products over float32 parameters, a bf16 reference) and the parameters' dtype on CPUs;
+  "" is the parameters' dtype and a named dtype is itself everywhere."""
+  resolve = model_config.resolve_compute_dtype
+  assert [resolve("auto", "float32", p) for p in ("tpu", "gpu", "cpu")] == [
+      "bfloat16", "bfloat16", "float32"]
+  assert resolve("auto", "bfloat16", "cpu") == "bfloat16"
+  assert resolve("", "float32", "tpu") == "float32"
+  assert resolve("float32", "float32", "tpu") == "float32"
+  assert resolve("bfloat16", "float32", "cpu") == "bfloat16"
+  with pytest.raises(ValueError, match="compute_dtype='fp8': use one of"):
+    resolve("fp8", "float32", "tpu")
+  ref = train_step.resolve_reference_dtype
+  assert (ref("auto", "bfloat16"), ref("auto", "float32"), ref("", "bfloat16")) == (
+      "bfloat16", "", "")
+  assert ref("float32", "bfloat16") == "float32"
+  # the configs' defaults, through model_settings for a TPU target and this host's CPUs
+  c = alfworld_config.get_config("algo=hgpo,model=qwen2.5-1.5b")
+  assert (c.model.compute_dtype, c.train.reference_dtype) == ("auto", "auto")
+  preset = model_config.get_preset("tiny")
+  assert run_config.model_settings(c, preset, [_Device("tpu")]).dtype == "bfloat16"
+  assert run_config.model_settings(c, preset, [_Device("cuda")]).dtype == "bfloat16"
+  assert run_config.model_settings(c, preset).dtype == "float32"
+
+
 def test_bf16_parameters_at_a_small_learning_rate_are_warned_about():
   """bf16 parameters at the papers' lr 1e-6: one warning line per optimizer whose steps
   round away (the critic's only with a critic); float32 parameters, or a large enough lr,

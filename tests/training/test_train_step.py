@@ -328,6 +328,13 @@ def test_bf16_reference_holds_half_the_bytes_and_close_logprobs():
   assert 0 < np.max(np.abs(got - exact)) < 0.05
   with pytest.raises(ValueError, match="reference_dtype='float16': use one of"):
     _config(reference_dtype="float16")
+  # "auto" (the configs' default): bf16 when the model computes in bf16, else unrounded
+  assert train_step.Learner(model, mesh, _config(reference_dtype="auto")).reference_dtype == ""
+  model.cfg = model.cfg.replace(dtype="bfloat16")
+  auto = train_step.Learner(model, mesh, _config(reference_dtype="auto"))
+  assert auto.reference_dtype == "bfloat16"
+  assert {x.dtype for x in jax.tree.leaves(auto.reference_params(state))} == {
+      np.dtype("bfloat16")}
 
 
 def test_host_reference_lives_in_host_memory_and_gives_the_same_logprobs():
