@@ -269,8 +269,8 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
   h_btd = seq.whole(rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps))
   if "gate_up" in p:  # one product with both weights (`Decoder.for_decoding`)
     # [2, F, D] as [2F, D]: the gate and the up halves of the last axis. Taken as [..., 2, F]
-    # and indexed on the 2, the bf16 halves were slices of a size-1 axis that XLA:TPU tiled
-    # (2, 128): 101M cycles per prefill layer of the 1.5B on a v6e (docs/performance.md,
+    # and indexed on its size-2 axis, each bf16 half was a [..., 1, F] slice that XLA:TPU
+    # tiled (2, 128): 101M cycles per prefill layer of the 1.5B on a v6e (docs/performance.md,
     # "The papers' precision by default on accelerators").
     both_bt2f = _project(h_btd, p["gate_up"].reshape(-1, p["gate_up"].shape[-1]))
     f = both_bt2f.shape[-1] // 2
