@@ -34,8 +34,8 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from hgpo_jax import perf
 from hgpo_jax.advantages import dump as dump_lib
+from hgpo_jax.cost import trainer_metrics
 from hgpo_jax.rollout import rollout as rollout_lib
 from hgpo_jax.training import evaluation
 from hgpo_jax.training import metrics as metrics_lib
@@ -67,8 +67,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   reporter = progress.PhaseReporter(enabled=None if first else False).__enter__()
   try:
     start, num_iterations = run.start_iteration, config.train.num_iterations
-    flops = perf.LearnerFlops(run.learner)  # compiled FLOPs per call, per batch shape
-    profile = perf.ProfileWindow(workdir, start, config.profile.iterations, config.profile.skip)
+    flops = trainer_metrics.LearnerFlops(run.learner)  # compiled FLOPs per call, per batch shape
+    profile = trainer_metrics.ProfileWindow(workdir, start, config.profile.iterations,
+                                            config.profile.skip)
     bar = tqdm.tqdm(range(start, num_iterations), initial=start, total=num_iterations,
                     desc="iterations", unit="it", disable=not first, dynamic_ncols=True)
     last: dict[str, float] = {}
@@ -88,7 +89,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       metrics.update(targets.metrics)
       metrics["time/advantages_s"] = t2 - t1
       metrics["time/iteration_s"] = time.perf_counter() - t0
-      metrics.update(flop_metrics())  # after the clock stops: it may compile (perf.LearnerFlops)
+      metrics.update(flop_metrics())  # after the clock stops: it may compile (LearnerFlops)
       last = log(run, it + 1, metrics, bar)
       if (it + 1) % config.checkpoint.every == 0 or it + 1 == num_iterations:
         progress.phase("checkpoint")
@@ -139,7 +140,8 @@ def dump_rollout(run: run_lib.Run, iteration: int, ro: rollout_lib.Rollout,
 
 
 def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: int,
-           flops: perf.LearnerFlops) -> tuple[dict[str, float], Callable[[], dict[str, float]]]:
+           flops: trainer_metrics.LearnerFlops
+           ) -> tuple[dict[str, float], Callable[[], dict[str, float]]]:
   """The actor's PPO epochs on the token batch (after its old and reference log-probs) and
   the critic's on the value batch; rebinds `run.state`, `run.critic_state` and the
   sampler's params. Returns the `train/*` and `critic/*` metrics with their timings, and
@@ -186,8 +188,9 @@ def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: i
   passes = int(not on_policy) + int(run.ref_params is not None)
   # perf counts a one-part mini-batch as the one compiled `Learner.update` it runs as
   counted = [parts[0] if len(parts) == 1 else parts for parts in batches]
-  return metrics, functools.partial(perf.iteration_metrics, flops, counted, logprob_passes=passes,
-                                    logprobs_s=t1 - t0, update_s=t2 - t1, dtype=run.compute_dtype)
+  return metrics, functools.partial(trainer_metrics.iteration_metrics, flops, counted,
+                                    logprob_passes=passes, logprobs_s=t1 - t0, update_s=t2 - t1,
+                                    dtype=run.compute_dtype)
 
 
 def update_layout(batch, config: ml_collections.ConfigDict, pad_id: int) -> list[tuple]:

@@ -341,7 +341,7 @@ def test_no_function_local_hgpo_imports_in_the_registries():
 
 
 def test_the_local_import_scan_sees_nested_imports():
-  probe = ("import hgpo_jax.perf\n"
+  probe = ("import hgpo_jax.cost.hlo\n"
            "def f():\n  from hgpo_jax.training import targets\n  import os\n"
            "class C:\n  def g(self):\n    import hgpo_jax.advantages.estimator\n"
            "    from . import sibling\n")

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from configs import sokoban as sokoban_config
-from hgpo_jax import perf
+from hgpo_jax.cost import hardware
 from hgpo_jax import train
 from hgpo_jax.training import metrics as metrics_lib
 
@@ -23,7 +23,7 @@ def test_iterations_report_flops_mfu_and_write_a_profile(tmp_path):
   lines = [l for l in metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME))
            if "perf/update_flops" in l]
   assert len(lines) == c.train.num_iterations
-  peak = perf.device_peak(dtype=c.model.dtype).flops_per_s
+  peak = hardware.device_peak(dtype=c.model.dtype).flops_per_s
   for l in lines:
     # Each iteration: every mini-batch once per PPO epoch; log-probs of old + reference.
     assert l["perf/update_flops"] > 0 and l["perf/logprobs_flops"] > 0

@@ -6,7 +6,7 @@ every weight once and every row's valid keys and values once; nothing else is ne
 program (any backend: XLA:TPU for a topology, XLA:CPU, XLA:GPU) and returns, per device:
 
 * `traffic`: the bytes one iteration of its decode loop reads and writes, from the HLO
-  (`perf.hlo_memory_traffic` via `perf.loop_iteration`: loops inside the step, the
+  (`hlo.hlo_memory_traffic` via `hlo.loop_iteration`: loops inside the step, the
   decoder's layer loop included, weighted by their trip counts; XLA's own
   `cost_analysis()` counts the layer loop's body once);
 * `cycles`: XLA:TPU's cost-model cycles of that iteration (0 on other backends);
@@ -51,7 +51,7 @@ import re
 import jax
 import numpy as np
 
-from hgpo_jax import perf
+from hgpo_jax.cost import hlo
 from hgpo_jax.models import sharding as sharding_lib
 
 
@@ -61,7 +61,7 @@ class StepCost:
   traffic: float  # bytes the HLO reads and writes in one decode-loop iteration
   cycles: float  # XLA:TPU's cost-model cycles of that iteration (0 elsewhere)
   kernel_bytes: float = 0.0  # of `traffic`: the decode attention kernels' credited reads
-  launches: float = 0.0  # device ops of one decode step (`perf.hlo_launches`; GPU: kernels)
+  launches: float = 0.0  # device ops of one decode step (`hlo.hlo_launches`; GPU: kernels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +80,7 @@ _DECODE_KERNEL = re.compile(r'op_name="[^"]*\bdecode_attention_(gpu|tpu)/pallas_
 
 
 def kernel_reads(valid_slots: float):
-  """A `perf.hlo_memory_traffic` `custom_reads` rule: the bytes a decode attention kernel
+  """A `hlo.hlo_memory_traffic` `custom_reads` rule: the bytes a decode attention kernel
   reads of each operand when a row holds `valid_slots` valid slots on average (module doc);
   None for any other custom call (booked in full)."""
   from hgpo_jax.models import decode_kernels
@@ -91,8 +91,8 @@ def kernel_reads(valid_slots: float):
       return None
     out = []
     for shape in operand_shapes:
-      full = perf.array_bytes(shape)
-      dims = perf.array_dims(shape)
+      full = hlo.array_bytes(shape)
+      dims = hlo.array_dims(shape)
       if dims is None or len(dims) != 5:  # queries, bounds, layer index: read whole
         out.append(full)
         continue
@@ -119,8 +119,8 @@ def step_cost(hlo_text: str, unknown_trip_count, steps_per_iteration: int = 1,
   rule = kernel_reads(valid_slots) if valid_slots is not None else None
 
   def traffic(custom_reads):
-    return perf.loop_iteration(
-        lambda text, weights: perf.hlo_memory_traffic(text, weights, custom_reads),
+    return hlo.loop_iteration(
+        lambda text, weights: hlo.hlo_memory_traffic(text, weights, custom_reads),
         hlo_text, unknown_trip_count) / k
 
   total = traffic(rule)
@@ -131,8 +131,8 @@ def step_cost(hlo_text: str, unknown_trip_count, steps_per_iteration: int = 1,
     kernels = total - traffic(no_reads)
   return StepCost(
       traffic=total, kernel_bytes=kernels,
-      cycles=perf.loop_iteration(perf.hlo_estimated_cycles, hlo_text, unknown_trip_count) / k,
-      launches=perf.loop_iteration(perf.hlo_launches, hlo_text, unknown_trip_count) / k)
+      cycles=hlo.loop_iteration(hlo.hlo_estimated_cycles, hlo_text, unknown_trip_count) / k,
+      launches=hlo.loop_iteration(hlo.hlo_launches, hlo_text, unknown_trip_count) / k)
 
 
 def _shard_bytes(leaf) -> float:

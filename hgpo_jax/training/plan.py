@@ -4,9 +4,9 @@
 program registry (`hgpo_jax.training.programs`: the trainer's own jitted update, log-prob,
 critic and sampler programs, abstract arguments with their shardings), lowers and compiles
 each for the mesh's devices, and reads `memory_analysis()` (argument / output / aliased /
-temporary bytes), the matmul FLOPs of the executable (`hgpo_jax.perf.compiled_flops`, loops
+temporary bytes), the matmul FLOPs of the executable (`hgpo_jax.cost.hlo.compiled_flops`, loops
 weighted by trip count; the decode loop by max_new_tokens, an upper bound) and, on TPU,
-XLA:TPU's own cost-model cycles (`perf.hlo_estimated_cycles`). For each generate program
+XLA:TPU's own cost-model cycles (`hlo.hlo_estimated_cycles`). For each generate program
 it also reads one decode step: its trip-weighted memory traffic and cycles per device
 against the step's necessary bytes (`decode_traffic`; `decode_step_lines` prints them).
 
@@ -30,7 +30,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from hgpo_jax import perf
+from hgpo_jax.cost import hardware
+from hgpo_jax.cost import hlo
 from hgpo_jax.models import attention
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import sharding as sharding_lib
@@ -181,14 +182,14 @@ def _phase(program: programs_lib.Program, valid_slots: Optional[float] = None) -
     return Phase(name=program.name, flops=0.0, argument=0, output=0, alias=0,
                  temp=asked[0] if asked else 0, persistent_args=0, calls=program.calls,
                  refused=True, note=program.note)
-  mem = perf.memory_bytes(compiled)
+  mem = hlo.memory_bytes(compiled)
   text = compiled.as_text()
   return Phase(name=program.name,
-               flops=perf.hlo_matmul_flops(text, program.unknown_trip_count) or
-               perf.cost_analysis(compiled).get("flops", 0.0),
+               flops=hlo.hlo_matmul_flops(text, program.unknown_trip_count) or
+               hlo.cost_analysis(compiled).get("flops", 0.0),
                argument=mem["argument"], output=mem["output"], alias=mem["alias"],
                temp=mem["temp"], persistent_args=program.persistent, calls=program.calls,
-               cycles=perf.hlo_estimated_cycles(text, program.unknown_trip_count),
+               cycles=hlo.hlo_estimated_cycles(text, program.unknown_trip_count),
                note=program.note,
                step=(decode_traffic.step_cost(text, program.unknown_trip_count,
                                               program.steps_per_iteration, valid_slots)
@@ -536,7 +537,7 @@ def _kernel_seconds(plan: Plan, phase: Phase) -> float:
   chip's datasheet bandwidth: XLA:TPU's cost model leaves a custom call's time out."""
   if phase.step is None or not phase.step.kernel_bytes:
     return 0.0
-  bandwidth = perf.memory_bandwidth(plan.device_kind)[1]
+  bandwidth = hardware.memory_bandwidth(plan.device_kind)[1]
   return phase.step.kernel_bytes / bandwidth if bandwidth else 0.0
 
 
@@ -544,7 +545,7 @@ def decode_step_lines(plan: Plan, seconds: Optional[dict[str, float]] = None) ->
   """Per generate program: one decode step's trip-weighted HLO traffic per device against
   the step's necessary bytes (`decode_traffic`), XLA:TPU's estimated time of the step
   when `seconds` (from `estimated_seconds`) has it, and on GPUs the kernels the step
-  launches (`perf.hlo_launches`: a one-row step is bound by them, docs/performance.md)."""
+  launches (`hlo.hlo_launches`: a one-row step is bound by them, docs/performance.md)."""
   need = plan.decode_necessary
   lines = []
   for p in plan.phases.values():

@@ -26,7 +26,10 @@ import os
 import re
 from typing import Optional
 
-GiB = 1024 ** 3
+from hgpo_jax.cost import hardware
+from hgpo_jax.cost import hlo
+
+GiB = hardware.GiB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,23 +251,21 @@ def _cycles_of_matmul(topology: str, chip_config: str) -> tuple[float, float]:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from hgpo_jax import perf
   devs = list(_topology(topology, chip_config).devices)
   mesh = jax.sharding.Mesh(np.array(devs[:1]), ("x",))
   rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   m = n = k = 8192
   sds = lambda shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=rep)
   compiled = jax.jit(jnp.matmul, out_shardings=rep).lower(sds((m, k)), sds((k, n))).compile()
-  return perf.hlo_estimated_cycles(compiled.as_text()), 2.0 * m * n * k
+  return hlo.hlo_estimated_cycles(compiled.as_text()), 2.0 * m * n * k
 
 
 def seconds_per_cycle(target: Target) -> float:
   """Seconds per XLA:TPU cost-model cycle on `target`, calibrated so that a large bf16
-  matmul (8192^3) runs at the chip's published peak (`perf.ACCELERATORS`): its estimated
-  cycles x this = its FLOPs / peak. Converts `perf.hlo_estimated_cycles` to seconds."""
-  from hgpo_jax import perf
+  matmul (8192^3) runs at the chip's published peak (`hardware.ACCELERATORS`): its estimated
+  cycles x this = its FLOPs / peak. Converts `hlo.hlo_estimated_cycles` to seconds."""
   devs = devices(target)
-  peak = perf.device_peak(devs[0], "bfloat16").flops_per_s
+  peak = hardware.device_peak(devs[0], "bfloat16").flops_per_s
   cycles, flops = _cycles_of_matmul(target.topology, target.chip_config)
   if cycles <= 0:
     raise RuntimeError(f"XLA:TPU wrote no cycle estimates for {target.name}")

@@ -16,7 +16,7 @@ faster than its parent, which scanned over the cache as xs/ys.) The two outputs 
 compared first (equal up to float reordering: the softmax now spans the cached and the
 new keys as two parts); timings exclude compilation and interleave the two sides
 repetition by repetition (median of 4 steps per repetition). Each side also prints its FLOPs
-per step (from the compiled program, `hgpo_jax.perf.compiled_flops`), the achieved FLOP/s and
+per step (from the compiled program, `hgpo_jax.cost.hlo.compiled_flops`), the achieved FLOP/s and
 MFU against the detected peak, and the fraction of the memory-bandwidth roofline it reaches
 (every float32 weight and the whole cache read once per step, at the bandwidth of a jitted
 sum measured in the same run). The last line is the baseline/current time ratio.
@@ -53,10 +53,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hgpo_jax import perf
+from hgpo_jax.cost import hardware
+from hgpo_jax.cost import hlo
 from hgpo_jax.models import cudnn_check, decoder, loading
 from hgpo_jax.sampling import logits as logits_lib
-from hgpo_jax.sampling import sampler as sampler_lib
 from launch.benchmarks import sampler as sampler_bench
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -134,7 +134,7 @@ def sampling_filter(args):
   sides = {
       "sort": jax.jit(lambda x, k, p: logits_lib.sort_filter(x / temperature, k, p)),
       f"top_k (K={cands})": jax.jit(
-          lambda x, k, p: sampler_lib.filter_logits(x, temperature, k, p, cands)),
+          lambda x, k, p: logits_lib.filter_logits(x, temperature, k, p, cands)),
   }
   sample_sides = {
       name: jax.jit(lambda x, k, p, key, f=fn: jax.random.categorical(key, f(x, k, p)))
@@ -155,7 +155,7 @@ def sampling_filter(args):
       if not np.array_equal(a, b):
         sys.exit(f"sampling filter: the two sides differ for {label}, vocabulary {vocab}")
       kept = np.isfinite(a).sum(axis=1)
-      _, exact = sampler_lib.candidate_filter(logits / temperature, k, p, cands)
+      _, exact = logits_lib.candidate_filter(logits / temperature, k, p, cands)
       med = _median_times(sides, {name: (logits, k, p) for name in sides}, args.reps)
       (sort_name, sort_t), (new_name, new_t) = med.items()
       print(f"  {label:38s} kept {kept.min()}-{kept.max()} tokens, fast path "
@@ -187,7 +187,7 @@ def main():
                       help="time the top-k/top-p filter, sort vs lax.top_k (module doc)")
   parser.add_argument("--vocabs", type=lambda s: [int(v) for v in s.split(",")],
                       default=[151936, 49152], help="--sampling-filter: vocabulary sizes")
-  parser.add_argument("--max-candidates", type=int, default=sampler_lib.DEFAULT_MAX_CANDIDATES,
+  parser.add_argument("--max-candidates", type=int, default=logits_lib.DEFAULT_MAX_CANDIDATES,
                       help="--sampling-filter: K of the top_k side")
   args = parser.parse_args()
   cudnn_check.check_if_gpu()  # on a GPU: cuDNN attention == the reference, before timing
@@ -202,7 +202,7 @@ def main():
          for name, module in sides.items()}
   # each side's own cache layout
   caches = {name: module.init_cache(cfg, args.batch, args.cache) for name, module in sides.items()}
-  flops = {name: perf.compiled_flops(fn.lower(state, caches[name], jnp.int32(0)).compile())
+  flops = {name: hlo.compiled_flops(fn.lower(state, caches[name], jnp.int32(0)).compile())
            for name, fn in fns.items()}
   first = {}
   for name, fn in fns.items():  # compile, and the same logits on both sides
@@ -219,7 +219,7 @@ def main():
         logits, caches[name] = fn(state, caches[name], jnp.int32(args.cache // 2 + 1 + i))
       jax.block_until_ready(logits)
       times[name].append((time.perf_counter() - start) / 4)
-  peak = perf.device_peak(dtype=cfg.dtype)
+  peak = hardware.device_peak(dtype=cfg.dtype)
   bandwidth = sampler_bench.measured_bandwidth()
   step_bytes = sampler_bench.decode_step_bytes(cfg, args.batch, args.cache)
   print(f"jax {jax.__version__}, {os.cpu_count()} CPUs; SmolLM2-135M, batch {args.batch}, "
@@ -228,7 +228,7 @@ def main():
   for name in sides:
     step = statistics.median(times[name])
     print(f"  {name:32s} {1000 * step:8.1f} ms per decode step; "
-          + perf.format_line("compute", flops[name], step, peak)
+          + hardware.format_line("compute", flops[name], step, peak)
           + f"; memory roofline {step_bytes / 1e6:.0f} MB / {bandwidth / 1e9:.1f} GB/s = "
           f"{1000 * step_bytes / bandwidth:.1f} ms ({step_bytes / bandwidth / step:.0%} reached)")
   base, cur = (statistics.median(t) for t in times.values())

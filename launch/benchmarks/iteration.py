@@ -193,8 +193,8 @@ def main():
       subprocess.run(["git", "worktree", "remove", "--force", baseline_tree], cwd=REPO_ROOT,
                      capture_output=True)
   import jax
-  from hgpo_jax import perf
-  cpu = perf.describe_cpu()
+  from hgpo_jax.cost import hardware
+  cpu = hardware.describe_cpu()
   print(f"jax {jax.__version__}, {cpu['model'] or 'cpu'}, {cpu['cores']} cores, "
         f"{cpu['f32_lanes'] * 32}-bit vectors, bf16 dot products: "
         f"{'yes' if cpu['bf16_dot'] or cpu['amx'] else 'no'}; {CONFIG}; median over "

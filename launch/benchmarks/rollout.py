@@ -20,7 +20,7 @@ call of each shape) and are the median of `--reps` calls. Per setting it prints:
   over the N steps (row r of prompt length l_r reads l_r + j + 1 slots at step j:
   `decode_traffic.necessary_bytes`), at the copy bandwidth measured in the same process (a
   jitted x + 1 over `--copy-mib` MiB: bytes read + written / time) and at the chip's
-  datasheet bandwidth (`perf.ACCELERATORS`), and the fraction of each reached;
+  datasheet bandwidth (`hardware.ACCELERATORS`), and the fraction of each reached;
 * with `--hf`: transformers' `generate` on the same device (a randomly initialised
   `Qwen2ForCausalLM` / `LlamaForCausalLM` of the preset's shapes, bf16, static cache,
   sampling at temperature 1, `min_new_tokens` = `max_new_tokens` = N, same prompts);
@@ -50,10 +50,10 @@ import tempfile
 import time
 
 def datasheet_bandwidth(kind: str):
-  """(table key, bytes/s) of the chip's datasheet HBM bandwidth (`perf.ACCELERATORS`, the
+  """(table key, bytes/s) of the chip's datasheet HBM bandwidth (`hardware.ACCELERATORS`, the
   longest key `kind` starts with), or (None, None) for a device the table does not hold."""
-  from hgpo_jax import perf
-  return perf.memory_bandwidth(kind)
+  from hgpo_jax.cost import hardware
+  return hardware.memory_bandwidth(kind)
 
 
 def copy_bandwidth(nbytes: int = 1 << 31, reps: int = 5, device=None) -> float:

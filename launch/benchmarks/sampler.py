@@ -14,7 +14,7 @@ throughput (ours only) is printed too. Our prompt bucket is the longest prompt r
 to a multiple of 8 (Hugging Face pads to the longest prompt).
 
 Under each row, for ours: FLOPs per generate call with achieved FLOP/s and MFU against
-this CPU's detected peak (`hgpo_jax.perf`); then the call split into prefill and decode
+this CPU's detected peak (`hgpo_jax.cost.hardware`); then the call split into prefill and decode
 (a second timing with one new token: prefill + 1 step) and the decode step against two
 rooflines: compute (its FLOPs at the peak) and memory bandwidth (the weights and the
 filled KV cache read once per step, at the bandwidth measured here by a jitted sum over
@@ -32,9 +32,11 @@ import time
 import jax
 import numpy as np
 
-from hgpo_jax import perf
+from hgpo_jax.cost import analytic
+from hgpo_jax.cost import hardware
 from hgpo_jax.models import loading
 from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.sampling import SamplingParams
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -153,7 +155,7 @@ def measured_bandwidth(reps: int = 5) -> float:
 def decode_step_bytes(cfg, batch: int, cache_len: int) -> int:
   """Bytes a decode step must read at least: every weight once (float32) and the KV cache."""
   kv = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cache_len * cfg.head_dim * 4
-  return 4 * perf.param_count(cfg) + kv
+  return 4 * analytic.param_count(cfg) + kv
 
 
 def main():
@@ -165,12 +167,12 @@ def main():
   args = parser.parse_args()
   batches = [int(b) for b in args.batches.split(",")]
   n = args.new_tokens
-  params = sampler_lib.SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
+  params = SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
   print(f"jax {jax.__version__} on {jax.devices()[0].platform} x{jax.device_count()}, "
         f"{os.cpu_count()} CPUs; {n} new tokens, greedy, median of {args.reps}")
 
   model, tok, cfg = loading.load_model("smollm2-135m")
-  peak = perf.device_peak(dtype=cfg.dtype)
+  peak = hardware.device_peak(dtype=cfg.dtype)
   chats = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
            for q in QUESTIONS]
   plen = max(len(c) for c in chats)
@@ -212,9 +214,9 @@ def main():
     print(f"{'smollm2-135m':14s} {b:5d} {b * n / t_ours:11.1f} {b * n / t_hf:9.1f} {ratios[b]:6.2f}",
           flush=True)
     # FLOPs of one generate call: prefill + n decode steps over the dense cache bucket
-    # (perf.analytic_sampler_flops equals the compiled programs' count: tests/training/test_plan.py).
-    fl = perf.analytic_sampler_flops(cfg, batch=b, prompt=bucket, new_tokens=n)
-    print("  " + perf.format_line(f"ours batch {b} (prefill + {n} decode steps)",
+    # (analytic.analytic_sampler_flops equals the compiled programs' count: tests/training/test_plan.py).
+    fl = analytic.analytic_sampler_flops(cfg, batch=b, prompt=bucket, new_tokens=n)
+    print("  " + hardware.format_line(f"ours batch {b} (prefill + {n} decode steps)",
                                   fl["prefill"] + n * fl["decode_step"], t_ours, peak), flush=True)
     one = dataclasses.replace(params, max_new_tokens=1)
     run_one = lambda: smp.generate(prompts, one, jax.random.key(0))

@@ -9,7 +9,7 @@ Learner, fills old log-probs once, compiles the update, then times `--steps` upd
 the same mini-batch (one optimizer step each, `block_until_ready`) and reports the median.
 tokens/s counts every position of the [B, L] batch (prompt + response), per update.
 Each run also prints the update's FLOPs per call (from the compiled executable,
-`hgpo_jax.perf`), the achieved FLOP/s and the MFU against this CPU's detected peak.
+`hgpo_jax.cost.hlo`), the achieved FLOP/s and the MFU against this CPU's detected peak.
 Fake devices share the same CPU cores, so the 8-device number measures partitioning
 overhead, not a speed-up. The last line prints the ratio 8 devices / 1 device.
 
@@ -21,7 +21,7 @@ same update for a randomly initialised preset (float32 parameters and Adam state
 bfloat16 activations and matmul inputs, remat on; no weights needed), once with the
 attention `auto` picks for that platform and once with the `xla` reference, side by side
 in one process, each with its tokens/s, FLOPs per call, achieved FLOP/s and MFU against
-the chip's published bf16 peak (`hgpo_jax.perf.ACCELERATORS`). The last line is the ratio
+the chip's published bf16 peak (`hgpo_jax.cost.hardware.ACCELERATORS`). The last line is the ratio
 of train tokens/s, auto / xla.
 """
 
@@ -94,11 +94,12 @@ def time_update(model, cfg, mesh, model_name: str, s: dict, devices: int, steps:
     jax.block_until_ready(state)
     times.append(time.perf_counter() - t0)
   med = statistics.median(times)
-  from hgpo_jax import perf
+  from hgpo_jax.cost import hardware
+  from hgpo_jax.cost import trainer_metrics
   # Per-device FLOPs x devices: the fake devices share one CPU, whose peak is the reference.
-  flops = perf.LearnerFlops(learner).per_call(host)["update"] * devices
-  peak = perf.device_peak(dtype=s["dtype"])
-  perf_line = perf.format_line(f"{model_name} devices={devices} update", flops, med, peak)
+  flops = trainer_metrics.LearnerFlops(learner).per_call(host)["update"] * devices
+  peak = hardware.device_peak(dtype=s["dtype"])
+  perf_line = hardware.format_line(f"{model_name} devices={devices} update", flops, med, peak)
   return dict(perf_line=perf_line, model=model_name, devices=devices,
               mesh=[int(n) for n in mesh.devices.shape], rows=s["rows"], seq=s["seq"],
               dtype=s["dtype"], first_call_s=round(compile_s, 3), step_s_median=round(med, 6),

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hgpo_jax import perf
+from hgpo_jax.cost import analytic
+from hgpo_jax.cost import hardware
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import cudnn_check, loading, sharding
 from launch.benchmarks import attention_speed, decode_step, train_step
@@ -34,21 +35,21 @@ def test_time_update_of_a_random_init_preset_reports_tokens_and_flops():
   assert r["loss"] == r["loss"]  # not NaN
   # The printed numbers, read back from the line, against an independent count: the
   # textbook matmul FLOPs of forward + backward on 2 rows x 32 tokens (31 scored), which
-  # with remat bound the compiled count from above, within 5 % (tests/test_perf.py
+  # with remat bound the compiled count from above, within 5 % (tests/cost/test_flops.py
   # test_remat_adds_at_most_one_forward_of_the_layers: XLA keeps the attention products);
   # then the rate and the MFU are that count over the median step time and the peak.
   m = re.fullmatch(r"tiny devices=1 update: ([0-9.]+) GFLOP per call, ([0-9.]+) GFLOP/s, "
                    r"MFU ([0-9.]+)% of ([0-9.]+) GFLOP/s \(.+\)", r["perf_line"])
   assert m, r["perf_line"]
   gflop, rate, mfu, peak = (float(x) for x in m.groups())
-  bound = perf.analytic_update_flops(cfg, rows=2, seq=32, scored=31, remat=True) / 1e9
-  no_remat = perf.analytic_update_flops(cfg, rows=2, seq=32, scored=31, remat=False) / 1e9
+  bound = analytic.analytic_update_flops(cfg, rows=2, seq=32, scored=31, remat=True) / 1e9
+  no_remat = analytic.analytic_update_flops(cfg, rows=2, seq=32, scored=31, remat=False) / 1e9
   assert no_remat < gflop <= bound + 5e-4 and gflop >= 0.95 * bound, (gflop, bound, no_remat)
   # equal up to the printed rounding (3 and 2 decimals; the median time rounded to 0.1 ms)
   rounding = 5e-4 / gflop + 5e-5 / r["step_s_median"]
   assert rate == pytest.approx(gflop / r["step_s_median"], rel=rounding, abs=0.01)
   assert mfu == pytest.approx(100 * rate / peak, rel=1e-2, abs=0.01)
-  assert peak == pytest.approx(perf.device_peak(dtype="bfloat16").flops_per_s / 1e9, abs=0.05)
+  assert peak == pytest.approx(hardware.device_peak(dtype="bfloat16").flops_per_s / 1e9, abs=0.05)
 
 
 def test_accelerator_benchmarks_run_the_cudnn_check_first(monkeypatch):
@@ -113,8 +114,8 @@ def test_rollout_decode_timing_of_the_trainer_sampler_is_consistent():
   assert all(prompt // 2 <= len(p) <= prompt for p in prompts)
   assert r["mean_prompt"] == sum(len(p) for p in prompts) / rows
   # bf16 weights; keys and values of every row's mean valid slots (l + (N + 1) / 2)
-  from hgpo_jax import perf
-  assert r["weight_bytes"] == 2 * perf.param_count(cfg)
+  from hgpo_jax.cost import analytic
+  assert r["weight_bytes"] == 2 * analytic.param_count(cfg)
   kv_itemsize = np.dtype(sampler.cache_dtype).itemsize
   assert r["kv_bytes"] == pytest.approx(2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim
                                         * kv_itemsize * rows * (r["mean_prompt"] + (new + 1) / 2))

@@ -4,7 +4,7 @@ import jax
 import pytest
 
 from configs import alfworld
-from hgpo_jax import perf
+from hgpo_jax.cost import analytic
 from hgpo_jax.training import plan as plan_lib
 from launch import plan as plan_cli
 
@@ -51,7 +51,7 @@ def test_persistent_bytes_fall_as_one_over_fsdp():
   step/rng scalars are replicated)."""
   config = _config()
   cfg = plan_lib.shapes_from_config(config).model
-  full = 4 * perf.param_count(cfg)  # f32 params
+  full = 4 * analytic.param_count(cfg)  # f32 params
   for fsdp in (1, 2, 4, 8):
     per_device = plan_lib.persistent_bytes(config, (1, fsdp, 1), devices=_devices(fsdp))
     # params + 2 moments + reference params = 4 copies.
@@ -106,12 +106,12 @@ def test_sampler_program_and_flops_per_device():
   plan = plan_lib.compile_plan(config, (1, 8, 1), phases=("generate",), devices=_devices(8))
   cfg = plan.shapes.model
   assert plan.rollout_rows == 8
-  analytic = perf.analytic_sampler_flops(cfg, batch=8, prompt=64, new_tokens=32)
+  counts = analytic.analytic_sampler_flops(cfg, batch=8, prompt=64, new_tokens=32)
   # The decode step's own new key: XLA rewrites its probs x values product (a contraction
   # over one slot) as an elementwise multiply, which its cost analysis does not count
   # among the dot FLOPs (the analytic count has 2 per multiply-add).
   single_slot_pv = 2 * 8 * cfg.num_layers * cfg.num_heads * cfg.head_dim
-  expected = analytic["prefill"] + 32 * (analytic["decode_step"] - single_slot_pv)
+  expected = counts["prefill"] + 32 * (counts["decode_step"] - single_slot_pv)
   assert plan.phases["generate"].flops * 8 == pytest.approx(expected, rel=1e-3)
   assert plan.phases["generate"].calls == config.env.max_steps - 1
 
@@ -146,13 +146,13 @@ def test_constrained_generate_takes_its_trie_shapes_from_the_config():
   rollout call with tries of exactly that many nodes and the rollout's stop table (the
   call `Sampler.generate` makes, whatever a turn's allowed actions), and it compiles."""
   from hgpo_jax.models import sharding
-  from hgpo_jax.sampling import constrained, sampler as sampler_lib
+  from hgpo_jax.sampling import constrained, types
   from hgpo_jax.training import programs
   config = _config(prompt=64, response=32)
   config.rollout.max_trie_nodes = 64
   registry = programs.build(config, sharding.make_mesh(8, 1, 1, devices=_devices(8)))
   gen = registry.programs["generate"]
-  assert gen.static["flags"].constraint_mode == sampler_lib.WHOLE_CONSTRAINT
+  assert gen.static["flags"].constraint_mode == types.WHOLE_CONSTRAINT
   assert registry.sampler.trie_nodes == 64
   rows = registry.rollout_rows
   tries = vars(gen.args[1].tries)
@@ -161,7 +161,7 @@ def test_constrained_generate_takes_its_trie_shapes_from_the_config():
   gen.lower().compile()
   config.rollout.max_trie_nodes = 0  # sized per call: the registry lists free decoding
   free = programs.build(config, sharding.make_mesh(8, 1, 1, devices=_devices(8)))
-  assert free.programs["generate"].static["flags"].constraint_mode == sampler_lib.NO_CONSTRAINT
+  assert free.programs["generate"].static["flags"].constraint_mode == types.NO_CONSTRAINT
 
 
 def test_host_reference_leaves_the_persistent_device_bytes_and_has_its_own_program():
@@ -220,7 +220,7 @@ def test_decode_step_traffic_against_its_necessary_bytes_per_device():
   cfg = plan.shapes.model
   need = plan.decode_necessary
   norms = (2 * cfg.num_layers + 1) * cfg.hidden_dim
-  assert need.weights == 4 * ((perf.param_count(cfg) - norms) / 4 + norms)
+  assert need.weights == 4 * ((analytic.param_count(cfg) - norms) / 4 + norms)
   assert need.kv == 2 * cfg.num_layers * 4 * 1 * cfg.head_dim * 4 * (0.75 * 64 + 33 / 2)
   step = plan.phases["generate"].step
   assert step.cycles == 0.0 and step.traffic > need.weights

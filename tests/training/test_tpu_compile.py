@@ -9,7 +9,7 @@ import pytest
 
 from configs import alfworld
 from configs import webshop
-from hgpo_jax import perf
+from hgpo_jax.cost import analytic
 from hgpo_jax.models import sharding
 from hgpo_jax.training import plan as plan_lib
 from hgpo_jax.training import programs
@@ -100,7 +100,7 @@ def test_generate_compiles_on_one_host_of_a_multi_host_slice():
 
 def test_tpu_flops_of_the_tiny_update_and_logprobs_equal_the_analytic_count():
   """The matmul FLOPs read from XLA:TPU's HLO (convolutions, loop bounds from conditions)
-  equal 2 x params x tokens + the attention term, as on CPU (tests/test_perf.py), + the
+  equal 2 x params x tokens + the attention term, as on CPU (tests/cost/test_flops.py), + the
   RoPE rotation's product on TPU. Remat off: the backward pass then has exactly 2 forward
   passes' matmuls."""
   config = alfworld.get_config("algo=hgpo,smoke")
@@ -114,8 +114,8 @@ def test_tpu_flops_of_the_tiny_update_and_logprobs_equal_the_analytic_count():
   plan = plan_lib.compile_plan(config, (8, 1, 1), phases=("update", "logprobs"), devices=devices)
   cfg = plan.shapes.model
   seq, scored = 96 + 32, 32
-  fwd = perf.analytic_forward_flops(cfg, rows=8, tokens=seq, keys=seq, scored=scored)
-  upd = perf.analytic_update_flops(cfg, rows=8, seq=seq, scored=scored, remat=False)
+  fwd = analytic.analytic_forward_flops(cfg, rows=8, tokens=seq, keys=seq, scored=scored)
+  upd = analytic.analytic_update_flops(cfg, rows=8, seq=seq, scored=scored, remat=False)
   # On TPU targets RoPE takes each lane's partner by a product with a constant [Dh, Dh]
   # permutation (`decoder.rope_rotation_by_product`): 2 Dh^2 FLOPs per query and key head
   # per token and layer forward, once more backward (no weight gradient).

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hgpo_jax import perf
+from hgpo_jax.cost import analytic
+from hgpo_jax.cost import hardware
+from hgpo_jax.cost import hlo
+from hgpo_jax.cost import trainer_metrics
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding
@@ -31,10 +34,10 @@ def test_xla_cost_analysis_counts_a_loop_body_once_and_compiled_flops_weights_it
   x, w = jnp.ones((M, K)), jnp.ones((K, K))
   compiled = jax.jit(_matmul_scan).lower(x, w).compile()
   one = 2 * M * K * K
-  xla = perf.cost_analysis(compiled)["flops"]
+  xla = hlo.cost_analysis(compiled)["flops"]
   # The trap the module works around: 10 iterations reported as ~1 (plus loop-counter ops).
   assert one <= xla < 1.01 * one
-  assert perf.compiled_flops(compiled) == 10 * one
+  assert hlo.compiled_flops(compiled) == 10 * one
 
 
 def test_compiled_flops_equals_xla_cost_analysis_without_loops():
@@ -42,15 +45,15 @@ def test_compiled_flops_equals_xla_cost_analysis_without_loops():
     return jnp.tanh(x @ w1) @ w2
   args = (jnp.ones((M, K)), jnp.ones((K, N)), jnp.ones((N, K)))
   compiled = jax.jit(mlp).lower(*args).compile()
-  ours = perf.compiled_flops(compiled)
+  ours = hlo.compiled_flops(compiled)
   assert ours == 2 * M * K * N * 2
   # XLA also counts elementwise ops (none here but tanh, which it books as a
   # transcendental): the two counts agree to within those few FLOPs.
-  assert ours == pytest.approx(perf.cost_analysis(compiled)["flops"], rel=1e-3)
+  assert ours == pytest.approx(hlo.cost_analysis(compiled)["flops"], rel=1e-3)
 
 
 def test_hlo_parser_nested_loops_and_fusions():
-  hlo = """HloModule m
+  text = """HloModule m
 
 %fused (p0: f32[4,8], p1: f32[8,2]) -> f32[4,2] {
   %p0 = f32[4,8]{1,0} parameter(0)
@@ -79,12 +82,12 @@ ENTRY %main (x: f32[4,8]) -> f32[4,8] {
 }
 """
   one = 2 * 4 * 2 * 8
-  assert perf.hlo_matmul_flops(hlo) == one + 5 * 3 * one
+  assert hlo.hlo_matmul_flops(text) == one + 5 * 3 * one
 
 
 def test_hlo_parser_counts_gpu_gemm_custom_calls():
   """XLA:GPU turns dots into `__cublas$gemm` custom calls (text as XLA:GPU prints it)."""
-  hlo = """HloModule m
+  text = """HloModule m
 
 ENTRY %main (a: f32[16,32], b: f32[32,8]) -> f32[16,8] {
   %a = f32[16,32]{1,0} parameter(0)
@@ -93,16 +96,16 @@ ENTRY %main (a: f32[16,32], b: f32[32,8]) -> f32[16,8] {
   ROOT %r = f32[16,8]{1,0} get-tuple-element(%g), index=0
 }
 """
-  assert perf.hlo_matmul_flops(hlo) == 2 * 16 * 8 * 32
+  assert hlo.hlo_matmul_flops(text) == 2 * 16 * 8 * 32
 
 
 def test_cost_analysis_accepts_list_dict_and_none_forms():
   as_list = types.SimpleNamespace(cost_analysis=lambda: [{"flops": 3.0, "x": "s"}, {"flops": 4.0}])
   as_dict = types.SimpleNamespace(cost_analysis=lambda: {"flops": 5, "bytes accessed": 7.0})
   none = types.SimpleNamespace(cost_analysis=lambda: None)
-  assert perf.cost_analysis(as_list) == {"flops": 7.0}
-  assert perf.cost_analysis(as_dict) == {"flops": 5.0, "bytes accessed": 7.0}
-  assert perf.cost_analysis(none) == {}
+  assert hlo.cost_analysis(as_list) == {"flops": 7.0}
+  assert hlo.cost_analysis(as_dict) == {"flops": 5.0, "bytes accessed": 7.0}
+  assert hlo.cost_analysis(none) == {}
 
 
 def _tiny_learner(remat, scored_tail=None, mesh=None, rows=8, micro=4):
@@ -127,10 +130,10 @@ def test_compiled_train_step_flops_match_the_analytic_count(scored_tail):
   cfg, learner, batch = _tiny_learner(remat=False, scored_tail=scored_tail)
   seq = batch.seq_len
   scored = seq - 1 if scored_tail is None else scored_tail
-  got = perf.LearnerFlops(learner).per_call(batch)
-  fwd = perf.analytic_forward_flops(cfg, rows=8, tokens=seq, keys=seq, scored=scored)
+  got = trainer_metrics.LearnerFlops(learner).per_call(batch)
+  fwd = analytic.analytic_forward_flops(cfg, rows=8, tokens=seq, keys=seq, scored=scored)
   assert got["logprobs"] == pytest.approx(fwd, rel=1e-9)
-  upd = perf.analytic_update_flops(cfg, rows=8, seq=seq, scored=scored, remat=False)
+  upd = analytic.analytic_update_flops(cfg, rows=8, seq=seq, scored=scored, remat=False)
   assert got["update"] == pytest.approx(upd, rel=1e-9)
   assert upd == pytest.approx(3 * fwd, rel=1e-9)
 
@@ -142,9 +145,9 @@ def test_remat_adds_at_most_one_forward_of_the_layers():
   0.964 of the bound on this model). Stated tolerance: within 5% below the bound."""
   cfg, learner, batch = _tiny_learner(remat=True)
   seq = batch.seq_len
-  got = perf.LearnerFlops(learner).per_call(batch)["update"]
-  bound = perf.analytic_update_flops(cfg, rows=8, seq=seq, scored=seq - 1, remat=True)
-  no_remat = perf.analytic_update_flops(cfg, rows=8, seq=seq, scored=seq - 1, remat=False)
+  got = trainer_metrics.LearnerFlops(learner).per_call(batch)["update"]
+  bound = analytic.analytic_update_flops(cfg, rows=8, seq=seq, scored=seq - 1, remat=True)
+  no_remat = analytic.analytic_update_flops(cfg, rows=8, seq=seq, scored=seq - 1, remat=False)
   assert no_remat < got <= bound
   assert got >= 0.95 * bound
 
@@ -157,19 +160,19 @@ def test_per_device_flops_of_a_data_parallel_update_are_one_eighth():
     pytest.skip("needs 8 (fake) devices")
   _, one, batch = _tiny_learner(remat=False, rows=16, micro=8)
   _, eight, _ = _tiny_learner(remat=False, rows=16, micro=8, mesh=sharding.make_mesh(8, 1, 1, devices=jax.devices()[:8]))
-  f1 = perf.LearnerFlops(one).per_call(batch)
-  f8 = perf.LearnerFlops(eight).per_call(batch)
+  f1 = trainer_metrics.LearnerFlops(one).per_call(batch)
+  f8 = trainer_metrics.LearnerFlops(eight).per_call(batch)
   assert 8 * f8["update"] == f1["update"]
   assert 8 * f8["logprobs"] == f1["logprobs"]
 
 
 def test_iteration_metrics_count_calls_and_divide_by_time():
   learner = types.SimpleNamespace(config=train_step.UpdateConfig(mini_batch_rows=4, micro_batch_rows=2, ppo_epochs=2))
-  counter = perf.LearnerFlops(learner)
+  counter = trainer_metrics.LearnerFlops(learner)
   counter.per_call = lambda batch: {"logprobs": 10.0, "update": 30.0}
   batch = types.SimpleNamespace(num_rows=12)
-  peak = perf.Peak(100.0, "cpu", "float32", "test")
-  m = perf.iteration_metrics(counter, batch, logprob_passes=2, logprobs_s=2.0, update_s=4.0, peak=peak)
+  peak = hardware.Peak(100.0, "cpu", "float32", "test")
+  m = trainer_metrics.iteration_metrics(counter, batch, logprob_passes=2, logprobs_s=2.0, update_s=4.0, peak=peak)
   # 3 mini-batches: 3 x (old + ref) log-prob calls, 3 x 2 epochs updates.
   assert m["perf/logprobs_flops"] == 60.0 and m["perf/logprobs_flop_per_s"] == 30.0
   assert m["perf/update_flops"] == 180.0 and m["perf/update_mfu"] == pytest.approx(0.45)
@@ -177,11 +180,11 @@ def test_iteration_metrics_count_calls_and_divide_by_time():
 
 def test_iteration_metrics_sum_packed_mini_batches_of_their_own_shapes():
   learner = types.SimpleNamespace(config=train_step.UpdateConfig(mini_batch_rows=4, micro_batch_rows=2, ppo_epochs=2))
-  counter = perf.LearnerFlops(learner)
+  counter = trainer_metrics.LearnerFlops(learner)
   counter.per_call = lambda b: {"logprobs": 10.0 * b.num_rows, "update": 30.0 * b.num_rows}
   packed = [types.SimpleNamespace(num_rows=2), types.SimpleNamespace(num_rows=4)]
-  peak = perf.Peak(100.0, "cpu", "float32", "test")
-  m = perf.iteration_metrics(counter, packed, logprob_passes=1, logprobs_s=1.0, update_s=2.0, peak=peak)
+  peak = hardware.Peak(100.0, "cpu", "float32", "test")
+  m = trainer_metrics.iteration_metrics(counter, packed, logprob_passes=1, logprobs_s=1.0, update_s=2.0, peak=peak)
   assert m["perf/logprobs_flops"] == 60.0  # (2 + 4) rows x 10, one pass
   assert m["perf/update_flops"] == 360.0  # (2 + 4) rows x 30, 2 epochs
   assert m["perf/update_mfu"] == pytest.approx(1.8)
@@ -197,44 +200,44 @@ cpu MHz\t\t: 2500.000
 
 
 def test_cpu_peak_from_detected_features(monkeypatch):
-  monkeypatch.setattr(perf, "_read", lambda path: _CPUINFO if path == "/proc/cpuinfo" else "")
-  monkeypatch.setattr(perf.shutil, "which", lambda name: None)
-  monkeypatch.setattr(perf.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+  monkeypatch.setattr(hardware, "_read", lambda path: _CPUINFO if path == "/proc/cpuinfo" else "")
+  monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
+  monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
   monkeypatch.delenv("HGPO_PEAK_FLOPS", raising=False)
-  c = perf.describe_cpu()
+  c = hardware.describe_cpu()
   assert (c["cores"], c["f32_lanes"], c["fma_units"], c["clock_hz"]) == (4, 16, 2, 2.5e9)
   # 4 cores x 16 lanes x 2 FMA pipes x 2 FLOPs x 2.5 GHz; bf16 dot products double it.
-  assert perf.cpu_peak("float32").flops_per_s == 4 * 16 * 2 * 2 * 2.5e9
-  assert perf.cpu_peak("bfloat16").flops_per_s == 2 * 4 * 16 * 2 * 2 * 2.5e9
-  assert "4 cores x 16 f32 lanes" in perf.cpu_peak().source
+  assert hardware.cpu_peak("float32").flops_per_s == 4 * 16 * 2 * 2 * 2.5e9
+  assert hardware.cpu_peak("bfloat16").flops_per_s == 2 * 4 * 16 * 2 * 2 * 2.5e9
+  assert "4 cores x 16 f32 lanes" in hardware.cpu_peak().source
 
 
 def test_accelerator_peaks_by_device_kind(monkeypatch):
   monkeypatch.delenv("HGPO_PEAK_FLOPS", raising=False)
   dev = lambda kind, platform: types.SimpleNamespace(device_kind=kind, platform=platform)
-  assert perf.device_peak(dev("NVIDIA H100 80GB HBM3", "gpu"), "bfloat16").flops_per_s == 989e12
-  assert perf.device_peak(dev("NVIDIA H100 PCIe", "gpu"), "bfloat16").flops_per_s == 756e12
-  assert perf.device_peak(dev("TPU v5 lite", "tpu"), "bfloat16").flops_per_s == 197e12
-  assert perf.device_peak(dev("TPU v5p", "tpu"), "bfloat16").flops_per_s == 459e12
-  assert perf.device_peak(dev("TPU v6 lite", "tpu"), "bfloat16").flops_per_s == 918e12
+  assert hardware.device_peak(dev("NVIDIA H100 80GB HBM3", "gpu"), "bfloat16").flops_per_s == 989e12
+  assert hardware.device_peak(dev("NVIDIA H100 PCIe", "gpu"), "bfloat16").flops_per_s == 756e12
+  assert hardware.device_peak(dev("TPU v5 lite", "tpu"), "bfloat16").flops_per_s == 197e12
+  assert hardware.device_peak(dev("TPU v5p", "tpu"), "bfloat16").flops_per_s == 459e12
+  assert hardware.device_peak(dev("TPU v6 lite", "tpu"), "bfloat16").flops_per_s == 918e12
   with pytest.raises(ValueError, match="HGPO_PEAK_FLOPS"):
-    perf.device_peak(dev("Mystery Accelerator", "gpu"))
+    hardware.device_peak(dev("Mystery Accelerator", "gpu"))
   monkeypatch.setenv("HGPO_PEAK_FLOPS", "1e12")
-  assert perf.device_peak(dev("Mystery Accelerator", "gpu")).flops_per_s == 1e12
+  assert hardware.device_peak(dev("Mystery Accelerator", "gpu")).flops_per_s == 1e12
 
 
 def test_param_count_of_the_presets_matches_the_built_model():
   cfg = model_config.get_preset("tiny")
   model = decoder.Decoder(cfg, rngs=nnx.Rngs(0))
   built = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  assert perf.param_count(cfg) == built
+  assert analytic.param_count(cfg) == built
   # Published sizes: Qwen2.5-1.5B has 1.54B parameters, Qwen2.5-7B 7.62B.
-  assert perf.param_count(model_config.get_preset("qwen2.5-1.5b")) == pytest.approx(1.54e9, rel=0.01)
-  assert perf.param_count(model_config.get_preset("qwen2.5-7b")) == pytest.approx(7.62e9, rel=0.01)
+  assert analytic.param_count(model_config.get_preset("qwen2.5-1.5b")) == pytest.approx(1.54e9, rel=0.01)
+  assert analytic.param_count(model_config.get_preset("qwen2.5-7b")) == pytest.approx(7.62e9, rel=0.01)
 
 
 def test_profile_window_traces_the_chosen_iterations(tmp_path):
-  window = perf.ProfileWindow(str(tmp_path), first_iteration=0, iterations=2, skip=1)
+  window = trainer_metrics.ProfileWindow(str(tmp_path), first_iteration=0, iterations=2, skip=1)
   f = jax.jit(lambda x: x @ x)
   x = jnp.ones((8, 8))
   active = []
@@ -283,12 +286,12 @@ def test_tpu_hlo_batched_convolution_and_loop_bound_from_the_condition():
   """2 x 4 heads x 256 x 256 x 64 per score matrix (not x4 again for the batch window),
   12 trips read from `i < 12`; XLA:TPU's cycle estimates are weighted the same way."""
   one = 2 * 4 * 256 * 256 * 64
-  assert perf.hlo_matmul_flops(_TPU_HLO) == 12 * one
-  assert perf.hlo_estimated_cycles(_TPU_HLO) == 12 * 100
+  assert hlo.hlo_matmul_flops(_TPU_HLO) == 12 * one
+  assert hlo.hlo_estimated_cycles(_TPU_HLO) == 12 * 100
   # A data-dependent exit (no constant bound) counts `unknown_trip_count` times.
   data_dependent = _TPU_HLO.replace("compare(%i, %c), direction=LT", "and(%i, %c)")
-  assert perf.hlo_matmul_flops(data_dependent) == one
-  assert perf.hlo_matmul_flops(data_dependent, unknown_trip_count=7) == 7 * one
+  assert hlo.hlo_matmul_flops(data_dependent) == one
+  assert hlo.hlo_matmul_flops(data_dependent, unknown_trip_count=7) == 7 * one
 
 
 def test_convolution_flops_follow_xla_cost_analysis_on_cpu():
@@ -298,8 +301,8 @@ def test_convolution_flops_follow_xla_cost_analysis_on_cpu():
   f = lambda x, w: jax.lax.conv_general_dilated(x, w, (2, 2), ((1, 1), (1, 1)),
                                                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
   compiled = jax.jit(f).lower(x, w).compile()
-  assert perf.compiled_flops(compiled) == pytest.approx(
-      perf.cost_analysis(compiled)["flops"], rel=0.02)
+  assert hlo.compiled_flops(compiled) == pytest.approx(
+      hlo.cost_analysis(compiled)["flops"], rel=0.02)
 
 
 def test_nested_data_dependent_loops_take_one_weight_per_depth():
@@ -321,9 +324,9 @@ def test_nested_data_dependent_loops_take_one_weight_per_depth():
 
   text = jax.jit(f).lower(jnp.ones((8, 8), jnp.float32)).compile().as_text()
   one = 2 * 8 * 8 * 8
-  assert perf.hlo_matmul_flops(text) == 3 * one  # one body of each
-  assert perf.hlo_matmul_flops(text, unknown_trip_count=4) == 4 * one + 16 * 2 * one
-  assert perf.hlo_matmul_flops(text, unknown_trip_count=(4, 0.5)) == 4 * one + 2 * 2 * one
+  assert hlo.hlo_matmul_flops(text) == 3 * one  # one body of each
+  assert hlo.hlo_matmul_flops(text, unknown_trip_count=4) == 4 * one + 16 * 2 * one
+  assert hlo.hlo_matmul_flops(text, unknown_trip_count=(4, 0.5)) == 4 * one + 2 * 2 * one
 
 
 _TRAFFIC_HLO = """HloModule traffic
@@ -408,10 +411,10 @@ def test_hlo_memory_traffic_of_a_hand_made_module_with_known_bytes():
   assert layer == 776
   step = 4 * layer + 1024
   entry = (512 + 512) + 512 + 128
-  assert perf.hlo_memory_traffic(_TRAFFIC_HLO) == entry + step
-  assert perf.hlo_memory_traffic(_TRAFFIC_HLO, unknown_trip_count=3) == entry + 3 * step
-  assert perf.loop_iteration(perf.hlo_memory_traffic, _TRAFFIC_HLO, (512,)) == step
-  assert perf.array_bytes("(f32[2,3]{1,0}, bf16[4]{0:S(1)}, pred[], s4[8])") == 24 + 0 + 1 + 4
+  assert hlo.hlo_memory_traffic(_TRAFFIC_HLO) == entry + step
+  assert hlo.hlo_memory_traffic(_TRAFFIC_HLO, unknown_trip_count=3) == entry + 3 * step
+  assert hlo.loop_iteration(hlo.hlo_memory_traffic, _TRAFFIC_HLO, (512,)) == step
+  assert hlo.array_bytes("(f32[2,3]{1,0}, bf16[4]{0:S(1)}, pred[], s4[8])") == 24 + 0 + 1 + 4
 
 
 _NESTED_BITCAST_HLO = """HloModule nested
@@ -440,7 +443,7 @@ def test_hlo_memory_traffic_reads_a_weight_that_a_nested_fusion_passes_on_whole(
   """XLA:TPU's decode matmuls take a layer's weight through a nested fusion whose root is
   a bitcast of it: the weight (16 x 8 bf16, 256 B in device memory) is read in full, not
   booked as nothing; the activations and the product live on chip (`S(1)`)."""
-  assert perf.hlo_memory_traffic(_NESTED_BITCAST_HLO) == 256
+  assert hlo.hlo_memory_traffic(_NESTED_BITCAST_HLO) == 256
 
 
 def test_hlo_memory_traffic_weights_the_layer_loop_that_xla_counts_once():
@@ -455,8 +458,8 @@ def test_hlo_memory_traffic_weights_the_layer_loop_that_xla_counts_once():
 
   def traffic(layers):
     compiled = jax.jit(f).lower(jnp.ones((8, K)), jnp.ones((layers, K, K))).compile()
-    return (perf.hlo_memory_traffic(compiled.as_text()),
-            perf.cost_analysis(compiled)["bytes accessed"])
+    return (hlo.hlo_memory_traffic(compiled.as_text()),
+            hlo.cost_analysis(compiled)["bytes accessed"])
 
   weights = 4 * K * K
   one, xla_one = traffic(1)

@@ -1,0 +1,53 @@
+"""Analytic matmul FLOPs and parameter counts of the decoder.
+
+The textbook count, 2 x params x tokens for a forward pass plus the dense attention term
+(masked keys are still multiplied, as implemented), x3 for forward + backward (+1 forward
+with remat). It cross-checks the compiled count (`hgpo_jax.cost.hlo.compiled_flops`,
+tests/cost/test_flops.py) and sizes the benchmarks' expectations.
+"""
+
+from __future__ import annotations
+
+
+def layer_matmul_params(cfg) -> int:
+  """Weights of one decoder block that take part in matmuls (q, k, v, o, gate, up, down)."""
+  d, h, kv, dh, f = cfg.hidden_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
+  return d * (h + 2 * kv) * dh + h * dh * d + 3 * d * f
+
+
+def analytic_forward_flops(cfg, *, rows: int, tokens: int, keys: int, scored: int) -> float:
+  """Matmul FLOPs of one forward pass: `rows` x `tokens` new positions, each attending
+  over `keys` positions (dense: masked keys are still multiplied), and the output layer
+  on `scored` positions per row."""
+  per_token = 2 * cfg.num_layers * layer_matmul_params(cfg)
+  attention = cfg.num_layers * 2 * 2 * keys * cfg.num_heads * cfg.head_dim  # QK^T and PV
+  head = 2 * cfg.hidden_dim * cfg.vocab_size
+  return float(rows * tokens * (per_token + attention) + rows * scored * head)
+
+
+def analytic_update_flops(cfg, *, rows: int, seq: int, scored: int, remat: bool) -> float:
+  """Forward + backward of the actor update on [rows, seq]: 3x forward (+1x the
+  layers' forward with remat: the output layer is outside the rematerialised scan)."""
+  fwd = analytic_forward_flops(cfg, rows=rows, tokens=seq, keys=seq, scored=scored)
+  layers = analytic_forward_flops(cfg, rows=rows, tokens=seq, keys=seq, scored=0)
+  return 3 * fwd + (layers if remat else 0.0)
+
+
+def analytic_sampler_flops(cfg, *, batch: int, prompt: int, new_tokens: int) -> dict[str, float]:
+  """Prefill (P-1 positions) and one decode step (1 position + output layer), as the
+  sampler computes them (hgpo_jax.models.decoder): the prefill fills an empty cache, its
+  positions score each other only; a decode step scores the whole cache of
+  P + new_tokens - 1 slots (dense) plus its own new key."""
+  cache = prompt + new_tokens - 1
+  return dict(
+      prefill=analytic_forward_flops(cfg, rows=batch, tokens=prompt - 1, keys=prompt - 1,
+                                     scored=0),
+      decode_step=analytic_forward_flops(cfg, rows=batch, tokens=1, keys=cache + 1, scored=1))
+
+
+def param_count(cfg) -> int:
+  """Parameters of the decoder (embedding, blocks with norms/biases, final norm, head)."""
+  d, h, kv, dh = cfg.hidden_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  per_layer = layer_matmul_params(cfg) + 2 * d + ((h + 2 * kv) * dh if cfg.qkv_bias else 0)
+  head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
+  return cfg.vocab_size * d + cfg.num_layers * per_layer + d + head
