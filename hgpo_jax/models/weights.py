@@ -22,7 +22,7 @@ from hgpo_jax.models.config import ModelConfig
 # Canonical tensor kinds: per model, and per layer (the Decoder's DecoderLayers names).
 MODEL_TENSORS = ("embed", "final_norm", "lm_head")
 LAYER_TENSORS = ("attn_norm", "q", "k", "v", "o", "q_bias", "k_bias", "v_bias",
-                 "mlp_norm", "gate", "up", "down")
+                 "q_norm", "k_norm", "mlp_norm", "gate", "up", "down")
 
 HF_NAMES = {
     "embed": "model.embed_tokens.weight",
@@ -36,6 +36,8 @@ HF_NAMES = {
     "q_bias": "model.layers.{i}.self_attn.q_proj.bias",
     "k_bias": "model.layers.{i}.self_attn.k_proj.bias",
     "v_bias": "model.layers.{i}.self_attn.v_proj.bias",
+    "q_norm": "model.layers.{i}.self_attn.q_norm.weight",
+    "k_norm": "model.layers.{i}.self_attn.k_norm.weight",
     "mlp_norm": "model.layers.{i}.post_attention_layernorm.weight",
     "gate": "model.layers.{i}.mlp.gate_proj.weight",
     "up": "model.layers.{i}.mlp.up_proj.weight",
@@ -50,7 +52,7 @@ def checkpoint_shape(cfg: ModelConfig, kind: str) -> tuple[int, ...]:
   return {"embed": (v, d), "lm_head": (v, d), "final_norm": (d,), "attn_norm": (d,),
           "mlp_norm": (d,), "q": (h * dh, d), "k": (kv * dh, d), "v": (kv * dh, d),
           "o": (d, h * dh), "q_bias": (h * dh,), "k_bias": (kv * dh,), "v_bias": (kv * dh,),
-          "gate": (f, d), "up": (f, d), "down": (d, f)}[kind]
+          "q_norm": (dh,), "k_norm": (dh,), "gate": (f, d), "up": (f, d), "down": (d, f)}[kind]
 
 
 def to_decoder_layout(cfg: ModelConfig, kind: str, w: np.ndarray) -> np.ndarray:
@@ -68,6 +70,41 @@ def to_decoder_layout(cfg: ModelConfig, kind: str, w: np.ndarray) -> np.ndarray:
   if kind in ("k_bias", "v_bias"):
     return w.reshape(kv, dh)
   return w
+
+
+def layer_kinds(cfg: ModelConfig) -> tuple[str, ...]:
+  """The per-layer tensor kinds of this architecture: biases with cfg.qkv_bias, q/k norms
+  with cfg.qk_norm."""
+  return tuple(k for k in LAYER_TENSORS if (cfg.qkv_bias or not k.endswith("_bias"))
+               and (cfg.qk_norm or k not in ("q_norm", "k_norm")))
+
+
+def hf_tensors(cfg: ModelConfig, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Decoder parameter path ("embed", "layers/q", ...) -> Hugging Face tensor name
+  ("model.layers.{i}.self_attn.q_proj.weight", ...) in the checkpoint's [out, in] layout:
+  the inverse of `assemble_params` (dtypes kept; no lm_head when tied). Raises ValueError
+  for a missing or unexpected parameter or a shape that is not the config's."""
+  expected = {"embed", "final_norm", *(() if cfg.tie_embeddings else ("lm_head",)),
+              *(f"layers/{k}" for k in layer_kinds(cfg))}
+  if set(params) != expected:
+    raise ValueError(f"hf_tensors: parameters {sorted(set(params) - expected)} unexpected, "
+                     f"{sorted(expected - set(params))} missing for this config.")
+  out = {}
+  for path, w in params.items():
+    kind = path.removeprefix("layers/")
+    stacked = kind != path
+    shape = checkpoint_shape(cfg, kind)
+    w = np.asarray(w)
+    want = ((cfg.num_layers,) if stacked else ()) + (int(np.prod(shape)),)
+    if (w.shape[0],) * stacked + (int(np.prod(w.shape[stacked:])),) != want:
+      raise ValueError(f"hf_tensors: {path} has shape {w.shape}; this config's is "
+                       f"{'[L] + ' if stacked else ''}{shape} (in the Decoder's layout).")
+    if not stacked:
+      out[HF_NAMES[kind]] = w.reshape(shape)
+      continue
+    for i in range(cfg.num_layers):
+      out[HF_NAMES[kind].format(i=i)] = w[i].reshape(shape)
+  return out
 
 
 # A TensorSource returns (array in checkpoint layout, "file: tensor name" for messages),
@@ -93,8 +130,7 @@ def assemble_params(cfg: ModelConfig, source: TensorSource) -> dict[str, np.ndar
   params = {"embed": fetch("embed"), "final_norm": fetch("final_norm")}
   if not cfg.tie_embeddings:
     params["lm_head"] = fetch("lm_head")
-  kinds = [k for k in LAYER_TENSORS if cfg.qkv_bias or not k.endswith("_bias")]
-  for kind in kinds:
+  for kind in layer_kinds(cfg):
     first = fetch(kind, 0)
     # Filled in place: stacking a list would hold every layer twice.
     stacked = np.empty((cfg.num_layers,) + first.shape, dtype)

@@ -1,0 +1,170 @@
+"""Hugging Face families (Llama with RoPE scaling, Qwen2, Qwen3) in both config formats:
+config.json read against the allow-list and written back, tensors both ways, and logits
+equal to transformers' on tiny random checkpoints (prefill and KV-cache decode)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hgpo_jax.models import config as config_lib
+from hgpo_jax.models import weights
+
+# Released checkpoints' config.json as published (the keys that matter for the allow-list).
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "head_dim": 64,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256}
+QWEN2_5_1_5B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 1536,
+    "initializer_range": 0.02, "intermediate_size": 8960, "max_position_embeddings": 32768,
+    "max_window_layers": 21, "model_type": "qwen2", "num_attention_heads": 12,
+    "num_hidden_layers": 28, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936}
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+    "sliding_window": None, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 151936}
+
+
+def test_released_configs_read_as_their_presets():
+  """Qwen2.5-1.5B and Qwen3-0.6B config.json (transformers 4 format) are their presets;
+  Llama-3.2-1B's llama3 RoPE scaling is read, not refused."""
+  assert config_lib.config_from_hf(QWEN2_5_1_5B) == config_lib.get_preset("qwen2.5-1.5b")
+  assert config_lib.config_from_hf(QWEN3_0_6B) == config_lib.get_preset("qwen3-0.6b")
+  llama = config_lib.config_from_hf(LLAMA_3_2_1B)
+  assert llama.rope_theta == 500000.0 and llama.head_dim == 64 and llama.tie_embeddings
+  assert llama.rope_scaling == (("factor", 32.0), ("high_freq_factor", 4.0),
+                                ("low_freq_factor", 1.0),
+                                ("original_max_position_embeddings", 8192),
+                                ("rope_type", "llama3"))
+
+
+def _as_transformers5(hf: dict) -> dict:
+  """The same config as transformers 5 writes it: rope_theta and the scaling under
+  rope_parameters."""
+  hf = dict(hf)
+  params = dict(hf.pop("rope_scaling", None) or {"rope_type": "default"})
+  params["rope_theta"] = hf.pop("rope_theta")
+  return {**hf, "rope_parameters": params}
+
+
+@pytest.mark.parametrize("hf", [LLAMA_3_2_1B, QWEN2_5_1_5B, QWEN3_0_6B])
+def test_both_config_formats_read_alike(hf):
+  assert config_lib.config_from_hf(_as_transformers5(hf)) == config_lib.config_from_hf(hf)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2.5-7b", "qwen3-8b", "qwen3-1.7b"])
+@pytest.mark.parametrize("scaling", [
+    (), (("factor", 4.0), ("rope_type", "linear")),
+    (("attention_factor", 1.25), ("beta_fast", 16.0), ("factor", 4.0),
+     ("original_max_position_embeddings", 256), ("rope_type", "yarn"), ("truncate", False))])
+def test_hf_config_dict_reads_back(name, scaling):
+  cfg = config_lib.get_preset(name).replace(rope_scaling=scaling)
+  hf = config_lib.hf_config_dict(cfg)
+  assert hf["model_type"] == {"tiny": "llama", "qwen2.5-7b": "qwen2"}.get(name, "qwen3")
+  assert hf["rope_parameters"]["rope_type"] == (dict(scaling).get("rope_type", "default"))
+  assert config_lib.config_from_hf(json.loads(json.dumps(hf))) == cfg
+
+
+def test_hf_config_dict_is_what_transformers_reads():
+  """transformers' own config class reads the written dict to the same RoPE parameters."""
+  import transformers
+  cfg = config_lib.get_preset("qwen3-0.6b").replace(
+      rope_scaling=(("factor", 4.0), ("original_max_position_embeddings", 32768),
+                    ("rope_type", "yarn")))
+  ref = transformers.Qwen3Config(**config_lib.hf_config_dict(cfg))
+  assert ref.rope_parameters == {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 32768}
+  assert (ref.head_dim, ref.num_key_value_heads, ref.tie_word_embeddings) == (128, 8, True)
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "rope_type='longrope'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "wavelength": 3}}, "rope_scaling.wavelength"),
+    ({"use_sliding_window": True}, "use_sliding_window=True"),
+    ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding_attention"),
+    ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+    ({"quantization_config": {"bits": 4}}, "'quantization_config'"),
+    ({"attention_bias": True}, "attention_bias=True"),
+])
+def test_not_implemented_keys_are_refused_by_name(change, named):
+  base = QWEN3_0_6B if "layer_types" in change or "use_sliding_window" in change else LLAMA_3_2_1B
+  with pytest.raises(ValueError, match="not implemented") as e:
+    config_lib.config_from_hf({**base, **change})
+  assert named in str(e.value) and "\n" not in str(e.value)
+
+
+def test_llama_biases_and_qwen2_unknown_keys_are_refused():
+  for key in ("attention_bias", "mlp_bias"):
+    with pytest.raises(ValueError, match=f"{key}=True is not implemented"):
+      config_lib.config_from_hf({**LLAMA_3_2_1B, key: True})
+  with pytest.raises(ValueError, match="key 'attention_bias' of a qwen2 config"):
+    config_lib.config_from_hf({**QWEN2_5_1_5B, "attention_bias": False})
+  with pytest.raises(ValueError, match="model_type='mistral'"):
+    config_lib.config_from_hf({**LLAMA_3_2_1B, "model_type": "mistral"})
+
+
+def _random_params(cfg, seed=0):
+  """Random Decoder parameters of `cfg` in the Decoder's layout (weights.to_decoder_layout)."""
+  rng = np.random.default_rng(seed)
+  params = {}
+  for kind in ("embed", "final_norm", *(() if cfg.tie_embeddings else ("lm_head",))):
+    params[kind] = rng.normal(size=weights.checkpoint_shape(cfg, kind)).astype(np.float32)
+  for kind in weights.layer_kinds(cfg):
+    params[f"layers/{kind}"] = np.stack([
+        weights.to_decoder_layout(cfg, kind, rng.normal(
+            size=weights.checkpoint_shape(cfg, kind)).astype(np.float32))
+        for _ in range(cfg.num_layers)])
+  return params
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_hf_tensors_inverts_assemble_params(family):
+  cfg = config_lib.get_preset("tiny").replace(
+      qkv_bias=family == "qwen2", qk_norm=family == "qwen3", tie_embeddings=family != "qwen2",
+      head_dim=8)
+  params = _random_params(cfg)
+  tensors = weights.hf_tensors(cfg, params)
+  assert ("model.layers.1.self_attn.k_norm.weight" in tensors) == (family == "qwen3")
+  assert ("model.layers.0.self_attn.q_proj.bias" in tensors) == (family == "qwen2")
+  assert ("lm_head.weight" in tensors) == (family == "qwen2")
+  assert tensors["model.layers.1.self_attn.o_proj.weight"].shape == (64, 32)
+  np.testing.assert_array_equal(tensors["model.layers.1.self_attn.q_proj.weight"],
+                                params["layers/q"][1].reshape(32, 64))
+  back = weights.assemble_params(
+      cfg, lambda kind, i: (tensors[weights.HF_NAMES[kind].format(i=i)], kind))
+  assert back.keys() == params.keys()
+  for name in params:
+    np.testing.assert_array_equal(back[name], params[name])
+  with pytest.raises(ValueError, match="layers/q has shape"):
+    weights.hf_tensors(cfg, {**params, "layers/q": params["layers/q"][:1]})
+  with pytest.raises(ValueError, match="unexpected"):
+    weights.hf_tensors(cfg, {**params, "layers/extra": params["layers/q"]})
+
+
+def test_written_config_json_loads_in_read_hf_config(tmp_path):
+  cfg = config_lib.get_preset("qwen3-4b")
+  with open(os.path.join(tmp_path, "config.json"), "w") as f:
+    json.dump(config_lib.hf_config_dict(cfg), f)
+  assert config_lib.read_hf_config(str(tmp_path)) == cfg
