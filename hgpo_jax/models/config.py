@@ -17,6 +17,7 @@ import os
 import jax.numpy as jnp
 
 from hgpo_jax.models import attention_names
+from hgpo_jax.models.lora import LoraConfig
 
 ROPE_LAYOUTS = ("half", "interleaved")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -114,6 +115,8 @@ class ModelConfig:
       (`attention.decode_attention`): "auto" (by the target platform,
       `attention.resolve_decode_impl`: "pallas_gpu" on GPUs, "xla" elsewhere) or a name of
       `attention_names.DECODE_IMPLEMENTATIONS`.
+    lora: LoRA adapters on the layers' projections (`hgpo_jax.models.lora`); rank 0 (the
+      default): none.
     qk_norm: RMSNorm over head_dim on each query and key head before RoPE, with scales
       q_norm/k_norm [Dh] per layer (Qwen3).
     rope_scaling: the RoPE scaling as sorted (name, value) pairs of transformers'
@@ -140,6 +143,7 @@ class ModelConfig:
   attn_query_chunk: int = 0
   attention_impl: str = "auto"
   decode_attention_impl: str = "auto"
+  lora: LoraConfig = LoraConfig()
   qk_norm: bool = False
   rope_scaling: tuple[tuple[str, float | int | str | bool], ...] = ()
 

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from hgpo_jax.models import lora as lora_lib
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.models.config import (PRESET_NAMES, PRESETS_WITH_PATH, ModelConfig, get_preset,
                                     read_hf_config)
@@ -88,12 +89,56 @@ def model_from_params(cfg: ModelConfig, params: dict[str, np.ndarray], *, mesh=N
   return nnx.merge(graphdef, filled)
 
 
-def load_hf_dir(directory: str, *, dtype: str = "float32", mesh=None, rules=None):
-  """(Decoder, Tokenizer, ModelConfig) from a Hugging Face model directory."""
+def with_lora(model: Decoder, lora: lora_lib.LoraConfig | None = None, *, seed: int = 0,
+              mesh=None, rules=None, adapter_dir: str | None = None) -> Decoder:
+  """`model` (a Decoder without adapters) with LoRA adapters on its projections: fresh
+  ones of `lora` (A as PEFT initialises it, B = 0: the same forward) or those of the PEFT
+  adapter directory `adapter_dir` (its `adapter_config.json` sets rank, alpha, targets;
+  `lora`, when given, must have its rank). The base is cast to `model.cfg.weight_dtype`
+  and everything placed on `mesh` when given."""
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  layers = params["layers"]
+  if adapter_dir is not None:
+    read_cfg, adapters = lora_lib.read_peft_adapter(adapter_dir, layers, model.cfg.num_layers)
+    if lora is not None and lora.rank and lora.rank != read_cfg.rank:
+      raise ValueError(f"model.lora.rank={lora.rank} but the adapter {adapter_dir} has rank "
+                       f"{read_cfg.rank}; set model.lora.rank={read_cfg.rank} (or 0).")
+    lora = read_cfg
+  elif lora is None or not lora.rank:
+    return model
+  else:
+    key = jax.random.key(seed)
+    adapters = {}
+    for i, name in enumerate(lora.names):
+      axes = getattr(model.layers, name).get_metadata().get("logical_axes")
+      base = nnx.Param(layers[name], logical_axes=axes)
+      a, b = lora_lib.adapter_params(base, name, lora.rank, jax.random.fold_in(key, i))
+      adapters[f"layers/{name}_lora_a"], adapters[f"layers/{name}_lora_b"] = a[...], b[...]
+  cfg = model.cfg.replace(lora=lora)
+  flat = {"/".join(str(k) for k in path): x.astype(cfg.weight_dtype)
+          for path, x in _flatten(params)}
+  return model_from_params(cfg, {**flat, **adapters}, mesh=mesh, rules=rules)
+
+
+def _flatten(tree: dict, prefix: tuple = ()):
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      yield from _flatten(v, prefix + (k,))
+    else:
+      yield prefix + (k,), v
+
+
+def load_hf_dir(directory: str, *, dtype: str = "float32", mesh=None, rules=None,
+                lora_path: str | None = None):
+  """(Decoder, Tokenizer, ModelConfig) from a Hugging Face model directory; with
+  `lora_path`, the PEFT adapter directory's adapters on it (`with_lora`)."""
   cfg = _with_dtype(read_hf_config(directory), dtype)
   tokenizer = Tokenizer.from_hf_dir(directory)
   params = assemble_params(cfg, hf_tensor_source(directory))
-  return model_from_params(cfg, params, mesh=mesh, rules=rules), tokenizer, cfg
+  model = model_from_params(cfg, params, mesh=None if lora_path else mesh, rules=rules)
+  if lora_path:
+    model = with_lora(model, mesh=mesh, rules=rules, adapter_dir=lora_path)
+  return model, tokenizer, model.cfg
 
 
 def load_gguf(path: str, *, dtype: str = "float32", mesh=None, rules=None):
@@ -118,7 +163,8 @@ def _check_architecture(name: str, cfg: ModelConfig, directory: str):
 
 
 def load_model(name_or_path: str, *, dtype: str = "float32", mesh=None, rules=None, seed: int = 0,
-               path: str | None = None) -> tuple[Decoder, Tokenizer, ModelConfig]:
+               path: str | None = None, lora_path: str | None = None
+               ) -> tuple[Decoder, Tokenizer, ModelConfig]:
   """Builds a model, its tokenizer and its config from a preset name or a path.
 
   Args:
@@ -128,7 +174,13 @@ def load_model(name_or_path: str, *, dtype: str = "float32", mesh=None, rules=No
     rules: logical->mesh axis rules (default `sharding.DEFAULT_RULES`).
     seed: parameter init seed ("tiny" only).
     path: local directory of a preset in PRESETS_WITH_PATH (else $HGPO_JAX_MODEL_PATH).
+    lora_path: a PEFT adapter directory put on the loaded model (`with_lora`).
   """
+  if lora_path:
+    model, tokenizer, _ = load_model(name_or_path, dtype=dtype, rules=rules, seed=seed,
+                                     path=path)
+    model = with_lora(model, mesh=mesh, rules=rules, adapter_dir=lora_path)
+    return model, tokenizer, model.cfg
   if name_or_path == "tiny":
     cfg = _with_dtype(get_preset("tiny"), dtype)
     tokenizer = tiny_tokenizer()

@@ -1,0 +1,285 @@
+"""LoRA adapters over a frozen decoder (Hu et al., arXiv:2106.09685, eq. 3) and PEFT's files.
+
+A target projection W [out, in] (stored [L, out..., in...] in `DecoderLayers`) computes
+  y = x Wᵀ + s · (x A) B,   A [in, r], B [r, out],   s = alpha / r (rsLoRA: alpha / √r,
+Kalajdzievski, arXiv:2312.03732)
+as PEFT's `peft/tuners/lora/layer.py` `Linear.forward` does (`lora_B(lora_A(x)) * scaling`,
+dropout 0). A is initialised as PEFT's `reset_lora_parameters` does (torch's Kaiming-uniform
+with a = √5 on lora_A's [r, in] weight: U(-1/√in, 1/√in)) and B with zeros, so a fresh
+adapter leaves the base policy exactly as it was. Adapters are `nnx.LoRAParam`s named
+`<projection>_lora_a` / `_lora_b` beside their base weight, stacked over the layers:
+A [L, in..., r] and B [L, r, out...], whose in / out axes keep the base weight's logical
+axis names (so they shard as its input and output do) and whose rank axis ("lora_rank",
+no rule) is replicated. Adapters are float32 (PEFT's `autocast_adapter_dtype`); with LoRA
+the frozen base is stored in the compute dtype (`hgpo_jax.training.run_config`).
+
+PEFT's files (`save_pretrained`): `adapter_config.json` and `adapter_model.safetensors`
+with `base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight` [r, in] and
+`... .lora_B.weight` [out, r] (torch `nn.Linear` layout), read by `read_peft_adapter` and
+written by `write_peft_adapter`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The module names LoRA can target, as PEFT writes them (`target_modules`)."""
+
+DECODER_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
+                 "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+"""PEFT module name -> the `DecoderLayers` weight it adapts."""
+
+_HF_MODULES = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
+               "v_proj": "self_attn.v_proj", "o_proj": "self_attn.o_proj",
+               "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+               "down_proj": "mlp.down_proj"}
+
+_OUT_AXES = {"q": 2, "k": 2, "v": 2, "o": 1, "gate": 1, "up": 1, "down": 1}
+"""How many of a stacked base weight's axes after the layer axis are its output axes
+(q [L, H, Dh, D]: out (H, Dh), in D; o [L, D, H, Dh]: out D, in (H, Dh))."""
+
+SUFFIXES = ("_lora_a", "_lora_b")
+PARAM_NAMES = tuple(n + s for n in DECODER_NAMES.values() for s in SUFFIXES)
+"""Every adapter attribute a `DecoderLayers` may hold."""
+
+ADAPTER_DTYPE = jnp.float32
+RANK_AXIS = "lora_rank"  # no sharding rule: replicated
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """Which projections carry adapters and how they are scaled.
+
+  Attributes:
+    rank: r; 0 = no adapters (full fine-tuning).
+    alpha: the scale's numerator (PEFT `lora_alpha`).
+    targets: PEFT module names of the adapted projections (`TARGETS`).
+    rslora: scale alpha / √r instead of alpha / r (PEFT `use_rslora`).
+  """
+  rank: int = 0
+  alpha: float = 16.0
+  targets: tuple[str, ...] = TARGETS
+  rslora: bool = False
+
+  def __post_init__(self):
+    if self.rank < 0:
+      raise ValueError(f"model.lora.rank={self.rank} must be >= 0 (0: no adapters).")
+    if not self.rank:
+      return
+    if not self.alpha > 0:
+      raise ValueError(f"model.lora.alpha={self.alpha} must be > 0.")
+    unknown = [t for t in self.targets if t not in TARGETS]
+    if unknown or not self.targets:
+      raise ValueError(f"model.lora.targets={','.join(self.targets)!r}: {unknown or 'nothing'} "
+                       f"names no module; use names of {','.join(TARGETS)}.")
+
+  @property
+  def scale(self) -> float:
+    """s of y = x Wᵀ + s · (x A) B (PEFT `scaling`)."""
+    return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    """The adapted `DecoderLayers` weights, in `TARGETS` order."""
+    return tuple(DECODER_NAMES[t] for t in TARGETS if t in self.targets) if self.rank else ()
+
+
+def from_settings(rank: int, alpha: float, targets: str | tuple, rslora: bool) -> LoraConfig:
+  """A LoraConfig from the command line's values (targets comma-separated)."""
+  if isinstance(targets, str):
+    targets = tuple(t.strip() for t in targets.split(",") if t.strip())
+  return LoraConfig(rank=int(rank), alpha=float(alpha), targets=tuple(targets),
+                    rslora=bool(rslora))
+
+
+def adapter_params(base: nnx.Param, name: str, rank: int, key: jax.Array):
+  """(A, B) `nnx.LoRAParam`s for the stacked base weight `base` [L, out..., in...]:
+  A [L, in..., r] ~ U(-1/√in, 1/√in) (PEFT's Kaiming-uniform, a = √5), B [L, r, out...] = 0,
+  float32, with the base's logical axes on their in / out axes."""
+  shape = tuple(base.shape)
+  base_axes = base.get_metadata().get("logical_axes") or (None,) * len(shape)
+  n_out = _OUT_AXES[name]
+  out_shape, in_shape = shape[1:1 + n_out], shape[1 + n_out:]
+  out_axes, in_axes = base_axes[1:1 + n_out], base_axes[1 + n_out:]
+  fan_in = int(np.prod(in_shape))
+  bound = 1.0 / math.sqrt(fan_in)
+  a = jax.random.uniform(key, (shape[0], *in_shape, rank), ADAPTER_DTYPE, -bound, bound)
+  b = jnp.zeros((shape[0], rank, *out_shape), ADAPTER_DTYPE)
+  return (nnx.LoRAParam(a, logical_axes=(base_axes[0], *in_axes, RANK_AXIS)),
+          nnx.LoRAParam(b, logical_axes=(base_axes[0], RANK_AXIS, *out_axes)))
+
+
+def merged_weight(w, a, b, scale: float, dtype):
+  """W + s · (A B)ᵀ in W's layout, in `dtype`: one stacked base weight w [L, out..., in...]
+  with its adapters a [L, in..., r], b [L, r, out...] (the products summed in float32)."""
+  n, r = a.shape[0], a.shape[-1]
+  a_lir = a.reshape(n, -1, r).astype(dtype)
+  b_lro = b.reshape(n, r, -1).astype(dtype)
+  delta_loi = jnp.einsum("lir,lro->loi", a_lir, b_lro, preferred_element_type=jnp.float32)
+  return (w.astype(jnp.float32) + scale * delta_loi.reshape(w.shape)).astype(dtype)
+
+
+def is_adapter(name: str) -> bool:
+  """Whether a parameter's name is an adapter's (`<projection>_lora_a` / `_lora_b`)."""
+  return str(name).endswith(SUFFIXES)
+
+
+def _leaf_name(path) -> str:
+  key = path[-1]
+  return str(getattr(key, "key", getattr(key, "name", key)))
+
+
+def has_adapters(params: Any) -> bool:
+  """Whether a params pytree (pure dict or nnx.State) holds adapters."""
+  return any(is_adapter(_leaf_name(p)) for p, _ in jax.tree_util.tree_leaves_with_path(params))
+
+
+def trainable_mask(params: Any) -> Any:
+  """bool pytree over `params`: what the optimizer trains. Without adapters every leaf;
+  with them the adapters and any value head (`value_*`, the critic's full-rank heads),
+  the frozen base nothing."""
+  adapters = has_adapters(params)
+  return jax.tree_util.tree_map_with_path(
+      lambda p, _: (not adapters) or is_adapter(_leaf_name(p))
+      or _leaf_name(p).startswith("value_"), params)
+
+
+def split(params: Any, mask: Any) -> tuple[Any, Any]:
+  """(trainable, frozen): `params` with the other part's leaves None (same structure)."""
+  keep = lambda m, x: x if m else None  # noqa: E731
+  drop = lambda m, x: None if m else x  # noqa: E731
+  return jax.tree.map(keep, mask, params), jax.tree.map(drop, mask, params)
+
+
+def join(trainable: Any, frozen: Any) -> Any:
+  """The inverse of `split`."""
+  return jax.tree.map(lambda t, f: f if t is None else t, trainable, frozen,
+                      is_leaf=lambda x: x is None)
+
+
+def without_adapters(params: dict) -> dict:
+  """A pure param dict with every adapter removed (the base's own tree)."""
+  if not isinstance(params, dict):
+    return params
+  return {k: without_adapters(v) for k, v in params.items() if not is_adapter(k)}
+
+
+def merge_into_base(params: dict, lora: LoraConfig, dtype) -> dict:
+  """A decoder's pure params with each adapted weight merged (`merged_weight`, in `dtype`)
+  and the adapters dropped: the params of the same decoder without LoRA."""
+  layers = dict(params["layers"])
+  for name in lora.names:
+    layers[name] = merged_weight(layers[name], layers[f"{name}_lora_a"],
+                                 layers[f"{name}_lora_b"], lora.scale, dtype)
+  return dict(without_adapters(params), layers=without_adapters(layers))
+
+
+# ------------------------------------------------------------------------ PEFT files
+def peft_key(target: str, layer: int, which: str) -> str:
+  """PEFT's saved name of lora_A / lora_B (`which` "A" / "B") of `target` in `layer`."""
+  return f"base_model.model.model.layers.{layer}.{_HF_MODULES[target]}.lora_{which}.weight"
+
+
+def write_peft_adapter(directory: str, lora: LoraConfig, layers: dict, *, num_layers: int,
+                       base_model: str = "") -> None:
+  """Writes `adapter_config.json` and `adapter_model.safetensors` (float32, PEFT's key
+  names) of the adapters in `layers` (the decoder's pure "layers" dict) to `directory`."""
+  from safetensors.numpy import save_file  # noqa: PLC0415  (only the writer needs it)
+  os.makedirs(directory, exist_ok=True)
+  tensors = {}
+  for target in lora.targets:
+    name = DECODER_NAMES[target]
+    a = np.asarray(layers[f"{name}_lora_a"], np.float32)
+    b = np.asarray(layers[f"{name}_lora_b"], np.float32)
+    for i in range(num_layers):
+      tensors[peft_key(target, i, "A")] = np.ascontiguousarray(a[i].reshape(-1, lora.rank).T)
+      tensors[peft_key(target, i, "B")] = np.ascontiguousarray(b[i].reshape(lora.rank, -1).T)
+  save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
+  config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank,
+            "lora_alpha": lora.alpha, "use_rslora": lora.rslora, "lora_dropout": 0.0,
+            "target_modules": sorted(lora.targets), "bias": "none", "fan_in_fan_out": False,
+            "base_model_name_or_path": base_model, "inference_mode": True,
+            "init_lora_weights": True, "modules_to_save": None, "use_dora": False}
+  with open(os.path.join(directory, CONFIG_FILE), "w") as f:
+    json.dump(config, f, indent=2)
+
+
+def read_peft_config(directory: str) -> LoraConfig:
+  """The LoraConfig of a PEFT adapter directory; one-line errors for what is not LoRA as
+  implemented here (DoRA, per-module ranks, biases, layer subsets, extra trained modules)."""
+  path = os.path.join(directory, CONFIG_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} not found: a PEFT adapter directory holds {CONFIG_FILE} "
+                            f"and {WEIGHTS_FILE} (peft save_pretrained).")
+  with open(path) as f:
+    hf = json.load(f)
+  if hf.get("peft_type", "LORA") != "LORA":
+    raise ValueError(f"{path}: peft_type={hf.get('peft_type')!r}; only LORA adapters load.")
+  unsupported = [k for k in ("use_dora", "rank_pattern", "alpha_pattern", "layers_to_transform",
+                             "modules_to_save", "fan_in_fan_out", "lora_bias",
+                             "trainable_token_indices", "target_parameters") if hf.get(k)]
+  if hf.get("bias", "none") != "none":
+    unsupported.append("bias")
+  if unsupported:
+    raise ValueError(f"{path}: {', '.join(unsupported)} set; not implemented here.")
+  targets = hf.get("target_modules") or []
+  if isinstance(targets, str):  # a regex in PEFT
+    raise ValueError(f"{path}: target_modules={targets!r} is a pattern; list module names of "
+                     f"{','.join(TARGETS)}.")
+  try:
+    return LoraConfig(rank=int(hf["r"]), alpha=float(hf["lora_alpha"]),
+                      targets=tuple(t for t in TARGETS if t in targets) or tuple(targets),
+                      rslora=bool(hf.get("use_rslora", False)))
+  except (KeyError, ValueError) as e:
+    raise ValueError(f"{path}: {e}") from None
+
+
+def read_peft_adapter(directory: str, layers: dict, num_layers: int) -> tuple[LoraConfig, dict]:
+  """(LoraConfig, {"layers/<name>_lora_a": A [L, in..., r], ...}) of a PEFT adapter
+  directory, shaped for base weights `layers` (name -> array or ShapeDtypeStruct
+  [L, out..., in...]); a shape that disagrees with the base is a one-line ValueError."""
+  from hgpo_jax.models.weights import SafetensorsFile  # noqa: PLC0415  (weights imports config)
+  lora = read_peft_config(directory)
+  path = os.path.join(directory, WEIGHTS_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} not found (peft save_pretrained writes it).")
+  st = SafetensorsFile(path)
+  out = {}
+  for target in lora.targets:
+    name = DECODER_NAMES[target]
+    shape = tuple(layers[name].shape)
+    n_out = _OUT_AXES[name]
+    out_shape, in_shape = shape[1:1 + n_out], shape[1 + n_out:]
+    want = {"A": (lora.rank, int(np.prod(in_shape))), "B": (int(np.prod(out_shape)), lora.rank)}
+    a = np.empty((num_layers, *in_shape, lora.rank), np.float32)
+    b = np.empty((num_layers, lora.rank, *out_shape), np.float32)
+    for i in range(num_layers):
+      for which in "AB":
+        key = peft_key(target, i, which)
+        if key not in st.names:
+          raise ValueError(f"{path}: tensor {key} missing; the adapter does not match this "
+                           f"{num_layers}-layer model.")
+        w = st.get(key)
+        if tuple(w.shape) != want[which]:
+          raise ValueError(f"{path}: {key} has shape {tuple(w.shape)}, the model needs "
+                           f"{want[which]}: the adapter's base model differs from this one.")
+        w = np.asarray(w, np.float32)
+        if which == "A":
+          a[i] = w.T.reshape(*in_shape, lora.rank)
+        else:
+          b[i] = w.T.reshape(lora.rank, *out_shape)
+    out[f"layers/{name}_lora_a"], out[f"layers/{name}_lora_b"] = a, b
+  return lora, out

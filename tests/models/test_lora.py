@@ -1,0 +1,143 @@
+"""LoRA adapters (hgpo_jax/models/lora.py): the adapted forward equals transformers + peft,
+PEFT's files round-trip, fresh adapters leave the base's forward bit for bit, the merged
+weights compute the same forward, and bad settings are one-line errors."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import model_fixtures
+from hgpo_jax.models import decoder, loading, lora
+
+ALL = list(lora.TARGETS)
+SUBSET = ["q_proj", "o_proj", "up_proj"]
+
+
+def _peft_model(tmp_path, arch, targets, *, rank=4, alpha=8.0, rslora=False, seed=0):
+  """(HF directory, PEFT adapter directory, peft model) with random non-zero A and B."""
+  import peft
+  import torch
+  hf_dir = str(tmp_path / arch)
+  base = model_fixtures.write_hf_dir(hf_dir, arch, seed=seed)
+  model = peft.get_peft_model(base, peft.LoraConfig(
+      r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, use_rslora=rslora))
+  torch.manual_seed(seed + 1)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "lora_" in name:
+        p.copy_(0.3 * torch.randn_like(p))
+  model.eval()
+  adapter_dir = str(tmp_path / f"{arch}_adapter")
+  model.save_pretrained(adapter_dir)
+  return hf_dir, adapter_dir, model
+
+
+def _logits(model, tokens, mask, positions):
+  return np.asarray(model(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))[0])
+
+
+@pytest.mark.parametrize("arch,targets,rslora", [("qwen2", ALL, False), ("llama", ALL, True),
+                                                 ("qwen2", SUBSET, False)])
+def test_adapted_forward_equals_peft(tmp_path, arch, targets, rslora):
+  hf_dir, adapter_dir, reference = _peft_model(tmp_path, arch, targets, rslora=rslora)
+  model, _, cfg = loading.load_hf_dir(hf_dir, lora_path=adapter_dir)
+  assert cfg.lora.rank == 4 and set(cfg.lora.targets) == set(targets)
+  assert cfg.lora.scale == (8.0 / 2.0 if rslora else 8.0 / 4)
+  tokens, mask, positions = model_fixtures.left_padded_batch()
+  want = model_fixtures.torch_logits(reference, tokens, mask, positions)
+  got = _logits(model, tokens, mask, positions)
+  base, _, _ = loading.load_hf_dir(hf_dir)
+  without = _logits(base, tokens, mask, positions)
+  # the adapters move the logits far more than the tolerance
+  assert np.max(np.abs(want - without)[mask]) > 0.5
+  np.testing.assert_allclose(got[mask], want[mask], atol=2e-4, rtol=1e-4)
+
+
+def test_peft_files_round_trip(tmp_path):
+  import peft
+  import transformers
+  hf_dir = str(tmp_path / "hf")
+  model_fixtures.write_hf_dir(hf_dir, "qwen2")
+  base, _, _ = loading.load_hf_dir(hf_dir)
+  model = loading.with_lora(base, lora.LoraConfig(rank=3, alpha=5.0, targets=tuple(SUBSET)),
+                            seed=1)
+  # B = 0 from the init; make them non-zero so the files carry a real update
+  state = nnx.state(model, nnx.LoRAParam)
+  rng = np.random.default_rng(0)
+  nnx.update(model, jax.tree.map(lambda x: jnp.asarray(
+      rng.normal(0, 0.2, x.shape), x.dtype), state))
+  out = str(tmp_path / "adapter")
+  lora.write_peft_adapter(out, model.cfg.lora,
+                          nnx.to_pure_dict(nnx.state(model, nnx.Param))["layers"],
+                          num_layers=model.cfg.num_layers, base_model=hf_dir)
+  assert sorted(os.listdir(out)) == [lora.CONFIG_FILE, lora.WEIGHTS_FILE]
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=3)
+  ours = _logits(model, tokens, mask, positions)
+  hf = transformers.Qwen2ForCausalLM.from_pretrained(hf_dir).eval()
+  hf.config._attn_implementation = "eager"
+  loaded = peft.PeftModel.from_pretrained(hf, out).eval()
+  want = model_fixtures.torch_logits(loaded, tokens, mask, positions)
+  np.testing.assert_allclose(ours[mask], want[mask], atol=2e-4, rtol=1e-4)
+  back, _, _ = loading.load_hf_dir(hf_dir, lora_path=out)
+  for name, x in nnx.to_pure_dict(nnx.state(model, nnx.LoRAParam))["layers"].items():
+    np.testing.assert_array_equal(np.asarray(back.layers.__getattribute__(name)[...]),
+                                  np.asarray(x))
+  np.testing.assert_array_equal(_logits(back, tokens, mask, positions), ours)
+
+
+def test_fresh_adapters_are_peft_init_and_leave_the_forward_bitwise():
+  base = decoder.Decoder(loading.get_preset("tiny"), rngs=nnx.Rngs(params=0))
+  model = loading.with_lora(base, lora.LoraConfig(rank=8), seed=0)
+  a = np.asarray(model.layers.q_lora_a[...])
+  d = model.cfg.hidden_dim
+  assert a.shape == (2, d, 8) and model.layers.q_lora_b[...].shape == (2, 8, 4, 16)
+  assert model.layers.o_lora_a[...].shape == (2, 4, 16, 8)
+  # Kaiming-uniform with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in)); B zeros
+  assert np.abs(a).max() <= d ** -0.5 and np.abs(a).max() > 0.9 * d ** -0.5
+  assert abs(a.std() - d ** -0.5 / np.sqrt(3)) < 0.01
+  assert not np.any(np.asarray(model.layers.down_lora_b[...]))
+  assert model.layers.q_lora_a.get_metadata()["logical_axes"] == ("layers", "embed",
+                                                                   "lora_rank")
+  assert model.layers.q_lora_b.get_metadata()["logical_axes"] == (
+      "layers", "lora_rank", "heads", "head_dim")
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=5)
+  np.testing.assert_array_equal(_logits(model, tokens, mask, positions),
+                                _logits(base, tokens, mask, positions))
+
+
+def test_merged_weights_compute_the_adapted_forward():
+  base = decoder.Decoder(loading.get_preset("tiny"), rngs=nnx.Rngs(params=0))
+  model = loading.with_lora(base, lora.LoraConfig(rank=4, alpha=12.0), seed=0)
+  rng = np.random.default_rng(1)
+  nnx.update(model, jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype),
+                                 nnx.state(model, nnx.LoRAParam)))
+  merged = model.merged()
+  assert merged.cfg.lora.rank == 0 and not hasattr(merged.layers, "q_lora_a")
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=2)
+  got, want = _logits(merged, tokens, mask, positions), _logits(model, tokens, mask, positions)
+  assert np.max(np.abs(want - _logits(base, tokens, mask, positions))[mask]) > 0.1
+  np.testing.assert_allclose(got[mask], want[mask], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(rank=-1), "model.lora.rank=-1 must be >= 0"),
+    (dict(rank=4, alpha=0.0), "model.lora.alpha=0.0 must be > 0"),
+    (dict(rank=4, targets=("qkv",)), "names no module"),
+    (dict(rank=4, targets=()), "names no module"),
+])
+def test_bad_settings_are_one_line_errors(kwargs, message):
+  with pytest.raises(ValueError, match=message) as e:
+    lora.LoraConfig(**kwargs)
+  assert "\n" not in str(e.value)
+
+
+def test_adapter_of_another_base_is_refused(tmp_path):
+  _, adapter_dir, _ = _peft_model(tmp_path, "qwen2", SUBSET)
+  other = decoder.Decoder(loading.get_preset("tiny"), rngs=nnx.Rngs(params=0))  # hidden 64,
+  with pytest.raises(ValueError, match="base model differs") as e:  # other head layout
+    loading.with_lora(other, adapter_dir=adapter_dir)
+  assert "\n" not in str(e.value)
