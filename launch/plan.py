@@ -178,7 +178,7 @@ def main(argv=None) -> int:
 def _setup(args, topology: str):
   """(target or None, devices, label, device memory) with JAX set up for them; runs before
   JAX initialises its backends."""
-  from hgpo_jax.training import targets
+  from hgpo_jax.cost import targets
   if topology:
     try:
       target = targets.resolve(topology)
@@ -198,7 +198,7 @@ def _setup(args, topology: str):
     os.environ["JAX_PLATFORMS"] = "cpu"
   import jax
   from hgpo_jax import runtime
-  from hgpo_jax.training import plan as plan_lib
+  from hgpo_jax.cost import plan as plan_lib
   if topology:
     devices = targets.devices(target)
     label = f"{target.name} ({target.topology}, {len(devices)} chips, " \
@@ -246,9 +246,9 @@ def _micro_batch(config, mesh, devices, requested: int) -> int | None:
 
 def plan_main(args, overrides) -> int:
   target, devices, label, memory = _setup(args, args.topology)
-  from hgpo_jax.training import plan as plan_lib
+  from hgpo_jax.cost import plan as plan_lib
   from hgpo_jax.training import run_config
-  from hgpo_jax.training import targets
+  from hgpo_jax.cost import targets
 
   config = load_config(args.config, overrides)
   run_config.validate(config)  # config errors before any compile
@@ -314,7 +314,7 @@ def plan_main(args, overrides) -> int:
 def _lower_only(args, config, mesh, micro, devices, where) -> int:
   """--no-compile: every program of the config built and lowered on the mesh, no XLA."""
   from hgpo_jax.models import sharding as sharding_lib
-  from hgpo_jax.training import plan as plan_lib
+  from hgpo_jax.cost import plan as plan_lib
   from hgpo_jax.training import programs as programs_lib
   t0 = time.perf_counter()
   registry = programs_lib.build(config, sharding_lib.make_mesh(*mesh, devices=devices),
@@ -337,7 +337,7 @@ def _lower_only(args, config, mesh, micro, devices, where) -> int:
 def _search(args, overrides, config, devices, memory, where, show) -> int:
   """Searches meshes and micro-batches where every program fits; prints the winner's plan,
   its command lines and its verdict (or why none fits). 0 iff a candidate fits."""
-  from hgpo_jax.training import plan as plan_lib
+  from hgpo_jax.cost import plan as plan_lib
   print("searching candidate meshes and micro-batches (every learner's update first, then "
         "the other programs on the mesh that fits):", flush=True)
   t0 = time.perf_counter()
@@ -393,7 +393,7 @@ def table_main(args) -> int:
   models = [m for m in args.table_models.split(",") if m]
   if not names or not models:
     raise PlanError("--table-targets and --table-models need at least one name each")
-  from hgpo_jax.training import targets
+  from hgpo_jax.cost import targets
   resolved = []
   for name in names:
     try:
@@ -405,7 +405,7 @@ def table_main(args) -> int:
                       "with XLA:TPU)")
     resolved.append(t)
   _setup(args, names[0])
-  from hgpo_jax.training import plan as plan_lib
+  from hgpo_jax.cost import plan as plan_lib
   # Rows of earlier runs stay unless this run recompiles their (model, target): one row can
   # be (re)compiled at a time with --table-models / --table-targets.
   try:

@@ -7,7 +7,7 @@ file sets them at import time (pytest imports conftest before any test module).
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# XLA:TPU as a compiler only (tests marked tpu_compile, hgpo_jax/training/targets.py): no
+# XLA:TPU as a compiler only (tests marked tpu_compile, hgpo_jax/cost/targets.py): no
 # TPU metadata server to ask, and every pytest-xdist worker may load libtpu.
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "true")

@@ -314,13 +314,16 @@ def hlo_estimated_cycles(hlo_text: str, unknown_trip_count: int = 1) -> float:
   return _weighted_total(comps, entry, cycles_of, unknown_trip_count)
 
 
-def compiled_flops(compiled, unknown_trip_count: int = 1) -> float:
+def compiled_flops(compiled, unknown_trip_count: int = 1,
+                   hlo_text: Optional[str] = None) -> float:
   """Per-device FLOPs of one call of `jax.jit(f).lower(...).compile()` (see module doc;
-  `unknown_trip_count` as in `hlo_matmul_flops`).
+  `unknown_trip_count` as in `hlo_matmul_flops`; `hlo_text`: `compiled.as_text()` when
+  the caller has it already, since printing a large program takes seconds).
 
   Falls back to XLA's cost analysis when the HLO holds no dot (e.g. a backend that
   lowers matmuls to custom calls)."""
-  flops = hlo_matmul_flops(compiled.as_text(), unknown_trip_count)
+  text = compiled.as_text() if hlo_text is None else hlo_text
+  flops = hlo_matmul_flops(text, unknown_trip_count)
   if flops == 0.0:
     flops = cost_analysis(compiled).get("flops", 0.0)
   return flops

@@ -54,17 +54,16 @@ from hgpo_jax.models import critic as critic_lib
 from hgpo_jax.models import decoder
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.models.platform import target_platform
+from hgpo_jax.cost import targets
 from hgpo_jax.sampling import constrained
 from hgpo_jax.sampling import inputs as inputs_lib
 from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.sampling.sampler import prompt_buckets  # noqa: F401 (the run's buckets)
 from hgpo_jax.training import critic_step
 from hgpo_jax.training import run_config
-from hgpo_jax.training import targets
 from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
 
-GiB = 1024 ** 3
 
 
 def sampling_mesh(config, mesh: jax.sharding.Mesh, local_devices, num_processes: int

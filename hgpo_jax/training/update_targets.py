@@ -11,7 +11,7 @@ critic estimators alike:
       and value targets (`value_targets.critic_targets`) -> token batch with token
       advantages and the estimator's loss mask, and the critic's value batch.
 
-(Not to be confused with hgpo_jax/training/targets.py, the TPU targets `launch.plan` compiles for.)
+(Not to be confused with hgpo_jax/cost/targets.py, the TPU targets `launch.plan` compiles for.)
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from hgpo_jax import runtime
-from hgpo_jax.training import targets
+from hgpo_jax.cost import targets
 from launch import plan as plan_cli
 from launch import sweep
 

@@ -369,7 +369,7 @@ def test_decoder_lowers_to_the_splash_kernel_for_tpu_devices_from_a_cpu_host():
   """'auto' on a mesh of TPU topology devices (libtpu, no TPU) picks splash; under
   `jax.set_mesh` the kernel is a Mosaic TPU custom call inside a shard_map, not interpret
   mode; the model is built under nnx.eval_shape and lowered from ShapeDtypeStructs."""
-  from hgpo_jax.training import targets
+  from hgpo_jax.cost import targets
   reason = targets.libtpu_available()
   if reason is not None:
     pytest.skip(reason)

@@ -388,7 +388,7 @@ def test_tpu_kernel_compiles_for_mosaic_from_a_cpu_host():
   passes Mosaic's own compiler, not interpret mode. Qwen2.5-1.5B's shapes in bf16 and f32;
   S = 100 (one unaligned block of S: its copy must start at a static 0); and the paper
   setting's per-chip step over all layers' caches (32 rows in 4 grid steps, S = 4608)."""
-  from hgpo_jax.training import targets
+  from hgpo_jax.cost import targets
   reason = targets.libtpu_available()
   if reason is not None:
     pytest.skip(reason)
@@ -424,7 +424,7 @@ def test_tpu_kernel_reads_a_stacked_cache_in_place_inside_the_layer_loop():
   xs) makes XLA:TPU materialise that slice (a dynamic-slice fusion writing [B, Hkv, S, Dh])
   before the Mosaic call, i.e. a copy of the layer's whole cache per layer and step; the
   kernel's `layer=` over the stacked cache compiles without it. Prints XLA's bytes."""
-  from hgpo_jax.training import targets
+  from hgpo_jax.cost import targets
   reason = targets.libtpu_available()
   if reason is not None:
     pytest.skip(reason)

@@ -17,9 +17,9 @@ import pytest
 from configs import alfworld
 from hgpo_jax.models import config as config_lib
 from hgpo_jax.models import sharding
-from hgpo_jax.training import plan as plan_lib
+from hgpo_jax.cost import plan as plan_lib
 from hgpo_jax.training import programs
-from hgpo_jax.training import targets
+from hgpo_jax.cost import targets
 
 pytestmark = [
     pytest.mark.gpu_compile,

@@ -1,6 +1,6 @@
 """Every program of a config compiled by XLA:TPU (the libtpu wheel) for TPU slices, no TPU.
 
-The devices come from `jax.experimental.topologies` (hgpo_jax/training/targets.py); the
+The devices come from `jax.experimental.topologies` (hgpo_jax/cost/targets.py); the
 programs from the registry (hgpo_jax/training/programs.py), i.e. the trainer's own jitted
 functions. Skipped, with the reason, where libtpu is not installed (CI installs it).
 """
@@ -11,9 +11,9 @@ from configs import alfworld
 from configs import webshop
 from hgpo_jax.cost import analytic
 from hgpo_jax.models import sharding
-from hgpo_jax.training import plan as plan_lib
+from hgpo_jax.cost import plan as plan_lib
 from hgpo_jax.training import programs
-from hgpo_jax.training import targets
+from hgpo_jax.cost import targets
 
 pytestmark = [
     pytest.mark.tpu_compile,

@@ -28,8 +28,7 @@ from typing import Optional
 
 from hgpo_jax.cost import hardware
 from hgpo_jax.cost import hlo
-
-GiB = hardware.GiB
+from hgpo_jax.cost.hardware import GiB
 
 
 @dataclasses.dataclass(frozen=True)

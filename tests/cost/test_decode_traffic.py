@@ -7,9 +7,9 @@ the whole cache once per layer (`decode_traffic.kernel_reads`)."""
 import pytest
 
 from configs import alfworld
-from hgpo_jax.training import decode_traffic
-from hgpo_jax.training import plan as plan_lib
-from hgpo_jax.training import targets
+from hgpo_jax.cost import decode_traffic
+from hgpo_jax.cost import plan as plan_lib
+from hgpo_jax.cost import targets
 
 # A decode step (the outer loop, no fixed trip count) over 4 layers (`i < 4`), each one
 # attention kernel over the stacked caches bf16[4,2,1,64,8] (8192 B each), the queries

@@ -5,10 +5,9 @@ import pytest
 
 from configs import alfworld
 from hgpo_jax.cost import analytic
-from hgpo_jax.training import plan as plan_lib
+from hgpo_jax.cost import plan as plan_lib
+from hgpo_jax.cost.hardware import GiB
 from launch import plan as plan_cli
-
-GiB = plan_lib.GiB
 
 
 def _config(prompt=64, response=32, mini=16, micro=16, rollout_groups=2):

@@ -10,7 +10,7 @@ XLA:TPU's own cost-model cycles (`hlo.hlo_estimated_cycles`). For each generate 
 it also reads one decode step: its trip-weighted memory traffic and cycles per device
 against the step's necessary bytes (`decode_traffic`; `decode_step_lines` prints them).
 
-The devices decide which compiler runs: TPU topology devices (`hgpo_jax.training.targets`,
+The devices decide which compiler runs: TPU topology devices (`hgpo_jax.cost.targets`,
 `launch.plan --topology v5e-8`) go through XLA:TPU, whose memory figures are the TPU's and
 which refuses a program that does not fit its HBM (reported here as a refused phase with
 the bytes it asked for); fake CPU devices (`launch.plan --devices N`) go through XLA:CPU,
@@ -30,17 +30,17 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from hgpo_jax.cost import decode_traffic
 from hgpo_jax.cost import hardware
 from hgpo_jax.cost import hlo
+from hgpo_jax.cost import targets as targets_lib
+from hgpo_jax.cost.hardware import GiB
 from hgpo_jax.models import attention
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import sharding as sharding_lib
-from hgpo_jax.training import decode_traffic
 from hgpo_jax.training import programs as programs_lib
 from hgpo_jax.training import run_config
-from hgpo_jax.training import targets as targets_lib
 
-GiB = 1024 ** 3
 TRAIN_PHASES = ("update", "logprobs")
 
 
@@ -185,8 +185,7 @@ def _phase(program: programs_lib.Program, valid_slots: Optional[float] = None) -
   mem = hlo.memory_bytes(compiled)
   text = compiled.as_text()
   return Phase(name=program.name,
-               flops=hlo.hlo_matmul_flops(text, program.unknown_trip_count) or
-               hlo.cost_analysis(compiled).get("flops", 0.0),
+               flops=hlo.compiled_flops(compiled, program.unknown_trip_count, text),
                argument=mem["argument"], output=mem["output"], alias=mem["alias"],
                temp=mem["temp"], persistent_args=program.persistent, calls=program.calls,
                cycles=hlo.hlo_estimated_cycles(text, program.unknown_trip_count),
