@@ -17,6 +17,10 @@ Trap avoided (current JAX + Orbax): shardings built under `jax.set_mesh` by
 abstract targets here are rebuilt with `NamedSharding(mesh, spec)` on the concrete mesh
 (`abstract_state`).
 
+Host-side reading (`read_params`): one subtree of a step's `state` (the policy's or the
+critic's params) as numpy without any device, or onto shardings the caller gives, without
+the optimizer state; `launch.export` and `launch.evaluate --checkpoint` read checkpoints so.
+
 Resume precedence (`resume`): a readable checkpoint in the run's own checkpoint
 directory > an explicit resume path (another run's checkpoint directory) > initial
 weights > scratch.
@@ -25,6 +29,7 @@ weights > scratch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -230,3 +235,132 @@ def set_aside_steps_after(ckpt_dir: str, restored_step: int) -> None:
       target = os.path.join(aside, f"{name}-{int(time.time())}")
       os.rename(os.path.join(ckpt_dir, name), target)
       _LOG.warning("checkpoint step %s was unreadable; moved to %s", name, target)
+
+
+# ------------------------------------------------------------------------ host-side reading
+# Export and evaluation read one subtree of a saved step (the policy's or the critic's
+# params) without the run's mesh or its optimizer state: a checkpoint written by a pod is
+# read on a workstation's CPU as numpy, or straight onto the shardings the reader asks for.
+POLICY = ("params",)
+"""The path of the policy's parameters inside the `state` item (`TrainState.to_checkpoint`)."""
+CRITIC = ("critic", "params")
+"""The path of the value model's parameters (`Run.checkpoint`: the critic's TrainState)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HostParams:
+  """What `read_params` returns."""
+
+  directory: str
+  """The checkpoint directory read (the step folders' parent)."""
+  step: int
+  """The step read."""
+  params: dict
+  """The subtree asked for: numpy arrays, or jax Arrays laid out as the target asked."""
+  config: dict
+  """Config of the run that wrote the step (JSON)."""
+
+
+def saved_steps(directory: str) -> list[int]:
+  """The finished steps in a checkpoint directory, ascending, from the file system alone
+  (Orbax writes a step under a temporary name and renames it when it is complete), so a
+  tool can name the checkpoint before JAX starts its backends."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(n) for n in os.listdir(directory)
+                if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+
+
+def resolve_step(path: str, step: Optional[int] = None) -> tuple[str, int]:
+  """(checkpoint directory, step) of `path`: a training workdir (its `checkpoints/`) or a
+  checkpoint directory itself; `step` default the latest on disk.
+
+  Raises:
+    CheckpointError: no step folders there, or no step `step`.
+  """
+  for directory in (os.path.join(path, "checkpoints"), path):
+    steps = saved_steps(directory)
+    if steps:
+      break
+  else:
+    if not os.path.isdir(path):
+      raise CheckpointError(f"{path} is not a directory; pass the workdir of a training run.")
+    raise CheckpointError(f"{path} holds no checkpoint (no step folders in {path}/checkpoints "
+                          f"or {path}); pass the workdir of a run that saved one.")
+  directory = os.path.abspath(directory)
+  if step is None:
+    return directory, steps[-1]
+  if step not in steps:
+    raise CheckpointError(f"step {step} is not in {directory} (steps on disk: {steps}); pass one of them.")
+  return directory, int(step)
+
+
+def read_params(path: str, step: Optional[int] = None, *, subtree: tuple[str, ...] = POLICY,
+                target: Any = None) -> HostParams:
+  """One subtree of a saved step's `state`, without the run's mesh or its other arrays.
+
+  Args:
+    path: a training workdir or a checkpoint directory (`resolve_step`).
+    step: the step to read; default the latest on disk.
+    subtree: keys into the state item: `POLICY` or `CRITIC`.
+    target: optional pytree of `jax.ShapeDtypeStruct`s with shardings (e.g. a loaded
+      model's params): the arrays are checked against its shapes and restored onto its
+      shardings in its dtypes (each process reads its own shards). Default: numpy arrays
+      in host memory, in the dtypes they were saved in (no JAX device is used).
+
+  Raises:
+    CheckpointError (one line): no checkpoint, no such step, the subtree is absent (a run
+      without a critic), shapes other than the target's (another architecture), or files
+      that cannot be read (a corrupt or partly deleted step). No fallback to another step:
+      the caller names the one it wants.
+  """
+  from etils import epath
+  import numpy as np
+
+  directory, step = resolve_step(path, step)
+  where = f"checkpoint step {step} in {directory}"
+  step_path = epath.Path(directory) / str(step)
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    tree = handler.metadata(step_path / "state").tree
+    for key in subtree:
+      if not isinstance(tree, Mapping) or key not in tree:
+        why = " (the run trained no critic)" if subtree == CRITIC else ""
+        raise CheckpointError(f"{where} holds no {'/'.join(subtree)}{why}.")
+      tree = tree[key]
+    if target is None:
+      restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    else:
+      _check_shapes(where, tree, target)
+      restore_args = jax.tree.map(
+          lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding, dtype=t.dtype,
+                                         global_shape=t.shape), target)
+    nest = lambda leaf: functools.reduce(lambda inner, key: {key: inner}, reversed(subtree), leaf)
+    restored = handler.restore(step_path / "state", args=ocp.args.PyTreeRestore(
+        item=nest(tree), restore_args=nest(restore_args), partial_restore=True))
+    for key in subtree:
+      restored = restored[key]
+    config = ocp.JsonCheckpointHandler().restore(step_path / "config") or {}
+  except CheckpointError:
+    raise
+  except Exception as e:  # a corrupt step: whatever Orbax / TensorStore raise
+    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+    older = [s for s in saved_steps(directory) if s < step]
+    hint = f"pass an older --step ({older})" if older else "no older step to read"
+    raise CheckpointError(f"{where} is unreadable ({type(e).__name__}: {first}); {hint}.") from None
+  finally:
+    handler.close()
+  return HostParams(directory=directory, step=step, params=restored, config=dict(config))
+
+
+def _check_shapes(where: str, saved: Any, target: Any) -> None:
+  """CheckpointError naming the first parameter whose name or shape differs."""
+  flat = lambda tree: {jax.tree_util.keystr(p, simple=True, separator="/"): tuple(x.shape)
+                       for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+  have, want = flat(saved), flat(target)
+  for name in sorted(set(have) | set(want)):
+    if have.get(name) != want.get(name):
+      raise CheckpointError(
+          f"{where} holds another architecture than the config's model: {name} is "
+          f"{have.get(name, 'absent')} there, {want.get(name, 'absent')} in the model; "
+          "evaluate it with the config (model) it was trained with.")
