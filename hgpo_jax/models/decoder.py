@@ -1,10 +1,11 @@
-"""The decoder-only transformer of the Llama / Qwen2 family in Flax NNX, with a KV cache.
+"""The decoder-only transformer of the Llama / Qwen2 / Qwen3 family in Flax NNX, with a KV cache.
 
-Block (pre-norm, as in Llama and Qwen2):
-  h = x + Wo · Attn(RoPE(Wq·RMSNorm(x) [+bq]), RoPE(Wk·RMSNorm(x) [+bk]), Wv·RMSNorm(x) [+bv])
+Block (pre-norm, as in Llama, Qwen2 and Qwen3):
+  h = x + Wo · Attn(RoPE(N_q(Wq·RMSNorm(x) [+bq])), RoPE(N_k(Wk·RMSNorm(x) [+bk])), Wv·RMSNorm(x) [+bv])
   y = h + Wdown · (silu(Wgate·RMSNorm(h)) ⊙ Wup·RMSNorm(h))
 Grouped-query attention: query head h reads key/value head h // (H / Hkv), as in
-Hugging Face `repeat_kv`. Layer parameters are stacked on a leading "layers" axis and the
+Hugging Face `repeat_kv`. Qwen2 adds the q/k/v biases; Qwen3 the per-head RMSNorms N_q, N_k over
+head_dim (identity elsewhere). RoPE and its scalings live in `hgpo_jax.models.rope`. Layer parameters are stacked on a leading "layers" axis and the
 blocks run under `lax.scan`, so a 30-layer model compiles one block.
 
 Every parameter is an `nnx.Param` carrying `logical_axes` metadata (names such as
@@ -24,8 +25,8 @@ from flax import nnx
 
 from hgpo_jax.models import attention
 from hgpo_jax.models import axes
-from hgpo_jax.models import lora
 from hgpo_jax.models import platform
+from hgpo_jax.models import rope
 from hgpo_jax.models import decode_kernels  # noqa: F401  (registers the pallas_* decode kernels)
 from hgpo_jax.models.config import ModelConfig
 from hgpo_jax.models.kv_cache import KVCache, cache_shape, init_cache  # noqa: F401
@@ -36,68 +37,6 @@ class Mode(enum.Enum):
   FORWARD = "forward"  # no cache: training, log-probs, critic
   PREFILL = "prefill"  # write the T new keys/values into an empty cache (not read)
   DECODE = "decode"  # read the filled cache, write the new keys/values after it
-
-
-def rope_angles(positions_bt: jax.Array, head_dim: int, theta: float):
-  """(cos, sin), each f32[B, T, Dh/2], of the RoPE angles pos · θ^(-2i/Dh).
-
-  The inverse frequencies are a trace-time numpy constant, so nothing is rebuilt per call.
-  """
-  inv_freq = (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-  angles_btk = positions_bt.astype(jnp.float32)[..., None] * inv_freq.astype(np.float32)
-  return jnp.cos(angles_btk), jnp.sin(angles_btk)
-
-
-def apply_rope(x_bthd: jax.Array, cos_btk: jax.Array, sin_btk: jax.Array, layout: str,
-               rotate_by_product: bool = False) -> jax.Array:
-  """Rotates pairs of x[B, T, H, Dh] by the RoPE angles (RoFormer eq. 34).
-
-  layout "half" pairs (i, i + Dh/2) (HF rotate_half); "interleaved" pairs (2i, 2i+1) (GGML
-  "normal" RoPE, which the llama.cpp converter's q/k row permutation makes equivalent).
-  rotate_by_product (`rope_rotation_by_product`: TPU targets; layout "half"): the halves'
-  partners come from one product with the constant signed permutation
-  `rope_rotation(Dh)` at full f32 precision, and out = x cos + rot(x) sin over all Dh
-  lanes: each lane's products and sum in the halves' form's order, so the same values
-  (bit for bit on XLA:CPU; a zero's sign aside), where XLA:TPU otherwise runs the halves
-  as 64-lane ops and lays them out again for the attention.
-  """
-  x = x_bthd.astype(jnp.float32)
-  cos, sin = cos_btk[:, :, None, :], sin_btk[:, :, None, :]
-  if layout == "half" and rotate_by_product:
-    rot_bthd = jnp.einsum("bthd,de->bthe", x, rope_rotation(x.shape[-1]),
-                          precision=jax.lax.Precision.HIGHEST)
-    both = lambda a: jnp.concatenate([a, a], axis=-1)  # noqa: E731
-    out = x * both(cos) + rot_bthd * both(sin)
-  elif layout == "half":
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  elif layout == "interleaved":
-    pairs = x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)
-    x1, x2 = pairs[..., 0], pairs[..., 1]
-    out = jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
-  else:
-    raise ValueError(f"Unknown rope_layout {layout!r}.")
-  return out.astype(x_bthd.dtype)
-
-
-def rope_rotation(head_dim: int) -> np.ndarray:
-  """f32[Dh, Dh] R with (x @ R) each lane's RoPE partner in the "half" layout, signed as
-  `apply_rope` multiplies it by sin: (x @ R)[i] = -x[i + Dh/2], (x @ R)[i + Dh/2] = x[i]."""
-  half = head_dim // 2
-  first = np.arange(half)
-  rot = np.zeros((head_dim, head_dim), np.float32)
-  rot[first + half, first] = -1.0
-  rot[first, first + half] = 1.0
-  return rot
-
-
-def rope_rotation_by_product(target) -> bool:
-  """Whether `apply_rope` takes the halves' partners by a product (`rotate_by_product`): on
-  TPU targets. XLA:TPU ran the halves' form as ops on 64 of a tile's 128 lanes and then
-  re-laid the queries out for the attention kernel: 0.46M + 0.23M cycles of a 1.5B prefill
-  layer, where the product and one full-lane fusion take ~0.19M (docs/performance.md,
-  "RoPE by a product on TPU"). Elsewhere the halves' form (CPU programs unchanged)."""
-  return platform.target_platform(target) == "tpu"
 
 
 def rms_norm(x_btd: jax.Array, scale_d: jax.Array, eps: float) -> jax.Array:
@@ -121,7 +60,7 @@ class DecoderLayers(nnx.Module):
 
   Shapes: attn_norm/mlp_norm [L, D]; q [L, H, Dh, D]; k, v [L, Hkv, Dh, D]; o [L, D, H, Dh];
   q_bias [L, H, Dh], k_bias/v_bias [L, Hkv, Dh] (only with cfg.qkv_bias); gate, up [L, F, D];
-  down [L, D, F]. Projections keep the checkpoints' [out, in] order, so loading needs no
+  down [L, D, F]; q_norm, k_norm [L, Dh] (only with cfg.qk_norm). Projections keep the checkpoints' [out, in] order, so loading needs no
   transposes; `_project` applies them as x @ Wᵀ.
   """
 
@@ -138,14 +77,13 @@ class DecoderLayers(nnx.Module):
       self.q_bias = _param(rngs, (n, h, dh), 0.02, dt, ("layers", "heads", "head_dim"))
       self.k_bias = _param(rngs, (n, kv, dh), 0.02, dt, ("layers", "kv_heads", "head_dim"))
       self.v_bias = _param(rngs, (n, kv, dh), 0.02, dt, ("layers", "kv_heads", "head_dim"))
+    if cfg.qk_norm:
+      self.q_norm = _param(rngs, (n, dh), None, dt, ("layers", "head_dim"))
+      self.k_norm = _param(rngs, (n, dh), None, dt, ("layers", "head_dim"))
     self.mlp_norm = _param(rngs, (n, d), None, dt, ("layers", "norm"))
     self.gate = _param(rngs, (n, f, d), d ** -0.5, dt, ("layers", "mlp", "embed"))
     self.up = _param(rngs, (n, f, d), d ** -0.5, dt, ("layers", "mlp", "embed"))
     self.down = _param(rngs, (n, d, f), f ** -0.5, dt, ("layers", "embed", "mlp"))
-    for name in cfg.lora.names:  # LoRA adapters beside their base weight (`models.lora`)
-      a, b = lora.adapter_params(getattr(self, name), name, cfg.lora.rank, rngs.params())
-      setattr(self, f"{name}_lora_a", a)
-      setattr(self, f"{name}_lora_b", b)
 
   def stacked(self) -> dict[str, jax.Array]:
     """name -> stacked array [L, ...] of every parameter (the `xs` of the layer scan). On
@@ -155,9 +93,10 @@ class DecoderLayers(nnx.Module):
     if per_layer is not None:
       return {n: jnp.stack([p[n] for p in per_layer]) for n in per_layer[0]}
     names = ["attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down",
-             "q_bias", "k_bias", "v_bias", "gate_up", "qkv", "qkv_bias", *lora.PARAM_NAMES]
+             "q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "gate_up", "qkv", "qkv_bias"]
     # `Decoder.for_decoding`'s fused [L, 2, F, D] gate_up and [L, H + 2 Hkv, Dh, D] qkv on
-    # GPUs stand in for the weights they hold; biases only with cfg.qkv_bias
+    # GPUs stand in for the weights they hold; biases only with cfg.qkv_bias, q/k norms
+    # only with cfg.qk_norm
     return {name: getattr(self, name)[...] for name in names if hasattr(self, name)}
 
   def unstacked(self) -> list[dict[str, jax.Array]] | None:
@@ -224,20 +163,6 @@ def _matmul_bf16_bwd(res, g_bto):
 _matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
 
 
-def _adapted(cfg: ModelConfig, p: dict, name: str, x_bti, w_oi=None):
-  """`_project` of x by the layer weight `name` (or `w_oi`, its 2-D view), plus its LoRA
-  adapters' s · (x A) B when the layer holds them (`models.lora`; PEFT's order: the
-  low-rank product, then the scale), in x's dtype."""
-  out = _project(x_bti, p[name] if w_oi is None else w_oi)
-  if f"{name}_lora_a" not in p:
-    return out
-  a, b = p[f"{name}_lora_a"], p[f"{name}_lora_b"]
-  r = a.shape[-1]
-  low_btr = _project(x_bti, a.reshape(-1, r).T)
-  delta = _project(low_btr, b.reshape(r, -1).T) * jnp.asarray(cfg.lora.scale, low_btr.dtype)
-  return out + delta.reshape(out.shape)
-
-
 def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segment_ids_bt,
            cached=None, cache_index=None, cache_start_b=None, decode_impl: str = "xla",
            layer=None, seq: "SequenceParallel | None" = None, rope_by_product: bool = False):
@@ -251,7 +176,7 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
   writes the new keys/values into the cache afterwards (see `Decoder.decode_hidden`).
   With `seq` (`sequence_parallel`) the residual stream, its norms and its adds are split
   over the sequence between the products (the same sums); `rope_by_product`:
-  `apply_rope`'s rotate_by_product.
+  `rope.apply_rope`'s rotate_by_product.
   Returns (x_btd, (k, v) of the new positions, each [B, Hkv, T, Dh]).
   """
   dt = cfg.compute_dtype
@@ -267,13 +192,16 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
     q_bthk, k_bthk, v_bthk = jnp.split(
         qkv_bthk, (cfg.num_heads, cfg.num_heads + cfg.num_kv_heads), axis=2)
   else:
-    q_bthk = _adapted(cfg, p, "q", h_btd)
-    k_bthk = _adapted(cfg, p, "k", h_btd)
-    v_bthk = _adapted(cfg, p, "v", h_btd)
+    q_bthk = _project(h_btd, p["q"])
+    k_bthk = _project(h_btd, p["k"])
+    v_bthk = _project(h_btd, p["v"])
     if cfg.qkv_bias:
       q_bthk, k_bthk, v_bthk = q_bthk + w("q_bias"), k_bthk + w("k_bias"), v_bthk + w("v_bias")
-  q_bthk = apply_rope(q_bthk, cos_btk, sin_btk, cfg.rope_layout, rope_by_product)
-  k_bthk = apply_rope(k_bthk, cos_btk, sin_btk, cfg.rope_layout, rope_by_product)
+  if cfg.qk_norm:  # Qwen3: each head normed over head_dim before RoPE
+    q_bthk = rms_norm(q_bthk, p["q_norm"], cfg.rms_eps)
+    k_bthk = rms_norm(k_bthk, p["k_norm"], cfg.rms_eps)
+  q_bthk = rope.apply_rope(q_bthk, cos_btk, sin_btk, cfg.rope_layout, rope_by_product)
+  k_bthk = rope.apply_rope(k_bthk, cos_btk, sin_btk, cfg.rope_layout, rope_by_product)
   scale = cfg.head_dim ** -0.5
   if cached is None:
     attn_bthk = attention.attention(q_bthk, k_bthk, v_bthk, segment_ids_bt, causal=True,
@@ -284,7 +212,7 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
                                            cache_index=cache_index, scale=scale,
                                            impl=decode_impl, layer=layer)
   x_btd = seq.stream(x_btd + seq.stream(
-      _adapted(cfg, p, "o", attn_bthk.reshape(b, t, -1), p["o"].reshape(cfg.hidden_dim, -1))))
+      _project(attn_bthk.reshape(b, t, -1), p["o"].reshape(cfg.hidden_dim, -1))))
   h_btd = seq.whole(rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps))
   if "gate_up" in p:  # one product with both weights (`Decoder.for_decoding`)
     # [2, F, D] as [2F, D]: the gate and the up halves of the last axis. Taken as [..., 2, F]
@@ -295,8 +223,8 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
     f = both_bt2f.shape[-1] // 2
     gated_btf = jax.nn.silu(both_bt2f[..., :f]) * both_bt2f[..., f:]
   else:
-    gated_btf = jax.nn.silu(_adapted(cfg, p, "gate", h_btd)) * _adapted(cfg, p, "up", h_btd)
-  x_btd = seq.stream(x_btd + seq.stream(_adapted(cfg, p, "down", seq.inner(gated_btf))))
+    gated_btf = jax.nn.silu(_project(h_btd, p["gate"])) * _project(h_btd, p["up"])
+  x_btd = seq.stream(x_btd + seq.stream(_project(seq.inner(gated_btf), p["down"])))
   return x_btd, (k_bthk.transpose(0, 2, 1, 3), v_bthk.transpose(0, 2, 1, 3))
 
 
@@ -436,7 +364,7 @@ def _spec_axes(entry) -> tuple:
 
 
 class Decoder(nnx.Module):
-  """Llama / Qwen2 decoder: embedding, L pre-norm blocks, final RMSNorm, output layer.
+  """Llama / Qwen2 / Qwen3 decoder: embedding, L pre-norm blocks, final RMSNorm, output layer.
 
   Parameters: embed [V, D] ("vocab", "embed"); layers (DecoderLayers); final_norm [D];
   lm_head [V, D] ("vocab", "embed") only when not cfg.tie_embeddings.
@@ -508,7 +436,7 @@ class Decoder(nnx.Module):
                                                 head_dim=cfg.head_dim)
     seg_bt = jnp.asarray(segment_ids_bt).astype(jnp.int32)
     block = functools.partial(
-        _block, rope_by_product=rope_rotation_by_product(attention.context_target()))
+        _block, rope_by_product=rope.rope_rotation_by_product(attention.context_target()))
     t = tokens_bt.shape[1]
     if mode is not Mode.DECODE:
       # The length the attention kernel computes on (splash: a multiple of 128, cudnn: even),
@@ -521,7 +449,7 @@ class Decoder(nnx.Module):
     # their cos/sin into the layer loop and recomputes them in every layer (the values are
     # the same either way).
     cos_btk, sin_btk = jax.lax.optimization_barrier(
-        rope_angles(positions_bt, cfg.head_dim, cfg.rope_theta))
+        rope.rope_angles(positions_bt, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
     per_layer = self.layers.unstacked() if mode is Mode.DECODE else None
     layer_params = self.layers.stacked() if per_layer is None else None
 
@@ -652,10 +580,7 @@ class Decoder(nnx.Module):
     mesh), its q, k and v (and their biases) one qkv [H + 2 Hkv, Dh, D] (when the heads are
     not split), and every layer's weights become arrays of their own (`DecoderLayers.unstacked`),
     which the decode step's unrolled layer loop reads in place. Itself when there is
-    nothing to do. With LoRA adapters: those of `merged` (the adapters merged into the
-    weights once per call)."""
-    if self.cfg.lora.rank:
-      return self.merged().for_decoding()
+    nothing to do."""
     dt = jnp.dtype(self.cfg.compute_dtype)
     narrows = lambda x: x.dtype != dt and dt.itemsize < x.dtype.itemsize  # noqa: E731
     top = [n for n in (("embed",) if self.cfg.tie_embeddings else ("embed", "lm_head"))
@@ -691,19 +616,6 @@ class Decoder(nnx.Module):
       for n in stacked:
         delattr(layers, n)
     return view
-
-  def merged(self) -> "Decoder":
-    """This decoder without its LoRA adapters, each adapted weight W + s · (A B)ᵀ in the
-    compute dtype (`lora.merged_weight`): the forward of the adapted decoder to float
-    round-off, with no adapter products. Itself without adapters."""
-    if not self.cfg.lora.rank:
-      return self
-    base_cfg = self.cfg.replace(lora=lora.LoraConfig())
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(base_cfg, rngs=nnx.Rngs(0))))
-    params = lora.merge_into_base(nnx.to_pure_dict(nnx.state(self)), self.cfg.lora,
-                                  self.cfg.compute_dtype)
-    nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(graphdef, state)
 
   def _f_unsplit(self) -> bool:
     """Whether the layers' F axis is whole on each device of the mesh in context (a stacked

@@ -19,11 +19,22 @@ Aggregation modes (`agg(x, mask)`, `B` rows, `T` token positions):
 The `seq-mean-*` modes average over rows that have at least one scored token. verl has
 no all-masked rows (its `adjust_batch` pads by duplicating real rows), so this only
 makes our zero-mask padding rows (see `train_batch`) invisible to the loss.
+
+Options beyond verl-agent's defaults (docs/algorithms.md §9.1-§9.4), each verl's:
+  * `policy_loss="gspo"`: the sequence-level ratio of GSPO (arXiv 2507.18071, Eq. 7;
+    verl `compute_policy_loss_gspo`); a sequence is a row: one step's response.
+  * `kl_estimator`: verl's `kl_penalty` estimators k1, abs, k2 (mse), k3 (low_var_kl).
+  * `rollout_is` / `rollout_rs`: importance weights pi_old / pi_rollout of the sampler's
+    own log-probs, truncated, and rejection of rows or tokens whose weight is out of
+    [1/t, t] (verl `rollout_corr_helper`); they multiply the policy-gradient token losses.
+A row of the loss is always one segment: the trainer refuses the sequence-level options
+with packed rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import jax
@@ -37,6 +48,18 @@ LOSS_AGG_MODES = (
 )
 KL_CLAMP = 10.0
 """|k3 KL| is clamped to this per token (verl `kl_penalty(..., "low_var_kl")`)."""
+KL_ESTIMATORS = {"k1": "k1", "kl": "k1", "abs": "abs", "k2": "k2", "mse": "k2", "k3": "k3",
+                 "low_var_kl": "k3", "full": "full"}
+"""verl `kl_penalty` names -> the estimator they compute ("kl", "mse", "low_var_kl" are
+verl's aliases)."""
+POLICY_LOSSES = ("ppo", "gspo")
+"""Values of `LossConfig.policy_loss`: PPO-clip with dual clip (verl "vanilla"), GSPO."""
+ROLLOUT_CORRECTIONS = ("none", "token", "sequence")
+"""Levels of the rollout importance weights (`rollout_is`) and rejection (`rollout_rs`)."""
+LOG_RATIO_CLAMP = 20.0
+"""log pi_old - log pi_rollout is clamped to +-this before exp (verl `rollout_corr_helper`)."""
+GSPO_LOG_RATIO_MAX = 10.0
+"""GSPO's log sequence ratio is clamped above at this (verl `compute_policy_loss_gspo`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +83,44 @@ class LossConfig:
   norm_length: Optional[int] = None
   """Divisor of `seq-mean-token-sum-norm` (the max response length); None: the token
   axis length T of the batch, which is constant only if the bucket is."""
+  policy_loss: str = "ppo"
+  """One of POLICY_LOSSES: "ppo" (token ratios, dual clip) or "gspo" (one ratio per row,
+  the geometric mean of its token ratios; no dual clip)."""
+  kl_estimator: str = "k3"
+  """The KL loss's per-token estimator, a key of KL_ESTIMATORS (verl `kl_loss_type`)."""
+  rollout_is: str = "none"
+  """One of ROLLOUT_CORRECTIONS: importance weights pi_old / pi_rollout per token, or per
+  row (the product of its token ratios), truncated at `rollout_is_threshold`."""
+  rollout_is_threshold: float = 2.0
+  """Upper truncation of the rollout importance weights (verl `rollout_is_threshold`)."""
+  rollout_rs: str = "none"
+  """One of ROLLOUT_CORRECTIONS: tokens (or rows) whose weight pi_old / pi_rollout lies
+  outside [1 / rollout_rs_threshold, rollout_rs_threshold] add nothing to the
+  policy-gradient loss."""
+  rollout_rs_threshold: float = 2.0
+  """Rejection bound t > 1 of `rollout_rs`."""
 
   def __post_init__(self):
     if self.loss_agg not in LOSS_AGG_MODES:
       raise ValueError(f"loss_agg={self.loss_agg!r} is unknown; use one of {LOSS_AGG_MODES}.")
+    if self.policy_loss not in POLICY_LOSSES:
+      raise ValueError(f"policy_loss={self.policy_loss!r} is unknown; use one of {POLICY_LOSSES}.")
+    if self.kl_estimator not in KL_ESTIMATORS:
+      raise ValueError(f"kl_estimator={self.kl_estimator!r} is unknown; use one of "
+                       f"{tuple(KL_ESTIMATORS)}.")
+    if KL_ESTIMATORS[self.kl_estimator] == "full":
+      raise ValueError("kl_estimator='full' needs the reference's whole distribution at every "
+                       "token, which the reference pass does not keep (verl's kl_penalty raises "
+                       "NotImplementedError for it too); use k1, abs, k2 or k3.")
+    for name in ("rollout_is", "rollout_rs"):
+      if getattr(self, name) not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"{name}={getattr(self, name)!r} is unknown; use one of "
+                         f"{ROLLOUT_CORRECTIONS}.")
+    if not self.rollout_is_threshold > 0:
+      raise ValueError(f"rollout_is_threshold={self.rollout_is_threshold} must be > 0.")
+    if not self.rollout_rs_threshold > 1:
+      raise ValueError(f"rollout_rs_threshold={self.rollout_rs_threshold} must be > 1 "
+                       "(tokens are kept in [1/t, t]).")
     if self.clip_ratio_c <= 1.0:
       raise ValueError(f"clip_ratio_c={self.clip_ratio_c} must be > 1 (dual clip caps the loss at -A*c).")
     if not (0.0 <= self.clip_ratio_low < 1.0 and self.clip_ratio_high >= 0.0):
@@ -149,6 +206,92 @@ def low_var_kl(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
   return jnp.clip(kl_bt, -KL_CLAMP, KL_CLAMP)
 
 
+def kl_penalty(logp_bt: jax.Array, ref_logp_bt: jax.Array, estimator: str) -> jax.Array:
+  """Per-token estimate of KL(pi_theta || pi_ref) by name (verl `kl_penalty`).
+
+    k1 = logp - ref ;  abs = |logp - ref| ;  k2 = (logp - ref)^2 / 2 ;  k3 = `low_var_kl`
+
+  Args:
+    logp_bt, ref_logp_bt: f32[B, T] log pi_theta and log pi_ref of the taken tokens.
+    estimator: a key of KL_ESTIMATORS.
+
+  Returns:
+    f32[B, T].
+  """
+  name = KL_ESTIMATORS[estimator]
+  if name == "k3":
+    return low_var_kl(logp_bt, ref_logp_bt)
+  diff_bt = logp_bt - ref_logp_bt
+  if name == "k1":
+    return diff_bt
+  if name == "abs":
+    return jnp.abs(diff_bt)
+  if name == "k2":
+    return 0.5 * jnp.square(diff_bt)
+  raise ValueError(f"kl_estimator={estimator!r} has no per-token form; use k1, abs, k2 or k3.")
+
+
+def row_mean(x_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
+  """f32[B]: the mean of each row's scored entries (0 for a row without any)."""
+  return jnp.sum(jnp.where(mask_bt, x_bt, 0.0), axis=-1) / jnp.maximum(jnp.sum(mask_bt, axis=-1), 1)
+
+
+def gspo_token_losses(logp_bt: jax.Array, old_logp_bt: jax.Array, adv_bt: jax.Array,
+                      mask_bt: jax.Array, clip_ratio_low: float, clip_ratio_high: float
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per-token GSPO loss (arXiv 2507.18071 Eq. 7; verl `compute_policy_loss_gspo`).
+
+    log s_b = mean_{t in row b} (logp - old)            (the length-normalised ratio)
+    log s_bt = logp_bt - sg(logp_bt) + sg(log s_b)       (value s_b, gradient of logp_bt)
+    L_bt = max(-A s_bt, -A clip(s_bt, 1 - eps_low, 1 + eps_high))
+
+  Returns:
+    (loss_bt, clipped_bt, zeros): as `ppo_clip_token_losses` (GSPO has no dual clip).
+  """
+  seq_b = row_mean(logp_bt - old_logp_bt, mask_bt)
+  log_ratio_bt = logp_bt - jax.lax.stop_gradient(logp_bt) + jax.lax.stop_gradient(seq_b)[:, None]
+  ratio_bt = jnp.exp(jnp.minimum(log_ratio_bt, GSPO_LOG_RATIO_MAX))
+  l1_bt = -adv_bt * ratio_bt
+  l2_bt = -adv_bt * jnp.clip(ratio_bt, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+  return jnp.maximum(l1_bt, l2_bt), l2_bt > l1_bt, jnp.zeros_like(mask_bt)
+
+
+def rollout_log_ratio(old_logp_bt: jax.Array, rollout_logp_bt: jax.Array, mask_bt: jax.Array,
+                      level: str) -> jax.Array:
+  """f32[B, T] log(pi_old / pi_rollout), clamped to +-LOG_RATIO_CLAMP, per token ("token")
+  or the row's sum over its scored tokens on each of them ("sequence")."""
+  log_ratio_bt = jnp.where(mask_bt, old_logp_bt - rollout_logp_bt, 0.0)
+  if level == "sequence":
+    log_ratio_bt = jnp.broadcast_to(jnp.sum(log_ratio_bt, axis=-1, keepdims=True),
+                                    log_ratio_bt.shape)
+  return jnp.clip(log_ratio_bt, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def rollout_correction(old_logp_bt: jax.Array, rollout_logp_bt: jax.Array, mask_bt: jax.Array,
+                       config: "LossConfig") -> tuple[jax.Array, jax.Array]:
+  """Detached weights of the policy-gradient token losses for the sampler/learner mismatch
+  (verl `rollout_corr_helper`: truncated importance sampling and rejection).
+
+    w = min(exp(log pi_old - log pi_rollout), rollout_is_threshold)   (token or row level)
+    keep = 1/t <= exp(log ratio) <= t                                  (rollout_rs, t its threshold)
+
+  Returns:
+    (weight_bt f32[B, T]: w * keep (1 where an option is "none"), kept_bt bool[B, T]).
+  """
+  old_logp_bt = jax.lax.stop_gradient(old_logp_bt)
+  weight_bt = jnp.ones_like(old_logp_bt)
+  kept_bt = jnp.ones(old_logp_bt.shape, bool)
+  if config.rollout_is != "none":
+    log_ratio_bt = rollout_log_ratio(old_logp_bt, rollout_logp_bt, mask_bt, config.rollout_is)
+    weight_bt = jnp.minimum(jnp.exp(log_ratio_bt), config.rollout_is_threshold)
+  if config.rollout_rs != "none":
+    log_ratio_bt = rollout_log_ratio(old_logp_bt, rollout_logp_bt, mask_bt, config.rollout_rs)
+    bound = math.log(config.rollout_rs_threshold)
+    kept_bt = jnp.abs(log_ratio_bt) <= bound
+    weight_bt = jnp.where(kept_bt, weight_bt, 0.0)
+  return weight_bt, kept_bt
+
+
 def entropy_from_logits(logits_btv: jax.Array) -> jax.Array:
   """Entropy of the full softmax per position: H = logsumexp(z) - sum(softmax(z) z).
 
@@ -165,12 +308,24 @@ def entropy_from_logits(logits_btv: jax.Array) -> jax.Array:
 
 
 def _combined_actor_loss(logp_bt, entropy_bt, old_logp_bt, ref_logp_bt, adv_bt, config: LossConfig,
-                         agg, token_mean) -> tuple[jax.Array, dict[str, jax.Array]]:
+                         agg, token_mean, mask_bt, rollout_logp_bt=None
+                         ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """agg(L_pg) - entropy_coeff agg(H) + kl_coef agg(KL) and the metrics, for any reduction:
   `agg` is the loss's (the configured mode), `token_mean` the clip-fraction and approx-KL
-  metrics' (verl: token means)."""
-  tok_loss_bt, clipped_bt, dual_bt = ppo_clip_token_losses(
-      logp_bt, old_logp_bt, adv_bt, config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_c)
+  metrics' (verl: token means); `mask_bt` the scored tokens (GSPO's and the sequence
+  weights' rows); `rollout_logp_bt` the sampler's log-probs (read with `rollout_is` or
+  `rollout_rs` only)."""
+  if config.policy_loss == "gspo":
+    tok_loss_bt, clipped_bt, dual_bt = gspo_token_losses(
+        logp_bt, old_logp_bt, adv_bt, mask_bt, config.clip_ratio_low, config.clip_ratio_high)
+  else:
+    tok_loss_bt, clipped_bt, dual_bt = ppo_clip_token_losses(
+        logp_bt, old_logp_bt, adv_bt, config.clip_ratio_low, config.clip_ratio_high,
+        config.clip_ratio_c)
+  corrected = config.rollout_is != "none" or config.rollout_rs != "none"
+  if corrected:
+    weight_bt, kept_bt = rollout_correction(old_logp_bt, rollout_logp_bt, mask_bt, config)
+    tok_loss_bt = tok_loss_bt * weight_bt
   pg_loss = agg(tok_loss_bt)
   entropy = agg(entropy_bt)
   loss = pg_loss - config.entropy_coeff * entropy
@@ -182,8 +337,11 @@ def _combined_actor_loss(logp_bt, entropy_bt, old_logp_bt, ref_logp_bt, adv_bt, 
       # verl's `ppo_kl`: mean of (old - new) log-prob over scored tokens.
       "approx_kl": token_mean(old_logp_bt - logp_bt),
   }
+  if corrected:
+    metrics["rollout_is_weight"] = token_mean(weight_bt)
+    metrics["rollout_rs_kept"] = token_mean(kept_bt.astype(jnp.float32))
   if config.use_kl_loss:
-    kl = agg(low_var_kl(logp_bt, ref_logp_bt))
+    kl = agg(kl_penalty(logp_bt, ref_logp_bt, config.kl_estimator))
     loss = loss + config.kl_coef * kl
     metrics["kl"] = kl
   metrics["loss"] = loss
@@ -198,6 +356,7 @@ def actor_loss(
     adv_bt: jax.Array,
     mask_bt: jax.Array,
     config: LossConfig,
+    rollout_logp_bt: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The combined actor loss: agg(L_pg) - entropy_coeff agg(H) + kl_coef agg(KL).
 
@@ -209,6 +368,7 @@ def actor_loss(
     adv_bt: f32[B, T] advantages.
     mask_bt: bool[B, T] scored (response) tokens.
     config: LossConfig.
+    rollout_logp_bt: f32[B, T] the sampler's log-probs (needed by `rollout_is`/`rollout_rs`).
 
   Returns:
     (loss, metrics): f32[] loss and f32[] metrics, each aggregated as token means
@@ -219,7 +379,8 @@ def actor_loss(
   return _combined_actor_loss(
       logp_bt, entropy_bt, old_logp_bt, ref_logp_bt, adv_bt, config,
       agg=lambda x_bt: aggregate(x_bt, mask_bt, mode, norm),
-      token_mean=lambda x_bt: aggregate(x_bt, mask_bt, "token-mean"))
+      token_mean=lambda x_bt: aggregate(x_bt, mask_bt, "token-mean"), mask_bt=mask_bt,
+      rollout_logp_bt=rollout_logp_bt)
 
 
 def weighted_actor_loss(
@@ -230,6 +391,7 @@ def weighted_actor_loss(
     adv_bt: jax.Array,
     weights_bt: jax.Array,
     config: LossConfig,
+    rollout_logp_bt: Optional[jax.Array] = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """`actor_loss` with every aggregate a weighted token sum `sum(w * x)`.
 
@@ -246,7 +408,8 @@ def weighted_actor_loss(
                      f"got {config.loss_agg!r}")
   total = lambda x_bt: jnp.sum(jnp.where(weights_bt > 0, x_bt, 0.0) * weights_bt)
   return _combined_actor_loss(logp_bt, entropy_bt, old_logp_bt, ref_logp_bt, adv_bt, config,
-                              agg=total, token_mean=total)
+                              agg=total, token_mean=total, mask_bt=weights_bt > 0,
+                              rollout_logp_bt=rollout_logp_bt)
 
 
 def value_loss(values_bt: jax.Array, old_values_bt: jax.Array, returns_bt: jax.Array,

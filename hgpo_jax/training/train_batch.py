@@ -58,6 +58,9 @@ class TrainBatch:
   fills them in the `SegmentBatch` this batch is laid out as, on the device)."""
   ref_logprobs: jax.Array
   """f32[B, L]: log pi_ref(token l | tokens < l); as `old_logprobs`."""
+  rollout_logprobs: Optional[jax.Array] = None
+  """f32[B, L]: the sampler's log-prob of token l when it sampled it (0 off the scored
+  tokens); None when the builder got none."""
 
   @property
   def num_rows(self) -> int:
@@ -67,7 +70,8 @@ class TrainBatch:
   def seq_len(self) -> int:
     return self.tokens.shape[1]
 
-  def segments(self, score_columns: Optional[int], unit_rows: int) -> "SegmentBatch":
+  def segments(self, score_columns: Optional[int], unit_rows: int,
+               with_rollout: bool = False) -> "SegmentBatch":
     """This mini-batch in the update's layout, one segment per row (numpy or traced).
 
     Args:
@@ -75,6 +79,8 @@ class TrainBatch:
         bucket: the output layer runs there only); None: every column but the first.
         Scored tokens must lie in them (the builder puts responses last).
       unit_rows: rows per loss unit (`unit_weights`).
+      with_rollout: carry `rollout_logprobs` (the loss reads them: rollout correction);
+        else the layout leaves them out, and the update's inputs are those without them.
     """
     seq = self.seq_len
     first = seq - (seq - 1 if score_columns is None else min(score_columns, seq - 1))
@@ -87,7 +93,8 @@ class TrainBatch:
                                      (self.num_rows, seq - first)),
         score_mask=response_mask, advantages=tail(self.advantages),
         loss_weights=unit_weights(response_mask[..., None], unit_rows)[..., 0],
-        old_logprobs=tail(self.old_logprobs), ref_logprobs=tail(self.ref_logprobs))
+        old_logprobs=tail(self.old_logprobs), ref_logprobs=tail(self.ref_logprobs),
+        rollout_logprobs=tail(self.rollout_logprobs) if with_rollout else None)
 
 
 @flax.struct.dataclass
@@ -117,6 +124,9 @@ class SegmentBatch:
   """f32[R, S]: log pi_old of the slot's token; filled by `train_step.fill_logprobs`."""
   ref_logprobs: jax.Array
   """f32[R, S]: log pi_ref of the slot's token; filled by `train_step.fill_logprobs`."""
+  rollout_logprobs: Optional[jax.Array] = None
+  """f32[R, S]: the sampler's log-prob of the slot's token; None unless the loss reads it
+  (`TrainBatch.segments(..., with_rollout=True)`)."""
 
   @property
   def num_rows(self) -> int:
@@ -131,9 +141,10 @@ class SegmentBatch:
     """bool[R, L]: real (non-padding) tokens."""
     return self.segment_ids > 0
 
-  def segments(self, score_columns: Optional[int], unit_rows: int) -> "SegmentBatch":
+  def segments(self, score_columns: Optional[int], unit_rows: int,
+               with_rollout: bool = False) -> "SegmentBatch":
     """Itself: already laid out (the signature of `TrainBatch.segments`)."""
-    del score_columns, unit_rows
+    del score_columns, unit_rows, with_rollout
     return self
 
 
@@ -182,6 +193,7 @@ def build_train_batch(
     row_multiple: int,
     pad_id: int = 0,
     row_buckets: Optional[Sequence[int]] = None,
+    rollout_logprobs: Optional[Sequence[Sequence[float]]] = None,
 ) -> tuple[TrainBatch, int]:
   """Builds a padded numpy TrainBatch from token ids (host side, no JAX).
 
@@ -196,6 +208,8 @@ def build_train_batch(
     pad_id: token id written at padding positions (never attended to, never scored).
     row_buckets: optional allowed row counts (each a multiple of row_multiple) so that
       iterations with different step counts reuse compiled shapes.
+    rollout_logprobs: optional N sequences, the sampler's log-prob of each response token
+      (each as long as its response): the batch's `rollout_logprobs`.
 
   Returns:
     (batch, num_real_rows): the batch holds numpy arrays; old/ref log-probs are zeros.
@@ -240,9 +254,16 @@ def build_train_batch(
   positions = np.maximum(np.cumsum(input_mask, axis=1, dtype=np.int32) - 1, 0).astype(np.int32)
   positions = np.where(input_mask, positions, 0).astype(np.int32)
   zeros = np.zeros((rows, seq), np.float32)
+  rollout = None
+  if rollout_logprobs is not None:
+    if len(rollout_logprobs) != n or any(len(x) != len(r) for x, r in zip(rollout_logprobs, response_ids)):
+      raise ValueError("rollout_logprobs must give one value per response token of every row.")
+    rollout = zeros.copy()
+    for i, x in enumerate(rollout_logprobs):
+      rollout[i, p_len:p_len + len(x)] = np.asarray(x, np.float32)
   batch = TrainBatch(
       tokens=tokens, positions=positions, input_mask=input_mask, response_mask=response_mask,
-      advantages=adv, old_logprobs=zeros, ref_logprobs=zeros.copy())
+      advantages=adv, old_logprobs=zeros, ref_logprobs=zeros.copy(), rollout_logprobs=rollout)
   return batch, n
 
 

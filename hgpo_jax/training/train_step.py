@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Optional, Sequence
 
 import flax.struct
@@ -60,6 +61,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from hgpo_jax.models import attention
+from hgpo_jax.models import lora as lora_lib
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import losses
@@ -83,6 +85,8 @@ def resolve_reference_dtype(name: str, compute_dtype: str) -> str:
   return name
 REFERENCE_MEMORIES = ("device", "host")
 """Values of `UpdateConfig.reference_memory`."""
+LR_SCHEDULES = ("constant", "cosine")
+"""Values of `UpdateConfig.lr_schedule` (verl `optim.warmup_style`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,9 +94,19 @@ class UpdateConfig:
   """Optimizer, batching and loss options of the actor update (defaults: docs/algorithms.md §9)."""
 
   lr: float = 1e-6
-  """Peak (and, after warmup, constant) learning rate of AdamW."""
-  warmup_steps: int = 0
-  """Linear warmup from 0 over this many optimizer steps; 0: constant from the start."""
+  """Peak (and, with the constant schedule after warmup, constant) learning rate of AdamW."""
+  lr_schedule: str = "constant"
+  """One of LR_SCHEDULES: the learning rate per iteration (`iteration_learning_rate`)."""
+  warmup_steps: int = -1
+  """Iterations of linear warmup (verl `lr_warmup_steps`, one scheduler step per
+  iteration); < 0: `warmup_ratio` of `total_iterations`."""
+  warmup_ratio: float = 0.0
+  """Warmup as a fraction of `total_iterations` (verl `lr_warmup_steps_ratio`)."""
+  min_lr_ratio: float = 0.0
+  """cosine: the floor of the decay and the start of the warmup, a fraction of `lr`."""
+  total_iterations: int = 0
+  """Iterations of the run (`train.num_iterations`): the length of the cosine and of
+  `warmup_ratio`."""
   weight_decay: float = 0.01
   """Decoupled AdamW weight decay (applied to every parameter, as torch AdamW does)."""
   b1: float = 0.9
@@ -177,6 +191,30 @@ class UpdateConfig:
                        f"{self.loss.loss_agg!r}")
     if not self.lr > 0 or self.weight_decay < 0 or not self.grad_clip > 0:
       raise ValueError(f"lr={self.lr} and grad_clip={self.grad_clip} must be > 0, weight_decay={self.weight_decay} >= 0.")
+    if self.lr_schedule not in LR_SCHEDULES:
+      raise ValueError(f"lr_schedule={self.lr_schedule!r} is unknown; use one of {LR_SCHEDULES}")
+    if not 0.0 <= self.warmup_ratio < 1.0 or not 0.0 <= self.min_lr_ratio <= 1.0:
+      raise ValueError(f"warmup_ratio={self.warmup_ratio} must be in [0, 1) and min_lr_ratio="
+                       f"{self.min_lr_ratio} in [0, 1]")
+    if self.warmup_steps >= 0 and self.warmup_ratio > 0:
+      raise ValueError(f"warmup_steps={self.warmup_steps} and warmup_ratio={self.warmup_ratio}: "
+                       f"set one of them (warmup_steps=-1 reads warmup_ratio)")
+    if (self.lr_schedule == "cosine" or self.warmup_ratio > 0) and self.total_iterations < 1:
+      raise ValueError(f"lr_schedule={self.lr_schedule!r} / warmup_ratio={self.warmup_ratio} "
+                       f"need total_iterations >= 1, got {self.total_iterations}")
+
+  @property
+  def warmup_iterations(self) -> int:
+    """Iterations of warmup: `warmup_steps`, or `warmup_ratio` of the run (verl: int())."""
+    if self.warmup_steps >= 0:
+      return self.warmup_steps
+    return int(self.warmup_ratio * self.total_iterations)
+
+  @property
+  def scheduled(self) -> bool:
+    """Whether the learning rate changes over the run (the optimizer then holds it as a
+    hyperparameter that the trainer sets each iteration, `Learner.with_learning_rate`)."""
+    return self.lr_schedule != "constant" or self.warmup_iterations > 0
 
   @property
   def loss_unit(self) -> int:
@@ -204,17 +242,38 @@ class UpdateConfig:
 
 
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
-  """clip_by_global_norm(grad_clip) then AdamW with a constant (optionally warmed-up) lr."""
+  """clip_by_global_norm(grad_clip) then AdamW: with a constant lr, or (`scheduled`) with
+  its learning rate a hyperparameter in the optimizer state, set per iteration."""
+  adamw = optax.inject_hyperparams(optax.adamw) if config.scheduled else optax.adamw
+  lr = config.lr if config.scheduled else learning_rate_schedule(config)
   return optax.chain(
       optax.clip_by_global_norm(config.grad_clip),
-      optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
-                  weight_decay=config.weight_decay))
+      adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay))
 
 
 def learning_rate_schedule(config: UpdateConfig) -> optax.Schedule:
-  if config.warmup_steps > 0:
-    return optax.warmup_constant_schedule(0.0, config.lr, config.warmup_steps)
+  """The constant learning rate of an unscheduled optimizer."""
   return optax.constant_schedule(config.lr)
+
+
+def iteration_learning_rate(config: UpdateConfig, iteration: int) -> float:
+  """The learning rate of 0-based `iteration`, verl's schedulers stepped once per iteration
+  (verl/utils/torch_functional.py, with W warmup iterations, N = total_iterations,
+  m = min_lr_ratio):
+
+    constant: lr * min(1, i / max(1, W))                 (`get_constant_schedule_with_warmup`)
+    cosine:   lr * (m + (1 - m) i / max(1, W))            for i < W
+              lr * max(m, (1 + m)/2 + (1 - m)/2 cos(pi p)),  p = (i - W) / max(1, N - W)
+                                                          (`get_cosine_schedule_with_warmup`,
+                                                           num_cycles 0.5)
+  """
+  w, n, m = config.warmup_iterations, config.total_iterations, config.min_lr_ratio
+  if config.lr_schedule == "constant":
+    return config.lr * min(1.0, iteration / max(1, w))
+  if iteration < w:
+    return config.lr * (m + (1.0 - m) * iteration / max(1, w))
+  progress_frac = (iteration - w) / max(1, n - w)
+  return config.lr * max(m, 0.5 * (1.0 + m) + 0.5 * (1.0 - m) * math.cos(math.pi * progress_frac))
 
 
 @flax.struct.dataclass
@@ -229,12 +288,26 @@ class TrainState:
   """int32[]: optimizer steps taken. (The update is deterministic: no PRNG key is kept.)"""
 
   def to_checkpoint(self) -> dict:
-    """The pytree that `checkpoint.Checkpointer` saves."""
-    return {"params": self.params, "opt_state": self.opt_state, "step": self.step}
+    """The pytree that `checkpoint.Checkpointer` saves: with LoRA adapters only the trained
+    params (`lora.trainable_params`), not the frozen base."""
+    return {"params": lora_lib.trainable_params(self.params), "opt_state": self.opt_state,
+            "step": self.step}
 
   @classmethod
-  def from_checkpoint(cls, tree: dict) -> "TrainState":
-    return cls(params=tree["params"], opt_state=tree["opt_state"], step=tree["step"])
+  def from_checkpoint(cls, tree: dict, like: Optional["TrainState"] = None) -> "TrainState":
+    """The state of a saved tree; `like` (the run's initial state) supplies the frozen base
+    that a LoRA checkpoint leaves out."""
+    params = tree["params"] if like is None else lora_lib.with_frozen(tree["params"], like.params)
+    return cls(params=params, opt_state=tree["opt_state"], step=tree["step"])
+
+
+class AdaptersOff:
+  """The reference policy of a policy with LoRA adapters: its own frozen base with the
+  adapters off (verl's `ref_in_actor`), read from the current params: no copy, so
+  `UpdateConfig.reference_dtype` / `reference_memory` do not apply."""
+
+
+ADAPTERS_OFF = AdaptersOff()
 
 
 def _pure(tree: Any) -> Any:
@@ -299,6 +372,17 @@ class Learner:
         config.reference_dtype, getattr(getattr(model, "cfg", None), "dtype", ""))
     self.graphdef, params_state = nnx.split(model, nnx.Param)
     self.param_shardings = _pure(sharding_lib.param_shardings(params_state, mesh, self.rules))
+    # With LoRA adapters the optimizer, its clipping, the gradients and the checkpoints see
+    # only the adapters (and value heads), `lora.trainable_params`: the base is frozen.
+    self.adapters = lora_lib.has_adapters(self.param_shardings)
+    self.trained_shardings = lora_lib.trainable_params(self.param_shardings)
+    if self.adapters and (config.reference_memory != "device"
+                          or config.reference_dtype not in ("", "auto")):
+      raise ValueError(f"reference_memory={config.reference_memory!r} / reference_dtype="
+                       f"{config.reference_dtype!r} do not apply with LoRA: the reference is "
+                       f"the frozen base with the adapters off (no copy); leave the defaults")
+    if self.adapters:
+      self.reference_dtype = ""
     self.tx = make_optimizer(config)
     self.replicated = NamedSharding(mesh, P())
     # Rows follow the "batch" logical axis of the rules (data x fsdp by default).
@@ -320,13 +404,13 @@ class Learner:
                           out_shardings=(self.state_sharding, self.replicated))
     # A mini-batch of several parts (length grouping): one gradient program per part
     # shape, the gradient sum donated from call to call, then the optimizer step.
-    self.zero_grads = jax.jit(self._zero_grads, out_shardings=self.param_shardings)
+    self.zero_grads = jax.jit(self._zero_grads, out_shardings=self.trained_shardings)
     self.accumulate = jax.jit(on_mesh(self._accumulate), donate_argnums=(1,), static_argnums=(3,),
-                              in_shardings=(self.param_shardings, self.param_shardings,
+                              in_shardings=(self.param_shardings, self.trained_shardings,
                                             self.row_sharding),
-                              out_shardings=(self.param_shardings, self.replicated))
+                              out_shardings=(self.trained_shardings, self.replicated))
     self.apply_gradients = jax.jit(self._apply_gradients, donate_argnums=(0,),
-                                   in_shardings=(self.state_sharding, self.param_shardings,
+                                   in_shardings=(self.state_sharding, self.trained_shardings,
                                                  self.replicated),
                                    out_shardings=(self.state_sharding, self.replicated))
     self.compute_logprobs = jax.jit(on_mesh(self._compute_logprobs),
@@ -338,6 +422,12 @@ class Learner:
           on_mesh(self._compute_offloaded_logprobs),
           in_shardings=(self.reference_shardings, self.row_sharding),
           out_shardings=self.row_sharding)
+    elif self.adapters:  # the base's log-probs, the adapters dropped from the params
+      self.base_graphdef = lora_lib.base_graphdef(model.cfg)
+      self.compute_reference_logprobs = jax.jit(
+          on_mesh(self._compute_base_logprobs),
+          in_shardings=(self.param_shardings, self.row_sharding),
+          out_shardings=self.row_sharding)
     else:
       self.compute_reference_logprobs = self.compute_logprobs
     self.lay_out = jax.jit(self._layout, in_shardings=(self.row_sharding,),
@@ -346,12 +436,13 @@ class Learner:
 
   # ---- state ------------------------------------------------------------------------
   def _init(self, params):
-    return TrainState(params=params, opt_state=self.tx.init(params), step=jnp.zeros((), jnp.int32))
+    return TrainState(params=params, opt_state=self.tx.init(lora_lib.trainable_params(params)),
+                      step=jnp.zeros((), jnp.int32))
 
   def state_shardings(self, abstract: TrainState) -> TrainState:
     """Shardings of every TrainState leaf: optimizer moments follow their params."""
     opt = optax.tree_map_params(
-        self.tx, lambda _, s: s, abstract.opt_state, self.param_shardings,
+        self.tx, lambda _, s: s, abstract.opt_state, self.trained_shardings,
         transform_non_params=lambda _: self.replicated)
     return TrainState(params=self.param_shardings, opt_state=opt, step=self.replicated)
 
@@ -379,9 +470,24 @@ class Learner:
   def reference_params(self, state: TrainState) -> Any:
     """A frozen copy of the current params with the same shardings (call before updating),
     floating leaves in `self.reference_dtype` when set, in the memory of
-    `UpdateConfig.reference_memory` (the devices' host memory for "host")."""
+    `UpdateConfig.reference_memory` (the devices' host memory for "host"). With LoRA
+    adapters `ADAPTERS_OFF`: the policy's own base is the reference."""
+    if self.adapters:
+      return ADAPTERS_OFF
     return jax.jit(lambda p: jax.tree.map(self._to_reference, p),
                    out_shardings=self.reference_shardings)(state.params)
+
+  def with_learning_rate(self, state: TrainState, iteration: int) -> TrainState:
+    """`state` with the learning rate of `iteration` (`iteration_learning_rate`) in its
+    optimizer state; `state` itself when the learning rate is constant."""
+    if not self.config.scheduled:
+      return state
+    clip_state, adamw_state = state.opt_state
+    old = adamw_state.hyperparams["learning_rate"]
+    lr = jax.device_put(np.asarray(iteration_learning_rate(self.config, iteration), old.dtype),
+                        old.sharding)
+    hyperparams = dict(adamw_state.hyperparams, learning_rate=lr)
+    return state.replace(opt_state=(clip_state, adamw_state._replace(hyperparams=hyperparams)))
 
   def _reference_shardings(self, mesh: jax.sharding.Mesh) -> Any:
     """The reference's shardings: the params' layout, in host memory when offloaded."""
@@ -442,17 +548,29 @@ class Learner:
   def _layout(self, batch: Any) -> train_batch_lib.SegmentBatch:
     """A mini-batch (part) as the loss reads it: the actor's SegmentBatch (a TrainBatch
     is laid out one segment per row); `critic_step.CriticLearner` keeps its rows."""
-    return batch.segments(self.config.scored_tail, self.config.loss_unit)
+    return batch.segments(self.config.scored_tail, self.config.loss_unit,
+                          with_rollout=self.reads_rollout_logprobs)
 
-  def _compute_logprobs(self, params: Any, batch: Any) -> jax.Array:
+  @property
+  def reads_rollout_logprobs(self) -> bool:
+    """Whether the loss reads the sampler's log-probs (`rollout_is` / `rollout_rs`): only
+    then does the laid-out batch carry them to the update."""
+    loss = self.config.loss
+    return loss.rollout_is != "none" or loss.rollout_rs != "none"
+
+  def _compute_logprobs(self, params: Any, batch: Any, graphdef=None) -> jax.Array:
     """f32[R, S] log-probs of every score slot under `params` (0 on unused slots),
-    micro-batch by micro-batch."""
-    model = self._model(params)
+    micro-batch by micro-batch; `graphdef`: another model's structure for `params`."""
+    model = self._model(params) if graphdef is None else nnx.merge(graphdef, params)
     batch = self._layout(batch)
     def one(x):
       logp, _ = scored_logprobs(model, x, with_entropy=False)
       return jnp.where(x.score_mask, logp, 0.0)
     return jax.lax.map(one, self._micro(batch)).reshape(batch.num_rows, -1)
+
+  def _compute_base_logprobs(self, params: Any, batch: Any) -> jax.Array:
+    """`_compute_logprobs` of the frozen base: the adapters dropped from `params`."""
+    return self._compute_logprobs(lora_lib.without_adapters(params), batch, self.base_graphdef)
 
   # ---- update -----------------------------------------------------------------------
   @property
@@ -477,12 +595,12 @@ class Learner:
     old = jax.lax.stop_gradient(logp) if on_policy else x.old_logprobs
     if self.weighted_loss:
       return losses.weighted_actor_loss(logp, entropy, old, x.ref_logprobs, x.advantages,
-                                        x.loss_weights, self.config.loss)
+                                        x.loss_weights, self.config.loss, x.rollout_logprobs)
     # seq-mean-token-sum-norm without a norm_length divides by the row length, as unpacked
     config = dataclasses.replace(self.config.loss,
                                  norm_length=self.config.loss.norm_length or x.seq_len)
     return losses.actor_loss(logp, entropy, old, x.ref_logprobs, x.advantages, x.score_mask,
-                             config)
+                             config, x.rollout_logprobs)
 
   def _accumulate(self, params, grads, batch: Any, on_policy: bool = False):
     """grads + the gradient of `batch`'s share of the mini-batch loss, its micro-batches in
@@ -497,9 +615,13 @@ class Learner:
     n_active = (1.0 if self.weighted_loss
                 else jnp.maximum(jnp.sum(active_k), 1).astype(jnp.float32))
 
+    # gradients of the trained params only (with LoRA: no weight gradients of the base)
+    trained = lora_lib.trainable_params(params)
+    loss = lambda t, x: self._loss(lora_lib.with_frozen(t, params), x, on_policy)  # noqa: E731
+
     def micro_step(grads, xs):
       x, active = xs
-      (_, metrics), g = jax.value_and_grad(self._loss, has_aux=True)(params, x, on_policy)
+      (_, metrics), g = jax.value_and_grad(loss, has_aux=True)(trained, x)
       scale = jnp.where(active, 1.0 / n_active, 0.0)
       return jax.tree.map(lambda a, b: a + scale * b, grads, g), metrics
 
@@ -517,21 +639,26 @@ class Learner:
     return self._apply_gradients(state, grads, metrics)
 
   def _zero_grads(self, params):
-    return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
+                        lora_lib.trainable_params(params))
 
   def _apply_gradients(self, state: TrainState, grads: Any, metrics: dict):
     """Clipping and AdamW on the summed f32 gradients of a mini-batch; `metrics` (the
     mini-batch's loss metrics and `scored_tokens`) gain the step's own."""
-    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    trained = lora_lib.trainable_params(state.params)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, trained)
     grad_norm = optax.tree.norm(grads)
-    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, opt_state = self.tx.update(grads, state.opt_state, trained)
+    params = optax.apply_updates(trained, updates)
     # verl skips the optimizer step when the gradient norm is not finite.
     finite = jnp.isfinite(grad_norm)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-    params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+    params, opt_state = keep(params, trained), keep(opt_state, state.opt_state)
+    params = lora_lib.with_frozen(params, state.params)
+    lr = (state.opt_state[1].hyperparams["learning_rate"] if self.config.scheduled
+          else learning_rate_schedule(self.config)(state.step))
     metrics = dict(metrics, grad_norm=grad_norm, skipped_step=1.0 - finite.astype(jnp.float32),
-                   learning_rate=learning_rate_schedule(self.config)(state.step))
+                   learning_rate=lr)
     new_state = state.replace(params=params, opt_state=opt_state,
                               step=state.step + finite.astype(jnp.int32))
     return new_state, metrics
@@ -591,7 +718,8 @@ def fill_logprobs(learner: Learner, params: Any, ref_params: Optional[Any],
       if old:
         x = x.replace(old_logprobs=learner.compute_logprobs(params, x))
       if ref_params is not None:
-        x = x.replace(ref_logprobs=learner.compute_reference_logprobs(ref_params, x))
+        ref = params if ref_params is ADAPTERS_OFF else ref_params
+        x = x.replace(ref_logprobs=learner.compute_reference_logprobs(ref, x))
       laid_out.append(x)
     filled.append(tuple(laid_out))
   if isinstance(batch, list):

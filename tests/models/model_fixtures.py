@@ -28,12 +28,15 @@ def write_hf_dir(directory: str, arch: str, *, seed: int = 0, max_shard_size=Non
 
   Returns the torch model (eval mode, eager attention) for reference logits.
   """
+  return write_hf_model(directory, hf_config(arch), seed=seed, max_shard_size=max_shard_size)
+
+
+def write_hf_model(directory: str, cfg, *, seed: int = 0, max_shard_size=None):
+  """`write_hf_dir` of a given transformers config (LlamaConfig, Qwen2Config, Qwen3Config)."""
   import torch
   import transformers
   torch.manual_seed(seed)
-  cfg = hf_config(arch)
-  cls = transformers.LlamaForCausalLM if arch == "llama" else transformers.Qwen2ForCausalLM
-  model = cls(cfg).eval()
+  model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
   with torch.no_grad():
     for name, p in model.named_parameters():
       if name.endswith("norm.weight"):

@@ -8,7 +8,7 @@ from flax import nnx
 
 import model_fixtures
 from hgpo_jax.models import Decoder, get_preset, init_cache, load_model
-from hgpo_jax.models.decoder import apply_rope, rope_angles, rope_rotation
+from hgpo_jax.models.rope import apply_rope, rope_angles, rope_rotation
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@ equal to transformers' on tiny random checkpoints (prefill and KV-cache decode).
 import json
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -168,3 +170,125 @@ def test_written_config_json_loads_in_read_hf_config(tmp_path):
   with open(os.path.join(tmp_path, "config.json"), "w") as f:
     json.dump(config_lib.hf_config_dict(cfg), f)
   assert config_lib.read_hf_config(str(tmp_path)) == cfg
+
+
+# ------------------------------------------------------- logits against transformers
+_COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+               eos_token_id=2, bos_token_id=None, pad_token_id=0)
+_LLAMA_SCALINGS = {
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+             "beta_fast": 16.0},
+}
+# name -> (transformers config class name, kwargs): GQA everywhere; head_dim != hidden/heads
+# on every Qwen3 and on the Llamas (16 = 64/4 there, 24 on the Qwen3s).
+_CHECKPOINTS = {
+    "qwen3_tied": ("Qwen3Config", dict(head_dim=24, tie_word_embeddings=True,
+                                       max_position_embeddings=2048, rope_theta=1e6)),
+    "qwen3_untied": ("Qwen3Config", dict(head_dim=24, tie_word_embeddings=False,
+                                         max_position_embeddings=2048, rope_theta=1e6)),
+    **{f"llama_{kind}": ("LlamaConfig", dict(head_dim=16, tie_word_embeddings=kind != "linear",
+                                             max_position_embeddings=2048, rope_theta=10000.0,
+                                             rope_parameters={**params, "rope_theta": 10000.0}))
+       for kind, params in _LLAMA_SCALINGS.items()},
+}
+
+
+def _to_transformers4_format(directory: str):
+  """Rewrites config.json as transformers 4 wrote it: top-level rope_theta, the scaling
+  under rope_scaling (null without one; yarn with the legacy `type` key)."""
+  path = os.path.join(directory, "config.json")
+  with open(path) as f:
+    hf = json.load(f)
+  params = hf.pop("rope_parameters")
+  hf["rope_theta"] = params.pop("rope_theta")
+  if params["rope_type"] == "default":
+    hf["rope_scaling"] = None
+  else:
+    if params["rope_type"] == "yarn":
+      params["type"] = params.pop("rope_type")
+    hf["rope_scaling"] = params
+  with open(path, "w") as f:
+    json.dump(hf, f)
+
+
+@pytest.fixture(scope="module", params=sorted(_CHECKPOINTS))
+def checkpoint(request, tmp_path_factory):
+  """(name, transformers 5 directory, transformers 4 directory, torch model)."""
+  import shutil
+
+  import transformers
+  import model_fixtures
+  name = request.param
+  cls, kwargs = _CHECKPOINTS[name]
+  new = str(tmp_path_factory.mktemp(f"{name}_v5"))
+  torch_model = model_fixtures.write_hf_model(new, getattr(transformers, cls)(**_COMMON, **kwargs))
+  old = str(tmp_path_factory.mktemp(f"{name}_v4"))
+  shutil.copytree(new, old, dirs_exist_ok=True)
+  _to_transformers4_format(old)
+  return name, new, old, torch_model
+
+
+def test_checkpoint_configs_read_in_both_formats(checkpoint):
+  name, new, old, _ = checkpoint
+  with open(os.path.join(new, "config.json")) as f:
+    assert "rope_parameters" in json.load(f)  # what transformers 5.23 writes
+  cfg = config_lib.read_hf_config(new)
+  assert config_lib.read_hf_config(old) == cfg
+  assert cfg.qk_norm == name.startswith("qwen3") and not cfg.qkv_bias
+  assert cfg.rope_type == name.split("_")[1] if name.startswith("llama") else "default"
+  assert cfg.head_dim == (24 if cfg.qk_norm else 16)
+
+
+def _positions(name: str, length: int):
+  """Positions of the compared tokens: past the 256 original positions for the scaled
+  Llamas (1000, 1001, ...); from 0 for the Qwen3s."""
+  return np.arange(length, dtype=np.int32) + (1000 if name.startswith("llama") else 0)
+
+
+def test_logits_equal_transformers(checkpoint):
+  """Both formats load to logits equal to transformers' on a left-padded batch (Qwen3) or
+  at positions 1000-1015, beyond the original 256 (the RoPE scalings)."""
+  import model_fixtures
+  from hgpo_jax.models import load_model
+  name, new, old, torch_model = checkpoint
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=5, length=16, pads=(0, 3, 7))
+  if name.startswith("llama"):
+    mask[:] = True
+    positions = np.broadcast_to(_positions(name, 16), tokens.shape).copy()
+  ref = model_fixtures.torch_logits(torch_model, tokens, mask, positions)
+  fwd = jax.jit(lambda m, t, p, a: m(t, p, a)[0])
+  for directory in (new, old):
+    model, _, _ = load_model(directory)
+    ours = np.asarray(fwd(model, tokens, positions, mask))
+    scale = np.abs(ref[mask]).max()
+    assert scale > 0.1
+    assert np.abs(ours - ref)[mask].max() < 1e-4 * max(scale, 1.0), name
+
+
+def test_kv_cache_decode_equals_full_forward(checkpoint):
+  """A prefill of 1004 tokens and 12 one-token decode steps give the full forward's logits
+  of positions 1004-1015 (past the original 256 positions of the scaled Llamas), and the
+  full forward equals transformers' on all 1016."""
+  import model_fixtures
+  from hgpo_jax.models import init_cache, load_model
+  name, new, _, torch_model = checkpoint
+  model, _, cfg = load_model(new)
+  length, prefill = 1016, 1004
+  tokens = np.random.default_rng(6).integers(3, 512, size=(2, length)).astype(np.int32)
+  positions = np.broadcast_to(np.arange(length, dtype=np.int32), tokens.shape)
+  mask = np.ones(tokens.shape, bool)
+  full = np.asarray(jax.jit(lambda m, t, p, a: m(t, p, a)[0])(model, tokens, positions, mask))
+  ref = model_fixtures.torch_logits(torch_model, tokens, mask, positions)
+  assert np.abs(full - ref).max() < 1e-4 * max(np.abs(ref).max(), 1.0), name
+  step = jax.jit(lambda m, toks, pos, cache, index: m.decode(toks, pos, cache, index))
+  cache = init_cache(cfg, 2, 1024)
+  _, cache = step(model, tokens[:, :prefill], positions[:, :prefill], cache, jnp.int32(0))
+  outs = []
+  for i in range(prefill, length):
+    logits, cache = step(model, tokens[:, i:i + 1], positions[:, i:i + 1], cache, jnp.int32(i))
+    outs.append(np.asarray(logits))
+  np.testing.assert_allclose(np.concatenate(outs, axis=1), full[:, prefill:], atol=1e-4)

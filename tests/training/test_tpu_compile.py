@@ -117,7 +117,7 @@ def test_tpu_flops_of_the_tiny_update_and_logprobs_equal_the_analytic_count():
   fwd = analytic.analytic_forward_flops(cfg, rows=8, tokens=seq, keys=seq, scored=scored)
   upd = analytic.analytic_update_flops(cfg, rows=8, seq=seq, scored=scored, remat=False)
   # On TPU targets RoPE takes each lane's partner by a product with a constant [Dh, Dh]
-  # permutation (`decoder.rope_rotation_by_product`): 2 Dh^2 FLOPs per query and key head
+  # permutation (`rope.rope_rotation_by_product`): 2 Dh^2 FLOPs per query and key head
   # per token and layer forward, once more backward (no weight gradient).
   rope = 2 * (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim ** 2 * cfg.num_layers * 8 * seq
   assert plan.phases["logprobs"].flops * 8 == pytest.approx(fwd + rope, rel=1e-6)
@@ -226,7 +226,7 @@ def test_qwen2_5_1_5b_paper_decode_step_traffic_on_a_v5e_8(impl, dtype, ratio, k
   for a libtpu version; docs/performance.md, "Decode on accelerators"):
   * xla attention: the HLO moves 3020 MB (loops weighted by trip count), 1.31x, and
     XLA:TPU estimates 5.33 ms per step (5.43 ms with the RoPE halves' form,
-    `decoder.rope_rotation_by_product`; 5.24 ms before the prefill's sequence parallelism,
+    `rope.rope_rotation_by_product`; 5.24 ms before the prefill's sequence parallelism,
     `decoder.sequence_parallel`, after which XLA:TPU prefetches 42 of the step's 56 gate
     and up weights into on-chip memory instead of all 56). It was 8.90 ms while each step converted the tied
     embedding to bf16 and all-gathered it over fsdp (`Decoder.decode_logits`,
