@@ -25,6 +25,7 @@ from flax import nnx
 
 from hgpo_jax.models import attention
 from hgpo_jax.models import axes
+from hgpo_jax.models import lora
 from hgpo_jax.models import platform
 from hgpo_jax.models import rope
 from hgpo_jax.models import decode_kernels  # noqa: F401  (registers the pallas_* decode kernels)
@@ -84,6 +85,10 @@ class DecoderLayers(nnx.Module):
     self.gate = _param(rngs, (n, f, d), d ** -0.5, dt, ("layers", "mlp", "embed"))
     self.up = _param(rngs, (n, f, d), d ** -0.5, dt, ("layers", "mlp", "embed"))
     self.down = _param(rngs, (n, d, f), f ** -0.5, dt, ("layers", "embed", "mlp"))
+    for name in cfg.lora.names:  # LoRA adapters beside their base weight (`models.lora`)
+      a, b = lora.adapter_params(getattr(self, name), name, cfg.lora.rank, rngs.params())
+      setattr(self, f"{name}_lora_a", a)
+      setattr(self, f"{name}_lora_b", b)
 
   def stacked(self) -> dict[str, jax.Array]:
     """name -> stacked array [L, ...] of every parameter (the `xs` of the layer scan). On
@@ -93,7 +98,7 @@ class DecoderLayers(nnx.Module):
     if per_layer is not None:
       return {n: jnp.stack([p[n] for p in per_layer]) for n in per_layer[0]}
     names = ["attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down",
-             "q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "gate_up", "qkv", "qkv_bias"]
+             "q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "gate_up", "qkv", "qkv_bias", *lora.PARAM_NAMES]
     # `Decoder.for_decoding`'s fused [L, 2, F, D] gate_up and [L, H + 2 Hkv, Dh, D] qkv on
     # GPUs stand in for the weights they hold; biases only with cfg.qkv_bias, q/k norms
     # only with cfg.qk_norm
@@ -163,6 +168,20 @@ def _matmul_bf16_bwd(res, g_bto):
 _matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
 
 
+def _adapted(cfg: ModelConfig, p: dict, name: str, x_bti, w_oi=None):
+  """`_project` of x by the layer weight `name` (or `w_oi`, its 2-D view), plus its LoRA
+  adapters' s · (x A) B when the layer holds them (`models.lora`; PEFT's order: the
+  low-rank product, then the scale), in x's dtype."""
+  out = _project(x_bti, p[name] if w_oi is None else w_oi)
+  if f"{name}_lora_a" not in p:
+    return out
+  a, b = p[f"{name}_lora_a"], p[f"{name}_lora_b"]
+  r = a.shape[-1]
+  low_btr = _project(x_bti, a.reshape(-1, r).T)
+  delta = _project(low_btr, b.reshape(r, -1).T) * jnp.asarray(cfg.lora.scale, low_btr.dtype)
+  return out + delta.reshape(out.shape)
+
+
 def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segment_ids_bt,
            cached=None, cache_index=None, cache_start_b=None, decode_impl: str = "xla",
            layer=None, seq: "SequenceParallel | None" = None, rope_by_product: bool = False):
@@ -192,9 +211,9 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
     q_bthk, k_bthk, v_bthk = jnp.split(
         qkv_bthk, (cfg.num_heads, cfg.num_heads + cfg.num_kv_heads), axis=2)
   else:
-    q_bthk = _project(h_btd, p["q"])
-    k_bthk = _project(h_btd, p["k"])
-    v_bthk = _project(h_btd, p["v"])
+    q_bthk = _adapted(cfg, p, "q", h_btd)
+    k_bthk = _adapted(cfg, p, "k", h_btd)
+    v_bthk = _adapted(cfg, p, "v", h_btd)
     if cfg.qkv_bias:
       q_bthk, k_bthk, v_bthk = q_bthk + w("q_bias"), k_bthk + w("k_bias"), v_bthk + w("v_bias")
   if cfg.qk_norm:  # Qwen3: each head normed over head_dim before RoPE
@@ -212,7 +231,7 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
                                            cache_index=cache_index, scale=scale,
                                            impl=decode_impl, layer=layer)
   x_btd = seq.stream(x_btd + seq.stream(
-      _project(attn_bthk.reshape(b, t, -1), p["o"].reshape(cfg.hidden_dim, -1))))
+      _adapted(cfg, p, "o", attn_bthk.reshape(b, t, -1), p["o"].reshape(cfg.hidden_dim, -1))))
   h_btd = seq.whole(rms_norm(x_btd, p["mlp_norm"], cfg.rms_eps))
   if "gate_up" in p:  # one product with both weights (`Decoder.for_decoding`)
     # [2, F, D] as [2F, D]: the gate and the up halves of the last axis. Taken as [..., 2, F]
@@ -223,8 +242,8 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
     f = both_bt2f.shape[-1] // 2
     gated_btf = jax.nn.silu(both_bt2f[..., :f]) * both_bt2f[..., f:]
   else:
-    gated_btf = jax.nn.silu(_project(h_btd, p["gate"])) * _project(h_btd, p["up"])
-  x_btd = seq.stream(x_btd + seq.stream(_project(seq.inner(gated_btf), p["down"])))
+    gated_btf = jax.nn.silu(_adapted(cfg, p, "gate", h_btd)) * _adapted(cfg, p, "up", h_btd)
+  x_btd = seq.stream(x_btd + seq.stream(_adapted(cfg, p, "down", seq.inner(gated_btf))))
   return x_btd, (k_bthk.transpose(0, 2, 1, 3), v_bthk.transpose(0, 2, 1, 3))
 
 
@@ -580,7 +599,10 @@ class Decoder(nnx.Module):
     mesh), its q, k and v (and their biases) one qkv [H + 2 Hkv, Dh, D] (when the heads are
     not split), and every layer's weights become arrays of their own (`DecoderLayers.unstacked`),
     which the decode step's unrolled layer loop reads in place. Itself when there is
-    nothing to do."""
+    nothing to do. With LoRA adapters: those of `merged` (the adapters merged into the
+    weights once per call)."""
+    if self.cfg.lora.rank:
+      return self.merged().for_decoding()
     dt = jnp.dtype(self.cfg.compute_dtype)
     narrows = lambda x: x.dtype != dt and dt.itemsize < x.dtype.itemsize  # noqa: E731
     top = [n for n in (("embed",) if self.cfg.tie_embeddings else ("embed", "lm_head"))
@@ -616,6 +638,19 @@ class Decoder(nnx.Module):
       for n in stacked:
         delattr(layers, n)
     return view
+
+  def merged(self) -> "Decoder":
+    """This decoder without its LoRA adapters, each adapted weight W + s · (A B)ᵀ in the
+    compute dtype (`lora.merged_weight`): the forward of the adapted decoder to float
+    round-off, with no adapter products. Itself without adapters."""
+    if not self.cfg.lora.rank:
+      return self
+    base_cfg = self.cfg.replace(lora=lora.LoraConfig())
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(base_cfg, rngs=nnx.Rngs(0))))
+    params = lora.merge_into_base(nnx.to_pure_dict(nnx.state(self)), self.cfg.lora,
+                                  self.cfg.compute_dtype)
+    nnx.replace_by_pure_dict(state, params)
+    return nnx.merge(graphdef, state)
 
   def _f_unsplit(self) -> bool:
     """Whether the layers' F axis is whole on each device of the mesh in context (a stacked
