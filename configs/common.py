@@ -234,6 +234,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.decode_attention_impl = "auto"  # sampler decode steps over the KV cache: auto (xla
   #   on every platform until the kernels are measured on a chip) | xla | pallas_gpu |
   #   pallas_tpu (read only each row's valid slots; hgpo_jax/models/decode_kernels.py)
+  # LoRA (hgpo_jax/models/lora.py): adapters over the frozen base, which is then stored in
+  # the compute dtype; the optimizer and checkpoints hold the adapters only, and the KL
+  # reference is the base with the adapters off (no copy)
+  c.model.lora = ml_collections.ConfigDict()
+  c.model.lora.rank = 0  # r; 0: full fine-tuning
+  c.model.lora.alpha = 16.0  # the scale's numerator: alpha / r (verl's lora_alpha default)
+  c.model.lora.rslora = False  # scale alpha / sqrt(r) instead (PEFT use_rslora)
+  c.model.lora.targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # PEFT
+  #   module names
+  c.model.lora.path = ""  # start from this PEFT adapter directory (its adapter_config.json
+  #   sets rank, alpha, targets; model.lora.rank 0 or equal to its r)
 
   c.env = ml_collections.ConfigDict()
   c.env.name = ""  # env server name (env_servers/registry.py)

@@ -645,12 +645,9 @@ class Decoder(nnx.Module):
     round-off, with no adapter products. Itself without adapters."""
     if not self.cfg.lora.rank:
       return self
-    base_cfg = self.cfg.replace(lora=lora.LoraConfig())
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(base_cfg, rngs=nnx.Rngs(0))))
-    params = lora.merge_into_base(nnx.to_pure_dict(nnx.state(self)), self.cfg.lora,
+    params = lora.merge_into_base(nnx.to_pure_dict(nnx.state(self, nnx.Param)), self.cfg.lora,
                                   self.cfg.compute_dtype)
-    nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(graphdef, state)
+    return nnx.merge(lora.base_graphdef(self.cfg), params)
 
   def _f_unsplit(self) -> bool:
     """Whether the layers' F axis is whole on each device of the mesh in context (a stacked

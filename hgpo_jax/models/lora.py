@@ -137,37 +137,50 @@ def is_adapter(name: str) -> bool:
   return str(name).endswith(SUFFIXES)
 
 
-def _leaf_name(path) -> str:
-  key = path[-1]
-  return str(getattr(key, "key", getattr(key, "name", key)))
-
-
 def has_adapters(params: Any) -> bool:
-  """Whether a params pytree (pure dict or nnx.State) holds adapters."""
-  return any(is_adapter(_leaf_name(p)) for p, _ in jax.tree_util.tree_leaves_with_path(params))
+  """Whether a pure param dict (of arrays, shapes or shardings) holds adapters."""
+  return isinstance(params, dict) and any(
+      is_adapter(k) or has_adapters(v) for k, v in params.items())
 
 
-def trainable_mask(params: Any) -> Any:
-  """bool pytree over `params`: what the optimizer trains. Without adapters every leaf;
-  with them the adapters and any value head (`value_*`, the critic's full-rank heads),
-  the frozen base nothing."""
-  adapters = has_adapters(params)
-  return jax.tree_util.tree_map_with_path(
-      lambda p, _: (not adapters) or is_adapter(_leaf_name(p))
-      or _leaf_name(p).startswith("value_"), params)
+def _trained(name) -> bool:
+  return is_adapter(name) or str(name).startswith("value_")
 
 
-def split(params: Any, mask: Any) -> tuple[Any, Any]:
-  """(trainable, frozen): `params` with the other part's leaves None (same structure)."""
-  keep = lambda m, x: x if m else None  # noqa: E731
-  drop = lambda m, x: None if m else x  # noqa: E731
-  return jax.tree.map(keep, mask, params), jax.tree.map(drop, mask, params)
+def trainable_params(params: Any) -> Any:
+  """The leaves of a pure param dict the optimizer trains: all of them without adapters;
+  with them the adapters and any value head (`value_*`, the critic's full-rank heads), as
+  a dict pruned of the frozen base (so optimizer state, gradients and checkpoints hold
+  only these)."""
+  if not has_adapters(params):
+    return params
+
+  def prune(tree: dict) -> dict:
+    out = {}
+    for k, v in tree.items():
+      if isinstance(v, dict):
+        if sub := prune(v):
+          out[k] = sub
+      elif _trained(k):
+        out[k] = v
+    return out
+  return prune(params)
 
 
-def join(trainable: Any, frozen: Any) -> Any:
-  """The inverse of `split`."""
-  return jax.tree.map(lambda t, f: f if t is None else t, trainable, frozen,
-                      is_leaf=lambda x: x is None)
+def with_frozen(trained: Any, params: Any) -> Any:
+  """`params` with the leaves of `trained` (a `trainable_params` dict) in their places."""
+  if not has_adapters(params):
+    return trained
+  return {k: (with_frozen(trained[k], v) if isinstance(v, dict) and k in trained
+              else trained.get(k, v)) for k, v in params.items()}
+
+
+def base_graphdef(cfg):
+  """The graph definition (of its `nnx.Param`s) of the decoder of `cfg` without adapters."""
+  from hgpo_jax.models import decoder  # noqa: PLC0415  (decoder imports this module)
+  base_cfg = cfg.replace(lora=LoraConfig())
+  abstract = nnx.eval_shape(lambda: decoder.Decoder(base_cfg, rngs=nnx.Rngs(0)))
+  return nnx.split(abstract, nnx.Param)[0]
 
 
 def without_adapters(params: dict) -> dict:

@@ -196,6 +196,10 @@ def _load_policy(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, see
   # Recompute each block's activations in the backward pass: the update's memory drops
   # from ~16 GB to ~3 GB for SmolLM2 at 4 x 816 tokens per micro-batch (+~30% compute).
   model.cfg = run_config.model_settings(config, model.cfg, mesh)
+  lora_path = config.model.lora.path if config.model.get("lora") else ""
+  if model.cfg.lora.rank or lora_path:  # adapters over the base (hgpo_jax/models/lora.py)
+    model = loading.with_lora(model, model.cfg.lora, seed=seed, mesh=mesh,
+                              adapter_dir=lora_path or None)
   return model, tokenizer
 
 
@@ -306,9 +310,10 @@ def _train_state(config, settings: run_config.RunConfig, workdir: str, mesh, mod
                                   resume_path=config.checkpoint.resume_from or None)
   start = 0
   if resumed.restored is not None:
-    state = train_step.TrainState.from_checkpoint(resumed.restored.state)
+    state = train_step.TrainState.from_checkpoint(resumed.restored.state, like=state)
     if critic is not None:
-      critic_state = train_step.TrainState.from_checkpoint(resumed.restored.state["critic"])
+      critic_state = train_step.TrainState.from_checkpoint(resumed.restored.state["critic"],
+                                                           like=critic_state)
     start = int(resumed.restored.cursor["iteration"])
     if pid == 0 and resumed.source == "workdir":
       checkpoint_lib.set_aside_steps_after(ckpt_dir, resumed.restored.step)

@@ -22,6 +22,7 @@ from env_servers import registry as env_registry
 from hgpo_jax.advantages import registry
 from hgpo_jax.models import attention
 from hgpo_jax.models import config as model_config
+from hgpo_jax.models import lora as lora_lib
 from hgpo_jax.models import platform
 from hgpo_jax.rollout import params as rollout_params
 from hgpo_jax.sampling import sampler as sampler_lib
@@ -158,6 +159,17 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
     raise ConfigError(f"config.model.compute_dtype={config.model.compute_dtype!r}: use one of "
                       f"{model_config.COMPUTE_DTYPES} (auto: bfloat16 on TPU/GPU, model.dtype "
                       f"on CPU; \"\": model.dtype)")
+  lora = lora_config(config)
+  if lora.rank and (config.train.reference_memory != "device"
+                    or config.train.reference_dtype not in ("", "auto")):
+    raise ConfigError(f"config.train.reference_memory={config.train.reference_memory!r} / "
+                      f"reference_dtype={config.train.reference_dtype!r} do not apply with "
+                      f"model.lora.rank={lora.rank}: the reference is the frozen base with the "
+                      f"adapters off (no copy); leave them at device / auto")
+  if config.model.get("lora") and config.model.lora.path and not os.path.isdir(
+      config.model.lora.path):
+    raise ConfigError(f"config.model.lora.path={config.model.lora.path!r} is not a directory "
+                      f"(a PEFT adapter: adapter_config.json + adapter_model.safetensors)")
   if not config.env.endpoints and config.env.num_servers < 1:
     raise ConfigError("config.env.num_servers must be >= 1 when no env.endpoints are given")
   for name in ("pack_rows", "group_by_length"):
@@ -236,10 +248,25 @@ def model_settings(config: ml_collections.ConfigDict, cfg: model_config.ModelCon
                                              target)
   if mesh is not None:
     impl = attention.resolve_impl(impl, mesh, dtype)
-  return cfg.replace(dtype=dtype,
+  lora = lora_config(config)
+  # with LoRA the frozen base is stored in the compute dtype (the adapters are float32)
+  return cfg.replace(dtype=dtype, lora=lora,
+                     param_dtype=dtype if lora.rank else cfg.param_dtype,
                      remat=bool(config.model.remat), attn_query_chunk=config.model.attn_query_chunk,
                      attention_impl=impl,
                      decode_attention_impl=config.model.decode_attention_impl)
+
+
+def lora_config(config: ml_collections.ConfigDict) -> lora_lib.LoraConfig:
+  """`config.model.lora` as a LoraConfig (rank 0 when the section is absent); raises
+  ConfigError naming the bad key."""
+  section = config.model.get("lora")
+  if section is None:
+    return lora_lib.LoraConfig()
+  try:
+    return lora_lib.from_settings(section.rank, section.alpha, section.targets, section.rslora)
+  except ValueError as e:
+    raise ConfigError(f"config.{e.args[0]}") from None
 
 
 def critic_update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:

@@ -1,0 +1,167 @@
+"""Training with LoRA adapters (hgpo_jax/models/lora.py, training/train_step.py): fresh
+adapters give the full model's log-probs bit for bit, an update moves only the adapters
+(optimizer state and checkpoints hold only them), the reference is the base with the
+adapters off, sharded == unsharded, a checkpoint resumes the uninterrupted run, and the
+trainer end to end (slow)."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import fake_devices
+from hgpo_jax.models import config as model_config
+from hgpo_jax.models import decoder, loading, lora, sharding
+from hgpo_jax.training import checkpoint, train_batch, train_step
+
+TINY = model_config.get_preset("tiny").replace(num_layers=2, vocab_size=64, mlp_dim=64)
+LORA = lora.LoraConfig(rank=4, alpha=8.0)
+
+
+def _models(mesh=None, targets=lora.TARGETS):
+  base = decoder.Decoder(TINY, rngs=nnx.Rngs(0))
+  adapted = loading.with_lora(base, lora.LoraConfig(rank=4, alpha=8.0, targets=targets),
+                              seed=3, mesh=mesh)
+  return base, adapted
+
+
+def _mesh(data=1, fsdp=1, tensor=1):
+  return sharding.make_mesh(data, fsdp, tensor, devices=fake_devices.take(data * fsdp * tensor))
+
+
+def _host_batch(rows=16, seed=0):
+  rng = np.random.default_rng(seed)
+  prompts = [rng.integers(1, TINY.vocab_size, rng.integers(1, 7)).tolist() for _ in range(rows)]
+  responses = [rng.integers(1, TINY.vocab_size, rng.integers(1, 9)).tolist() for _ in range(rows)]
+  adv = rng.normal(size=rows).astype(np.float32)
+  batch, _ = train_batch.build_train_batch(prompts, responses, adv, prompt_buckets=[8],
+                                           response_buckets=[8], row_multiple=16)
+  return batch
+
+
+def _config(**kw):
+  return train_step.UpdateConfig(**dict(dict(lr=1e-2, mini_batch_rows=16, micro_batch_rows=8,
+                                             ppo_epochs=2), **kw))
+
+
+def _learner(model, mesh, config):
+  learner = train_step.Learner(model, mesh, config)
+  return learner, learner.init_state(nnx.state(model, nnx.Param))
+
+
+def _iterate(learner, state, hosts):
+  ref = learner.reference_params(state)
+  history = []
+  for host in hosts:
+    filled = train_step.fill_logprobs(learner, state.params, ref, host)
+    state, metrics = train_step.train_iteration(learner, state, filled)
+    history.append(metrics)
+  return state, history
+
+
+def _flat(tree):
+  return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(x)
+          for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_fresh_adapters_give_the_full_models_logprobs_bitwise():
+  base, adapted = _models()
+  mesh, config = _mesh(), _config()
+  host = _host_batch()
+  logps = []
+  for model in (base, adapted):
+    learner, state = _learner(model, mesh, config)
+    x = learner.lay_out(learner.put_batch(host))
+    logps.append(np.asarray(learner.compute_logprobs(state.params, x)))
+  assert np.any(logps[0] != 0)
+  np.testing.assert_array_equal(logps[1], logps[0])
+
+
+def test_update_moves_only_the_adapters_and_the_reference_is_the_base():
+  base, adapted = _models()
+  mesh, config = _mesh(), _config()
+  learner, state = _learner(adapted, mesh, config)
+  assert learner.reference_params(state) is train_step.ADAPTERS_OFF
+  before = _flat(jax.device_get(state.params))
+  # the optimizer's moments exist for the adapters only
+  moments = _flat(state.opt_state[1][0].mu)
+  assert moments and all(lora.is_adapter(k.split("/")[-1]) for k in moments)
+  assert set(_flat(state.to_checkpoint()["params"])) == {k for k in before
+                                                         if lora.is_adapter(k.split("/")[-1])}
+  state, history = _iterate(learner, state, [_host_batch(seed=1)])
+  after = _flat(jax.device_get(state.params))
+  assert int(state.step) == 2 and history[0]["grad_norm"] > 0
+  for name, value in before.items():
+    if lora.is_adapter(name.split("/")[-1]):
+      assert np.max(np.abs(after[name] - value)) > 1e-3, name  # every adapter moved
+    else:
+      np.testing.assert_array_equal(after[name], value, err_msg=name)  # the base bitwise
+  # the reference log-probs (adapters off) are the base model's, bit for bit, after the update
+  host = _host_batch(seed=2)
+  filled = train_step.fill_logprobs(learner, state.params, train_step.ADAPTERS_OFF, host)
+  base_learner, base_state = _learner(base, mesh, config)
+  want = base_learner.compute_logprobs(base_state.params,
+                                       base_learner.lay_out(base_learner.put_batch(host)))
+  np.testing.assert_array_equal(np.asarray(filled.ref_logprobs), np.asarray(want))
+  assert np.max(np.abs(np.asarray(filled.old_logprobs) - np.asarray(want))) > 1e-3
+
+
+def test_reference_copy_settings_are_refused_with_adapters():
+  _, adapted = _models()
+  for kw in (dict(reference_memory="host"), dict(reference_dtype="bfloat16")):
+    with pytest.raises(ValueError, match="do not apply with LoRA") as e:
+      train_step.Learner(adapted, _mesh(), _config(**kw))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2)])
+def test_sharded_equals_unsharded(shape):
+  hosts = [_host_batch(32, seed=s) for s in (1, 2)]
+  config = _config(lr=1e-3, mini_batch_rows=32)
+  params, metrics = {}, {}
+  for name, mesh in (("single", _mesh()), ("sharded", _mesh(*shape))):
+    _, adapted = _models(mesh)
+    learner, state = _learner(adapted, mesh, config)
+    p0 = _flat(jax.device_get(state.params))
+    state, history = _iterate(learner, state, hosts)
+    params[name], metrics[name] = _flat(jax.device_get(state.params)), history[-1]
+    if shape == (2, 2, 2) and name == "sharded":  # A's input and B's output axes split as W's
+      spec = lambda n: tuple(state.params["layers"][n].sharding.spec)  # noqa: E731
+      assert spec("q")[3] == "fsdp" and spec("q_lora_a")[1] == "fsdp"
+      assert spec("q")[1] == "tensor" and spec("q_lora_b")[2] == "tensor"
+      assert spec("down_lora_a")[1] == "tensor" and spec("down_lora_b")[2] == "fsdp"
+  travelled = max(np.max(np.abs(params["single"][k] - p0[k])) for k in p0)
+  assert travelled > 1e-3
+  for k in p0:
+    np.testing.assert_allclose(params["sharded"][k], params["single"][k],
+                               atol=0.05 * travelled, err_msg=k)
+  for k in ("loss", "kl", "grad_norm"):
+    np.testing.assert_allclose(metrics["sharded"][k], metrics["single"][k], rtol=1e-4, atol=1e-7)
+
+
+def test_checkpoint_resume_equals_the_uninterrupted_run(tmp_path):
+  hosts = [_host_batch(seed=s) for s in (1, 2, 3)]
+  mesh, config = _mesh(), _config()
+  _, adapted = _models()
+  learner, state = _learner(adapted, mesh, config)
+  initial = jax.device_get(state.params)
+  state, uninterrupted = _iterate(learner, state, hosts)
+  # interrupted: one iteration, save, restore onto a fresh initial state, two more
+  learner, state = _learner(adapted, mesh, config)
+  state, first = _iterate(learner, state, hosts[:1])
+  saver = checkpoint.Checkpointer(str(tmp_path / "ckpt"), max_to_keep=2, async_save=False)
+  saver.save(1, state.to_checkpoint(), cursor={"iteration": 1}, config={}, metrics={})
+  saver.close()
+  saved = _flat(state.to_checkpoint()["params"])
+  assert saved and all(lora.is_adapter(k.split("/")[-1]) for k in saved)
+  learner, fresh = _learner(adapted, mesh, config)
+  target = learner.abstract_state(fresh.params).to_checkpoint()
+  restored = checkpoint.resume(str(tmp_path / "ckpt"), target).restored
+  state = train_step.TrainState.from_checkpoint(restored.state, like=fresh)
+  state, rest = _iterate(learner, state, hosts[1:])
+  final = _flat(jax.device_get(state.params))
+  for k, v in _flat(initial).items():
+    if not lora.is_adapter(k.split("/")[-1]):
+      np.testing.assert_array_equal(final[k], v)
+  assert [h["loss"] for h in first + rest] == [h["loss"] for h in uninterrupted]
+  assert [h["grad_norm"] for h in first + rest] == [h["grad_norm"] for h in uninterrupted]
