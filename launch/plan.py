@@ -60,6 +60,12 @@ import importlib.util
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from hgpo_jax.cost.hardware import GiB
+
+if TYPE_CHECKING:
+  from hgpo_jax.cost.plan import Plan
 
 
 def load_config(spec: str, overrides: list[str]):
@@ -262,19 +268,19 @@ def plan_main(args, overrides) -> int:
     seconds = None
     if target is not None and target.platform == "tpu":  # a calibration compile: only here
       seconds = plan_lib.estimated_seconds(plan, targets.seconds_per_cycle(target))
-    print(plan_lib.format_plan(plan, memory, args.headroom, seconds))
+    print(format_plan(plan, memory, args.headroom, seconds))
     print(f"(compiled in {time.perf_counter() - t0:.0f} s)", flush=True)
 
   if args.search and not (args.mesh or args.micro_batch):
     # The search compiles its own candidates; the config's default mesh is not compiled.
     print(f"plan: {args.config} {' '.join(overrides)} on {label}, "
-          f"{memory / plan_lib.GiB:.2f} GiB per device; model {config.model.name}", flush=True)
+          f"{memory / GiB:.2f} GiB per device; model {config.model.name}", flush=True)
     return _search(args, overrides, config, devices, memory, where, show)
   micro = _micro_batch(config, mesh, devices, args.micro_batch)
   if micro:  # every learner's micro-batch, as the run's --config.train.micro_batch_rows
     config.train.micro_batch_rows = micro
   shapes = plan_lib.shapes_from_config(config, micro, args.rollout_rows or None, devices)
-  print(f"plan: {args.config} {' '.join(overrides)} on {label}, {memory / plan_lib.GiB:.2f} GiB "
+  print(f"plan: {args.config} {' '.join(overrides)} on {label}, {memory / GiB:.2f} GiB "
         f"per device; model {config.model.name} ({shapes.model.dtype})", flush=True)
   for line in run_config.precision_warnings(config):
     print(f"warning: {line}", flush=True)
@@ -302,19 +308,18 @@ def plan_main(args, overrides) -> int:
       worst = max(listed, key=lambda e: e[1].transient)
       refused = [name for name, phase in listed if phase.refused]
       print(f"{len(listed)} sampler programs compiled in {time.perf_counter() - t1:.0f} s; "
-            f"largest transient {worst[1].transient / plan_lib.GiB:.2f} GiB per device "
+            f"largest transient {worst[1].transient / GiB:.2f} GiB per device "
             f"({worst[0]}); refused by the compiler: {refused or 'none'}", flush=True)
   if args.search:
-    print(plan_lib.verdict_line(plan, memory, args.headroom, where), flush=True)
+    print(verdict_line(plan, memory, args.headroom, where), flush=True)
     return _search(args, overrides, config, devices, memory, where, show)
-  print(plan_lib.verdict_line(plan, memory, args.headroom, where), flush=True)
+  print(verdict_line(plan, memory, args.headroom, where), flush=True)
   return 0 if plan.fits(memory, args.headroom) else 1
 
 
 def _lower_only(args, config, mesh, micro, devices, where) -> int:
   """--no-compile: every program of the config built and lowered on the mesh, no XLA."""
   from hgpo_jax.models import sharding as sharding_lib
-  from hgpo_jax.cost import plan as plan_lib
   from hgpo_jax.training import programs as programs_lib
   t0 = time.perf_counter()
   registry = programs_lib.build(config, sharding_lib.make_mesh(*mesh, devices=devices),
@@ -330,7 +335,7 @@ def _lower_only(args, config, mesh, micro, devices, where) -> int:
   print(f"lowered without compiling ({time.perf_counter() - t0:.0f} s): {', '.join(names)} on "
         f"mesh data={d} fsdp={f} tensor={t}, micro-batch "
         f"{registry.learner.config.micro_batch_rows}; persistent "
-        f"{registry.persistent / plan_lib.GiB:.2f} GiB per device on {where}", flush=True)
+        f"{registry.persistent / GiB:.2f} GiB per device on {where}", flush=True)
   return 0
 
 
@@ -360,7 +365,7 @@ def _search(args, overrides, config, devices, memory, where, show) -> int:
     print(f"does not fit: no candidate mesh and micro-batch fits on {where} (last tried: "
           f"{last})", flush=True)
     return 1
-  print(f"recommended: {' '.join(plan_lib.run_flags(best))}", flush=True)
+  print(f"recommended: {' '.join(run_flags(best))}", flush=True)
   show(best, t0)
   cfg = plan_lib.plan_config(config, best)
   print(f"searching sampler rows per generate call on the recommended mesh {best.mesh} "
@@ -370,9 +375,9 @@ def _search(args, overrides, config, devices, memory, where, show) -> int:
                                        devices=devices, log=lambda s: print(s, flush=True))
   print(f"sampler: at most {rows} rows per generate call fit (the rollout asks for "
         f"{best.rollout_rows})")
-  print(f"run:  {plan_lib.run_command(args.config, overrides, best)}")
-  print(f"plan: {plan_lib.plan_command(args.config, overrides, best, args.topology)}")
-  print(plan_lib.verdict_line(best, memory, args.headroom, where), flush=True)
+  print(f"run:  {run_command(args.config, overrides, best)}")
+  print(f"plan: {plan_command(args.config, overrides, best, args.topology)}")
+  print(verdict_line(best, memory, args.headroom, where), flush=True)
   return 0
 
 
@@ -384,6 +389,151 @@ TABLE_FIELDS = ("model", "target", "chips", "usable_hbm_gib", "mesh", "micro_bat
                 "prefill_chunk_rows",
                 "peak_gib", "peak_program", "verdict", "est_s_per_iteration", "persistent_gib",
                 *(f"peak_gib_{p}" for p in TABLE_PROGRAMS), "search_s", "commit", "why")
+
+
+# ---------------------------------------------------------------------------------------
+# A plan as the command line prints it
+# ---------------------------------------------------------------------------------------
+
+def _chunk_flags(plan: Plan) -> list[str]:
+  """The prefill chunk the search chose, as a flag (none when it chose none)."""
+  return ([f"--config.rollout.prefill_chunk_rows={plan.prefill_chunk_rows}"]
+          if plan.prefill_chunk_rows else [])
+
+
+def run_flags(plan: Plan) -> list[str]:
+  """The trainer's flags of `plan`'s mesh and micro-batch (every learner's), and its
+  prefill chunk where the search chose one."""
+  d, f, t = plan.mesh
+  return [f"--config.mesh.data={d}", f"--config.mesh.fsdp={f}", f"--config.mesh.tensor={t}",
+          f"--config.train.micro_batch_rows={plan.shapes.micro_batch_rows}",
+          *_chunk_flags(plan)]
+
+
+def _without_run_flags(overrides: Sequence[str], plan: Optional[Plan] = None) -> list[str]:
+  chosen = ("--config.rollout.prefill_chunk_rows=",) if plan and plan.prefill_chunk_rows else ()
+  return [o for o in overrides
+          if not o.startswith(("--config.mesh.", "--config.train.micro_batch_rows=", *chosen))]
+
+
+def plan_command(config_spec: str, overrides: Sequence[str], plan: Plan, target: str) -> str:
+  """The `launch.plan` command line that compiles `plan` again (its mesh and micro-batch)."""
+  d, f, t = plan.mesh
+  return " ".join(["python -m launch.plan", f"--config={config_spec}",
+                   *_without_run_flags(overrides, plan), *_chunk_flags(plan),
+                   *([f"--topology {target}"] if target else []),
+                   f"--mesh data={d},fsdp={f},tensor={t}",
+                   f"--micro-batch {plan.shapes.micro_batch_rows}"])
+
+
+def run_command(config_spec: str, overrides: Sequence[str], plan: Plan) -> str:
+  """The trainer's command line with `plan`'s mesh and micro-batch."""
+  return " ".join(["python -m launch.main", f"--config={config_spec}",
+                   *_without_run_flags(overrides, plan), *run_flags(plan), "--workdir=DIR"])
+
+
+def decode_step_lines(plan: Plan, seconds: Optional[dict[str, float]] = None) -> list[str]:
+  """Per generate program: one decode step's trip-weighted HLO traffic per device against
+  the step's necessary bytes (`decode_traffic`), XLA:TPU's estimated time of the step
+  when `seconds` (from `plan_lib.estimated_seconds`) has it, and on GPUs the kernels the step
+  launches (`hgpo_jax.cost.hlo.hlo_launches`: a one-row step is bound by them, docs/performance.md)."""
+  from hgpo_jax.cost import plan as plan_lib
+  need = plan.decode_necessary
+  lines = []
+  for p in plan.phases.values():
+    if p.step is None or need is None:
+      continue
+    est = (seconds or {}).get(f"{p.name} decode step")
+    kernel_s = plan_lib.kernel_seconds(plan, p)
+    lines.append(
+        f"decode step of {p.name} ({plan.rollout_rows} rows), per device: HLO reads+writes "
+        f"{p.step.traffic / 1e6:.1f} MB (loops weighted by trip count"
+        + (f"; the attention kernels' valid blocks {p.step.kernel_bytes / 1e6:.1f} MB"
+           if p.step.kernel_bytes else "")
+        + f") vs necessary "
+        f"{need.total / 1e6:.1f} MB (weights {need.weights / 1e6:.1f} as laid out + valid KV "
+        f"{need.kv / 1e6:.1f} at 3/4 of the prompt bucket): {p.step.traffic / need.total:.2f}x"
+        + (f"; XLA:TPU estimate {1e3 * est:.2f} ms per step" if est else "")
+        + (f" (the kernels' {1e3 * kernel_s:.2f} ms at the datasheet bandwidth included)"
+           if est and kernel_s else "")
+        + (f"; {p.step.launches:.0f} kernels per step" if plan.platform == "gpu" else ""))
+  return lines
+
+
+def _attention_label(impl: str, seq: int) -> str:
+  """The attention a plan's update runs: "auto" on CPU picks by length (`attention`)."""
+  if impl != "auto":
+    return impl
+  from hgpo_jax.models import attention
+  from_len = attention.CPU_CHUNKED_MIN_LENGTH
+  return f"auto ({'chunked' if seq >= from_len else 'xla'} at {seq} tokens)"
+
+
+def format_plan(plan: Plan, device_memory: Optional[int] = None, headroom: float = 0.1,
+                seconds: Optional[dict[str, float]] = None) -> str:
+  """A human-readable table of one plan (GiB per device); `seconds` from
+  `plan_lib.estimated_seconds` adds XLA:TPU's estimated time per iteration of each program."""
+  g = lambda b: f"{b / GiB:8.2f}"
+  s = plan.shapes
+  compiler = {"tpu": "XLA:TPU", "gpu": "XLA:GPU"}.get(plan.platform, "XLA:CPU (approximation)")
+  lines = [
+      f"compiled by {compiler} for {plan.device_kind}; mesh data={plan.mesh[0]} "
+      f"fsdp={plan.mesh[1]} tensor={plan.mesh[2]} (sampler data={plan.sample_mesh[0]} "
+      f"fsdp={plan.sample_mesh[1]} tensor={plan.sample_mesh[2]}); model "
+      f"{s.model.num_layers}L d={s.model.hidden_dim} {s.model.dtype} remat={s.model.remat} "
+      f"attention={_attention_label(getattr(s.model, 'attention_impl', 'xla'), s.seq)}; "
+      f"update [{s.mini_batch_rows} x {s.seq}] micro-batch {s.micro_batch_rows}; sampler "
+      f"{plan.rollout_rows or s.rollout_rows} rows x prompt {s.prompt} + {s.response} new",
+      f"per device: params {g(plan.params)} GiB, optimizer {g(plan.opt_state)} GiB, "
+      f"reference {g(plan.reference)} GiB"
+      + (f" (+{plan.reference_host / GiB:.2f} GiB in host memory)" if plan.reference_host else "")
+      + f", critic {g(plan.critic)} GiB (persistent {g(plan.persistent)} GiB)",
+      f"{'program':16s} {'calls':>5s} {'GFLOP/call':>12s} {'args':>8s} {'output':>8s} "
+      f"{'aliased':>8s} {'temp':>8s} {'peak':>8s}  (GiB per device)"
+      + ("  est. s/iteration" if seconds else ""),
+  ]
+  for p in plan.phases.values():
+    if p.refused:
+      lines.append(f"{p.name:16s} {p.calls:5d} {'-':>12s} {'-':>8s} {'-':>8s} {'-':>8s} "
+                   f"{g(p.temp)} {'-':>8s}  refused by the compiler: asked {p.temp / GiB:.2f} "
+                   "GiB of temporaries")
+      continue
+    lines.append(f"{p.name:16s} {p.calls:5d} {p.flops / 1e9:12.1f} {g(p.argument)} {g(p.output)} "
+                 f"{g(p.alias)} {g(p.temp)} {g(plan.persistent + p.transient)}"
+                 + (f"  {seconds[p.name]:10.1f}" if seconds else ""))
+  if getattr(s.model, "attention_impl", "xla") in ("splash", "cudnn"):
+    lines.append(f"(GFLOP/call leaves out the attention inside the {s.model.attention_impl} kernel: "
+                 "a custom call whose FLOPs the HLO does not show)")
+  if seconds:
+    lines.append(f"estimated iteration time (XLA:TPU cost model, not a measurement): "
+                 f"{seconds['iteration']:.1f} s of device compute")
+  lines += decode_step_lines(plan, seconds)
+  if device_memory:
+    budget = device_memory * (1.0 - headroom)
+    over = [p.name for p in plan.phases.values()
+            if p.refused or plan.persistent + p.transient > budget]
+    if over:
+      lines.append(f"over budget ({budget / GiB:.2f} GiB = {device_memory / GiB:.2f} GiB less "
+                   f"{headroom:.0%} headroom): {', '.join(over)}")
+  return "\n".join(lines)
+
+
+def verdict_line(plan: Plan, device_memory: int, headroom: float, target: str) -> str:
+  """The plan's last line: `fits: peak X GiB of Y GiB per device on T (program)` or
+  `does not fit: ...`."""
+  refused = plan.refused()
+  if refused:
+    asked = max(plan.phases[n].temp for n in refused)
+    return (f"does not fit: {', '.join(refused)} refused by the compiler on {target} (asked "
+            f"{asked / GiB:.2f} GiB of temporaries; {device_memory / GiB:.2f} GiB per device)")
+  name = plan.peak_phase()
+  peak = plan.peak()
+  head = f"(with {headroom:.0%} headroom)" if headroom else ""
+  if plan.fits(device_memory, headroom):
+    return (f"fits: peak {peak / GiB:.2f} GiB of {device_memory / GiB:.2f} GiB per device on "
+            f"{target} ({name}) {head}".rstrip())
+  return (f"does not fit: peak {peak / GiB:.2f} GiB of {device_memory / GiB:.2f} GiB per device on "
+          f"{target} ({name}) {head}".rstrip())
 
 
 def table_main(args) -> int:
@@ -418,7 +568,7 @@ def table_main(args) -> int:
       config = load_config(spec, [])
       devices = targets.devices(target)
       memory = targets.available_hbm(target)
-      print(f"table: {spec} on {target.name} ({memory / plan_lib.GiB:.2f} GiB per chip):",
+      print(f"table: {spec} on {target.name} ({memory / GiB:.2f} GiB per chip):",
             flush=True)
       t0 = time.perf_counter()
       best, tried = plan_lib.recommend(config, len(devices), memory, args.headroom,
@@ -426,7 +576,7 @@ def table_main(args) -> int:
       outputs = (args.out, _csv_path(args.out), args.figure)
       row = {"model": model, "target": target.name, "chips": len(devices),
              "commit": _commit(outputs),
-             "usable_hbm_gib": round(memory / plan_lib.GiB, 2),
+             "usable_hbm_gib": round(memory / GiB, 2),
              "search_s": round(time.perf_counter() - t0)}
       if best is None:
         persistent = min(plan_lib.persistent_bytes(config, m, devices=devices)
@@ -436,19 +586,19 @@ def table_main(args) -> int:
                 + f": {tried[-1][2]}") if tried else "no candidate mesh"
         row.update(mesh="-", micro_batch_rows="", peak_gib="", peak_program="",
                    verdict="does not fit", est_s_per_iteration="",
-                   persistent_gib=round(persistent / plan_lib.GiB, 2), why=last)
+                   persistent_gib=round(persistent / GiB, 2), why=last)
       else:
         seconds = plan_lib.estimated_seconds(best, targets.seconds_per_cycle(target))
         d, f, t = best.mesh
         row.update(mesh=f"data={d},fsdp={f},tensor={t}",
                    micro_batch_rows=best.shapes.micro_batch_rows,
                    prefill_chunk_rows=best.prefill_chunk_rows or "",
-                   peak_gib=round(best.peak() / plan_lib.GiB, 2),
+                   peak_gib=round(best.peak() / GiB, 2),
                    peak_program=best.peak_phase(), verdict="fits",
                    est_s_per_iteration=round(seconds["iteration"], 1),
-                   persistent_gib=round(best.persistent / plan_lib.GiB, 2))
+                   persistent_gib=round(best.persistent / GiB, 2))
         for name, phase in best.phases.items():
-          row[f"peak_gib_{name}"] = round((best.persistent + phase.transient) / plan_lib.GiB, 2)
+          row[f"peak_gib_{name}"] = round((best.persistent + phase.transient) / GiB, 2)
       print(f"table row: {row}", flush=True)
       rows = [r for r in rows if (r["model"], r["target"]) != (model, target.name)] + [row]
       rows.sort(key=_table_order)

@@ -1,5 +1,6 @@
 """The package's import structure: no import circle in `hgpo_jax/` (imports inside
-functions included), and the model config readable without loading the Pallas kernels."""
+functions included), every import going down or across a floor (`FLOORS`), and the model
+config readable without loading the Pallas kernels."""
 
 import ast
 import os
@@ -75,6 +76,39 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
   return None
 
 
+# The package's floors, lowest first: a module imports only modules on its own floor or
+# below (longest matching name wins). The cost package spans floors: its readers of HLO,
+# hardware, analytic counts and compile targets sit at the bottom (the program registry
+# uses the targets), the decode traffic above the models (their kernels declare what they
+# read), the compiled plans and the trainer's FLOP metrics above training (they compile
+# its programs).
+FLOORS = {
+    "hgpo_jax": 0, "hgpo_jax.runtime": 0, "hgpo_jax.cost.hlo": 0, "hgpo_jax.cost.hardware": 0,
+    "hgpo_jax.cost.analytic": 0, "hgpo_jax.cost.targets": 0,
+    "hgpo_jax.models": 1, "hgpo_jax.envs": 1,
+    "hgpo_jax.sampling": 2, "hgpo_jax.advantages": 2, "hgpo_jax.cost.decode_traffic": 2,
+    "hgpo_jax.rollout": 3, "hgpo_jax.analysis": 3,
+    "hgpo_jax.training": 4,
+    "hgpo_jax.cost": 5,
+    "hgpo_jax.train": 6,
+}
+
+
+def floor_of(module: str) -> int:
+  """The floor of `module`: its longest dotted prefix in `FLOORS` (KeyError: none)."""
+  parts = module.split(".")
+  for n in range(len(parts), 0, -1):
+    if ".".join(parts[:n]) in FLOORS:
+      return FLOORS[".".join(parts[:n])]
+  raise KeyError(f"{module} has no floor in FLOORS")
+
+
+def imports_up(graph: dict[str, set[str]]) -> list[str]:
+  """'module -> dependency' for each import that runs up a floor."""
+  return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                if floor_of(d) > floor_of(m))
+
+
 def test_find_cycle_finds_a_circle_and_accepts_a_tree():
   assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
   assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
@@ -100,3 +134,15 @@ def test_importing_the_model_config_loads_no_pallas():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert "jax.experimental.pallas" in out.stdout
+
+
+def test_every_import_runs_down_or_across_a_floor():
+  graph = import_graph()
+  assert floor_of("hgpo_jax.cost.plan") == 5 and floor_of("hgpo_jax.cost.hlo") == 0
+  assert floor_of("hgpo_jax.training.programs") == 4 and floor_of("hgpo_jax.train") == 6
+  assert "hgpo_jax.training.packing" in graph["hgpo_jax.cost.trainer_metrics"]
+  assert "hgpo_jax.cost.targets" in graph["hgpo_jax.training.programs"]
+  # the check can fail: the bottom floor's HLO reader importing the program registry
+  assert imports_up({"hgpo_jax.cost.hlo": {"hgpo_jax.training.programs"}}) == [
+      "hgpo_jax.cost.hlo -> hgpo_jax.training.programs"]
+  assert imports_up(graph) == []

@@ -34,11 +34,13 @@ A decode attention kernel (`models/decode_kernels.py`) is a custom call that tak
 layers' caches [L, B, Hkv, S, Dh] as operands and reads, of each, one layer's valid slots
 of each row. Booked in full, its operands would count the whole cache once per layer (the
 pallas_tpu plan of the paper setting read 26x its necessary bytes that way).
-`kernel_reads(valid_slots)` credits it with what it reads instead: one layer's share of
-each cache operand at the rows' mean valid length, exactly for `decode_attention_gpu`
-(masked loads in its boundary blocks), in whole blocks for `decode_attention_tpu` (it
-copies blocks of `tpu_block(S)` slots whole: on average block - 1 slots more per
-row, (block - 1) / 2 at each end of its valid range). `StepCost.kernel_bytes` keeps those
+`kernel_reads(valid_slots)` credits it with what it reads instead, as each kernel declares
+it in `decode_kernels.CACHE_READS_BLOCK` (by the name of its `pallas_call`, which the
+custom call's op_name ends with): one layer's share of each cache operand at the rows' mean
+valid length, rounded to the blocks the kernel copies whole, block - 1 slots more per row
+on average ((block - 1) / 2 at each end of its valid range): exactly for
+`decode_attention_gpu` (block 1: masked loads in its boundary blocks), in blocks of
+`tpu_block(S)` slots for `decode_attention_tpu`. `StepCost.kernel_bytes` keeps those
 credited bytes apart, because XLA:TPU's cost model leaves a custom call's time out of its
 cycles: the plan adds them at the chip's datasheet bandwidth.
 """
@@ -76,18 +78,21 @@ class Necessary:
     return self.weights + self.kv
 
 
-_DECODE_KERNEL = re.compile(r'op_name="[^"]*\bdecode_attention_(gpu|tpu)/pallas_call"')
+# The `pallas_call` name of a Pallas kernel's custom call: the last scope of its op_name.
+_PALLAS_NAME = re.compile(r'op_name="[^"]*?(\w+)/pallas_call"')
 
 
 def kernel_reads(valid_slots: float):
   """A `hlo.hlo_memory_traffic` `custom_reads` rule: the bytes a decode attention kernel
-  reads of each operand when a row holds `valid_slots` valid slots on average (module doc);
-  None for any other custom call (booked in full)."""
+  reads of each operand when a row holds `valid_slots` valid slots on average, as the
+  kernel declares them (`decode_kernels.CACHE_READS_BLOCK`, by `pallas_call` name; module
+  doc); None for any other custom call (booked in full)."""
   from hgpo_jax.models import decode_kernels
 
   def reads(rest: str, operand_shapes: list[str]):
-    kernel = _DECODE_KERNEL.search(rest)
-    if kernel is None:
+    kernel = _PALLAS_NAME.search(rest)
+    block = decode_kernels.CACHE_READS_BLOCK.get(kernel.group(1)) if kernel else None
+    if block is None:
       return None
     out = []
     for shape in operand_shapes:
@@ -97,9 +102,7 @@ def kernel_reads(valid_slots: float):
         out.append(full)
         continue
       layers, length = dims[0], dims[3]  # all layers' cache [L, B, Hkv, S, Dh]
-      slots = valid_slots
-      if kernel.group(1) == "tpu":
-        slots += decode_kernels.tpu_block(length) - 1
+      slots = valid_slots + block(length) - 1
       out.append(full / layers * min(1.0, slots / length))
     return out
 

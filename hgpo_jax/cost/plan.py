@@ -8,7 +8,7 @@ temporary bytes), the matmul FLOPs of the executable (`hgpo_jax.cost.hlo.compile
 weighted by trip count; the decode loop by max_new_tokens, an upper bound) and, on TPU,
 XLA:TPU's own cost-model cycles (`hlo.hlo_estimated_cycles`). For each generate program
 it also reads one decode step: its trip-weighted memory traffic and cycles per device
-against the step's necessary bytes (`decode_traffic`; `decode_step_lines` prints them).
+against the step's necessary bytes (`decode_traffic`; launch/plan.py prints them).
 
 The devices decide which compiler runs: TPU topology devices (`hgpo_jax.cost.targets`,
 `launch.plan --topology v5e-8`) go through XLA:TPU, whose memory figures are the TPU's and
@@ -35,7 +35,6 @@ from hgpo_jax.cost import hardware
 from hgpo_jax.cost import hlo
 from hgpo_jax.cost import targets as targets_lib
 from hgpo_jax.cost.hardware import GiB
-from hgpo_jax.models import attention
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import programs as programs_lib
@@ -451,43 +450,6 @@ def program_names(config, mesh_shape, devices=None) -> list[str]:
   return list(programs_lib.build(config, mesh, micro_batch_rows=dp).programs)
 
 
-def _chunk_flags(plan: Plan) -> list[str]:
-  """The prefill chunk the search chose, as a flag (none when it chose none)."""
-  return ([f"--config.rollout.prefill_chunk_rows={plan.prefill_chunk_rows}"]
-          if plan.prefill_chunk_rows else [])
-
-
-def run_flags(plan: Plan) -> list[str]:
-  """The trainer's flags of `plan`'s mesh and micro-batch (every learner's), and its
-  prefill chunk where the search chose one."""
-  d, f, t = plan.mesh
-  return [f"--config.mesh.data={d}", f"--config.mesh.fsdp={f}", f"--config.mesh.tensor={t}",
-          f"--config.train.micro_batch_rows={plan.shapes.micro_batch_rows}",
-          *_chunk_flags(plan)]
-
-
-def _without_run_flags(overrides: Sequence[str], plan: Optional[Plan] = None) -> list[str]:
-  chosen = ("--config.rollout.prefill_chunk_rows=",) if plan and plan.prefill_chunk_rows else ()
-  return [o for o in overrides
-          if not o.startswith(("--config.mesh.", "--config.train.micro_batch_rows=", *chosen))]
-
-
-def plan_command(config_spec: str, overrides: Sequence[str], plan: Plan, target: str) -> str:
-  """The `launch.plan` command line that compiles `plan` again (its mesh and micro-batch)."""
-  d, f, t = plan.mesh
-  return " ".join(["python -m launch.plan", f"--config={config_spec}",
-                   *_without_run_flags(overrides, plan), *_chunk_flags(plan),
-                   *([f"--topology {target}"] if target else []),
-                   f"--mesh data={d},fsdp={f},tensor={t}",
-                   f"--micro-batch {plan.shapes.micro_batch_rows}"])
-
-
-def run_command(config_spec: str, overrides: Sequence[str], plan: Plan) -> str:
-  """The trainer's command line with `plan`'s mesh and micro-batch."""
-  return " ".join(["python -m launch.main", f"--config={config_spec}",
-                   *_without_run_flags(overrides, plan), *run_flags(plan), "--workdir=DIR"])
-
-
 def largest_rollout_rows(config, mesh_shape, device_memory: int, headroom: float = 0.1, *,
                          micro_batch_rows: Optional[int] = None, devices=None,
                          log=print) -> int:
@@ -521,7 +483,7 @@ def estimated_seconds(plan: Plan, seconds_per_cycle: float) -> dict[str, float]:
   estimate, not a measurement: collectives, host work and env steps are not in it, and the
   decode loop is counted at max_new_tokens for every row."""
   out = {n: p.calls * p.cycles * seconds_per_cycle for n, p in plan.phases.items()}
-  kernel = {n: _kernel_seconds(plan, p) for n, p in plan.phases.items()}
+  kernel = {n: kernel_seconds(plan, p) for n, p in plan.phases.items()}
   for n, p in plan.phases.items():  # the decode attention kernels: one per decode step
     out[n] += p.calls * plan.shapes.response * kernel[n]
   out["iteration"] = sum(out.values())
@@ -531,112 +493,10 @@ def estimated_seconds(plan: Plan, seconds_per_cycle: float) -> dict[str, float]:
   return out
 
 
-def _kernel_seconds(plan: Plan, phase: Phase) -> float:
+def kernel_seconds(plan: Plan, phase: Phase) -> float:
   """Seconds of one decode step's attention-kernel reads (`StepCost.kernel_bytes`) at the
   chip's datasheet bandwidth: XLA:TPU's cost model leaves a custom call's time out."""
   if phase.step is None or not phase.step.kernel_bytes:
     return 0.0
   bandwidth = hardware.memory_bandwidth(plan.device_kind)[1]
   return phase.step.kernel_bytes / bandwidth if bandwidth else 0.0
-
-
-def decode_step_lines(plan: Plan, seconds: Optional[dict[str, float]] = None) -> list[str]:
-  """Per generate program: one decode step's trip-weighted HLO traffic per device against
-  the step's necessary bytes (`decode_traffic`), XLA:TPU's estimated time of the step
-  when `seconds` (from `estimated_seconds`) has it, and on GPUs the kernels the step
-  launches (`hlo.hlo_launches`: a one-row step is bound by them, docs/performance.md)."""
-  need = plan.decode_necessary
-  lines = []
-  for p in plan.phases.values():
-    if p.step is None or need is None:
-      continue
-    est = (seconds or {}).get(f"{p.name} decode step")
-    kernel_s = _kernel_seconds(plan, p)
-    lines.append(
-        f"decode step of {p.name} ({plan.rollout_rows} rows), per device: HLO reads+writes "
-        f"{p.step.traffic / 1e6:.1f} MB (loops weighted by trip count"
-        + (f"; the attention kernels' valid blocks {p.step.kernel_bytes / 1e6:.1f} MB"
-           if p.step.kernel_bytes else "")
-        + f") vs necessary "
-        f"{need.total / 1e6:.1f} MB (weights {need.weights / 1e6:.1f} as laid out + valid KV "
-        f"{need.kv / 1e6:.1f} at 3/4 of the prompt bucket): {p.step.traffic / need.total:.2f}x"
-        + (f"; XLA:TPU estimate {1e3 * est:.2f} ms per step" if est else "")
-        + (f" (the kernels' {1e3 * kernel_s:.2f} ms at the datasheet bandwidth included)"
-           if est and kernel_s else "")
-        + (f"; {p.step.launches:.0f} kernels per step" if plan.platform == "gpu" else ""))
-  return lines
-
-
-def _attention_label(impl: str, seq: int) -> str:
-  """The attention a plan's update runs: "auto" on CPU picks by length (`attention`)."""
-  if impl != "auto":
-    return impl
-  from_len = attention.CPU_CHUNKED_MIN_LENGTH
-  return f"auto ({'chunked' if seq >= from_len else 'xla'} at {seq} tokens)"
-
-
-def format_plan(plan: Plan, device_memory: Optional[int] = None, headroom: float = 0.1,
-                seconds: Optional[dict[str, float]] = None) -> str:
-  """A human-readable table of one plan (GiB per device); `seconds` from
-  `estimated_seconds` adds XLA:TPU's estimated time per iteration of each program."""
-  g = lambda b: f"{b / GiB:8.2f}"
-  s = plan.shapes
-  compiler = {"tpu": "XLA:TPU", "gpu": "XLA:GPU"}.get(plan.platform, "XLA:CPU (approximation)")
-  lines = [
-      f"compiled by {compiler} for {plan.device_kind}; mesh data={plan.mesh[0]} "
-      f"fsdp={plan.mesh[1]} tensor={plan.mesh[2]} (sampler data={plan.sample_mesh[0]} "
-      f"fsdp={plan.sample_mesh[1]} tensor={plan.sample_mesh[2]}); model "
-      f"{s.model.num_layers}L d={s.model.hidden_dim} {s.model.dtype} remat={s.model.remat} "
-      f"attention={_attention_label(getattr(s.model, 'attention_impl', 'xla'), s.seq)}; "
-      f"update [{s.mini_batch_rows} x {s.seq}] micro-batch {s.micro_batch_rows}; sampler "
-      f"{plan.rollout_rows or s.rollout_rows} rows x prompt {s.prompt} + {s.response} new",
-      f"per device: params {g(plan.params)} GiB, optimizer {g(plan.opt_state)} GiB, "
-      f"reference {g(plan.reference)} GiB"
-      + (f" (+{plan.reference_host / GiB:.2f} GiB in host memory)" if plan.reference_host else "")
-      + f", critic {g(plan.critic)} GiB (persistent {g(plan.persistent)} GiB)",
-      f"{'program':16s} {'calls':>5s} {'GFLOP/call':>12s} {'args':>8s} {'output':>8s} "
-      f"{'aliased':>8s} {'temp':>8s} {'peak':>8s}  (GiB per device)"
-      + ("  est. s/iteration" if seconds else ""),
-  ]
-  for p in plan.phases.values():
-    if p.refused:
-      lines.append(f"{p.name:16s} {p.calls:5d} {'-':>12s} {'-':>8s} {'-':>8s} {'-':>8s} "
-                   f"{g(p.temp)} {'-':>8s}  refused by the compiler: asked {p.temp / GiB:.2f} "
-                   "GiB of temporaries")
-      continue
-    lines.append(f"{p.name:16s} {p.calls:5d} {p.flops / 1e9:12.1f} {g(p.argument)} {g(p.output)} "
-                 f"{g(p.alias)} {g(p.temp)} {g(plan.persistent + p.transient)}"
-                 + (f"  {seconds[p.name]:10.1f}" if seconds else ""))
-  if getattr(s.model, "attention_impl", "xla") in ("splash", "cudnn"):
-    lines.append(f"(GFLOP/call leaves out the attention inside the {s.model.attention_impl} kernel: "
-                 "a custom call whose FLOPs the HLO does not show)")
-  if seconds:
-    lines.append(f"estimated iteration time (XLA:TPU cost model, not a measurement): "
-                 f"{seconds['iteration']:.1f} s of device compute")
-  lines += decode_step_lines(plan, seconds)
-  if device_memory:
-    budget = device_memory * (1.0 - headroom)
-    over = [p.name for p in plan.phases.values()
-            if p.refused or plan.persistent + p.transient > budget]
-    if over:
-      lines.append(f"over budget ({budget / GiB:.2f} GiB = {device_memory / GiB:.2f} GiB less "
-                   f"{headroom:.0%} headroom): {', '.join(over)}")
-  return "\n".join(lines)
-
-
-def verdict_line(plan: Plan, device_memory: int, headroom: float, target: str) -> str:
-  """The plan's last line: `fits: peak X GiB of Y GiB per device on T (program)` or
-  `does not fit: ...`."""
-  refused = plan.refused()
-  if refused:
-    asked = max(plan.phases[n].temp for n in refused)
-    return (f"does not fit: {', '.join(refused)} refused by the compiler on {target} (asked "
-            f"{asked / GiB:.2f} GiB of temporaries; {device_memory / GiB:.2f} GiB per device)")
-  name = plan.peak_phase()
-  peak = plan.peak()
-  head = f"(with {headroom:.0%} headroom)" if headroom else ""
-  if plan.fits(device_memory, headroom):
-    return (f"fits: peak {peak / GiB:.2f} GiB of {device_memory / GiB:.2f} GiB per device on "
-            f"{target} ({name}) {head}".rstrip())
-  return (f"does not fit: peak {peak / GiB:.2f} GiB of {device_memory / GiB:.2f} GiB per device on "
-          f"{target} ({name}) {head}".rstrip())

@@ -626,3 +626,14 @@ def decode_attention_tpu(q_bthd, k_bthd, v_bthd, segment_ids_bt, k_cache_bksd, v
 # `attention.decode_attention(impl=...)`); importing this module registers them.
 attention.register_decode_kernel("pallas_gpu", decode_attention_gpu)
 attention.register_decode_kernel("pallas_tpu", decode_attention_tpu)
+
+# What each kernel reads, by its `pallas_call` name (the last op_name scope of its custom
+# call in the compiled HLO): of each stacked [L, B, Hkv, S, Dh] cache operand, one layer's
+# valid slots of each row, copied whole in blocks of `block(S)` slots (1: masked loads of
+# exactly the valid slots); every other operand (queries, bounds, layer index) whole. Cost
+# accounting (`hgpo_jax.cost.decode_traffic.kernel_reads`) credits these kernels with
+# these reads instead of their whole operands.
+CACHE_READS_BLOCK = {
+    "decode_attention_gpu": lambda length: 1,
+    "decode_attention_tpu": tpu_block,
+}

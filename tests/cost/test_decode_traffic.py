@@ -10,6 +10,7 @@ from configs import alfworld
 from hgpo_jax.cost import decode_traffic
 from hgpo_jax.cost import plan as plan_lib
 from hgpo_jax.cost import targets
+from launch import plan as plan_cli
 
 # A decode step (the outer loop, no fixed trip count) over 4 layers (`i < 4`), each one
 # attention kernel over the stacked caches bf16[4,2,1,64,8] (8192 B each), the queries
@@ -73,6 +74,20 @@ def test_kernel_reads_credit_one_layers_valid_slots_gpu_exactly_tpu_in_whole_blo
   assert rule(name % "cpu", shapes) is None
 
 
+def test_kernel_reads_follow_what_a_kernel_declares(monkeypatch):
+  """The rule finds kernels by their `pallas_call` name in the kernels' own declaration
+  (`decode_kernels.CACHE_READS_BLOCK`), not by a list of its own: a newly declared kernel
+  that copies blocks of 8 slots is credited 16 + 7 of 64 slots of one layer."""
+  from hgpo_jax.models import decode_kernels
+  rule = decode_traffic.kernel_reads(16.0)
+  op = 'metadata={op_name="jit(f)/while/body/my_kernel/pallas_call"}'
+  cache = "bf16[4,2,1,64,8]{4,3,2,1,0}"
+  assert set(decode_kernels.CACHE_READS_BLOCK) == {"decode_attention_gpu", "decode_attention_tpu"}
+  assert rule(op, [cache]) is None
+  monkeypatch.setitem(decode_kernels.CACHE_READS_BLOCK, "my_kernel", lambda length: 8)
+  assert rule(op, [cache]) == [CACHE / 4 * (16 + 7) / 64]
+
+
 @pytest.mark.parametrize("kind, cache_read", [("gpu", CACHE / 4 * 16 / 64), ("tpu", CACHE / 4)])
 def test_step_cost_credits_the_kernel_and_keeps_its_bytes_apart(kind, cache_read):
   """One decode step = 4 layers. With the rule each kernel call books the queries, its two
@@ -133,5 +148,5 @@ def test_a_tpu_compiled_generate_with_the_kernel_is_credited_with_its_valid_bloc
   one_layer_cache = rows * cfg.num_kv_heads * slots * cfg.head_dim * 2  # bf16, one of k/v
   cache_reads = cfg.num_layers * 2 * one_layer_cache * (need.valid_slots + 511) / slots
   assert cache_reads < step.kernel_bytes < 1.01 * cache_reads
-  line = plan_lib.decode_step_lines(plan)[0]
+  line = plan_cli.decode_step_lines(plan)[0]
   assert f"the attention kernels' valid blocks {step.kernel_bytes / 1e6:.1f} MB" in line

@@ -182,7 +182,7 @@ def test_host_reference_leaves_the_persistent_device_bytes_and_has_its_own_progr
   assert {x.sharding.memory_kind for x in jax.tree.leaves(program.args[0])} == {"pinned_host"}
   plan = plan_lib.compile_plan(config, (2, 1, 1), devices=_devices(2), phases=["logprobs"])
   assert plan.reference == 0 and plan.reference_host == base.reference_bytes
-  assert " GiB in host memory), critic" in plan_lib.format_plan(plan)
+  assert " GiB in host memory), critic" in plan_cli.format_plan(plan)
 
 
 def test_bf16_reference_halves_its_persistent_bytes_and_has_its_own_program():
@@ -223,7 +223,7 @@ def test_decode_step_traffic_against_its_necessary_bytes_per_device():
   assert need.kv == 2 * cfg.num_layers * 4 * 1 * cfg.head_dim * 4 * (0.75 * 64 + 33 / 2)
   step = plan.phases["generate"].step
   assert step.cycles == 0.0 and step.traffic > need.weights
-  (line,) = plan_lib.decode_step_lines(plan)
+  (line,) = plan_cli.decode_step_lines(plan)
   assert line.startswith("decode step of generate (8 rows)")
   assert line.endswith(f"{step.traffic / need.total:.2f}x")
 
@@ -296,8 +296,8 @@ def test_the_search_prefills_in_row_chunks_when_one_prefill_does_not_fit():
   assert len(said) == 2  # the largest chunk that fits, then no smaller one
   assert best.shapes.micro_batch_rows == 16
   assert best.phases["generate"].temp == chunked.phases["generate"].temp
-  assert plan_lib.run_flags(best)[-1] == "--config.rollout.prefill_chunk_rows=16"
-  command = plan_lib.run_command("C", ["--config.rollout.prefill_chunk_rows=0"], best)
+  assert plan_cli.run_flags(best)[-1] == "--config.rollout.prefill_chunk_rows=16"
+  command = plan_cli.run_command("C", ["--config.rollout.prefill_chunk_rows=0"], best)
   assert command.count("prefill_chunk_rows") == 1
   assert plan_lib.plan_config(config, best).rollout.prefill_chunk_rows == 16
   # a config that sets its own chunk keeps it: the search adds no flag of its own
@@ -306,7 +306,7 @@ def test_the_search_prefills_in_row_chunks_when_one_prefill_does_not_fit():
                                devices=devices)
   assert best.mesh == (8, 1, 1) and best.prefill_chunk_rows == 0
   assert best.phases["generate"].temp == chunked.phases["generate"].temp
-  command = plan_lib.run_command("C", ["--config.rollout.prefill_chunk_rows=16"], best)
+  command = plan_cli.run_command("C", ["--config.rollout.prefill_chunk_rows=16"], best)
   assert command.count("--config.rollout.prefill_chunk_rows=16") == 1
 
 

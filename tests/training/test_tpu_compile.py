@@ -14,6 +14,7 @@ from hgpo_jax.models import sharding
 from hgpo_jax.cost import plan as plan_lib
 from hgpo_jax.training import programs
 from hgpo_jax.cost import targets
+from launch import plan as plan_cli
 
 pytestmark = [
     pytest.mark.tpu_compile,
@@ -71,7 +72,7 @@ def test_every_program_of_the_smoke_configs_compiles_and_fits(config_name, targe
   # Compiled for TPU from this CPU host, `auto` attention picks the TPU kernel.
   assert plan.shapes.model.attention_impl == "splash"
   memory = targets.available_hbm(target)
-  assert plan.fits(memory, headroom=0.1), plan_lib.format_plan(plan, memory)
+  assert plan.fits(memory, headroom=0.1), plan_cli.format_plan(plan, memory)
   # The update's state comes back aliased to the donated one.
   assert plan.phases["update"].alias >= plan.params + plan.opt_state
   # XLA:TPU's cost model: every program with matmuls has cycles.
@@ -181,7 +182,7 @@ def test_a_program_xla_tpu_refuses_is_reported_with_the_bytes_it_asked_for():
   assert phase.refused and phase.temp >= 20 * GiB
   plan = plan_lib.Plan(mesh=(1, 1, 1), shapes=None, params=0, opt_state=0, reference=0,
                        phases={"big": phase}, platform="tpu")
-  line = plan_lib.verdict_line(plan, targets.available_hbm(targets.resolve("v5e-8")), 0.1, "v5e-8")
+  line = plan_cli.verdict_line(plan, targets.available_hbm(targets.resolve("v5e-8")), 0.1, "v5e-8")
   assert line.startswith("does not fit: big refused by the compiler on v5e-8 (asked 20.")
 
 
@@ -211,7 +212,7 @@ def test_qwen2_5_1_5b_paper_iteration_fits_a_v5e_8_on_the_plan_tables_mesh():
   memory = targets.available_hbm(target)
   assert not plan.refused()
   assert {"update", "logprobs", "generate", "generate_shared"} <= set(plan.phases)
-  assert plan.fits(memory, headroom=0.1), plan_lib.format_plan(plan, memory)
+  assert plan.fits(memory, headroom=0.1), plan_cli.format_plan(plan, memory)
 
 
 @pytest.mark.slow
