@@ -186,7 +186,7 @@ class Sampler:
 
   def decode_loop_weights(self, batch: int, max_new_tokens: int) -> tuple[float, ...]:
     """Trip counts of the generate program's data-dependent loops, outermost first, as
-    upper bounds for cost estimates (`perf.hlo_matmul_flops`): lockstep, max_new_tokens
+    upper bounds for cost estimates (`hlo.hlo_matmul_flops`): lockstep, max_new_tokens
     steps in chunks of `decode_steps_per_iteration` (the loop runs once per chunk); slotted (S slots), ceil(Bb / S) x max_new_tokens steps, inside which the
     admission loop runs ceil(Bb / admit) times in all (a fraction per step)."""
     slots = self.slots_for(batch)
