@@ -1,7 +1,7 @@
 r"""Export a trained policy as a Hugging Face model directory.
 
   python -m launch.export --workdir=W --out=DIR [--step=N] [--dtype=bfloat16] \
-      [--max-shard-size=5GB] [--critic] [--overwrite] [--model-path=HF_DIR]
+      [--max-shard-size=5GB] [--critic] [--overwrite] [--model-path=HF_DIR] [--lora-adapter]
 
 Reads the policy parameters of W's latest checkpoint step (or step N) on this host's CPU,
 as numpy, without the training mesh or the optimizer state
@@ -14,6 +14,13 @@ directory; for the GGUF and tiny models, tokenizer.json and a tokenizer_config.j
 the chat template). `transformers.AutoModelForCausalLM.from_pretrained(DIR)` and this
 project's `--config.model.path=DIR` load it. `--critic` also writes the value model to
 DIR/critic (docs/architecture.md, "Ways out").
+
+A LoRA run (`model.lora.rank` > 0) saves only its adapters: the export merges them into the
+run's base model (W + s · (A B)ᵀ, `hgpo_jax.models.lora.merged_weight`) and writes the
+merged full model, or with `--lora-adapter` writes DIR as a PEFT adapter directory
+(adapter_config.json + adapter_model.safetensors, PEFT's key names) that
+`peft.PeftModel.from_pretrained(base, DIR)` and this project's `--config.model.lora.path=DIR`
+load onto the base.
 
 The run's model comes from the config saved with the checkpoint (`model.name`,
 `model.path`); a run that loaded a Hugging Face directory needs it on this host for the
@@ -58,6 +65,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                   help="largest model.safetensors file before sharding, e.g. 5GB, 500MB, 2MiB")
   ap.add_argument("--critic", action="store_true",
                   help="also write the value model to OUT/critic (critic estimators' runs)")
+  ap.add_argument("--lora-adapter", action="store_true",
+                  help="a LoRA run's adapters as a PEFT adapter directory (default: the "
+                       "adapters merged into the full model)")
   ap.add_argument("--overwrite", action="store_true",
                   help="write into an OUT that already holds files (replacing the export's files)")
   ap.add_argument("--model-path", default="",
@@ -144,10 +154,48 @@ def _check_architecture(cfg, params: dict, where: str, model_name: str) -> None:
                         "--model-path")
 
 
+def _run_lora(model: dict, params: dict, where: str):
+  """The LoraConfig of a run's `config.model` (JSON): its starting adapter's
+  (`model.lora.path`) or its `model.lora` keys; ExportError when `params` hold no adapters."""
+  from hgpo_jax.models import lora as lora_lib
+  if not lora_lib.has_adapters(params):
+    raise ExportError(f"--lora-adapter: {where} holds no LoRA adapters (the run trained the "
+                      "full model; export it without --lora-adapter)")
+  section = model.get("lora") or {}
+  try:
+    if section.get("path"):
+      return lora_lib.read_peft_config(section["path"])
+    return lora_lib.from_settings(section["rank"], section["alpha"], section["targets"],
+                                  section.get("rslora", False))
+  except (ValueError, OSError, KeyError) as e:
+    raise ExportError(f"the run's model.lora: {e}") from None
+
+
+def _merged(model: dict, model_path: str, seed: int, lora, adapters: dict) -> dict:
+  """The run's base model (as the trainer loads it, float32, on the host) with `adapters`
+  merged into its weights (`lora.merge_into_base`): pure params as numpy."""
+  import jax
+  import numpy as np
+  from flax import nnx
+  from hgpo_jax.models import loading
+  from hgpo_jax.models import lora as lora_lib
+  name, path = model.get("name", ""), model_path or model.get("path") or ""
+  source = name if name in loading.PRESETS_WITH_PATH or not path else path
+  try:
+    base, _, _ = loading.load_model(source, path=path or None, seed=seed)
+  except (ValueError, OSError) as e:
+    raise ExportError(f"the run's base model {source}: {e}") from None
+  params = nnx.to_pure_dict(nnx.state(base, nnx.Param))
+  full = dict(params, layers={**params["layers"], **adapters["layers"]})
+  merged = lora_lib.merge_into_base(full, lora, np.float32)
+  return jax.tree.map(np.asarray, merged)
+
+
 def export(args: argparse.Namespace) -> list[str]:
   """Writes the export; returns the paths written (relative to --out)."""
   from hgpo_jax.models import critic as critic_lib
   from hgpo_jax.models import hf_export
+  from hgpo_jax.models import lora as lora_lib
   from hgpo_jax.models import value_heads
   from hgpo_jax.training import checkpoint as checkpoint_lib
 
@@ -161,11 +209,19 @@ def export(args: argparse.Namespace) -> list[str]:
   host = checkpoint_lib.read_params(directory, step)
   model = host.config.get("model", {})
   cfg, tokenizer, tokenizer_dir = run_model(model, args.model_path)
-  params = flat_params(host.params)
+  model_name = args.model_path or model.get("path") or model.get("name", "?")
+  policy = host.params
+  if args.lora_adapter or lora_lib.has_adapters(host.params):
+    lora = _run_lora(model, host.params, f"checkpoint step {step} in {directory}")
+    if args.lora_adapter:
+      lora_lib.write_peft_adapter(args.out, lora, host.params["layers"],
+                                  num_layers=cfg.num_layers, base_model=model_name)
+      return [lora_lib.CONFIG_FILE, lora_lib.WEIGHTS_FILE]
+    policy = _merged(model, args.model_path, host.config.get("seed", 0), lora, host.params)
+  params = flat_params(policy)
   saved_dtype = str(next(iter(params.values())).dtype)
   cfg = cfg.replace(dtype=saved_dtype, param_dtype=saved_dtype)
   where = f"checkpoint step {step} in {directory}"
-  model_name = args.model_path or model.get("path") or model.get("name", "?")
   _check_architecture(cfg, params, where, model_name)
   common = dict(tokenizer=tokenizer, tokenizer_dir=tokenizer_dir, dtype=args.dtype,
                 max_shard_bytes=max_shard_bytes)

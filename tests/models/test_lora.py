@@ -141,3 +141,44 @@ def test_adapter_of_another_base_is_refused(tmp_path):
   with pytest.raises(ValueError, match="base model differs") as e:  # other head layout
     loading.with_lora(other, adapter_dir=adapter_dir)
   assert "\n" not in str(e.value)
+
+
+def test_export_of_a_lora_run_as_peft_adapter_and_merged_model(tmp_path):
+  """`launch.export` of a LoRA checkpoint: --lora-adapter writes what peft loads onto the HF
+  base with the run's logits (and the project loads back), the default the merged model."""
+  import peft
+  import transformers
+  from launch import export
+  from hgpo_jax.models import sharding
+  from hgpo_jax.training import checkpoint, train_step
+  hf_dir = str(tmp_path / "hf")
+  model_fixtures.write_hf_dir(hf_dir, "qwen2")
+  base, _, _ = loading.load_hf_dir(hf_dir)
+  model = loading.with_lora(base, lora.LoraConfig(rank=3, alpha=5.0, targets=tuple(SUBSET)))
+  rng = np.random.default_rng(4)
+  nnx.update(model, jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.2, x.shape), x.dtype),
+                                 nnx.state(model, nnx.LoRAParam)))
+  learner = train_step.Learner(model, sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1]),
+                               train_step.UpdateConfig(mini_batch_rows=8, micro_batch_rows=8))
+  state = learner.init_state(nnx.state(model, nnx.Param))
+  config = {"seed": 0, "model": {"name": "custom", "path": hf_dir, "lora": {
+      "rank": 3, "alpha": 5.0, "targets": ",".join(SUBSET), "rslora": False, "path": ""}}}
+  with checkpoint.Checkpointer(str(tmp_path / "run" / "checkpoints"), async_save=False) as ckpt:
+    ckpt.save(1, state.to_checkpoint(), cursor={"iteration": 1}, config=config)
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=6)
+  ours = _logits(model, tokens, mask, positions)
+  adapter_dir, merged_dir = str(tmp_path / "adapter"), str(tmp_path / "merged")
+  assert export.main(["--workdir", str(tmp_path / "run"), "--out", adapter_dir,
+                      "--lora-adapter"]) == 0
+  hf = transformers.Qwen2ForCausalLM.from_pretrained(hf_dir).eval()
+  hf.config._attn_implementation = "eager"
+  adapted = peft.PeftModel.from_pretrained(hf, adapter_dir).eval()
+  np.testing.assert_allclose(model_fixtures.torch_logits(adapted, tokens, mask, positions)[mask],
+                             ours[mask], atol=2e-4, rtol=1e-4)
+  back, _, _ = loading.load_hf_dir(hf_dir, lora_path=adapter_dir)
+  np.testing.assert_array_equal(_logits(back, tokens, mask, positions), ours)
+  assert export.main(["--workdir", str(tmp_path / "run"), "--out", merged_dir]) == 0
+  full = transformers.Qwen2ForCausalLM.from_pretrained(merged_dir).eval()
+  full.config._attn_implementation = "eager"
+  np.testing.assert_allclose(model_fixtures.torch_logits(full, tokens, mask, positions)[mask],
+                             ours[mask], atol=2e-4, rtol=1e-4)
