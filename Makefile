@@ -59,11 +59,13 @@ table: venv
 	$(PY) -m launch.sweep suite --suite mini --root results/runs
 	$(PY) -m launch.sweep render --suite mini --root results/runs $(if $(wildcard results/mini_reading.md),--reading results/mini_reading.md)
 
+# Tests marked `network` query the package index; `make test` leaves them out (run them
+# with `-m network` where PyPI is reachable).
 test: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not network" tests
 
 test-fast: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow and not network" tests
 
 bench: venv
 	$(PY) -m launch.benchmarks.advantages
