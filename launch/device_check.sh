@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator checks of issues 52 and 53, as ONE command for a lent GPU machine.
+# The checks to run on a GPU host (kernels, decode, a paper-shaped iteration), as ONE command.
 #
 #   bash launch/device_check.sh [--tiny] [--dry-run] [--trace-imports FILE] STEP...
 #   STEP: kernels | decode | iteration (several run in order; each fits one 10-minute call)
@@ -10,10 +10,10 @@
 #              against the XLA form, the sampler with decode_attention_impl=pallas_gpu
 #              against the XLA sampler, cuDNN attention against the float32 reference
 #              (JAX_PLATFORMS=cuda; each file under its own `timeout`).
-#   decode     launch.benchmarks.rollout --accelerator (issue 52): Qwen2.5-1.5B at 1, 32 and
+#   decode     launch.benchmarks.rollout --accelerator: Qwen2.5-1.5B at 1, 32 and
 #              128 rows, prompts up to 1024, 512 new tokens, pallas_gpu decode attention
 #              against the XLA baseline, with the profile of a decode step.
-#   iteration  launch.benchmarks.iteration --accelerator (issue 53): three paper-shaped
+#   iteration  launch.benchmarks.iteration --accelerator: three paper-shaped
 #              iterations of Qwen2.5-1.5B on 128 envs x 8 turns (ITERATION_ENV: sokoban,
 #              the default, or alfworld, whose wheels device_wheels.sh makes with
 #              ALFWORLD=1); stopped after ITERATION_TIMEOUT seconds (default 500) with its

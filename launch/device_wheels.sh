@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The wheels launch/device_check.sh needs on the lent GPU machine, whose image ('cuda',
+# The wheels launch/device_check.sh needs on a GPU host whose image ('cuda',
 # Python 3.12, no network) lacks some of requirements.txt. Run it here, where PyPI answers:
 #
 #   bash launch/device_wheels.sh             # download them into .whl/ (git-ignored), print sizes
 #   bash launch/device_wheels.sh --list      # print `wheel|override NAME==VERSION` lines only
-#   bash launch/device_wheels.sh --image     # print the image's packages (KINDS.md) only
+#   bash launch/device_wheels.sh --image     # print the image's packages only
 #   bash launch/device_wheels.sh --closure TRACE...  # the distributions the traced imports
 #                                            # come from (device_check.sh --tiny --trace-imports)
 #
@@ -60,8 +60,7 @@ OVERRIDES=(
   protobuf==7.36.2
 )
 
-# The image's Python packages as KINDS.md ("Python packages already there", read on a
-# machine running the image on 2026-11-17) lists them.
+# The image's Python packages, as its package list gives them.
 IMAGE_PACKAGES="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc
 anyio attrs botorch build certifi charset-normalizer chex click cloudpickle cmake colorama
 contourpy coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler

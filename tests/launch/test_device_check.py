@@ -1,12 +1,13 @@
-"""launch/device_check.sh and launch/device_wheels.sh: the lent-GPU check kit.
+"""launch/device_check.sh and launch/device_wheels.sh: the checks to run on a GPU host.
 
 Every python command the script would run (`--dry-run`, full and `--tiny`) is parsed by the
 module's own argument parser and validated as far as it goes without running (the decode
 benchmark up to its run, the iteration benchmark up to the trainer's config check on a
-pretend GPU); every pytest selection names tests that exist; the wheel list carries nothing
+pretend GPU); every pytest selection collects at least one test; the wheel list carries nothing
 the device image already has, except the two overrides the gRPC stubs need, at the pins.
 """
 
+import functools
 import pathlib
 import re
 import shlex
@@ -17,8 +18,7 @@ import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# The image's Python packages, as the lending workplace's KINDS.md ("Python packages already
-# there", read on a machine running the 'cuda' image on 2026-11-17) lists them.
+# The Python packages of the GPU host's 'cuda' image, as its package list gives them.
 IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc
 anyio attrs botorch build certifi charset-normalizer chex click cloudpickle cmake colorama
 contourpy coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler
@@ -140,12 +140,27 @@ def _check_iteration(argv, monkeypatch, tiny, env="sokoban"):
     assert (c.rollout.num_groups * c.rollout.group_size, c.env.max_steps) == (128, 8)
 
 
+@functools.cache
+def _collected(path: str, selection: str) -> int:
+  """How many tests `pytest PATH -k SELECTION` collects (pytest's own matching of -k
+  against test names and parameter ids)."""
+  import os
+  import sys
+  r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist",
+                      "-p", "no:cacheprovider", path, "-k", selection],
+                     cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                     env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert r.returncode in (0, 5), r.stdout[-2000:] + r.stderr[-2000:]  # 5: none collected
+  return sum(1 for line in r.stdout.splitlines() if line.startswith(path + "::"))
+
+
 def _check_pytest(argv):
-  path = REPO_ROOT / argv[argv.index("-k") - 1]
-  words = set(re.findall(r"\w+", argv[argv.index("-k") + 1])) - {"and", "or", "not"}
-  text = path.read_text()
-  for word in words:
-    assert word in text, (path, word)  # a -k word that names nothing would select nothing
+  """A pytest step of the kit collects at least one test: a -k selection that matched
+  nothing would pass on the device having checked nothing."""
+  path = argv[argv.index("-k") - 1]
+  selection = argv[argv.index("-k") + 1]
+  assert (REPO_ROOT / path).is_file(), path
+  assert _collected(path, selection) >= 1, (path, selection)
 
 
 @pytest.mark.parametrize("tiny", [False, True])
@@ -201,7 +216,7 @@ def test_wheels_carry_only_what_the_image_lacks_at_the_pins():
   assert {n for n, (k, _) in kinds.items() if k == "override"} == OVERRIDES
   assert OVERRIDES <= IMAGE
   image = _bash("launch/device_wheels.sh", "--image").stdout.split()
-  assert set(image) == IMAGE  # the script's copy of KINDS.md's list is this one
+  assert set(image) == IMAGE  # the script's copy of the image's list is this one
   pins = {}
   for path in ("requirements.txt", "env_servers/requirements-nodeps.txt"):
     for line in (REPO_ROOT / path).read_text().splitlines():
