@@ -125,23 +125,25 @@ def test_dead_or_hung_server_is_recovered_without_lost_or_duplicated_steps(failu
       while _state(pid) not in ("T", "Z", "gone") and time.monotonic() < deadline:
         time.sleep(0.005)
 
-  # The deadline is what detects the SIGSTOPped server, and exactly one restart is
-  # asserted: a healthy call (a Sokoban step or reset: milliseconds; the replacement's
-  # health check and replay) must never reach it, even on a loaded 2-core machine where a
-  # call can wait a second or more for a CPU. 6 s leaves that margin and costs the SIGSTOP
-  # case 6 s.
+  # The deadline is what detects the SIGSTOPped server. On a loaded machine a healthy call
+  # can also wait past it and be restarted and replayed; that changes no step, so the
+  # transcript equal to the reference (no step lost or applied twice) is the claim, with at
+  # least the broken server's restart, and the exact replay counts when it was the only one.
   with pool_lib.EnvPool(launcher.LocalServers("sokoban", num_servers=2), len(TASKS),
                         deadline_s=DEADLINE_S) as pool:
     assert _play(pool, STEPS, on_step=break_server) == REFERENCE
     m = pool.metrics()
     pids = pool.server_pids
   assert victims[0] not in pids
-  assert (m["restarts"], m["failed_calls"]) == (1, 1)
+  assert m["restarts"] >= 1 and m["failed_calls"] >= m["restarts"]
   # Server 1 hosts slots 3..5; the unfinished ones were replayed up to step 5.
   unfinished = [i for i in range(3, 6) if not REFERENCE[5][i][2]]
-  assert m["replayed_episodes"] == len(unfinished)
-  assert m["replayed_steps"] == sum(
-      sum(1 for t in range(5) if not REFERENCE[t][i][2]) for i in unfinished)
+  replayed_steps = sum(sum(1 for t in range(5) if not REFERENCE[t][i][2]) for i in unfinished)
+  assert m["replayed_episodes"] >= len(unfinished)
+  assert m["replayed_steps"] >= replayed_steps
+  if m["restarts"] == 1:
+    assert (m["failed_calls"], m["replayed_episodes"], m["replayed_steps"]) == (
+        1, len(unfinished), replayed_steps)
   if failure == "SIGSTOP":
     assert m["step_latency_ms_max"] >= 1000 * DEADLINE_S  # waited for the deadline
   assert not any(_alive(p) for p in victims + pids)
