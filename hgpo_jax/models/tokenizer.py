@@ -11,8 +11,12 @@ Chat templates: `apply_chat_template` executes the checkpoint's own Jinja templa
 sandboxed environment `transformers` uses (trim_blocks, lstrip_blocks, loop controls,
 `tojson`, `raise_exception`, `strftime_now` pinned to `TEMPLATE_DATE`), so the prompt equals
 `transformers`' `apply_chat_template(..., tokenize=False)`, ChatML or not (checked for the
-SmolLM2, Qwen2.5 and a Zephyr-style template in tests/models/test_tokenizer.py). Only text
-messages are passed; multimodal content blocks and assistant-token masks are not supported.
+SmolLM2, Qwen2.5, Qwen3 and a Zephyr-style template in tests/models/test_tokenizer.py). Only
+text messages are passed; multimodal content blocks and assistant-token masks are not
+supported. Templates with a thinking switch (Qwen3) get `enable_thinking`, False unless the
+tokenizer's `enable_thinking` says otherwise: the agent prompt then ends in Qwen3's empty
+thinking block `<|im_start|>assistant\n<think>\n\n</think>\n\n` and the policy answers
+directly (templates without the variable ignore it).
 """
 
 from __future__ import annotations
@@ -54,11 +58,15 @@ class Tokenizer:
     vocab_size: number of ids the tokenizer knows (can be below the model's vocab_size).
     chat_template: the Jinja source `apply_chat_template` executes, or None when the
       checkpoint has none (then `CHATML_TEMPLATE` if the vocabulary has the ChatML tokens).
+    enable_thinking: the template variable of that name (Qwen3's thinking switch; the
+      config's `rollout.enable_thinking`), False by default: no reasoning block.
   """
 
   def __init__(self, tokenizer: tokenizers.Tokenizer, *, eos_ids, pad_id: int,
-               bos_id: int | None = None, chat_template: str | None = None):
+               bos_id: int | None = None, chat_template: str | None = None,
+               enable_thinking: bool = False):
     self._tok = tokenizer
+    self.enable_thinking = bool(enable_thinking)
     self.eos_ids = tuple(dict.fromkeys(int(i) for i in eos_ids))
     if not self.eos_ids:
       raise ValueError("Tokenizer: no end-of-sequence id found (expected <|im_end|> or an eos token).")
@@ -88,11 +96,15 @@ class Tokenizer:
     """Text of `ids` (any int sequence or array)."""
     return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-  def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+  def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                          enable_thinking: bool | None = None) -> str:
     """The prompt text of `messages` ([{"role": ..., "content": ...}, ...]): the checkpoint's
     chat template executed with the variables transformers passes (`messages`,
     `add_generation_prompt`, `tools=None`, `documents=None` and the special-token strings
-    `bos_token`, `eos_token`, `pad_token`)."""
+    `bos_token`, `eos_token`, `pad_token`), plus `enable_thinking` (default: the
+    tokenizer's `enable_thinking`), as transformers passes its keyword arguments on."""
+    if enable_thinking is None:
+      enable_thinking = self.enable_thinking
     if self.chat_template is None:
       raise ValueError("apply_chat_template: this tokenizer has no chat template; add "
                        "`chat_template` to tokenizer_config.json (or use a chat/instruct checkpoint).")
@@ -101,7 +113,7 @@ class Tokenizer:
       return _compile_chat_template(self.chat_template).render(
           messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
           tools=None, documents=None, bos_token=token(self.bos_id), eos_token=token(self.eos_ids[0]),
-          pad_token=token(self.pad_id))
+          pad_token=token(self.pad_id), enable_thinking=bool(enable_thinking))
     except jinja2.TemplateError as e:
       raise ValueError(f"apply_chat_template: the chat template failed: {e}") from None
 

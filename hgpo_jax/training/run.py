@@ -193,6 +193,7 @@ def _load_policy(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, see
       config.model.name if config.model.name in loading.PRESETS_WITH_PATH or not config.model.path
       else config.model.path, path=config.model.path or None, dtype=config.model.dtype,
       mesh=mesh, seed=seed)
+  tokenizer.enable_thinking = bool(config.model.get("enable_thinking", False))  # Qwen3's switch
   # Recompute each block's activations in the backward pass: the update's memory drops
   # from ~16 GB to ~3 GB for SmolLM2 at 4 x 816 tokens per micro-batch (+~30% compute).
   model.cfg = run_config.model_settings(config, model.cfg, mesh)

@@ -144,7 +144,8 @@ def test_bfloat16_safetensors_load_exactly(llama_dir, tmp_path):
 
 def test_presets_with_path_ask_for_one_and_the_others_do_not(monkeypatch):
   monkeypatch.delenv(loading.MODEL_PATH_ENV, raising=False)
-  assert loading.PRESETS_WITH_PATH == ("qwen2.5-1.5b", "qwen2.5-7b")
+  assert loading.PRESETS_WITH_PATH == ("qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-1.7b",
+                                      "qwen3-4b", "qwen3-8b")
   for name in loading.PRESETS_WITH_PATH:
     with pytest.raises(ValueError, match=f"{name} has no bundled weights"):
       load_model(name)

@@ -78,6 +78,101 @@ QWEN25_TEMPLATE = """\
 {%- endif %}
 """
 
+# Qwen3's template (tokenizer_config.json of Qwen/Qwen3-*): ChatML, reasoning blocks of past
+# turns stripped, and the thinking switch: with enable_thinking false the generation prompt
+# closes an empty <think> block.
+QWEN3_TEMPLATE = """\
+{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
 # Not ChatML (Zephyr-style role tags, eos_token after each turn): the old hand-written
 # ChatML renderer diverged silently from such templates.
 ZEPHYR_TEMPLATE = ("{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + "
@@ -231,3 +326,27 @@ def test_from_hf_dir_reads_specials_and_template(tmp_path):
 def test_missing_tokenizer_json_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="tokenizer.json not found"):
     Tokenizer.from_hf_dir(str(tmp_path))
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_qwen3_template_thinking_switch_equals_transformers(tmp_path, thinking):
+  """Qwen3's template renders as transformers renders it with the same `enable_thinking`;
+  the tokenizer's default is thinking off: the prompt closes an empty reasoning block."""
+  import transformers  # test-only dependency
+  tiny_tokenizer().backend.save(str(tmp_path / "tokenizer.json"))
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+      "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+      "pad_token": "<|endoftext|>", "chat_template": QWEN3_TEMPLATE}))
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  ours = Tokenizer.from_hf_dir(str(tmp_path))
+  assert ours.enable_thinking is False
+  ours.enable_thinking = thinking
+  assert [ours.apply_chat_template(c, add_generation_prompt=g)
+          for c in CONVERSATIONS for g in (True, False)] == [
+      theirs.apply_chat_template(c, tokenize=False, add_generation_prompt=g,
+                                 enable_thinking=thinking)
+      for c in CONVERSATIONS for g in (True, False)]
+  prompt = ours.apply_chat_template(CONVERSATIONS[0])
+  assert prompt == ("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+                    + ("" if thinking else "<think>\n\n</think>\n\n"))
+  assert ours.apply_chat_template(CONVERSATIONS[0], enable_thinking=not thinking) != prompt
