@@ -32,6 +32,7 @@ import numpy as np
 from flax import nnx
 
 from hgpo_jax.models import decoder
+from hgpo_jax.models import lora
 from hgpo_jax.models import value_heads
 from hgpo_jax.models.config import ModelConfig
 
@@ -50,6 +51,13 @@ def backbone_config(cfg: ModelConfig) -> ModelConfig:
   return cfg.replace(tie_embeddings=True)
 
 
+def head_dtype(cfg: ModelConfig):
+  """The value heads' dtype: the parameters', or with LoRA (a frozen base in the compute
+  dtype, `hgpo_jax.models.lora`) the trained adapters' float32: the heads stay full rank
+  and are trained beside the adapters."""
+  return lora.ADAPTER_DTYPE if cfg.lora.rank else cfg.weight_dtype
+
+
 class Critic(nnx.Module):
   """Decoder backbone + `num_heads` scalar value heads.
 
@@ -63,7 +71,7 @@ class Critic(nnx.Module):
       raise ValueError(f"Critic num_heads={num_heads}: use 1 (PPO) or 3 (HiPER low/high/term).")
     self.num_heads = num_heads
     self.backbone = decoder.Decoder(backbone_config(cfg), rngs=rngs)
-    dt = cfg.weight_dtype
+    dt = head_dtype(cfg)
     head = VALUE_HEAD_STD * jax.random.normal(rngs.params(), (num_heads, cfg.hidden_dim), jnp.float32)
     self.value_head = nnx.Param(head.astype(dt), logical_axes=("value_heads", "embed"))
     self.value_bias = nnx.Param(jnp.zeros((num_heads,), dt), logical_axes=("value_heads",))
@@ -106,7 +114,7 @@ def params_from_policy(policy_params: Any, cfg: ModelConfig, num_heads: int, see
     raise ValueError(f"policy params lack {missing}; pass the Decoder's nnx.Param state")
   key = jax.random.fold_in(jax.random.key(seed), num_heads)
   head = VALUE_HEAD_STD * jax.random.normal(key, (num_heads, cfg.hidden_dim), jnp.float32)
-  dt = cfg.weight_dtype
+  dt = head_dtype(cfg)
   return {"backbone": {k: policy_params[k] for k in BACKBONE_KEYS},
           "value_head": np.asarray(head.astype(dt)), "value_bias": np.zeros((num_heads,), dt)}
 

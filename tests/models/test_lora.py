@@ -182,3 +182,37 @@ def test_export_of_a_lora_run_as_peft_adapter_and_merged_model(tmp_path):
   full.config._attn_implementation = "eager"
   np.testing.assert_allclose(model_fixtures.torch_logits(full, tokens, mask, positions)[mask],
                              ours[mask], atol=2e-4, rtol=1e-4)
+
+
+def _teacher_forced(model, prompt, response):
+  """log p of each response token under the unmerged forward, and its greedy choices."""
+  seq = np.asarray([list(prompt) + list(response)], np.int32)
+  positions = np.arange(seq.shape[1], dtype=np.int32)[None]
+  logits = model(jnp.asarray(seq), jnp.asarray(positions), jnp.ones(seq.shape, bool))[0]
+  logp = np.asarray(jax.nn.log_softmax(logits[0], axis=-1))
+  cols = np.arange(len(prompt) - 1, seq.shape[1] - 1)
+  return logp[cols, np.asarray(response)], logp[cols].argmax(-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_merged_sampler_samples_what_the_unmerged_forward_computes(temperature):
+  from hgpo_jax.models.tokenizer import tiny_tokenizer
+  from hgpo_jax.sampling import SamplingParams, sampler
+  base = decoder.Decoder(loading.get_preset("tiny"), rngs=nnx.Rngs(params=0))
+  model = loading.with_lora(base, lora.LoraConfig(rank=4, alpha=8.0), seed=0)
+  rng = np.random.default_rng(7)
+  nnx.update(model, jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype),
+                                 nnx.state(model, nnx.LoRAParam)))
+  tok = tiny_tokenizer()
+  prompts = [tok.encode(p) for p in ("go to cabinet 1", "put a clean apple in the fridge")]
+  smp = sampler.Sampler(model, tok, prompt_buckets=(16,), batch_buckets=(2,))
+  out = smp.generate(prompts, SamplingParams(temperature=temperature, max_new_tokens=10),
+                     jax.random.key(1))
+  moved = 0
+  for prompt, tokens, logprobs in zip(prompts, out.tokens, out.logprobs):
+    want, greedy = _teacher_forced(model, prompt, tokens)
+    np.testing.assert_allclose(logprobs, want, atol=1e-4)
+    if temperature == 0.0:
+      assert list(greedy) == list(tokens)
+    moved += np.sum(np.abs(want - _teacher_forced(base, prompt, tokens)[0]) > 0.05)
+  assert moved > 0  # the adapters change the sampled tokens' log-probs

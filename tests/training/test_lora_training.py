@@ -165,3 +165,31 @@ def test_checkpoint_resume_equals_the_uninterrupted_run(tmp_path):
       np.testing.assert_array_equal(final[k], v)
   assert [h["loss"] for h in first + rest] == [h["loss"] for h in uninterrupted]
   assert [h["grad_norm"] for h in first + rest] == [h["grad_norm"] for h in uninterrupted]
+
+
+def test_critic_trains_its_adapters_and_full_rank_value_heads():
+  from hgpo_jax.models import critic
+  from hgpo_jax.training import critic_step
+  _, adapted = _models()
+  heads, cfg = 3, adapted.cfg
+  learner = critic_step.CriticLearner(critic.abstract_critic(cfg, heads), _mesh(),
+                                      _config(mini_batch_rows=16))
+  params = critic.params_from_policy(nnx.state(adapted, nnx.Param), cfg, heads, seed=0)
+  state = learner.init_state(params)
+  trained = set(_flat(learner.trained_shardings))
+  assert {"value_head", "value_bias"} <= trained and len(trained) == 2 + 2 * 7
+  assert all(k.startswith("value_") or lora.is_adapter(k.split("/")[-1]) for k in trained)
+  rng = np.random.default_rng(0)
+  host = _host_batch(16, seed=4)
+  mask = np.repeat(np.asarray(host.response_mask)[..., None], heads, axis=-1)
+  batch = critic_step.value_batch(host, mask, rng.normal(size=mask.shape).astype(np.float32),
+                                  np.zeros(mask.shape, np.float32))
+  before = _flat(jax.device_get(state.params))
+  state, metrics = train_step.train_iteration(learner, state, batch)
+  after = _flat(jax.device_get(state.params))
+  assert metrics["grad_norm"] > 0
+  for name, value in before.items():
+    if name in trained:
+      assert np.max(np.abs(after[name] - value)) > 1e-4, name
+    else:
+      np.testing.assert_array_equal(after[name], value, err_msg=name)
