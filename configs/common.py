@@ -298,7 +298,14 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict()
   c.train.num_iterations = 150  # policy iterations (scripts' total_epochs: 150; HGPO 160)
-  c.train.lr = 1e-6  # actor AdamW learning rate, constant (paper: 1e-6)
+  c.train.lr = 1e-6  # actor AdamW learning rate, peak of lr_schedule (paper: 1e-6, constant)
+  # learning rate per iteration (verl optim.warmup_style): constant | cosine (down to
+  # min_lr_ratio * lr at the last iteration); warmup over warmup_steps iterations, or
+  # warmup_ratio of them when warmup_steps < 0 (verl lr_warmup_steps / _ratio; docs §9.5)
+  c.train.lr_schedule = "constant"
+  c.train.warmup_steps = -1
+  c.train.warmup_ratio = 0.0
+  c.train.min_lr_ratio = 0.0
   c.train.weight_decay = 0.01  # decoupled AdamW weight decay (verl actor optim default)
   c.train.grad_clip = 1.0  # global-norm gradient clip (verl default)
   c.train.mini_batch_rows = 256  # rows (steps) per optimiser step (ALFWorld scripts: 256)
@@ -333,6 +340,33 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.reference_memory = "device"
   c.train.entropy_coeff = 0.001  # entropy bonus weight (verl-agent yaml)
   c.train.loss_agg = "token-mean"  # token-loss reduction, losses.LOSS_AGG_MODES (scripts)
+  c.train.policy_loss = "ppo"  # ppo (dual clip) | gspo (one ratio per step's response; §9.1)
+  c.train.kl_estimator = "k3"  # KL loss estimator: k1 | abs | k2 | k3 (aliases kl, mse,
+  #   low_var_kl; verl kl_loss_type, §9.2)
+  # KL to the reference in the reward (verl algorithm.use_kl_in_reward, §9.3): each step's
+  # reward loses kl_reward_coef * its response's summed kl_reward_estimator KL, the
+  # coefficient fixed or adaptive (kl_target, kl_horizon; verl algorithm.kl_ctrl)
+  c.train.kl_in_reward = False
+  c.train.kl_reward_estimator = "k1"  # verl algorithm.kl_penalty default "kl"
+  c.train.kl_reward_coef = 0.001  # verl algorithm.kl_ctrl.kl_coef
+  c.train.kl_ctrl = "fixed"  # fixed | adaptive
+  c.train.kl_target = 0.1
+  c.train.kl_horizon = 10000
+  # sampler/learner mismatch (verl rollout_correction, §9.4): importance weights
+  # pi_old / pi_rollout per token or per step's response, truncated at the threshold;
+  # rejection of tokens/responses outside [1/t, t]; the rollout_corr/* metrics are logged
+  # whatever these are (a log-prob pass of their own when the update reuses its own)
+  c.train.rollout_is = "none"  # none | token | sequence
+  c.train.rollout_is_threshold = 2.0
+  c.train.rollout_rs = "none"  # none | token | sequence
+  c.train.rollout_rs_threshold = 2.0
+  c.train.rollout_mismatch_metrics = True
+  # dynamic sampling (DAPO filter_groups, §9.6): drop groups whose trajectories all have
+  # the same metric (score: return | success), play new groups until rollout.num_groups
+  # varied ones exist or max_generation_batches were played; critic-free estimators only
+  c.train.filter_groups = False
+  c.train.filter_groups_metric = "score"
+  c.train.max_generation_batches = 10  # verl-agent filter_groups.max_num_gen_batches
 
   # Value model of critic-based estimators (algo=ppo -> gae, algo=hiper -> hae): a
   # separate copy of the policy's backbone with 1 (PPO) or 3 (HiPER) value heads; it
@@ -345,6 +379,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.critic.loss_scale = 1.0  # multiplier of the value loss (released compute_value_loss: 1)
   c.critic.loss_unit_rows = 0  # the critic's loss unit (its per-GPU micro-batch); 0 = micro
   c.critic.warmup_iterations = 0  # first iterations update only the critic (verl trainer.critic_warmup)
+  c.critic.lr_schedule = "constant"  # the critic's own schedule, as train.lr_schedule's keys
+  c.critic.warmup_steps = -1
+  c.critic.warmup_ratio = 0.0
+  c.critic.min_lr_ratio = 0.0
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # data-parallel devices; -1: all remaining devices

@@ -33,21 +33,24 @@ import jax
 import ml_collections
 import numpy as np
 import tqdm
+from jax.experimental import multihost_utils
 
 from hgpo_jax.advantages import dump as dump_lib
 from hgpo_jax.cost import trainer_metrics
 from hgpo_jax.rollout import rollout as rollout_lib
 from hgpo_jax.training import evaluation
+from hgpo_jax.training import losses
 from hgpo_jax.training import metrics as metrics_lib
 from hgpo_jax.training import packing
 from hgpo_jax.training import processes
 from hgpo_jax.training import progress
 from hgpo_jax.training import run as run_lib
 from hgpo_jax.training import run_config
+from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
 from hgpo_jax.training import update_targets
 
-# The trainer's config check, for its callers (launch/main.py, launch/suites.py).
+# The trainer's config check, for its callers (launch/main.py, launch/experiments/suites.py).
 ConfigError = run_config.ConfigError
 validate = run_config.validate
 
@@ -79,13 +82,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       t0 = time.perf_counter()
       ro = rollout(run, it)
       t1 = time.perf_counter()
+      reward_metrics = kl_in_reward(run, ro.rows)
       targets = update_targets.compute_targets(ro.rows, run)
+      targets.token_batch = with_rollout_logprobs(targets.token_batch, ro.rows)
       dump_rollout(run, it, ro, targets)
       t2 = time.perf_counter()
       metrics, flop_metrics = update(run, targets, it, flops)
       if config.eval.every and (it + 1) % config.eval.every == 0:
         metrics.update(evaluation.evaluate_splits(run, it + 1))
       metrics.update(rollout_metrics(ro))
+      metrics.update(reward_metrics)
       metrics.update(targets.metrics)
       metrics["time/advantages_s"] = t2 - t1
       metrics["time/iteration_s"] = time.perf_counter() - t0
@@ -116,16 +122,98 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 # The steps of one iteration
 # ---------------------------------------------------------------------------------------
 def rollout(run: run_lib.Run, iteration: int) -> rollout_lib.Rollout:
-  """This process's groups of the iteration played at `rollout.temperature`, then all
-  processes' rows (`processes.gather_rollout`: identical on every process)."""
+  """The iteration's groups, all processes' rows (identical on every process).
+
+  Without `train.filter_groups`: one generation batch (`generation_batch`). With it
+  (DAPO's dynamic sampling, verl-agent's `dynamic_multi_turn_loop`): generation batches
+  of new tasks are played until `rollout.num_groups` groups whose trajectories differ in
+  `train.filter_groups_metric` exist or `train.max_generation_batches` were played; the
+  update trains on exactly `rollout.num_groups` of their groups
+  (`rollout_lib.dynamic_selection`), and `filter/*` counts them.
+  """
   config = run.config
+  first = generation_batch(run, iteration, 0)
+  if not config.train.filter_groups:
+    return first
+  size, target = config.rollout.group_size, config.rollout.num_groups
+  metric = config.train.filter_groups_metric
+  batches = [first]
+  varied = len(rollout_lib.varied_groups(first, size, metric))
+  while varied < target and len(batches) < config.train.max_generation_batches:
+    batches.append(generation_batch(run, iteration, len(batches)))
+    varied += len(rollout_lib.varied_groups(batches[-1], size, metric))
+  picks, stats = rollout_lib.dynamic_selection(batches, size, target, metric)
+  ro = rollout_lib.select_groups(batches, picks, size)
+  ro.filter_stats = dict(stats, first_batch_success=float(np.mean(first.won)))
+  return ro
+
+
+def generation_batch(run: run_lib.Run, iteration: int, index: int) -> rollout_lib.Rollout:
+  """Generation batch `index` of `iteration`: this process's groups played at
+  `rollout.temperature`, then all processes' rows (`processes.gather_rollout`).
+
+  Batch 0 is the iteration's own tasks and sampler key; batch b > 0 (dynamic sampling)
+  draws the tasks, env seeds and sampler key of the virtual iteration
+  `num_iterations + iteration * (max_generation_batches - 1) + b - 1`, past every real
+  iteration, so no two batches of a run share tasks or keys.
+  """
+  config = run.config
+  drawn = iteration if index == 0 else (config.train.num_iterations + iteration *
+                                        (config.train.max_generation_batches - 1) + index - 1)
   ro = evaluation.collect(
       run.pool, run.sampler, run.tokenizer,
-      run.train_tasks.groups(iteration, run.groups_per_process), config.rollout.group_size,
+      run.train_tasks.groups(drawn, run.groups_per_process), config.rollout.group_size,
       config, run.settings, sampling=run.settings.sampling,
-      rng=jax.random.fold_in(run.streams.sampler, iteration),
-      on_step=lambda t, T, n: progress.phase("rollout", f"step {t + 1}/{T} ({n} slots active)"))
+      rng=jax.random.fold_in(run.streams.sampler, drawn),
+      on_step=lambda t, T, n: progress.phase(
+          "rollout", f"{'' if index == 0 else f'batch {index + 1}, '}step {t + 1}/{T} "
+          f"({n} slots active)"))
   return processes.gather_rollout(ro, run.groups_per_process, config.rollout.group_size)
+
+
+def with_rollout_logprobs(batch, rows):
+  """The token batch with the sampler's log-probs of its rows' responses (the rollout
+  correction reads them; the mismatch metrics compare them with the learner's)."""
+  if any(r.response_logprobs is None for r in rows):
+    return batch
+  return train_batch_lib.with_rollout_logprobs(batch, [r.response_logprobs for r in rows])
+
+
+def kl_in_reward(run: run_lib.Run, rows) -> dict[str, float]:
+  """With `train.kl_in_reward` (verl `algorithm.use_kl_in_reward`, `apply_kl_penalty`):
+  each row's reward loses beta * sum_t KL_t over its response tokens, KL_t the
+  `train.kl_reward_estimator` of log pi_old - log pi_ref (one log-prob pass of each on the
+  rows, before the advantages), and the controller (`run.kl_controller`) updates beta with
+  the batch's mean over rows of their token-mean KL. Changes `rows` in place; returns the
+  `train/reward_kl*` metrics ({} when off)."""
+  ctrl = run.kl_controller
+  if ctrl is None:
+    return {}
+  progress.phase("log-probs", "KL in reward")
+  config = run.config
+  batch = update_targets.token_batch(rows, np.zeros(len(rows), np.float32), config,
+                                     run.tokenizer.pad_id)
+  filled = train_step.fill_logprobs(
+      run.learner, run.state.params, run.ref_params,
+      packing.plain_batch(batch, mini_batch_rows=config.train.mini_batch_rows))
+  old, ref, mask = (np.concatenate([host_array(getattr(parts[0], name)) for parts in filled])
+                    for name in ("old_logprobs", "ref_logprobs", "score_mask"))
+  kl_bt = np.where(mask, np.asarray(losses.kl_penalty(old, ref, config.train.kl_reward_estimator)),
+                   0.0)
+  beta = ctrl.value
+  for i, row in enumerate(rows):
+    row.reward -= beta * float(kl_bt[i].sum())
+  n = len(rows)
+  current = float(np.mean(kl_bt[:n].sum(-1) / np.maximum(mask[:n].sum(-1), 1)))
+  ctrl.update(current, n)
+  return {"train/reward_kl": current, "train/reward_kl_coef": beta}
+
+
+def host_array(x) -> np.ndarray:
+  """A (global) device array on the host, whole on every process."""
+  if getattr(x, "is_fully_addressable", True):
+    return np.asarray(x)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def dump_rollout(run: run_lib.Run, iteration: int, ro: rollout_lib.Rollout,
@@ -157,16 +245,20 @@ def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: i
   # the update's mini-batches (unpacked, packed or length-grouped) and their real token share
   batches = update_layout(batch, config, run.tokenizer.pad_id)
   token_fill, update_rows = packing.token_fill(batches), packing.num_rows(batches)
+  metrics: dict[str, float] = {}
+  extra_pass = False
   if actor_updated:
     progress.phase("log-probs")
+    run.state = run.learner.with_learning_rate(run.state, iteration)
     # laid out on the mesh with their log-probs, where the update reads them
     batches = train_step.fill_logprobs(run.learner, run.state.params, run.ref_params, batches,
                                        old=not on_policy)
     # the log-probs stay on the mesh (dispatched asynchronously): wait for them, so that
     # time/logprobs_s (and the log-prob MFU) times the passes, not their dispatch
     batches = jax.block_until_ready(batches)
+    mismatch, extra_pass = rollout_mismatch(run, batch, batches, on_policy)
+    metrics.update(mismatch)
   t1 = time.perf_counter()
-  metrics: dict[str, float] = {}
   if actor_updated:
     run.state, actor = train_step.train_iteration(run.learner, run.state, batches,
                                                   on_policy=on_policy)
@@ -175,6 +267,7 @@ def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: i
     run.update_sampler()  # the update donated the params: rebind
   t2 = time.perf_counter()
   if run.critic is not None:  # independent of the actor's update (same targets)
+    run.critic_state = run.critic.with_learning_rate(run.critic_state, iteration)
     run.critic_state, critic = train_step.train_iteration(run.critic, run.critic_state,
                                                           targets.value_batch)
     metrics.update({f"critic/{k}": v for k, v in critic.items()})
@@ -185,12 +278,36 @@ def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: i
                   "time/logprobs_s": t1 - t0, "time/update_s": t2 - t1})
   if not actor_updated:
     return metrics, dict
-  passes = int(not on_policy) + int(run.ref_params is not None)
+  passes = int(not on_policy) + int(run.ref_params is not None) + int(extra_pass)
   # perf counts a one-part mini-batch as the one compiled `Learner.update` it runs as
   counted = [parts[0] if len(parts) == 1 else parts for parts in batches]
   return metrics, functools.partial(trainer_metrics.iteration_metrics, flops, counted,
                                     logprob_passes=passes, logprobs_s=t1 - t0, update_s=t2 - t1,
                                     dtype=run.compute_dtype)
+
+
+def rollout_mismatch(run: run_lib.Run, batch, batches, on_policy: bool
+                     ) -> tuple[dict[str, float], bool]:
+  """`rollout_corr/*`: the learner's log-probs of the scored tokens against the sampler's
+  (`losses.mismatch_metrics`), before the update; and whether it took a log-prob pass of
+  its own. The old log-probs are reused when the update's rows are plain and were filled
+  (not `on_policy`); otherwise the current policy's are computed on the plain rows."""
+  config = run.config
+  if not config.train.rollout_mismatch_metrics or batch.rollout_logprobs is None:
+    return {}, False
+  learner = run.learner
+  reuse = not on_policy and not (config.train.pack_rows or config.train.group_by_length)
+  if reuse:
+    logp = [parts[0].old_logprobs for parts in batches]
+  else:
+    progress.phase("log-probs", "sampler mismatch")
+    logp = [learner.compute_logprobs(run.state.params, learner.lay_out(learner.put_batch(chunk)))
+            for (chunk,) in packing.plain_batch(batch, mini_batch_rows=config.train.mini_batch_rows)]
+  learner_logp = np.concatenate([host_array(x) for x in logp])
+  tail = lambda x: np.asarray(x)[:, -learner_logp.shape[1]:]
+  found = losses.mismatch_metrics(learner_logp, tail(batch.rollout_logprobs),
+                                  tail(batch.response_mask), config.train.rollout_is_threshold)
+  return {f"rollout_corr/{k}": v for k, v in found.items()}, not reuse
 
 
 def update_layout(batch, config: ml_collections.ConfigDict, pad_id: int) -> list[tuple]:
@@ -209,8 +326,10 @@ def update_layout(batch, config: ml_collections.ConfigDict, pad_id: int) -> list
 
 
 def rollout_metrics(ro: rollout_lib.Rollout) -> dict[str, float]:
-  """`rollout/*` and the rollout's timings."""
+  """`rollout/*` (over the groups trained on), `filter/*` (dynamic sampling) and the
+  rollout's timings."""
   out = {f"rollout/{k}": v for k, v in ro.metrics().items()}
+  out.update({f"filter/{k}": v for k, v in ro.filter_stats.items()})
   out.update({"time/generation_s": ro.timings["generation_s"], "time/env_s": ro.timings["env_s"]})
   return out
 

@@ -64,6 +64,9 @@ class StepRow:
   switch: str | None = None  # parsed <switch> content (stripped, upper-cased); None = missing
   subgoal: str | None = None  # parsed <subgoal> content (stripped); None = missing
   token_tags: list[int] | None = None  # one hae.TAG_* code per response token
+  # the sampler's log-prob of each response token (its raw distribution at temperature 1:
+  # `SampleOutput.logprobs`), for the rollout correction and its mismatch metrics
+  response_logprobs: list[float] | None = None
 
   def dump_record(self) -> dict[str, Any]:
     """The JSONL record (`python -m hgpo_jax.advantages` format + extras); HiPER rows add
@@ -89,6 +92,9 @@ class Rollout:
   decode_work: tuple[int, int] = (0, 0)
   """(tokens sampled, row-steps the sampler's decode loops ran) over the rollout's
   generate calls (`SampleOutput.decoded_tokens`, `decode_row_steps`)."""
+  filter_stats: dict[str, float] = dataclasses.field(default_factory=dict)
+  """Dynamic sampling's counts (`dynamic_selection`) when the groups were selected from
+  several generation batches; empty otherwise."""
 
   @property
   def num_trajectories(self) -> int:
@@ -222,7 +228,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
           group=i // group_size, traj=i, step=t, task_id=task_ids[i], task_type=task_types[i],
           anchor_obs=current[i].anchor_obs, prompt_ids=prompt_ids[j],
           response_ids=list(out.tokens[j]), response=out.texts[j], action=action, valid=valid,
-          **hiper_fields)
+          response_logprobs=[float(x) for x in out.logprobs[j]], **hiper_fields)
     start = time.perf_counter()
     results = pool.step(actions)
     t_env += time.perf_counter() - start
@@ -281,3 +287,81 @@ def episode_metrics(rows: Sequence[StepRow], won, returns, lengths,
 def advantage_columns(rows: Sequence[StepRow]) -> dict[str, list]:
   """The columns `hgpo_jax.advantages.grouping.build_row_batch` reads (the row schema)."""
   return rows_lib.columns(rows)
+
+
+# ---------------------------------------------------------------------------------------
+# Dynamic sampling (DAPO's filter_groups): keep the groups whose trajectories differ
+# ---------------------------------------------------------------------------------------
+FILTER_METRICS = ("score", "success")
+"""Episode quantities whose spread within a group decides whether it is kept: "score" the
+undiscounted return (verl-agent's `filter_group_data`: episode rewards), "success" the
+won flag."""
+
+
+def varied_groups(ro: Rollout, group_size: int, metric: str) -> list[int]:
+  """The groups of `ro` whose `metric` is not the same for every trajectory (in order).
+
+  A group whose trajectories all score alike gets an episode advantage of 0 on every
+  trajectory (GRPO, RLOO; GiGPO's and HGPO's episode term), so it carries no outcome signal.
+  """
+  if metric not in FILTER_METRICS:
+    raise ValueError(f"filter metric {metric!r} is unknown; use one of {FILTER_METRICS}")
+  values = np.asarray(ro.returns if metric == "score" else ro.won, np.float64)
+  values_gn = values.reshape(-1, group_size)
+  return [g for g in range(values_gn.shape[0]) if np.any(values_gn[g] != values_gn[g, 0])]
+
+
+def dynamic_selection(rollouts: Sequence[Rollout], group_size: int, num_groups: int,
+                      metric: str) -> tuple[list[tuple[int, int]], dict[str, float]]:
+  """Which groups of the generation batches `rollouts` the update trains on.
+
+  The varied groups (`varied_groups`) in generation order, the first `num_groups` of them;
+  when fewer exist (the cap on generation batches was reached), the rest is filled with
+  the last batch's uniform groups, in order, as verl-agent's last try keeps its whole
+  batch: the update always sees `num_groups` groups (fixed shapes).
+
+  Returns:
+    ([(batch index, group index)] of the chosen groups, in order; statistics: groups_kept
+    (varied groups chosen), groups_dropped (uniform groups generated and not trained on),
+    groups_filled (uniform groups trained on), generation_batches, varied_surplus (varied
+    groups generated beyond num_groups)).
+  """
+  varied = [(b, g) for b, ro in enumerate(rollouts) for g in varied_groups(ro, group_size, metric)]
+  chosen = varied[:num_groups]
+  last = len(rollouts) - 1
+  uniform_last = [g for g in range(rollouts[last].num_trajectories // group_size)
+                  if g not in set(varied_groups(rollouts[last], group_size, metric))]
+  filled = [(last, g) for g in uniform_last[:num_groups - len(chosen)]]
+  total = sum(ro.num_trajectories // group_size for ro in rollouts)
+  stats = {"groups_kept": float(len(chosen)), "groups_filled": float(len(filled)),
+           "groups_dropped": float(total - len(varied) - len(filled)),
+           "generation_batches": float(len(rollouts)),
+           "varied_surplus": float(len(varied) - len(chosen))}
+  chosen_set = set(chosen + filled)
+  # generation order: the update sees the groups as one rollout of theirs would be laid out
+  return sorted(chosen_set), stats
+
+
+def select_groups(rollouts: Sequence[Rollout], picks: Sequence[tuple[int, int]],
+                  group_size: int) -> Rollout:
+  """One rollout of the groups `picks` ((batch index, group index) pairs) of `rollouts`,
+  renumbered 0, 1, ... in the order given, trajectories `group * group_size + i`, as if
+  one rollout had played them; timings and decode work are the batches' sums."""
+  rows, won, returns, lengths, task_types = [], [], [], [], []
+  for new, (b, g) in enumerate(picks):
+    ro = rollouts[b]
+    first = g * group_size
+    for r in ro.rows:
+      if r.group == g:
+        rows.append(dataclasses.replace(r, group=new, traj=new * group_size + r.traj - first))
+    trajs = slice(first, first + group_size)
+    won.append(ro.won[trajs])
+    returns.append(ro.returns[trajs])
+    lengths.append(ro.lengths[trajs])
+    task_types += ro.task_types[trajs]
+  rows.sort(key=lambda r: (r.group, r.traj, r.step))
+  timings = {k: float(sum(ro.timings[k] for ro in rollouts)) for k in rollouts[0].timings}
+  work = tuple(int(sum(ro.decode_work[i] for ro in rollouts)) for i in range(2))
+  return Rollout(rows=rows, won=np.concatenate(won), returns=np.concatenate(returns),
+                 lengths=np.concatenate(lengths), task_types=task_types, timings=timings,
+                 decode_work=work)

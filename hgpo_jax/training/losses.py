@@ -39,6 +39,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 LOSS_AGG_MODES = (
     "token-mean",
@@ -487,3 +488,82 @@ def multi_head_value_loss(values_blh: jax.Array, old_values_blh: jax.Array,
   loss = sum(aggregate(loss_blh[..., h], mask_blh[..., h], loss_agg_mode) for h in heads)
   flat = lambda a: a.reshape(a.shape[0], -1)
   return loss_scale * loss, aggregate(flat(clipped_blh), flat(mask_blh), "token-mean")
+
+
+MISMATCH_QUANTILES = (0.05, 0.5, 0.95)
+"""Quantiles of the token ratio pi_old / pi_rollout that `mismatch_metrics` reports."""
+
+
+def mismatch_metrics(learner_logp_bt, rollout_logp_bt, mask_bt, threshold: float) -> dict[str, float]:
+  """How far the learner's log-probs are from the sampler's on the same tokens (host,
+  numpy): verl's `compute_offpolicy_metrics` and the truncation fractions of
+  `compute_is_metrics`, with r = pi_learner / pi_rollout per token:
+
+    kl = mean(log pi_rollout - log pi_learner)        (k1 of KL(pi_rollout || pi_learner))
+    k3_kl = mean(r - 1 - log r) ;  chi2_token = mean(r^2) - 1
+    ratio_q<q>: the q-quantile of r ;  ratio_fraction_high / _low: tokens with r above
+    `threshold` / below 1 / threshold (truncated, or rejected, at that threshold)
+    seq_ratio_fraction_high: rows whose product of r is above `threshold`
+
+  Args:
+    learner_logp_bt, rollout_logp_bt: f32[B, T] log-probs of the taken tokens.
+    mask_bt: bool[B, T] scored tokens.
+    threshold: the rollout correction's truncation (`LossConfig.rollout_is_threshold`).
+
+  Returns:
+    {name: value} without prefix; {} when no token is scored.
+  """
+  mask_bt = np.asarray(mask_bt, bool)
+  if not mask_bt.any():
+    return {}
+  log_ratio_bt = (np.asarray(learner_logp_bt, np.float64)
+                  - np.asarray(rollout_logp_bt, np.float64))
+  log_ratio = log_ratio_bt[mask_bt]
+  ratio = np.exp(np.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+  rows = mask_bt.any(axis=-1)
+  seq_log_ratio = np.where(mask_bt, log_ratio_bt, 0.0).sum(axis=-1)[rows]
+  out = {
+      "log_ratio_mean": float(log_ratio.mean()),
+      "kl": float(-log_ratio.mean()),
+      "k3_kl": float(np.mean(ratio - 1.0 - log_ratio)),
+      "chi2_token": float(np.mean(ratio ** 2) - 1.0),
+      "ratio_fraction_high": float(np.mean(ratio > threshold)),
+      "ratio_fraction_low": float(np.mean(ratio < 1.0 / threshold)),
+      "seq_ratio_fraction_high": float(np.mean(seq_log_ratio > math.log(threshold))),
+  }
+  for q, value in zip(MISMATCH_QUANTILES, np.quantile(ratio, MISMATCH_QUANTILES)):
+    out[f"ratio_q{int(round(q * 100)):02d}"] = float(value)
+  return out
+
+
+KL_CONTROLLERS = ("fixed", "adaptive")
+"""Values of `train.kl_ctrl` (verl `algorithm.kl_ctrl.type`)."""
+
+
+@dataclasses.dataclass
+class KLController:
+  """The coefficient beta of the KL in the reward (verl `FixedKLController`,
+  `AdaptiveKLController` of Ziegler et al. arXiv 1909.08593):
+
+    adaptive: beta <- beta * (1 + clip(KL / target_kl - 1, -0.2, 0.2) * n_steps / horizon)
+  """
+
+  value: float
+  kind: str = "fixed"
+  target_kl: float = 0.1
+  horizon: int = 10000
+
+  def __post_init__(self):
+    if self.kind not in KL_CONTROLLERS:
+      raise ValueError(f"kl_ctrl={self.kind!r} is unknown; use one of {KL_CONTROLLERS}")
+    if self.kind == "adaptive" and not (self.horizon > 0 and self.target_kl > 0):
+      raise ValueError(f"kl_ctrl='adaptive' needs kl_horizon > 0 and kl_target > 0, got "
+                       f"{self.horizon} and {self.target_kl}")
+    if self.value < 0:
+      raise ValueError(f"kl_reward_coef={self.value} must be >= 0")
+
+  def update(self, current_kl: float, n_steps: int) -> None:
+    """One batch of `n_steps` rows whose mean KL was `current_kl`."""
+    if self.kind == "adaptive":
+      error = float(np.clip(current_kl / self.target_kl - 1.0, -0.2, 0.2))
+      self.value *= 1.0 + error * n_steps / self.horizon

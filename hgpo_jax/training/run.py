@@ -32,6 +32,7 @@ from hgpo_jax.rollout import tasks as tasks_lib
 from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.training import checkpoint as checkpoint_lib
 from hgpo_jax.training import critic_step
+from hgpo_jax.training import losses
 from hgpo_jax.training import metrics as metrics_lib
 from hgpo_jax.training import processes
 from hgpo_jax.training import programs
@@ -164,6 +165,9 @@ class Run:
   start_iteration: int = 0
   compute_dtype: str = ""
   """The activations' dtype (picks the device peak of the perf/* MFU metrics)."""
+  kl_controller: losses.KLController | None = None
+  """The coefficient of the KL in the reward (`train.kl_in_reward`); None when off. Its
+  value is saved with each checkpoint's cursor, so a resumed run continues it."""
 
   def update_sampler(self) -> None:
     """Points the sampler at the current (donated, so rebound) actor params."""
@@ -175,7 +179,10 @@ class Run:
     tree = self.state.to_checkpoint()
     if self.critic_state is not None:
       tree["critic"] = self.critic_state.to_checkpoint()
-    self.checkpointer.save(iteration, tree, cursor={"iteration": iteration},
+    cursor = {"iteration": iteration}
+    if self.kl_controller is not None:
+      cursor["kl_reward_coef"] = self.kl_controller.value
+    self.checkpointer.save(iteration, tree, cursor=cursor,
                            config=json.loads(self.config.to_json()), metrics=scalars)
 
   def close(self) -> None:
@@ -310,7 +317,14 @@ def _train_state(config, settings: run_config.RunConfig, workdir: str, mesh, mod
   resumed = checkpoint_lib.resume(ckpt_dir, target,
                                   resume_path=config.checkpoint.resume_from or None)
   start = 0
+  kl_controller = None
+  if config.train.kl_in_reward:
+    kl_controller = losses.KLController(config.train.kl_reward_coef, config.train.kl_ctrl,
+                                        config.train.kl_target, config.train.kl_horizon)
   if resumed.restored is not None:
+    if kl_controller is not None:
+      kl_controller.value = float(resumed.restored.cursor.get("kl_reward_coef",
+                                                              kl_controller.value))
     state = train_step.TrainState.from_checkpoint(resumed.restored.state, like=state)
     if critic is not None:
       critic_state = train_step.TrainState.from_checkpoint(resumed.restored.state["critic"],
@@ -334,4 +348,5 @@ def _train_state(config, settings: run_config.RunConfig, workdir: str, mesh, mod
                   learner, registry.sample_mesh,
                   None if jax.process_count() == 1 else
                   programs.rollout_mesh(config, mesh, jax.process_count())),
-              resume_source=resumed.source, start_iteration=start, compute_dtype=model.cfg.dtype)
+              resume_source=resumed.source, start_iteration=start, compute_dtype=model.cfg.dtype,
+              kl_controller=kl_controller)

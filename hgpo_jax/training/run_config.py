@@ -25,7 +25,8 @@ from hgpo_jax.models import config as model_config
 from hgpo_jax.models import lora as lora_lib
 from hgpo_jax.models import platform
 from hgpo_jax.rollout import params as rollout_params
-from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.rollout import rollout as rollout_lib
+from hgpo_jax.sampling import types as sampling_types
 from hgpo_jax.training import critic_step
 from hgpo_jax.training import losses
 from hgpo_jax.training import train_step
@@ -72,9 +73,9 @@ class RunConfig:
   None for critic-free estimators."""
   value_loss: critic_step.ValueLossConfig | None
   rollout: rollout_params.RolloutParams
-  sampling: sampler_lib.SamplingParams
+  sampling: sampling_types.SamplingParams
   """Training rollouts (`config.rollout.temperature`)."""
-  eval_sampling: sampler_lib.SamplingParams
+  eval_sampling: sampling_types.SamplingParams
   """Evaluation (`config.eval.temperature`)."""
 
 
@@ -176,6 +177,7 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
     if config.train[name] and est.needs_critic:
       raise ConfigError(f"config.train.{name} lays out the actor update of critic-free estimators; "
                         f"{est.name!r} trains a critic on the unpacked rows: set it to false")
+  _check_train_options(config, est)
   rollout = _typed("rollout", rollout_params.RolloutParams, **config.rollout.to_dict())
   if getattr(opts, "k", rollout.history_length) != rollout.history_length:
     raise ConfigError(
@@ -269,10 +271,47 @@ def lora_config(config: ml_collections.ConfigDict) -> lora_lib.LoraConfig:
     raise ConfigError(f"config.{e.args[0]}") from None
 
 
+def _check_train_options(config: ml_collections.ConfigDict, est) -> None:
+  """The rules of the training options that no dataclass holds alone (docs/algorithms.md
+  §9.1-§9.6): dynamic sampling, the KL in the reward, and the layouts the sequence-level
+  options need."""
+  t = config.train
+  if t.filter_groups:
+    if est.needs_critic:
+      raise ConfigError(f"config.train.filter_groups drops groups of equal outcomes for "
+                        f"group-based estimators; {est.name!r} has a critic and no groups: "
+                        f"set it to false")
+    if config.rollout.group_size < 2:
+      raise ConfigError(f"config.train.filter_groups needs rollout.group_size >= 2 (a group of "
+                        f"one is always uniform), got {config.rollout.group_size}")
+    if t.filter_groups_metric not in rollout_lib.FILTER_METRICS:
+      raise ConfigError(f"config.train.filter_groups_metric={t.filter_groups_metric!r}: use one "
+                        f"of {rollout_lib.FILTER_METRICS}")
+    if t.max_generation_batches < 1:
+      raise ConfigError(f"config.train.max_generation_batches={t.max_generation_batches} must "
+                        f"be >= 1")
+  if t.kl_in_reward:
+    if losses.KL_ESTIMATORS.get(t.kl_reward_estimator, "full") == "full":
+      raise ConfigError(f"config.train.kl_reward_estimator={t.kl_reward_estimator!r}: use one of "
+                        f"k1, abs, k2, k3 (or kl, mse, low_var_kl)")
+    _typed("train", losses.KLController, t.kl_reward_coef, t.kl_ctrl, t.kl_target, t.kl_horizon)
+  corrected = t.rollout_is != "none" or t.rollout_rs != "none"
+  for name in ("pack_rows", "group_by_length"):
+    if t[name] and corrected:
+      raise ConfigError(f"config.train.{name} with rollout_is={t.rollout_is!r} / rollout_rs="
+                        f"{t.rollout_rs!r}: the rollout correction reads the sampler's log-probs "
+                        f"in the plain row layout; set {name} to false")
+  if t.pack_rows and t.policy_loss == "gspo":
+    raise ConfigError("config.train.pack_rows with policy_loss='gspo': GSPO's ratio is one per "
+                      "step's response, a row of the plain layout; set pack_rows to false")
+
+
 def critic_update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:
-  """The critic's optimizer (`config.critic`: its own lr, weight decay, clip) and the actor's
-  mini/micro-batches and epochs (`config.train`), as the published scripts."""
-  return train_step.UpdateConfig(**_fields(train_step.UpdateConfig, config.train, config.critic))
+  """The critic's optimizer (`config.critic`: its own lr, weight decay, clip, learning-rate
+  schedule) and the actor's mini/micro-batches and epochs (`config.train`), as the
+  published scripts."""
+  return train_step.UpdateConfig(**_fields(train_step.UpdateConfig, config.train, config.critic),
+                                 total_iterations=config.train.num_iterations)
 
 
 def update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:
@@ -280,4 +319,5 @@ def update_config(config: ml_collections.ConfigDict) -> train_step.UpdateConfig:
   `LossConfig`'s; only the response columns are scored."""
   return train_step.UpdateConfig(
       **_fields(train_step.UpdateConfig, config.train), scored_tail=config.rollout.max_new_tokens,
+      total_iterations=config.train.num_iterations,
       loss=losses.LossConfig(**_fields(losses.LossConfig, config.train)))

@@ -193,7 +193,6 @@ def build_train_batch(
     row_multiple: int,
     pad_id: int = 0,
     row_buckets: Optional[Sequence[int]] = None,
-    rollout_logprobs: Optional[Sequence[Sequence[float]]] = None,
 ) -> tuple[TrainBatch, int]:
   """Builds a padded numpy TrainBatch from token ids (host side, no JAX).
 
@@ -208,8 +207,6 @@ def build_train_batch(
     pad_id: token id written at padding positions (never attended to, never scored).
     row_buckets: optional allowed row counts (each a multiple of row_multiple) so that
       iterations with different step counts reuse compiled shapes.
-    rollout_logprobs: optional N sequences, the sampler's log-prob of each response token
-      (each as long as its response): the batch's `rollout_logprobs`.
 
   Returns:
     (batch, num_real_rows): the batch holds numpy arrays; old/ref log-probs are zeros.
@@ -254,17 +251,28 @@ def build_train_batch(
   positions = np.maximum(np.cumsum(input_mask, axis=1, dtype=np.int32) - 1, 0).astype(np.int32)
   positions = np.where(input_mask, positions, 0).astype(np.int32)
   zeros = np.zeros((rows, seq), np.float32)
-  rollout = None
-  if rollout_logprobs is not None:
-    if len(rollout_logprobs) != n or any(len(x) != len(r) for x, r in zip(rollout_logprobs, response_ids)):
-      raise ValueError("rollout_logprobs must give one value per response token of every row.")
-    rollout = zeros.copy()
-    for i, x in enumerate(rollout_logprobs):
-      rollout[i, p_len:p_len + len(x)] = np.asarray(x, np.float32)
   batch = TrainBatch(
       tokens=tokens, positions=positions, input_mask=input_mask, response_mask=response_mask,
-      advantages=adv, old_logprobs=zeros, ref_logprobs=zeros.copy(), rollout_logprobs=rollout)
+      advantages=adv, old_logprobs=zeros, ref_logprobs=zeros.copy())
   return batch, n
+
+
+def with_rollout_logprobs(batch: TrainBatch, logprobs: Sequence[Sequence[float]]) -> TrainBatch:
+  """`batch` (host arrays, `build_train_batch`'s layout) with `rollout_logprobs`: row i's
+  response is the last `len(logprobs[i])` real tokens of the row, and each gets its value
+  (the sampler's log-prob of the token); padding rows and prompts hold 0.
+
+  Args:
+    logprobs: one sequence per real row (the first len(logprobs) rows), each as long as
+      the row's response.
+  """
+  input_mask = np.asarray(batch.input_mask, bool)
+  out = np.zeros(input_mask.shape, np.float32)
+  for i, values in enumerate(logprobs):
+    if len(values):
+      columns = np.flatnonzero(input_mask[i])[-len(values):]
+      out[i, columns] = np.asarray(values, np.float32)
+  return batch.replace(rollout_logprobs=out)
 
 
 def slice_rows(batch: TrainBatch, start: int, stop: int) -> TrainBatch:
