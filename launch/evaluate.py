@@ -1,7 +1,10 @@
-r"""Evaluation without training: a prompted policy on the held-out splits of a config.
+r"""Evaluation without training: a prompted model, or a trained checkpoint, on the held-out
+splits of a config.
 
   python -m launch.evaluate --config=configs/alfworld.py:model=smollm2-135m \
       --workdir=/tmp/eval_smollm2 [--config.env.args.data_dir=...]
+  python -m launch.evaluate --config=configs/alfworld.py:algo=hgpo,model=smollm2-135m \
+      --checkpoint=/tmp/run [--step=N] --workdir=/tmp/eval_run
 
 The trainer (`hgpo_jax.train.train_and_evaluate`) rejects `train.num_iterations=0`, so
 the prompting baselines of the results tables (an untrained model, e.g. SmolLM2-135M-
@@ -9,15 +12,25 @@ Instruct with constrained decoding, like the papers' prompting rows) run here: t
 trainer's set-up (`hgpo_jax.training.run.build(config, workdir, train=False)`: model
 loading, env servers, task splits) and its final evaluation
 (`hgpo_jax.training.evaluation`: one trajectory per task at `config.eval.temperature`,
-the eval random stream of `config.seed`), with no update. It writes one line to
+the eval random stream of `config.seed`), with no update. Without `--checkpoint` it
+evaluates the named model's weights (a preset's bundled or random ones, or
+`--config.model.path`'s, e.g. a `launch.export` directory) and writes one line to
 `<workdir>/metrics.jsonl` with `step` 0 and the trainer's `eval/<split>/<metric>` keys,
-so `launch.sweep` reads it like a training run's final evaluation. It evaluates the named
-model's initial weights (a preset's bundled or random ones, or `--config.model.path`'s);
-`--config.checkpoint.*` is not read. Bad input ends it with one line,
-`launch.evaluate: error: ...`, and exit code 2, as the trainer's entry point does
-(`launch.main.run_guarded`). With `--config.rollout.dump=true` the evaluated steps (prompt and response tokens,
-action, observation, reward) go to `<workdir>/rollouts/eval_<split>_000000.jsonl`, to see
-what the model did.
+so `launch.experiments.sweep` reads it like a training run's final evaluation.
+
+`--checkpoint=W` (a training workdir, or its checkpoints/ directory) evaluates the policy
+of W's latest checkpoint step, or of `--step=N`: the first line names the checkpoint
+directory and step; the parameters are restored onto the config's model (read onto its
+shardings, `checkpoint.read_params`; a checkpoint of another architecture is a one-line
+error), and the evaluation uses the eval key of iteration N, the key the trainer uses for
+the evaluations after N iterations, so with the run's config the last checkpoint gives
+the trainer's final evaluation. The metrics line has `step` N. `--config.checkpoint.*` is
+not read (it is the trainer's resume and retention).
+
+Bad input ends it with one line, `launch.evaluate: error: ...`, and exit code 2, as the
+trainer's entry point does (`launch.main.run_guarded`). With `--config.rollout.dump=true`
+the evaluated steps (prompt and response tokens, action, observation, reward) go to
+`<workdir>/rollouts/eval_<split>_<step:06d>.jsonl`, to see what the model did.
 """
 
 from __future__ import annotations
@@ -26,16 +39,49 @@ import functools
 import os
 
 from absl import app
+from absl import flags
 
-# The trainer's entry point owns the flags (--config, --workdir, ...): one definition, so
-# both entry points can be imported into one process (tests, the API reference).
+# The trainer's entry point owns the shared flags (--config, --workdir, ...): one
+# definition, so both entry points can be imported into one process (tests, the API
+# reference).
 from launch import main as main_lib
 
-EVAL_STEP = 0  # the `step` of the single metrics line
+EVAL_STEP = 0  # the `step` of the single metrics line of an untrained model
+
+CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None, "Evaluate the policy of this training workdir's checkpoint (or of "
+    "a checkpoints/ directory) instead of the config's initial weights.")
+STEP = flags.DEFINE_integer("step", None, "With --checkpoint: the step to evaluate "
+                            "(default: the latest).")
 
 
 def evaluate_untrained(config, workdir: str) -> dict[str, float]:
   """Evaluates the config's initial model on `config.env.eval_splits`; writes metrics."""
+  return _evaluate(config, workdir)
+
+
+def evaluate_checkpoint(config, workdir: str, checkpoint: str,
+                        step: int | None = None) -> dict[str, float]:
+  """Evaluates the policy of `checkpoint`'s step `step` (default: latest) on the config's
+  eval splits, as the trainer evaluates after that many iterations; writes metrics with
+  `step` = the checkpoint step.
+
+  Raises:
+    CheckpointError: no such checkpoint or step, an unreadable step, or parameters of
+      another architecture than the config's model.
+  """
+  from hgpo_jax.training import checkpoint as checkpoint_lib
+  directory, step = checkpoint_lib.resolve_step(checkpoint, step)
+  return _evaluate(config, workdir, (directory, step))
+
+
+def _evaluate(config, workdir: str, checkpoint: tuple[str, int] | None = None) -> dict[str, float]:
+  """The evaluation of both entries: the config's model, or its params from `checkpoint`
+  (directory, step), on every eval split."""
+  import jax
+  from flax import nnx
+
+  from hgpo_jax.training import checkpoint as checkpoint_lib
   from hgpo_jax.training import evaluation
   from hgpo_jax.training import metrics as metrics_lib
   from hgpo_jax.training import run as run_lib
@@ -45,15 +91,28 @@ def evaluate_untrained(config, workdir: str) -> dict[str, float]:
     raise run_config.ConfigError("config.env.eval_splits is empty: nothing to evaluate")
   run = run_lib.build(config, workdir, train=False)
   try:
-    # The same key as the trainer's final evaluation (iteration = num_iterations).
-    out = evaluation.evaluate_splits(run, config.train.num_iterations, dump_step=EVAL_STEP)
-    scalars = run.writer.write(EVAL_STEP, out)
+    if checkpoint is None:
+      # The same key as the trainer's final evaluation (iteration = num_iterations).
+      iteration, step, what = config.train.num_iterations, EVAL_STEP, "no training"
+    else:
+      directory, step = checkpoint
+      iteration, what = step, f"checkpoint step {step}"
+      # The config's model, loaded by `build`, takes the checkpoint's params in its own
+      # shardings and dtypes; other shapes are another architecture (one line).
+      params = nnx.state(run.sampler.model, nnx.Param)
+      target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            nnx.to_pure_dict(params))
+      restored = checkpoint_lib.read_params(directory, step, target=target)
+      nnx.replace_by_pure_dict(params, restored.params)
+      nnx.update(run.sampler.model, params)
+    out = evaluation.evaluate_splits(run, iteration, dump_step=step)
+    scalars = run.writer.write(step, out)
   finally:
     run.close()
   for split in config.env.eval_splits:
     print(f"eval {split:>13}: success {scalars[f'eval/{split}/success']:.3f} over "
           f"{int(scalars[f'eval/{split}/num_tasks'])} tasks (T={config.eval.temperature}, "
-          f"{config.model.name}, no training)", flush=True)
+          f"{config.model.name}, {what})", flush=True)
   print(f"metrics: {os.path.join(workdir, metrics_lib.JSONL_NAME)}", flush=True)
   return scalars
 
@@ -62,8 +121,19 @@ PROG = "launch.evaluate"
 
 
 def _main(argv):
+  checkpoint = None
+  if CHECKPOINT.value:
+    from hgpo_jax.training import checkpoint as checkpoint_lib
+    # Named before anything else starts (no JAX backend is needed to find it).
+    checkpoint = checkpoint_lib.resolve_step(CHECKPOINT.value, STEP.value)
+    print(f"{PROG}: evaluating checkpoint step {checkpoint[1]} of {checkpoint[0]}", flush=True)
+  elif STEP.value is not None:
+    raise main_lib.BadInput("--step needs --checkpoint=WORKDIR (the run whose step to evaluate)")
   config = main_lib.start(argv, PROG)
-  evaluate_untrained(config, main_lib.WORKDIR.value)
+  if checkpoint is None:
+    evaluate_untrained(config, main_lib.WORKDIR.value)
+  else:
+    evaluate_checkpoint(config, main_lib.WORKDIR.value, *checkpoint)
 
 
 def main(argv):

@@ -330,3 +330,48 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
   message = _err(capsys, _cli("--workdir", run, "--out", tmp_path / "o3"))
   assert message.startswith(f"checkpoint step 2 in {ckpt_dir} is unreadable (")
   assert message.endswith("); pass an older --step ([1]).")
+
+
+def test_module_entry_point_fails_in_one_line(tmp_path):
+  """`python -m launch.export` as users run it: bad input is one line on stderr, exit 2,
+  and nothing else (no accelerator start-up noise)."""
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  proc = subprocess.run([sys.executable, "-m", "launch.export", f"--workdir={tmp_path}",
+                         f"--out={tmp_path}/o"], cwd=root, capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert proc.stderr == (f"launch.export: error: {tmp_path} holds no checkpoint (no step folders "
+                         f"in {tmp_path}/checkpoints or {tmp_path}); pass the workdir of a run "
+                         "that saved one.\n")
+
+
+@pytest.mark.slow
+def test_smollm2_export_equals_transformers(tmp_path):
+  """SmolLM2-135M-Instruct from its GGUF (interleaved RoPE, GGUF tokenizer) out as a
+  Llama directory: transformers' logits and chat prompt ids equal the project's."""
+  import torch
+  import transformers
+  model, tok, cfg = loading.load_model("smollm2-135m")
+  params = jax.tree.map(np.asarray, export.flat_params(nnx.to_pure_dict(nnx.state(model, nnx.Param))))
+  run = str(tmp_path / "run")
+  _save_run(run, {4: params}, config={"model": {"name": "smollm2-135m", "path": ""}})
+  out = tmp_path / "smollm2"
+  assert _cli("--workdir", run, "--out", out) == 0
+  hf = json.load(open(out / "config.json"))
+  assert (hf["model_type"], hf["rope_parameters"]["rope_theta"], hf["tie_word_embeddings"]) == (
+      "llama", 100000.0, True)
+  messages = [{"role": "user", "content": "You are in a room. Go to the fridge 1."}]
+  prompt = tok.apply_chat_template(messages)
+  hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
+  assert hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == prompt
+  ids = tok.encode(prompt)
+  assert hf_tok(prompt, add_special_tokens=False)["input_ids"] == ids
+  tokens = np.asarray([ids], np.int32)
+  positions = np.arange(len(ids), dtype=np.int32)[None]
+  want = np.asarray(model(tokens, positions, np.ones(tokens.shape, bool))[0])
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+  with torch.no_grad():
+    got = hf_model(input_ids=torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max(), rtol=0)
