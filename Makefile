@@ -46,7 +46,7 @@ venv: .venv/.stamp
 # Main job: the quick version of the results table (README): GRPO vs GiGPO vs HGPO K=2 on
 # ALFWorld-mini with the tiny policy, one seed; prints the table, writes workdirs/quick.*.
 run: venv
-	$(PY) -m launch.sweep quick
+	$(PY) -m launch.experiments.sweep quick
 
 # The pretrained-LLM job: HGPO on generated ALFWorld games with SmolLM2-135M-Instruct.
 run-llm: venv
@@ -54,10 +54,10 @@ run-llm: venv
 
 # The full CPU table (results/mini.md, .csv, _curves.png) from the run records under
 # results/runs (committed: each finished run's metrics.jsonl and log.txt); resumable, see
-# launch/sweep.py.
+# launch/experiments/sweep.py.
 table: venv
-	$(PY) -m launch.sweep suite --suite mini --root results/runs
-	$(PY) -m launch.sweep render --suite mini --root results/runs $(if $(wildcard results/mini_reading.md),--reading results/mini_reading.md)
+	$(PY) -m launch.experiments.sweep suite --suite mini --root results/runs
+	$(PY) -m launch.experiments.sweep render --suite mini --root results/runs $(if $(wildcard results/mini_reading.md),--reading results/mini_reading.md)
 
 # Tests marked `network` query the package index; `make test` leaves them out (run them
 # with `-m network` where PyPI is reachable).

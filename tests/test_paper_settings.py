@@ -435,7 +435,7 @@ DIFFERENCES = (
         "released splits: success rates are not comparable to the papers'."),
 )
 
-# Fixes of issue 36 that change the CPU mini suite's runs (launch/suites.py), so its
+# Fixes of issue 36 that change the CPU mini suite's runs (launch/experiments/suites.py), so its
 # results table must be regenerated after them; the others touch only values the suite
 # sets itself (iterations, prompt tokens, mini-batches, horizon, evaluation tasks).
 MINI_SUITE_CHANGES = (
@@ -565,7 +565,7 @@ def render() -> str:
   out.append("")
   out += [f"* **{d.name}**: {d.reason}" for d in DIFFERENCES]
   out.append("")
-  out.append("Fixes of issue 36 that change the CPU mini suite's runs (`launch/suites.py`; "
+  out.append("Fixes of issue 36 that change the CPU mini suite's runs (`launch/experiments/suites.py`; "
              "regenerate its results table after them):")
   out.append("")
   out += [f"* {line}" for line in MINI_SUITE_CHANGES]

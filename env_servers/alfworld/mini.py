@@ -85,12 +85,12 @@ SUITE = Suite(
     plan_steps=(4, 10),
 )
 MINI_V1 = SUITE
-# mini_v2: sized for the CPU suite's budget (launch/suites.py: 14 iterations x 16
+# mini_v2: sized for the CPU suite's budget (launch/experiments/suites.py: 14 iterations x 16
 # trajectories x 12 steps, the 2-layer tiny policy). Only the receptacles the task needs
 # (2-3), no distractor class, plans of 4-6 steps (the 12-step horizon is 2x the longest);
 # 2 train games (placing, lamp) and 12 held-out games of three task types on unseen
 # rooms. Richer candidates (9 or 4 train games, 3 receptacles, a distractor class) were
-# not learned within the budget (launch/suites.py lists the calibration runs).
+# not learned within the budget (launch/experiments/suites.py lists the calibration runs).
 # Uniform-random play over the admissible list with look/inventory/examine hidden, as the
 # suite plays it (`--random-play 32 --hide-actions look,inventory,examine`): train
 # 17.2 % within 12 steps.

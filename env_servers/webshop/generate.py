@@ -8,7 +8,7 @@ The same arguments always give byte-identical files. The frozen default shop in
   python -m env_servers.webshop.generate --num-products 2000 --seed 0 \
       --num-train-goals 100 --num-test-goals 50 --out env_servers/webshop/data
 
-The WebShop-mini shops of the CPU suite (launch/suites.py, suite `mini`: mini_v3's from
+The WebShop-mini shops of the CPU suite (launch/experiments/suites.py, suite `mini`: mini_v3's from
 mini_v3, mini_v6's, with 48 test goals, from mini_v6) have no product options, so a
 purchase is scored on the product alone (attributes, price, type):
 

@@ -25,7 +25,7 @@ Weights (option `weights`, docs/algorithms.md §6):
     mean, with the group's unbiased return variance shrunk toward its level-0 group's
     s~_k^2 = (SS_k + nu s_0^2) / (n_k - 1 + nu), nu = `variance_prior`, so a group of
     two with nearly equal returns cannot take all the weight; no eps, no alpha. Its
-    value against the conventions above is measured by `python -m launch.studies.bias`
+    value against the conventions above is measured by `python -m launch.experiments.studies.bias`
     (results/bias_study.md).
 With `base_group` the GRPO-style episode advantage joins as one more item of
 weight 1^alpha = 1 (the slot the recipe's offset reserves), subject to the same

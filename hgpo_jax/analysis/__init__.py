@@ -10,5 +10,5 @@
                index per level, batch-gradient cosine, paired differences.
   consistency  context inconsistency of real rollouts, from a rollout dump.
 
-The study that uses them is `python -m launch.studies.bias` (docs/algorithms.md).
+The study that uses them is `python -m launch.experiments.studies.bias` (docs/algorithms.md).
 """

@@ -1,6 +1,6 @@
 r"""Results tables and curves of a suite, read from its run directories.
 
-  python -m launch.sweep render --suite mini [--root workdirs/sweeps] [--out results]
+  python -m launch.experiments.sweep render --suite mini [--root workdirs/sweeps] [--out results]
 
 writes `results/<suite>.md`, `results/<suite>.csv` and `results/<suite>_curves.png`.
 Only finished runs count (a run is finished when its metrics.jsonl holds the final
@@ -43,7 +43,7 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from launch import suites as suites_lib
+from launch.experiments import suites as suites_lib
 
 LAST_K = 3  # training iterations averaged for the final train success
 THRESHOLD = 0.5  # train success for "iterations to 50 %"
@@ -514,7 +514,7 @@ def plot(cells: Sequence[Cell], suite: suites_lib.Suite, path: str) -> None:
 
 # What the repository keeps of a finished run (results/runs): the table is rendered from these.
 RECORD_FILES = ("metrics.jsonl", "log.txt")
-REVISION_PREFIX = "# trainer revision: "  # the line launch.sweep writes into each run's log.txt
+REVISION_PREFIX = "# trainer revision: "  # the line launch.experiments.sweep writes into each run's log.txt
 COMMAND_PREFIX = "$ "  # and the line after it: the run's command
 
 
@@ -593,7 +593,7 @@ class StaleRunError(ValueError):
 
 
 class RunLog(NamedTuple):
-  """What launch.sweep recorded in a run's log.txt, one entry per start of the run (a resumed
+  """What launch.experiments.sweep recorded in a run's log.txt, one entry per start of the run (a resumed
   run has several), oldest first: the trainer revisions and the commands."""
   revisions: list[str]
   commands: list[list[str]]
@@ -722,5 +722,5 @@ def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
 
 
 if __name__ == "__main__":
-  raise SystemExit("launch.report is the library behind `python -m launch.sweep render "
+  raise SystemExit("launch.experiments.report is the library behind `python -m launch.experiments.sweep render "
                    "--suite NAME`; run that (--help for its options).")

@@ -3,9 +3,9 @@ r"""Named benchmark suites: environments x methods x seeds, and how each run is 
 A suite fixes everything a results table depends on: the config file and variant of
 each environment with the overrides that size it for the machine, the methods (estimator
 variants, a prompted baseline), the seeds and the reference method that the table
-compares against. `launch.sweep suite --suite NAME` runs it, `launch.sweep render
+compares against. `launch.experiments.sweep suite --suite NAME` runs it, `launch.experiments.sweep render
 --suite NAME` turns its run directories into `results/NAME.{md,csv}` and
-`results/NAME_curves.png` (launch/report.py).
+`results/NAME_curves.png` (launch/experiments/report.py).
 
 Run directory of one run: `<root>/<suite>/<env>/<method>/seed_<seed>/` (the trainer's
 workdir: metrics.jsonl, checkpoints/). Seeds are shared by all methods: seed s of every
@@ -44,7 +44,7 @@ shortest solutions 6 and 4 moves) and 14.5 % of the 200 test levels within 10 st
 standard error of 5.6 points) (`python -m env_servers.sokoban.env --random-play 400
 --split train --dim 12 --boxes 4 --horizons 10 --train-levels 2`, and `--random-play 200
 --split test`). Calibration runs (GiGPO, seed 123, the column's other settings, `python -m
-launch.sweep suite --suite mini --envs sokoban --methods gigpo --seeds 123 --root <tmp>
+launch.experiments.sweep suite --suite mini --envs sokoban --methods gigpo --seeds 123 --root <tmp>
 --override env.args.train_levels=N [env.args.num_boxes=B]`, working tree of 7f3b3c5, with
 the table sweep beside them), train success per iteration:
   * 5 boxes, 4 levels (random 8.8 %; level 2 needs 12 moves, unsolvable within 10):
@@ -97,7 +97,7 @@ tokens it cost ~120 s, 100 s of it the update.
 
 Calibration of ALFWorld-mini (target: untrained success 5-25 %, best method >= 60 %
 within the budget of 14 iterations x 16 trajectories x 12 steps), measured with the
-trainer (GiGPO, seed 123, `python -m launch.sweep suite --suite mini --envs alfworld_mini
+trainer (GiGPO, seed 123, `python -m launch.experiments.sweep suite --suite mini --envs alfworld_mini
 --methods gigpo --seeds 123 --root <tmp>`), iteration-1 success -> success of the last
 iterations:
   * 9 train games on 3-receptacle rooms with 1 distractor class, horizon 15, without
@@ -130,7 +130,7 @@ choosing a product that fits the instruction and buying it. Uniform-random play
 env_servers/webshop/data/mini_v3 --search-actions goal --split train`, and `--split test`;
 mini_v6 likewise, numbers above) wins 19.0 % / 16.2 % of episodes within 15 steps on
 mini_v3; the scripted "listed search, first result, Buy Now" wins 58.3 % / 50.0 %. The
-tiny policy on mini_v3 (`python -m launch.sweep suite
+tiny policy on mini_v3 (`python -m launch.experiments.sweep suite
 --suite mini --envs webshop_mini`, trainer 402bdc3/96a2006, results/mini_webshop_mini.md):
 iteration-1 train success 6-12 % in all 9 runs (inside the 5-25 % target); after 14
 iterations GRPO / GiGPO / HGPO K=2 reach 34 / 29 / 30 % train success (last 3 iterations,
@@ -153,7 +153,7 @@ WebShop-mini one ~20 s critic-free: one seed of a column is ~50 min, the whole s
 resumable, every run records its trainer revision so the table can refuse to mix them,
 and its record files (metrics.jsonl, log.txt) are committed under results/runs as each run
 finishes, so the next session (possibly a fresh machine) resumes from them.
-`python -m launch.sweep plan --suite mini --iteration-s S --eval-s E` prints the runs
+`python -m launch.experiments.sweep plan --suite mini --iteration-s S --eval-s E` prints the runs
 still to do and a wall-time estimate. Several runs sharing the 2 cores take about as
 long in total as the same runs one after the other.
 """
@@ -165,7 +165,7 @@ import importlib
 import os
 from typing import Any, Mapping
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPTED = "prompted"  # Method.kind of an evaluation-only row
 TRAINED = "trained"
 
@@ -372,7 +372,7 @@ MINI = Suite(
 )
 SUITES = {MINI.name: MINI}
 
-# The main job (`make run`, `python -m launch.sweep quick`): GRPO vs GiGPO vs HGPO K=2 on
+# The main job (`make run`, `python -m launch.experiments.sweep quick`): GRPO vs GiGPO vs HGPO K=2 on
 # ALFWorld-mini, the suite's first seed. These are the very runs (same commands, same
 # directories) of those cells of the full `mini` table, so the full sweep reuses them.
 QUICK_ENVS = ("alfworld_mini",)
@@ -462,5 +462,5 @@ def command(root: str, suite: Suite, env: Environment, method: Method, seed: int
 
 
 if __name__ == "__main__":
-  raise SystemExit("launch.suites defines the suites that `python -m launch.sweep suite "
+  raise SystemExit("launch.experiments.suites defines the suites that `python -m launch.experiments.sweep suite "
                    "--suite NAME` runs and `... render` tabulates; run that (--help).")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from launch.studies import bias
+from launch.experiments.studies import bias
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,7 +28,7 @@ def test_plans_cover_the_issue():
 
 @pytest.mark.slow
 def test_quick_study_writes_the_report(tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "launch.studies.bias", "--quick", "--out",
+  proc = subprocess.run([sys.executable, "-m", "launch.experiments.studies.bias", "--quick", "--out",
                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
                         check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -67,7 +67,7 @@ def test_critic_section_is_spliced_into_the_report():
 @pytest.mark.slow
 def test_quick_critic_study(tmp_path):
   (tmp_path / "bias_study.md").write_text("# Estimator bias study\n\nkept\n")
-  proc = subprocess.run([sys.executable, "-m", "launch.studies.bias", "--critic", "--quick", "--out",
+  proc = subprocess.run([sys.executable, "-m", "launch.experiments.studies.bias", "--critic", "--quick", "--out",
                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
                         check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]

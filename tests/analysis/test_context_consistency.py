@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hgpo_jax.analysis import consistency
-from launch.studies import consistency as cli
+from launch.experiments.studies import consistency as cli
 
 # One task, five trajectories. Anchor X is reached after A (t1, t2, t5) or after B
 # (t3, t4); X is the last step; reaching X from A pays 10 except in t5.

@@ -101,7 +101,7 @@ def test_invalid_action_and_truncation():
 
 
 def test_random_play_reference_is_deterministic_and_pinned(capsys):
-  # The untrained-policy reference of the mini suite's Sokoban column (launch/suites.py).
+  # The untrained-policy reference of the mini suite's Sokoban column (launch/experiments/suites.py).
   rates = sokoban.random_play("test", 200, dim=6, num_boxes=1, horizons=(10, 15, 20))
   assert rates == {10: 0.56, 15: 0.62, 20: 0.665}
   assert sokoban.main(["--random-play", "200", "--split", "test"]) == 0

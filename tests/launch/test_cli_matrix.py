@@ -20,7 +20,7 @@ import pytest
 from hgpo_jax import runtime
 from hgpo_jax.cost import targets
 from launch import plan as plan_cli
-from launch import sweep
+from launch.experiments import sweep
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAMILIES = ("alfworld", "webshop", "sokoban")
@@ -183,7 +183,7 @@ def test_select_platforms_leaves_an_explicit_choice(monkeypatch):
 def test_sweep_plan_errors_are_one_line_naming_the_flag(argv, flag, capsys, tmp_path):
   assert sweep.main([*argv, "--root", str(tmp_path)]) == 2
   lines = capsys.readouterr().err.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("launch.sweep: error: ") and flag in lines[0]
+  assert len(lines) == 1 and lines[0].startswith("launch.experiments.sweep: error: ") and flag in lines[0]
 
 
 def test_sweep_plan_validates_every_run_config(capsys, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from configs import sokoban as sokoban_config
 from launch import evaluate
-from launch import report
+from launch.experiments import report
 
 
 @pytest.mark.slow

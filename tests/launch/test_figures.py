@@ -1,4 +1,4 @@
-"""The documentation's figures (launch/figures.py): the phase medians computed by hand on
+"""The documentation's figures (launch/experiments/figures.py): the phase medians computed by hand on
 hand-written metrics.jsonl files, the figure written, and one-line errors."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from launch import figures
+from launch.experiments import figures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -80,7 +80,7 @@ def test_collect_takes_the_median_over_seeds_in_display_order(runs):
 def test_cli_writes_the_figure_and_errors_in_one_line(runs, tmp_path):
   out = tmp_path / "fig" / "phases.png"
   env = dict(os.environ, PYTHONPATH=ROOT)
-  proc = subprocess.run([sys.executable, "-m", "launch.figures", "phases", "--root", str(runs),
+  proc = subprocess.run([sys.executable, "-m", "launch.experiments.figures", "phases", "--root", str(runs),
                          "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr
@@ -90,7 +90,7 @@ def test_cli_writes_the_figure_and_errors_in_one_line(runs, tmp_path):
                         (["--root", str(runs), "--skip", "9"], "no run under"),
                         (["--root", str(runs), "--skip", "-1"], "--skip must be >= 0"),
                         (["--root", str(runs), "--out", "/proc/none/x.png"], "cannot write")):
-    proc = subprocess.run([sys.executable, "-m", "launch.figures", "phases", *args], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "launch.experiments.figures", "phases", *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr

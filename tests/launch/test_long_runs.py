@@ -1,11 +1,11 @@
-"""launch.studies.long_runs: the long-run report from sweep run directories."""
+"""launch.experiments.studies.long_runs: the long-run report from sweep run directories."""
 
 import csv
 import json
 import os
 
-from launch import report
-from launch.studies import long_runs
+from launch.experiments import report
+from launch.experiments.studies import long_runs
 
 
 def _run(root, method, seed, successes, extra=None, dumps=()):

@@ -1,4 +1,4 @@
-"""The suite sweep and its results renderer (launch/sweep.py, launch/suites.py, launch/report.py).
+"""The suite sweep and its results renderer (launch/experiments/sweep.py, launch/experiments/suites.py, launch/experiments/report.py).
 
 The renderer is checked on hand-written metrics.jsonl files whose table cells are
 computed by hand below; the sweep's resumability with a fake runner (no training).
@@ -20,9 +20,9 @@ import pytest
 from env_servers.webshop.dataset import Shop
 from env_servers.webshop.env import goal_query
 from hgpo_jax.models.tokenizer import tiny_tokenizer
-from launch import report
-from launch import suites
-from launch import sweep
+from launch.experiments import report
+from launch.experiments import suites
+from launch.experiments import sweep
 
 ENV = suites.Environment(name="toy", label="Toy", config="configs/sokoban.py", args="dim=6",
                          heldout_split="valid_unseen",
@@ -202,7 +202,7 @@ def test_render_refuses_mixed_trainer_revisions_unless_told(runs, tmp_path, caps
   assert sweep.main(["render", "--suite", "toy_suite", "--root", runs, "--out",
                      str(tmp_path / "r2")]) == 2
   err = capsys.readouterr().err
-  assert err.startswith("launch.sweep: error: the finished runs of column 'toy' under")
+  assert err.startswith("launch.experiments.sweep: error: the finished runs of column 'toy' under")
   assert err.count("\n") == 1
 
 
@@ -224,7 +224,7 @@ def test_render_puts_the_reading_under_the_tables(runs, tmp_path, monkeypatch, c
   assert sweep.main(["render", "--suite", "toy_suite", "--root", runs, "--out", str(out),
                      "--reading", str(tmp_path / "none.md")]) == 2
   err = capsys.readouterr().err
-  assert err.startswith("launch.sweep: error: --reading") and err.count("\n") == 1
+  assert err.startswith("launch.experiments.sweep: error: --reading") and err.count("\n") == 1
   plain = report.render(runs, SUITE, str(tmp_path / "plain"), "CMD", pending=pending)
   assert "## Reading" not in open(plain["md"], encoding="utf-8").read()
 
@@ -459,7 +459,7 @@ def test_a_run_of_another_command_is_stale_neither_resumed_nor_rendered(runs, tm
   assert sweep.main(["render", "--suite", "toy_suite", "--root", runs, "--out",
                      str(tmp_path / "r2")]) == 2
   err = capsys.readouterr().err
-  assert err.startswith("launch.sweep: error: 2 finished run(s) under") and err.count("\n") == 1
+  assert err.startswith("launch.experiments.sweep: error: 2 finished run(s) under") and err.count("\n") == 1
   # the sweep neither resumes nor replaces a stale run, finished or not, and counts it failed
   _write(runs, "d", 2, _train_run([0.5] * 2, 0.5, 0.5)[:2])
   _log_command(runs, "d", 2, [a.replace("=5", "=4")
@@ -592,7 +592,7 @@ def test_unknown_selection_is_one_line_error(capsys, tmp_path):
   assert sweep.main(["plan", "--suite", "mini", "--envs", "alfworld", "--root", str(tmp_path)]) == 2
   err = capsys.readouterr().err
   # one line that names the flag to change (issue 54)
-  assert err == ("launch.sweep: error: --envs: suite 'mini' has no environment 'alfworld'; "
+  assert err == ("launch.experiments.sweep: error: --envs: suite 'mini' has no environment 'alfworld'; "
                  "choose from ['alfworld_mini', 'sokoban', 'webshop_mini']\n")
 
 
@@ -611,7 +611,7 @@ def test_render_of_one_column_writes_its_own_files(runs, tmp_path, monkeypatch, 
                                      "toy_suite_toy_curves.png"]
   md = (out / "toy_suite_toy.md").read_text(encoding="utf-8")
   assert "## Toy " in md and "Toy two" not in md
-  assert "`python -m launch.sweep render --suite toy_suite --root" in md and "--envs toy`" in md
+  assert "`python -m launch.experiments.sweep render --suite toy_suite --root" in md and "--envs toy`" in md
   whole = report.render(runs, SUITE, str(tmp_path / "whole"), "CMD", pending=pending)
   with open(whole["csv"], encoding="utf-8") as f:
     assert (out / "toy_suite_toy.csv").read_text(encoding="utf-8") == f.read()

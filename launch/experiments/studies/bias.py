@@ -1,8 +1,8 @@
 """The estimator bias study: every step estimator against exact oracle advantages.
 
-  python -m launch.studies.bias            # full study, writes results/bias_study.md + PNGs
-  python -m launch.studies.bias --quick    # small version (the slow test runs it)
-  python -m launch.studies.bias --critic   # only the critic-quality section (see below)
+  python -m launch.experiments.studies.bias            # full study, writes results/bias_study.md + PNGs
+  python -m launch.experiments.studies.bias --quick    # small version (the slow test runs it)
+  python -m launch.experiments.studies.bias --critic   # only the critic-quality section (see below)
 
 What it does (library: hgpo_jax.analysis): for each setting (policy family, memory
 depth k_mem, history strength beta, horizon, observation mode) and policy seed, it
@@ -347,7 +347,7 @@ def write_report(res: Results, plan: Plan, out_dir: str, elapsed: float, quick: 
   if quick:
     verdict = "(`--quick` run: 1 seed, few batches; numbers are noisy.) " + verdict
   lines += ["# Estimator bias study", "", verdict, ""]
-  lines += [f"Command: `python -m launch.studies.bias{' --quick' if quick else ''}` "
+  lines += [f"Command: `python -m launch.experiments.studies.bias{' --quick' if quick else ''}` "
             f"({elapsed / 60:.1f} min on this machine). Library: `hgpo_jax/analysis/`.", ""]
 
   # ---- setup ---------------------------------------------------------------------
@@ -507,7 +507,7 @@ def write_report(res: Results, plan: Plan, out_dir: str, elapsed: float, quick: 
             "finite-difference gradient check are unit tests (tests/analysis).",
             "* Not done here: learning curves of exact J under each estimator (the prototype's "
             "criterion (c)); real-rollout inconsistency needs a dump of a trained ALFWorld-mini "
-            "policy (`python -m launch.studies.consistency DUMP.jsonl`).", ""]
+            "policy (`python -m launch.experiments.studies.consistency DUMP.jsonl`).", ""]
   text = "\n".join(lines)
   path = os.path.join(out_dir, "bias_study.md")
   if os.path.exists(path):  # keep the critic-quality section (written by --critic)
@@ -574,7 +574,7 @@ def _plots(res, plan, out_dir, main, strongest, markov):
 # ---------------------------------------------------------------------------------------
 # Critic quality: GAE and HAE with a critic of controlled explained variance
 # ---------------------------------------------------------------------------------------
-CRITIC_BEGIN = "<!-- critic-quality: written by python -m launch.studies.bias --critic -->"
+CRITIC_BEGIN = "<!-- critic-quality: written by python -m launch.experiments.studies.bias --critic -->"
 CRITIC_END = "<!-- /critic-quality -->"
 EXACT = "A* (exact advantage)"
 CRITIC_ESTIMATORS = (("GAE lambda=0 (TD)", "gae", 0.0), ("GAE lambda=0.95", "gae", 0.95),
@@ -709,7 +709,7 @@ def write_critic_section(runs, cplan: CriticPlan, out_dir: str, elapsed: float, 
       f"gradient as above, {cplan.num_batches} batches of 4 tasks x {cplan.group_size} "
       f"trajectories, policy seeds {list(cplan.seeds)}, the same batches for every estimator "
       "and EV; +- is one standard error over seeds.")
-  lines += ["", f"Command: `python -m launch.studies.bias --critic{' --quick' if quick else ''}` "
+  lines += ["", f"Command: `python -m launch.experiments.studies.bias --critic{' --quick' if quick else ''}` "
             f"({elapsed / 60:.1f} min on this machine).", "", _critic_reading(runs, cplan), "",
             "![critic](bias_study_critic.png)", ""]
   lines.append("| setting | " + " | ".join([EXACT] + list(CRITIC_REFERENCES)) + " |")
@@ -797,7 +797,7 @@ def run_critic_study(quick: bool, out_dir: str) -> str:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m launch.studies.bias", description=__doc__.split(
+  p = argparse.ArgumentParser(prog="python -m launch.experiments.studies.bias", description=__doc__.split(
       "\n")[0])
   p.add_argument("--quick", action="store_true", help="1 seed, few batches (< 2 min)")
   p.add_argument("--out", default="results", help="directory of bias_study.md and the plots")

@@ -1,6 +1,6 @@
 """Context inconsistency of a real rollout dump (hgpo_jax.analysis.consistency).
 
-  python -m launch.studies.consistency DUMP.jsonl [--depths 1 2 4] [--gamma 0.95]
+  python -m launch.experiments.studies.consistency DUMP.jsonl [--depths 1 2 4] [--gamma 0.95]
 
 Prints, per history depth d, the fraction of anchor-state groups whose members have
 different depth-d histories and the share of the within-group return variance that
@@ -19,7 +19,7 @@ from hgpo_jax.analysis import consistency
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m launch.studies.consistency",
+  p = argparse.ArgumentParser(prog="python -m launch.experiments.studies.consistency",
                               description=__doc__.split("\n")[0])
   p.add_argument("dump", help="rollout dump (JSONL, .jsonl.gz, or - for stdin)")
   p.add_argument("--depths", type=int, nargs="+", default=[1, 2, 4])

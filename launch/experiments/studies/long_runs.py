@@ -1,9 +1,9 @@
 """Long runs of the critic methods: curves, critic fit and HiPER's segment statistics.
 
-  python -m launch.studies.long_runs --root RUNS --env alfworld_mini --methods hiper ppo \\
+  python -m launch.experiments.studies.long_runs --root RUNS --env alfworld_mini --methods hiper ppo \\
       --out results/hiper_long [--reading NOTES.md]
 
-Reads the runs of `launch.sweep` under `RUNS/mini/<env>/<method>/seed_<n>/` (finished or
+Reads the runs of `launch.experiments.sweep` under `RUNS/mini/<env>/<method>/seed_<n>/` (finished or
 not: a run still going shows the iterations it has) and writes `<out>.csv` (one line per
 method, seed and iteration), `<out>.png` (train success with a ± std band over seeds; the
 critic's explained variance, per level for HiPER; HiPER's SWITCH and subgoal-change rates)
@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from launch import report
+from launch.experiments import report
 
 COLUMNS = ("rollout/success", "rollout/invalid_rate", "rollout/episode_length",
            "critic/explained_variance", "critic/explained_variance_low",
@@ -204,7 +204,7 @@ def markdown(data: dict[str, list[tuple[int, list[dict]]]], data_dirs: dict[str,
       for p, (count, mean, mean_abs) in advantage_by_segment_position(files).items():
         out.append(f"| {name} ({len(files)} dumps) | {p} | {count} | {mean:+.3f} | {mean_abs:.3f} |")
   out += ["", "## How this was made", "", f"command: `{command}`",
-          f"runs: `{root}`, each `<method>/seed_<n>` started by `python -m launch.sweep suite --suite mini "
+          f"runs: `{root}`, each `<method>/seed_<n>` started by `python -m launch.experiments.sweep suite --suite mini "
           f"--envs {env} --methods <method> --seeds <n> --override train.num_iterations=60` "
           "(HiPER also `rollout.dump=true`)",
           f"trainer revisions of the runs: {_revisions(data_dirs)}",
@@ -232,7 +232,7 @@ def _revisions(dirs: dict[str, list[str]]) -> str:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m launch.studies.long_runs",
+  p = argparse.ArgumentParser(prog="python -m launch.experiments.studies.long_runs",
                               description=__doc__.split("\n")[0])
   p.add_argument("--root", required=True, help="the sweep root of the runs")
   p.add_argument("--env", default="alfworld_mini")
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     data_dirs[method] = [d for _, d in runs]
   reading = open(args.reading).read() if args.reading else None
   shown = report.display_root(args.root)
-  command = "python -m launch.studies.long_runs " + " ".join(
+  command = "python -m launch.experiments.studies.long_runs " + " ".join(
       (shown if a == args.root else a) for a in (argv if argv is not None else sys.argv[1:]))
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out + ".csv", "w") as f:
