@@ -1,9 +1,12 @@
 """A GGUF file (llama.cpp format): its architecture, tokenizer and dequantized tensors.
 
-Supported architectures: "llama" (SmolLM2, Llama) and "qwen2". llama.cpp's converter
-permutes the q/k rows of Llama checkpoints so that GGML's adjacent-pair RoPE is right,
-hence rope_layout "interleaved" for "llama"; it leaves Qwen2 unpermuted (GGML NeoX RoPE),
-hence "half". A missing `output.weight` means the output layer is tied to `token_embd`.
+Supported architectures: "llama" (SmolLM2, Llama), "qwen2" and "qwen3". llama.cpp's
+converter permutes the q/k rows of Llama checkpoints so that GGML's adjacent-pair RoPE is
+right, hence rope_layout "interleaved" for "llama"; it leaves Qwen2 and Qwen3 unpermuted
+(GGML NeoX RoPE), hence "half". A missing `output.weight` means the output layer is tied to
+`token_embd`; `attn_q_norm`/`attn_k_norm` tensors are Qwen3's q/k norms. RoPE scaling is
+refused (llama.cpp writes Llama 3's as a `rope_freqs` tensor and `rope.scaling.*` keys;
+load such models from their Hugging Face directory).
 Quantized tensors are dequantized to float32 with `gguf.quants.dequantize`.
 """
 
@@ -31,6 +34,8 @@ _GGUF_TENSORS = {
     "q_bias": (MODEL_TENSOR.ATTN_Q, "bias"),
     "k_bias": (MODEL_TENSOR.ATTN_K, "bias"),
     "v_bias": (MODEL_TENSOR.ATTN_V, "bias"),
+    "q_norm": (MODEL_TENSOR.ATTN_Q_NORM, "weight"),
+    "k_norm": (MODEL_TENSOR.ATTN_K_NORM, "weight"),
     "mlp_norm": (MODEL_TENSOR.FFN_NORM, "weight"),
     "gate": (MODEL_TENSOR.FFN_GATE, "weight"),
     "up": (MODEL_TENSOR.FFN_UP, "weight"),
@@ -39,7 +44,8 @@ _GGUF_TENSORS = {
 GGUF_NAMES = {kind: gguf.TENSOR_NAMES[tensor].replace("{bid}", "{i}") + "." + suffix
               for kind, (tensor, suffix) in _GGUF_TENSORS.items()}
 _ROPE_LAYOUT = {gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA]: "interleaved",
-                gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN2]: "half"}
+                gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN2]: "half",
+                gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN3]: "half"}
 
 
 class GGUFFile:
@@ -80,6 +86,11 @@ class GGUFFile:
     num_heads = int(self.require(key(attention.HEAD_COUNT)))
     hidden = int(self.require(key(llm.EMBEDDING_LENGTH)))
     vocab = self.field(key(llm.VOCAB_SIZE))
+    scaling = self.field(key(Keys.Rope.SCALING_TYPE), "none")
+    if scaling != "none" or gguf.TENSOR_NAMES[MODEL_TENSOR.ROPE_FREQS] + ".weight" in self.tensors:
+      raise ValueError(f"{self.path}: RoPE scaling ({key(Keys.Rope.SCALING_TYPE)}={scaling!r}, "
+                       "or a rope_freqs tensor) is not implemented for GGUF files; load the "
+                       "model's Hugging Face directory instead.")
     if vocab is None:
       vocab = len(self.require(Keys.Tokenizer.LIST))
     return ModelConfig(
@@ -92,7 +103,7 @@ class GGUFFile:
         rms_eps=float(self.require(key(attention.LAYERNORM_RMS_EPS))),
         qkv_bias=GGUF_NAMES["q_bias"].format(i=0) in self.tensors,
         tie_embeddings=GGUF_NAMES["lm_head"] not in self.tensors,
-        rope_layout=_ROPE_LAYOUT[arch],
+        rope_layout=_ROPE_LAYOUT[arch], qk_norm=GGUF_NAMES["q_norm"].format(i=0) in self.tensors,
         max_seq_len=int(self.field(key(llm.CONTEXT_LENGTH), 4096)))
 
   def tensor(self, name: str) -> np.ndarray:

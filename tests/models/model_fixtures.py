@@ -9,7 +9,7 @@ from hgpo_jax.models.tokenizer import tiny_tokenizer
 
 
 def hf_config(arch: str):
-  """A random-init-sized Llama or Qwen2 transformers config on the tiny tokenizer's vocab."""
+  """A random-init-sized Llama, Qwen2 or Qwen3 transformers config on the tiny tokenizer's vocab."""
   import transformers
   common = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -20,6 +20,8 @@ def hf_config(arch: str):
     return transformers.LlamaConfig(head_dim=8, tie_word_embeddings=True, **common)
   if arch == "qwen2":
     return transformers.Qwen2Config(tie_word_embeddings=False, **common)
+  if arch == "qwen3":  # q/k norms; head_dim * heads != hidden_size; untied output
+    return transformers.Qwen3Config(head_dim=24, tie_word_embeddings=False, **common)
   raise ValueError(arch)
 
 

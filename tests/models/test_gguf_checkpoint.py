@@ -1,5 +1,6 @@
 """A tiny model written both as a HF directory and as GGUF loads to the same tokenizer and
-logits: covers llama.cpp's q/k permutation (interleaved RoPE), tied/untied output, biases."""
+logits: covers llama.cpp's q/k permutation (interleaved RoPE), tied/untied output, biases, Qwen3's
+q/k norms; RoPE scaling in a GGUF is refused."""
 
 import json
 import os
@@ -21,6 +22,7 @@ _HF_TO_GGUF = {
     "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
     "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
@@ -32,7 +34,7 @@ def _llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
   return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write_gguf(path: str, hf_dir: str, arch: str):
+def _write_gguf(path: str, hf_dir: str, arch: str, rope_freqs: bool = False):
   import gguf
   with open(os.path.join(hf_dir, "config.json")) as f:
     hf = json.load(f)
@@ -75,13 +77,15 @@ def _write_gguf(path: str, hf_dir: str, arch: str):
       heads = hf["num_attention_heads"] if "attn_q" in name else hf["num_key_value_heads"]
       w = _llama_cpp_permute(w, heads)
     writer.add_tensor(name, np.ascontiguousarray(w, np.float32))
+  if rope_freqs:  # llama.cpp's form of Llama 3's RoPE scaling: per-frequency divisors
+    writer.add_tensor("rope_freqs.weight", np.ones(head_dim // 2, np.float32))
   writer.write_header_to_file()
   writer.write_kv_data_to_file()
   writer.write_tensors_to_file()
   writer.close()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_gguf_and_hf_directory_agree(arch, tmp_path):
   hf_dir = str(tmp_path / "hf")
   model_fixtures.write_hf_dir(hf_dir, arch, seed=5)
@@ -92,8 +96,9 @@ def test_gguf_and_hf_directory_agree(arch, tmp_path):
   gguf_model, gguf_tok, gguf_cfg = load_model(gguf_path)
   assert gguf_cfg.rope_layout == ("interleaved" if arch == "llama" else "half")
   assert hf_cfg.rope_layout == "half"
+  assert gguf_cfg.qk_norm == (arch == "qwen3")
   for field in ("num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "qkv_bias",
-                "tie_embeddings", "vocab_size"):
+                "qk_norm", "tie_embeddings", "vocab_size"):
     assert getattr(gguf_cfg, field) == getattr(hf_cfg, field), field
 
   text = "<|im_start|>user\nOpen the fridge 1, café 東京 1234 🙂<|im_end|>\n"
@@ -106,3 +111,15 @@ def test_gguf_and_hf_directory_agree(arch, tmp_path):
   want = np.asarray(fwd(hf_model, *args))
   got = np.asarray(fwd(gguf_model, *args))
   np.testing.assert_allclose(got[mask], want[mask], atol=1e-5)
+
+
+
+def test_gguf_rope_scaling_is_refused(tmp_path):
+  """llama.cpp writes Llama 3's RoPE scaling as a rope_freqs tensor (and rope.scaling.* keys):
+  refused in one line rather than loaded with plain RoPE."""
+  hf_dir = str(tmp_path / "hf")
+  model_fixtures.write_hf_dir(hf_dir, "llama", seed=5)
+  path = str(tmp_path / "scaled.gguf")
+  _write_gguf(path, hf_dir, "llama", rope_freqs=True)
+  with pytest.raises(ValueError, match=r"RoPE scaling .*rope_freqs tensor\) is not implemented"):
+    load_model(path)

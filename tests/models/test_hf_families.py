@@ -292,3 +292,42 @@ def test_kv_cache_decode_equals_full_forward(checkpoint):
     logits, cache = step(model, tokens[:, i:i + 1], positions[:, i:i + 1], cache, jnp.int32(i))
     outs.append(np.asarray(logits))
   np.testing.assert_allclose(np.concatenate(outs, axis=1), full[:, prefill:], atol=1e-4)
+
+
+def _qwen3_tiny():
+  return config_lib.get_preset("tiny").replace(qk_norm=True, head_dim=24)
+
+
+def test_qwen3_per_layer_decode_weights_and_sharding(monkeypatch):
+  """Qwen3's q/k norm scales [L, Dh] carry ("layers", "head_dim") (replicated on every mesh)
+  and travel with `for_decoding`'s per-layer weights (GPU and TPU targets, forced here):
+  the decode step's logits and cache equal the stacked model's."""
+  import fake_devices
+  from flax import nnx
+
+  from hgpo_jax.models import decoder, sharding
+  cfg = _qwen3_tiny()
+  model = decoder.Decoder(cfg, rngs=nnx.Rngs(2))
+  model.layers.q_norm[...] = 1.0 + 0.3 * jax.random.normal(jax.random.key(3), (2, 24))
+  assert model.layers.k_norm.get_metadata()["logical_axes"] == ("layers", "head_dim")
+  mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2, devices=fake_devices.take(4))
+  shardings = sharding.param_shardings(model, mesh)
+  assert shardings["layers"]["q_norm"].get_value().spec == jax.sharding.PartitionSpec(None, None)
+  cache = decoder.init_cache(cfg, 2, 8, jnp.float32)
+  cache = decoder.KVCache(k=jax.random.normal(jax.random.key(0), cache.k.shape),
+                          v=jax.random.normal(jax.random.key(1), cache.v.shape))
+  tokens, positions = jnp.array([[3], [7]]), jnp.array([[4], [2]])
+  want = jax.jit(lambda m, c: m.for_decoding().decode(tokens, positions, c, 4))(model, cache)
+  monkeypatch.setattr(decoder, "per_layer_decode_weights", lambda cfg, target: True)
+  view = model.for_decoding()
+  names = set(view.layers.unstacked()[0])
+  assert {"q_norm", "k_norm", "qkv"} <= names, names
+  np.testing.assert_array_equal(np.asarray(view.layers.stacked()["q_norm"]),
+                                np.asarray(model.layers.q_norm[...]))
+  got = jax.jit(lambda m, c: m.for_decoding().decode(tokens, positions, c, 4))(model, cache)
+  np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(got[1].k), np.asarray(want[1].k), rtol=1e-6, atol=1e-6)
+  # The norms matter: unit scales give other logits.
+  model.layers.q_norm[...] = jnp.ones((2, 24))
+  other = jax.jit(lambda m, c: m.for_decoding().decode(tokens, positions, c, 4))(model, cache)
+  assert np.abs(np.asarray(other[0]) - np.asarray(want[0])).max() > 1e-3
