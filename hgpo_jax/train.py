@@ -191,8 +191,8 @@ def kl_in_reward(run: run_lib.Run, rows) -> dict[str, float]:
     return {}
   progress.phase("log-probs", "KL in reward")
   config = run.config
-  batch = update_targets.token_batch(rows, np.zeros(len(rows), np.float32), config,
-                                     run.tokenizer.pad_id)
+  batch = with_rollout_logprobs(update_targets.token_batch(
+      rows, np.zeros(len(rows), np.float32), config, run.tokenizer.pad_id), rows)
   filled = train_step.fill_logprobs(
       run.learner, run.state.params, run.ref_params,
       packing.plain_batch(batch, mini_batch_rows=config.train.mini_batch_rows))
