@@ -19,14 +19,13 @@ plotting package end in one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import os
-import re
 import sys
 from typing import Sequence
 
 import numpy as np
+
+from launch.experiments import report
 
 # (metrics.jsonl field, label) in the order of an iteration; "other" is computed.
 PHASES = (("time/generation_s", "generation (sampler)"),
@@ -54,8 +53,7 @@ def run_phases(path: str, skip: int) -> dict[str, float] | None:
   """Median seconds per iteration of each phase label and of OTHER (per iteration: its
   time less its named phases) over the training iterations of one run's metrics.jsonl
   after the first `skip`; None without such iterations."""
-  with open(path, encoding="utf-8") as f:
-    lines = [json.loads(line) for line in f if line.strip()]
+  lines = report.read_metrics(path)
   by_step = {int(l["step"]): l for l in lines if TOTAL in l}
   its = [by_step[s] for s in sorted(by_step)][skip:]
   if not its:
@@ -77,12 +75,8 @@ def collect(root: str, suite: str, skip: int) -> dict[str, dict[str, tuple[int, 
   if not os.path.isdir(base):
     raise FigureError(f"no run directory {base}: pass --root/--suite of a launch.experiments.sweep root")
   runs: dict[str, dict[str, list[dict]]] = {}
-  for path in glob.glob(os.path.join(base, "*", "*", "seed_*", "metrics.jsonl")):
-    seed_dir = os.path.dirname(path)
-    if not re.fullmatch(r"seed_\d+", os.path.basename(seed_dir)):
-      continue
-    method_dir = os.path.dirname(seed_dir)
-    env, method = os.path.basename(os.path.dirname(method_dir)), os.path.basename(method_dir)
+  for env, method, _, run_dir in report.find_runs(base):
+    path = os.path.join(run_dir, "metrics.jsonl")
     try:
       phases = run_phases(path, skip)
     except (OSError, ValueError, KeyError) as e:

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import glob
 import importlib.metadata
 import io
 import json
 import math
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -58,6 +60,21 @@ PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-c
 def read_metrics(path: str) -> list[dict]:
   with open(path, encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def find_runs(base: str, env: str = "*", method: str = "*") -> list[tuple[str, str, int, str]]:
+  """(env, method, seed, run directory) of each run with a metrics.jsonl under a suite's
+  directory `base` (`<base>/<env>/<method>/seed_<n>`, `suites.run_dir`'s layout), sorted;
+  `env` and `method` narrow the walk (glob patterns). Every reader of run directories
+  (the tables here, `figures`, `studies.long_runs`) finds its runs through this."""
+  out = []
+  for path in glob.glob(os.path.join(base, env, method, "seed_*")):
+    match = re.fullmatch(r"seed_(\d+)", os.path.basename(path))
+    if match and os.path.isfile(os.path.join(path, "metrics.jsonl")):
+      method_dir = os.path.dirname(path)
+      out.append((os.path.basename(os.path.dirname(method_dir)), os.path.basename(method_dir),
+                  int(match.group(1)), path))
+  return sorted(out)
 
 
 def _is_final_eval(line: dict) -> bool:

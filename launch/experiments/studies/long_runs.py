@@ -23,7 +23,6 @@ import io
 import json
 import os
 import platform
-import re
 import sys
 from typing import Sequence
 
@@ -42,12 +41,8 @@ LABELS = {"hiper": "HiPER", "ppo": "PPO (critic)"}
 
 def run_dirs(root: str, env: str, method: str) -> list[tuple[int, str]]:
   """(seed, run directory) of every run of `method` on `env` under the sweep root."""
-  out = []
-  for path in glob.glob(os.path.join(root, "mini", env, method, "seed_*")):
-    match = re.fullmatch(r"seed_(\d+)", os.path.basename(path))
-    if match and os.path.exists(os.path.join(path, "metrics.jsonl")):
-      out.append((int(match.group(1)), path))
-  return sorted(out)
+  return [(seed, path) for _, _, seed, path in report.find_runs(os.path.join(root, "mini"),
+                                                                  env, method)]
 
 
 def training_lines(run_dir: str) -> list[dict]:
