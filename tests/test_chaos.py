@@ -1,4 +1,4 @@
-"""The fault-injection harness (`python -m launch.chaos`): its metrics comparison and
+"""The fault-injection harness (`python -m tests.chaos`): its metrics comparison and
 orphan scan, and (slow) a reduced chaos run of the real trainer."""
 
 import json
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from launch import chaos
+import chaos
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -77,7 +77,7 @@ def test_reduced_chaos_run_loses_nothing(tmp_path):
   # then finishing) with env-server SIGKILL/SIGSTOP injected at most Reset/Step calls.
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
-  proc = subprocess.run([sys.executable, "-m", "launch.chaos", "--reduced", "--iterations", "2",
+  proc = subprocess.run([sys.executable, "-m", "tests.chaos", "--reduced", "--iterations", "2",
                          "--seed", "1", "--workdir", str(tmp_path / "chaos")], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=900, check=False)
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

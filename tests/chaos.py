@@ -1,6 +1,6 @@
 r"""Fault injection: the real trainer under injected faults ends exactly like an undisturbed run.
 
-  python -m launch.chaos [--seed 0] [--iterations 3] [--workdir /tmp/chaos] [--reduced]
+  python -m tests.chaos [--seed 0] [--iterations 3] [--workdir /tmp/chaos] [--reduced]
 
 Runs `launch.main` on the Sokoban smoke config (tiny model, 2 groups x 2 trajectories,
 3 steps) twice, each run in fresh processes with the same seed:
@@ -163,7 +163,7 @@ def _child(plan_path: str, argv: list[str]) -> None:
       writes["n"] += 1
       if writes["n"] == plan["unwritable_at_write"]:
         event("unwritable_workdir", step=step)
-        raise OSError(errno.EROFS, "Read-only file system (simulated by launch.chaos)",
+        raise OSError(errno.EROFS, "Read-only file system (simulated by tests.chaos)",
                       self.jsonl_path)
       return original_write(self, step, metrics)
 
@@ -248,7 +248,7 @@ class Harness:
     else:
       plan_path = self.workdir / f"plan_{name}.json"
       plan_path.write_text(json.dumps(plan))
-      cmd = [sys.executable, "-m", "launch.chaos", "--child", str(plan_path), "--",
+      cmd = [sys.executable, "-m", "tests.chaos", "--child", str(plan_path), "--",
              *self.flags(workdir)]
     start = time.monotonic()
     with open(self.workdir / f"log_{name}.txt", "w", encoding="utf-8") as log:
@@ -310,7 +310,7 @@ class Harness:
   def run(self) -> int:
     if self.workdir.exists():
       if any(self.workdir.iterdir()) and not (self.workdir / "log_reference.txt").exists():
-        raise SystemExit(f"launch.chaos: error: {self.workdir} is not empty and not a previous "
+        raise SystemExit(f"tests.chaos: error: {self.workdir} is not empty and not a previous "
                          "chaos workdir; pass an empty or new --workdir")
       shutil.rmtree(self.workdir)
     self.workdir.mkdir(parents=True)
@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
   if argv[:1] == ["--child"]:
     _child(argv[1], argv[3:])
     return 0
-  p = argparse.ArgumentParser(prog="python -m launch.chaos", description=__doc__.split("\n")[0])
+  p = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n")[0])
   p.add_argument("--seed", type=int, default=0, help="training seed and fault schedule")
   p.add_argument("--iterations", type=int, default=3, help="training iterations per run")
   p.add_argument("--workdir", default="/tmp/hgpo_chaos",
