@@ -163,6 +163,8 @@ def finish(c: ml_collections.ConfigDict, a: ml_collections.ConfigDict, env: str,
   c.update_from_flattened_dict(overrides or {})
   if a.algo in CRITIC_ALGOS:
     apply_critic_algo(c, a.algo, env)
+  if a.get("lora", False):
+    apply_lora(c)
   if a.get("local", False):
     apply_local(c)
   if a.smoke:
@@ -332,6 +334,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.clip_ratio_high = 0.2  # PPO ratio clip 1 + eps_high (verl default)
   c.train.clip_ratio_c = 3.0  # dual-clip constant c > 1 (verl default)
   c.train.kl_coef = 0.01  # low_var_kl (k3) to the frozen reference (scripts: 0.01)
+  c.train.use_kl_loss = True  # the KL loss (verl actor.use_kl_loss); off with no KL in the
+  #   reward either: no reference policy and no reference pass (the LoRA scripts)
   # the frozen reference's parameters: auto (bfloat16 when the compute is, as verl loads its
   # reference; else as the policy's) | "" (as the policy's) | float32 | bfloat16
   c.train.reference_dtype = "auto"
@@ -430,6 +434,29 @@ _SMOKE = {
     "train.micro_batch_rows": 4, "eval.every": 0, "eval.num_tasks": 2,
     "train.loss_unit_rows": 0, "critic.loss_unit_rows": 0,
 }
+
+
+LORA_SCRIPTS = {
+    "alfworld": (VERL_AGENT, "examples/gigpo_trainer/run_alfworld_lora.sh"),
+    "webshop": (VERL_AGENT, "examples/gigpo_trainer/run_webshop_lora.sh"),
+}
+"""verl-agent's LoRA runs (GiGPO, Qwen2.5-7B-Instruct), the source of `apply_lora`."""
+
+LORA_SETTINGS = {
+    "model.lora.rank": 64, "model.lora.alpha": 64.0, "train.lr": 3e-6,
+    # no KL loss: no reference pass at all (its coefficient is the yaml's, unused)
+    "train.use_kl_loss": False, "train.kl_coef": 0.001,
+}
+
+
+def apply_lora(c: ml_collections.ConfigDict) -> None:
+  """The `lora` variant: the settings verl-agent's LoRA scripts (`LORA_SCRIPTS`) change
+  from their full fine-tuning ones: adapters of rank 64 and alpha 64 on every projection
+  (verl's `target_modules: all-linear`), lr 3e-6, no KL loss. The scripts train
+  Qwen2.5-7B-Instruct (`model=qwen2.5-7b`); the rest is the `algo=` script's (GiGPO's
+  batch sizes equal the LoRA scripts'). Checked value by value by
+  tests/test_paper_settings.py."""
+  c.update_from_flattened_dict(LORA_SETTINGS)
 
 
 def apply_local(c: ml_collections.ConfigDict) -> None:

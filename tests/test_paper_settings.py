@@ -17,6 +17,9 @@ released code it runs. Each row names the file the value is read from. The sourc
     webshop}.sh, its verl/trainer/config/ppo_trainer.yaml, verl/workers/critic/dp_critic.py
     and agent_system/environments/env_manager.py.
 
+The LoRA variant (`get_config("algo=gigpo,model=qwen2.5-7b,lora")`, column "GiGPO LoRA") is
+compared with verl-agent's examples/gigpo_trainer/run_{alfworld,webshop}_lora.sh the same way.
+
 A value that differs from the published one fails the test unless a named entry of
 `DIFFERENCES` lists it with its reason; an entry that no longer matches a difference fails
 too, so the list stays exact. `render()` is the "Paper settings" section of
@@ -42,7 +45,9 @@ from hgpo_jax.training import train_step
 
 VERL_AGENT = "zzj1111/alfworldauto"
 HIPER_AGENT = "JonP07/HiPER-agent"
-ALGOS = ("grpo", "rloo", "gigpo", "hgpo", "ppo", "hiper")
+ALGOS = ("grpo", "rloo", "gigpo", "hgpo", "ppo", "hiper", "gigpo-lora")
+LORA = {"gigpo-lora": "gigpo"}
+"""Columns of the `lora` variant: the algo whose script it changes."""
 ENVS = ("alfworld", "webshop")
 CONFIGS = {"alfworld": alfworld_config, "webshop": webshop_config}
 
@@ -60,7 +65,15 @@ SCRIPTS = {
     ("webshop", "ppo"): (VERL_AGENT, "examples/ppo_trainer/run_webshop.sh"),
     ("webshop", "hiper"): (HIPER_AGENT, "example_scripts/HiPER_trainer/run_webshop.sh"),
 }
+LORA_SCRIPTS = {
+    ("alfworld", "gigpo-lora"): (VERL_AGENT, "examples/gigpo_trainer/run_alfworld_lora.sh"),
+    ("webshop", "gigpo-lora"): (VERL_AGENT, "examples/gigpo_trainer/run_webshop_lora.sh"),
+}
 YAML = "verl/trainer/config/ppo_trainer.yaml"
+
+
+def _script(env: str, algo: str):
+  return {**SCRIPTS, **LORA_SCRIPTS}[(env, algo)]
 FSDP_WORKERS = "verl/workers/fsdp_workers.py"
 ENV_MANAGER = "agent_system/environments/env_manager.py"
 
@@ -83,7 +96,8 @@ class Parameter:
 
 
 _NORM = {"mean_std": "mean_std_norm", "mean": "mean_norm"}
-_MODEL = {"qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B-Instruct"}
+_MODEL = {"qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B-Instruct", "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct"}
+_ALL_LINEAR = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 CRITIC = ("ppo", "hiper")
 GROUPED = ("grpo", "rloo", "gigpo", "hgpo")
 
@@ -140,7 +154,7 @@ PARAMETERS = (
     Parameter("actor.clip_ratio_c", "train.clip_ratio_c", lambda c, r: c.train.clip_ratio_c),
     Parameter("actor.loss_agg_mode", "train.loss_agg", lambda c, r: c.train.loss_agg),
     Parameter("actor.entropy_coeff", "train.entropy_coeff", lambda c, r: c.train.entropy_coeff),
-    Parameter("actor.use_kl_loss", "(LossConfig.use_kl_loss)",
+    Parameter("actor.use_kl_loss", "train.use_kl_loss",
               lambda c, r: r.update.loss.use_kl_loss),
     Parameter("actor.kl_loss_coef", "train.kl_coef", lambda c, r: c.train.kl_coef),
     Parameter("actor.invalid_action_penalty_coef", "rollout.invalid_penalty",
@@ -153,14 +167,23 @@ PARAMETERS = (
     Parameter("env.seed", "seed", lambda c, r: c.seed),
     Parameter("WebShop history drop (chars)", "rollout.history_drop_chars",
               lambda c, r: c.rollout.history_drop_chars),
+    # LoRA (verl's model.lora_rank / lora_alpha / target_modules)
+    Parameter("model.lora_rank", "model.lora.rank", lambda c, r: c.model.lora.rank,
+              only=tuple(LORA)),
+    Parameter("model.lora_alpha", "model.lora.alpha", lambda c, r: c.model.lora.alpha,
+              only=tuple(LORA)),
+    Parameter("model.target_modules", "model.lora.targets",
+              lambda c, r: "all-linear" if c.model.lora.targets == _ALL_LINEAR
+              else c.model.lora.targets, only=tuple(LORA)),
     # estimators
     Parameter("algorithm.norm_adv_by_std_in_grpo", "algo.options.norm",
               lambda c, r: c.algo.options.norm == "mean_std", only=("grpo",)),
-    Parameter("algorithm.gamma", "algo.gamma", lambda c, r: c.algo.gamma, only=("gigpo", "hgpo")),
+    Parameter("algorithm.gamma", "algo.gamma", lambda c, r: c.algo.gamma,
+              only=("gigpo", "hgpo", "gigpo-lora")),
     Parameter("algorithm.gigpo.step_advantage_w", "algo.options.omega",
-              lambda c, r: c.algo.options.omega, only=("gigpo",)),
+              lambda c, r: c.algo.options.omega, only=("gigpo", "gigpo-lora")),
     Parameter("algorithm.gigpo.mode", "algo.options.norm",
-              lambda c, r: _NORM[c.algo.options.norm], only=("gigpo",)),
+              lambda c, r: _NORM[c.algo.options.norm], only=("gigpo", "gigpo-lora")),
     Parameter("algorithm.hgpo.mode", "algo.options.norm",
               lambda c, r: _NORM[c.algo.options.norm], only=("hgpo",)),
     Parameter("algorithm.hgpo.weight_type", "algo.options.weights",
@@ -378,6 +401,16 @@ PUBLISHED = {
         # WebshopEnvironmentManagerOptions: `if len(obs) > 13000:`
         "WebShop history drop (chars)": _v(13000, ENV_MANAGER, HIPER_AGENT)},
 }
+# verl-agent's LoRA scripts: their GiGPO script with Qwen2.5-7B, adapters and no KL loss
+for _env in ENVS:
+  PUBLISHED[(_env, "gigpo-lora")] = {
+      **PUBLISHED[(_env, "gigpo")],
+      "actor_rollout_ref.model.path": _v("Qwen/Qwen2.5-7B-Instruct"),
+      "model.lora_rank": _v(64), "model.lora_alpha": _v(64), "model.target_modules": _yaml(
+          "all-linear"),
+      "actor.optim.lr": _v(3e-6), "actor.use_kl_loss": _v(False),
+      "actor.kl_loss_coef": _yaml(0.001)}
+
 # The critic's mini-batch is the actor's (yaml: ${actor_rollout_ref.actor.ppo_mini_batch_size}).
 for _key, _row in PUBLISHED.items():
   if "critic.ppo_mini_batch_size" in _row:
@@ -429,6 +462,13 @@ DIFFERENCES = (
         "Without `model=`, the configs load SmolLM2-135M (the CPU jobs); the paper settings "
         "are `model=qwen2.5-1.5b` (or `qwen2.5-7b`) with `--config.model.path`."),
     Difference(
+        "lora-base-in-compute-dtype",
+        "verl builds a LoRA actor's frozen base in float32 like its full actor "
+        "(fsdp_workers.py) and FSDP computes in bf16; the project stores the frozen base in "
+        "the compute dtype (bf16 on accelerators, `hgpo_jax.models.lora`): the products read "
+        "the same bf16-rounded weights and the base takes half the memory. The adapters, "
+        "their optimizer state and the value heads are float32 as verl's."),
+    Difference(
         "generated-environments",
         "ALFWorld games are generated ALFWorld-format games on ALFRED rooms and the shop is "
         "the project's own WebShop-compatible catalog (docs/environments.md), not the "
@@ -451,6 +491,8 @@ MINI_SUITE_CHANGES = (
 
 # ------------------------------------------------------------------ the checks
 def paper_config(env: str, algo: str):
+  if algo in LORA:
+    return CONFIGS[env].get_config(f"algo={LORA[algo]},model=qwen2.5-7b,lora")
   return CONFIGS[env].get_config(f"algo={algo},model=qwen2.5-1.5b")
 
 
@@ -463,7 +505,7 @@ def cells(env: str, algo: str):
     param = _BY_NAME[name]
     assert not param.only or algo in param.only, (env, algo, name)
     value, source = entry
-    out.append((param, value, source or SCRIPTS[(env, algo)], param.get(c, run)))
+    out.append((param, value, source or _script(env, algo), param.get(c, run)))
   return out
 
 
@@ -510,12 +552,13 @@ def test_every_parameter_is_transcribed_where_it_applies():
 
 def test_the_configs_name_the_same_scripts():
   assert common.SCRIPTS == SCRIPTS
-  assert set(common.SCRIPT_SETTINGS) == set(SCRIPTS) == set(PUBLISHED)
+  assert {(env, "gigpo-lora"): s for env, s in common.LORA_SCRIPTS.items()} == LORA_SCRIPTS
+  assert set(common.SCRIPT_SETTINGS) == set(SCRIPTS) == set(PUBLISHED) - set(LORA_SCRIPTS)
 
 
 # ------------------------------------------------------------------ the document
 _LABEL = {"grpo": "GRPO", "rloo": "RLOO", "gigpo": "GiGPO", "hgpo": "HGPO", "ppo": "PPO",
-          "hiper": "HiPER"}
+          "hiper": "HiPER", "gigpo-lora": "GiGPO LoRA"}
 BEGIN = "<!-- paper settings table: generated by tests/test_paper_settings.py render() -->"
 END = "<!-- end of the generated paper settings table -->"
 
@@ -541,8 +584,8 @@ def render() -> str:
                + " | ".join(_LABEL[a] for a in ALGOS) + " |")
     out.append("|---|---|" + "---|" * len(ALGOS))
     out.append("| script | – | " + " | ".join(
-        f"{_REPO_LABEL[SCRIPTS[(env, a)][0]]} "
-        f"`{SCRIPTS[(env, a)][1]}`" for a in ALGOS) + " |")
+        f"{_REPO_LABEL[_script(env, a)[0]]} "
+        f"`{_script(env, a)[1]}`" for a in ALGOS) + " |")
     for param in PARAMETERS:
       if not any(param.name in table[a] for a in ALGOS):
         continue
@@ -553,8 +596,8 @@ def render() -> str:
           continue
         value, src, got = table[algo][param.name]
         cell = _fmt(value)
-        if src != SCRIPTS[(env, algo)]:
-          other = "" if src[0] == SCRIPTS[(env, algo)][0] else f"{_REPO_LABEL[src[0]]} "
+        if src != _script(env, algo):
+          other = "" if src[0] == _script(env, algo)[0] else f"{_REPO_LABEL[src[0]]} "
           cell += f" ({other}yaml)" if src[1] == YAML else f" ({other}{src[1]})"
         if not _equal(got, value):
           cell += f" ≠ {_fmt(got)} [{listed(env, algo, param.name).name}]"

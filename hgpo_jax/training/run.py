@@ -299,7 +299,9 @@ def _train_state(config, settings: run_config.RunConfig, workdir: str, mesh, mod
   learner = registry.learner
   init_params = nnx.state(model, nnx.Param)
   state = learner.init_state(init_params)
-  ref_params = learner.reference_params(state)  # the frozen initial policy (KL anchor)
+  # the frozen initial policy (KL anchor); none without a KL term (no reference pass)
+  ref_params = (learner.reference_params(state) if settings.update.loss.use_kl_loss
+                or config.train.kl_in_reward else None)
   critic = critic_state = None
   if settings.estimator.needs_critic:
     # A separate value model initialised from the policy's weights (the published PPO and

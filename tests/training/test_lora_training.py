@@ -193,3 +193,37 @@ def test_critic_trains_its_adapters_and_full_rank_value_heads():
       assert np.max(np.abs(after[name] - value)) > 1e-4, name
     else:
       np.testing.assert_array_equal(after[name], value, err_msg=name)
+
+
+# ---------------------------------------------------------------------------- end to end
+def _sokoban(workdir, **overrides):
+  from configs import sokoban as sokoban_config
+  c = sokoban_config.get_config("algo=hgpo,k=2,smoke")
+  with c.unlocked():
+    c.mesh.data = 1
+    c.update_from_flattened_dict({"model.lora.rank": 4, "model.lora.alpha": 8.0, **overrides})
+  return c
+
+
+def _deterministic_lines(workdir):
+  import os
+  from hgpo_jax.training import metrics as metrics_lib
+  lines = metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME))
+  return [{k: v for k, v in line.items() if not k.startswith(("time/", "env/"))
+           and not k.endswith(("_flop_per_s", "_mfu"))} for line in lines]
+
+
+@pytest.mark.slow
+def test_trainer_with_lora_resumes_to_the_uninterrupted_runs_metrics(tmp_path):
+  from hgpo_jax import train
+  whole = str(tmp_path / "whole")
+  train.train_and_evaluate(_sokoban(whole), whole)
+  lines = _deterministic_lines(whole)
+  assert [line["step"] for line in lines] == [1, 2, 3]
+  assert lines[0]["train/kl"] == 0.0 and lines[1]["train/kl"] != 0.0  # reference: adapters off
+  parted = str(tmp_path / "parted")
+  train.train_and_evaluate(_sokoban(parted, **{"train.num_iterations": 1, "eval.at_end": False}),
+                           parted)
+  out = train.train_and_evaluate(_sokoban(parted), parted)
+  assert out["resume_source"] == "workdir" and out["start_iteration"] == 1
+  assert _deterministic_lines(parted) == lines
