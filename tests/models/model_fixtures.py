@@ -33,8 +33,11 @@ def write_hf_dir(directory: str, arch: str, *, seed: int = 0, max_shard_size=Non
   return write_hf_model(directory, hf_config(arch), seed=seed, max_shard_size=max_shard_size)
 
 
-def write_hf_model(directory: str, cfg, *, seed: int = 0, max_shard_size=None):
-  """`write_hf_dir` of a given transformers config (LlamaConfig, Qwen2Config, Qwen3Config)."""
+def write_hf_model(directory: str, cfg, *, seed: int = 0, max_shard_size=None,
+                   qk_scale: float = 1.0):
+  """`write_hf_dir` of a given transformers config (LlamaConfig, Qwen2Config, Qwen3Config);
+  `qk_scale` multiplies the q and k projections (sharper attention, so that position
+  encodings change the logits more)."""
   import torch
   import transformers
   torch.manual_seed(seed)
@@ -45,6 +48,8 @@ def write_hf_model(directory: str, cfg, *, seed: int = 0, max_shard_size=None):
         p.copy_(1.0 + 0.2 * torch.randn_like(p))
       elif name.endswith(".bias"):
         p.copy_(0.5 * torch.randn_like(p))
+      elif name.endswith(("q_proj.weight", "k_proj.weight")):
+        p.mul_(qk_scale)
   model.config._attn_implementation = "eager"
   kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
   model.save_pretrained(directory, safe_serialization=True, **kwargs)

@@ -165,6 +165,41 @@ def test_hf_tensors_inverts_assemble_params(family):
     weights.hf_tensors(cfg, {**params, "layers/extra": params["layers/q"]})
 
 
+@pytest.mark.parametrize("params", [
+    {"rope_type": "linear", "factor": 2.5},
+    {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+     "original_max_position_embeddings": 256},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096,
+     "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False},
+    {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+     "mscale": 1.0, "mscale_all_dim": 0.707},
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 2048,
+     "attention_factor": 0.9},
+])
+@pytest.mark.parametrize("head_dim, theta", [(128, 1e6), (64, 500000.0), (16, 10000.0)])
+def test_inverse_frequencies_equal_transformers(params, head_dim, theta):
+  """`rope.inverse_frequencies` of a config read from `rope_parameters` equals transformers'
+  `ROPE_INIT_FUNCTIONS[rope_type]` (inverse frequencies and attention factor)."""
+  import transformers
+  from transformers import modeling_rope_utils
+
+  from hgpo_jax.models import rope
+  hf = transformers.LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim,
+                                max_position_embeddings=131072,
+                                rope_parameters={**params, "rope_theta": theta})
+  want_inv, want_factor = modeling_rope_utils.ROPE_INIT_FUNCTIONS[params["rope_type"]](hf, "cpu")
+  cfg = config_lib.config_from_hf(hf.to_dict())
+  got_inv, got_factor = rope.inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+  assert got_inv.dtype == np.float32 and got_inv.shape == (head_dim // 2,)
+  np.testing.assert_allclose(got_inv, want_inv.numpy(), rtol=2e-6)
+  assert got_factor == pytest.approx(want_factor, rel=1e-6)
+  plain, one = rope.inverse_frequencies(cfg.head_dim, cfg.rope_theta)
+  assert one == 1.0 and np.abs(plain / got_inv - 1).max() > 0.1  # the scaling changes them
+
+
 def test_written_config_json_loads_in_read_hf_config(tmp_path):
   cfg = config_lib.get_preset("qwen3-4b")
   with open(os.path.join(tmp_path, "config.json"), "w") as f:
@@ -190,8 +225,9 @@ _CHECKPOINTS = {
                                        max_position_embeddings=2048, rope_theta=1e6)),
     "qwen3_untied": ("Qwen3Config", dict(head_dim=24, tie_word_embeddings=False,
                                          max_position_embeddings=2048, rope_theta=1e6)),
+    # max_position_embeddings = factor x 256 for yarn, as transformers expects of it
     **{f"llama_{kind}": ("LlamaConfig", dict(head_dim=16, tie_word_embeddings=kind != "linear",
-                                             max_position_embeddings=2048, rope_theta=10000.0,
+                                             max_position_embeddings=1024, rope_theta=10000.0,
                                              rope_parameters={**params, "rope_theta": 10000.0}))
        for kind, params in _LLAMA_SCALINGS.items()},
 }
@@ -225,7 +261,8 @@ def checkpoint(request, tmp_path_factory):
   name = request.param
   cls, kwargs = _CHECKPOINTS[name]
   new = str(tmp_path_factory.mktemp(f"{name}_v5"))
-  torch_model = model_fixtures.write_hf_model(new, getattr(transformers, cls)(**_COMMON, **kwargs))
+  torch_model = model_fixtures.write_hf_model(new, getattr(transformers, cls)(**_COMMON, **kwargs),
+                                              qk_scale=8.0)
   old = str(tmp_path_factory.mktemp(f"{name}_v4"))
   shutil.copytree(new, old, dirs_exist_ok=True)
   _to_transformers4_format(old)
@@ -267,6 +304,10 @@ def test_logits_equal_transformers(checkpoint):
     scale = np.abs(ref[mask]).max()
     assert scale > 0.1
     assert np.abs(ours - ref)[mask].max() < 1e-4 * max(scale, 1.0), name
+  if name.startswith("llama"):  # the scaling matters at these positions
+    model.cfg = model.cfg.replace(rope_scaling=())
+    plain = np.asarray(fwd(model, tokens, positions, mask))
+    assert np.abs(plain - ref)[mask].max() > 1e-2 * scale, (name, np.abs(plain - ref).max())
 
 
 def test_kv_cache_decode_equals_full_forward(checkpoint):
