@@ -138,7 +138,7 @@ def test_the_link_check_finds_broken_links():
   assert broken_links("results/README.md", "[g](../docs/algorithms.md) [h](mini.md)") == []
 
 
-README_MAX_LINES = 200  # a front door (issue 54): measurements live in docs/ and results/
+README_MAX_LINES = 200  # a front door: measurements live in docs/ and results/
 # A commit hash: 7-40 hex digits with at least one letter and one digit.
 _COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 
@@ -303,7 +303,7 @@ def test_every_estimator_option_is_documented():
   assert not missing, "\n".join(missing)
 
 
-# Modules whose hgpo_jax imports must all be at module level (issue 34 point 5): a
+# Modules whose hgpo_jax imports must all be at module level: a
 # function-local import there hid an import cycle (the estimator registry) or a reach into
 # another module at call time (the program registry).
 NO_LOCAL_IMPORTS = ("hgpo_jax/advantages/registry.py", "hgpo_jax/training/programs.py")

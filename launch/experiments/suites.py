@@ -149,10 +149,10 @@ machine (`time/iteration_s` in metrics.jsonl), an ALFWorld-mini iteration costs 
 with a critic-free estimator, ~40 s with PPO (critic forward and update) and ~75 s with
 HiPER (up to 128 new tokens, three value heads), a Sokoban iteration ~14 s and a
 WebShop-mini one ~20 s critic-free: one seed of a column is ~50 min, the whole suite
-(5 + 3 + 3 seeds) ~9-10 CPU-hours, more than one session of the machine: the sweep is
+(5 + 3 + 3 seeds) ~9-10 CPU-hours, longer than a machine may stay up: the sweep is
 resumable, every run records its trainer revision so the table can refuse to mix them,
 and its record files (metrics.jsonl, log.txt) are committed under results/runs as each run
-finishes, so the next session (possibly a fresh machine) resumes from them.
+finishes, so a later sweep (possibly on a fresh machine) resumes from them.
 `python -m launch.experiments.sweep plan --suite mini --iteration-s S --eval-s E` prints the runs
 still to do and a wall-time estimate. Several runs sharing the 2 cores take about as
 long in total as the same runs one after the other.

@@ -200,7 +200,7 @@ def test_rollout_hf_side_makes_exactly_n_tokens():
 
 @pytest.mark.slow
 def test_rollout_whole_command_runs_on_a_cpu_when_allowed(capsys):
-  """The command a lent GPU session runs, end to end on this CPU (tiny preset, --hf and
+  """The command the GPU host check runs, end to end on this CPU (tiny preset, --hf and
   --profile): one line per setting, the transformers line, the profile and the last line."""
   import argparse
 

@@ -233,7 +233,7 @@ def test_the_record_files_of_finished_runs_render_the_same_table(runs, tmp_path,
                                                                  capsys):
   """`plan --records` lists metrics.jsonl and log.txt of each finished run (not of the
   killed one); a root holding only those files renders the same cells, and the sweep
-  counts its runs as done (a later session resumes from committed records)."""
+  counts its runs as done (a later sweep resumes from committed records)."""
   monkeypatch.setitem(suites.SUITES, "toy_suite", SUITE)
   monkeypatch.setattr(suites, "pending_reason", pending)
   finished = [(m, s) for m in "abep" for s in (1, 2, 3)]
@@ -591,7 +591,7 @@ def test_quick_suite_is_the_main_jobs_cells_of_the_table():
 def test_unknown_selection_is_one_line_error(capsys, tmp_path):
   assert sweep.main(["plan", "--suite", "mini", "--envs", "alfworld", "--root", str(tmp_path)]) == 2
   err = capsys.readouterr().err
-  # one line that names the flag to change (issue 54)
+  # one line that names the flag to change
   assert err == ("launch.experiments.sweep: error: --envs: suite 'mini' has no environment 'alfworld'; "
                  "choose from ['alfworld_mini', 'sokoban', 'webshop_mini']\n")
 

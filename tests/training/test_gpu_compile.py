@@ -4,7 +4,7 @@ The devices come from `jax.experimental.topologies` with a GPU target descriptio
 (`targets.devices`, `--topology h100-1` of `launch.plan`), so XLA:GPU compiles the
 trainer's own generate program as it would on the chip, the Pallas kernels included:
 Triton lowers `decode_attention_gpu` and `decode_merge_gpu` to PTX for sm_90a here, which
-is what a lent GPU's first minutes would otherwise find out. Needs the CUDA plugin
+which a GPU host would otherwise be the first to find out. Needs the CUDA plugin
 (`pip install -r requirements.txt -r requirements-cuda12.txt`, about 5.5 GB of CUDA
 libraries, no GPU); skipped, with the reason, without it (CI does not install it).
 """
