@@ -140,7 +140,7 @@ def phase_lines() -> list[str]:
 
   from hgpo_jax.advantages import build_row_batch, registry
   from hgpo_jax.models import loading, sharding
-  from hgpo_jax.sampling import sampler as sampler_lib
+  from hgpo_jax.sampling import Sampler, SamplingParams
   from hgpo_jax.training import train_batch, train_step
   from launch.benchmarks.advantages import rollout_columns
 
@@ -148,9 +148,9 @@ def phase_lines() -> list[str]:
   model, tok, cfg = loading.load_model("tiny")
   prompts = [tok.encode(f"task {i}: put a clean mug in the coffee machine.") for i in range(8)]
   bucket = -(-max(len(p) for p in prompts) // 8) * 8
-  smp = sampler_lib.Sampler(model, tok, prompt_buckets=(bucket,), batch_buckets=(8,))
+  smp = Sampler(model, tok, prompt_buckets=(bucket,), batch_buckets=(8,))
   for name, temperature in (("greedy", 0.0), ("seeded", 1.0)):
-    params = sampler_lib.SamplingParams(temperature=temperature, max_new_tokens=24, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, max_new_tokens=24, ignore_eos=True)
     out = smp.generate(prompts, params, jax.random.key(7))
     tokens = np.array([t for row in out.tokens for t in row], np.int64)
     lines.append(f"phase rollout {name} tokens      {_digest(tokens)}")

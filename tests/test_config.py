@@ -21,7 +21,7 @@ from hgpo_jax.advantages import registry
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.rollout import params as rollout_params
-from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.sampling import logits as logits_lib
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import evaluation
 from hgpo_jax.training import losses
@@ -189,7 +189,7 @@ def test_rollout_params_fields_are_the_config_rollout_keys():
 def test_rollout_max_candidates_is_a_positive_int(value):
   c = sokoban_config.get_config("algo=grpo,smoke")
   # The default is the sampler's own; an override arrives in RolloutParams unchanged.
-  assert c.rollout.max_candidates == sampler_lib.DEFAULT_MAX_CANDIDATES == 256
+  assert c.rollout.max_candidates == logits_lib.DEFAULT_MAX_CANDIDATES == 256
   assert train.validate(_override(c, "rollout.max_candidates", 64)).rollout.max_candidates == 64
   _override(c, "rollout.max_candidates", value)
   with pytest.raises(train.ConfigError, match=rf"^config.rollout: max_candidates must be an "
@@ -211,7 +211,7 @@ def test_the_program_registry_sampler_takes_rollout_max_candidates():
 
 def test_training_and_evaluation_rollouts_pass_every_rollout_setting(monkeypatch):
   """Both call sites go through `evaluation.collect`, which hands collect() the config's values
-  (including the free-span caps, which used to be collect()'s hard-coded defaults)."""
+  (the free-span caps included, which collect() takes from the config, not from defaults)."""
   seen = {}
   monkeypatch.setattr(evaluation.rollout_lib, "collect",
                       lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs) or "rollout")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.sampling import engine as engine_lib
+from hgpo_jax.sampling import logits as logits_lib
+from hgpo_jax.sampling import types
 
 RESPONSE_FORMATS = ("react", "hiper")
 """`react`: verl-agent's `<think>`/`<action>` response; `hiper`: HiPER's
@@ -33,12 +35,12 @@ class RolloutParams:
   """Nucleus sampling (1.0 = off)."""
   top_k: int = 0
   """Top-k sampling (0 = off)."""
-  max_candidates: int = sampler_lib.DEFAULT_MAX_CANDIDATES
+  max_candidates: int = logits_lib.DEFAULT_MAX_CANDIDATES
   """K of top-k / top-p sampling: the largest logits per row and step the sampler takes
   with `jax.lax.top_k` (`Sampler(max_candidates=...)`); a top_k above K, or a nucleus wider
   than K, sorts the vocabulary on that step (same tokens, slower)."""
   kv_cache_dtype: str = "auto"
-  """The sampler's KV cache dtype (`sampler.CACHE_DTYPES`): "auto" = bfloat16 on TPU/GPU,
+  """The sampler's KV cache dtype (`engine.CACHE_DTYPES`): "auto" = bfloat16 on TPU/GPU,
   the compute dtype on CPU; "" = the compute dtype; or "float32" / "bfloat16"."""
   prefill_chunk_rows: int = 0
   """Rows per step of the sampler's prefill loop (`Sampler(prefill_rows=...)`): the
@@ -105,9 +107,9 @@ class RolloutParams:
                  "prefill_chunk_rows", "decode_slots", "decode_chunk_steps"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-    if self.kv_cache_dtype not in sampler_lib.CACHE_DTYPES:
+    if self.kv_cache_dtype not in engine_lib.CACHE_DTYPES:
       raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}; use one of "
-                       f"{sampler_lib.CACHE_DTYPES}")
+                       f"{engine_lib.CACHE_DTYPES}")
     if self.response_format not in RESPONSE_FORMATS:
       raise ValueError(f"response_format={self.response_format!r}; use one of "
                        f"{RESPONSE_FORMATS}")
@@ -119,8 +121,8 @@ class RolloutParams:
                        "(the constrained programs' trie shapes otherwise follow the data)")
     self.sampling()  # validates temperature, top_p and top_k
 
-  def sampling(self, temperature: float | None = None) -> sampler_lib.SamplingParams:
+  def sampling(self, temperature: float | None = None) -> types.SamplingParams:
     """The sampler's parameters at the rollout temperature, or at `temperature` (evaluation)."""
-    return sampler_lib.SamplingParams(
+    return types.SamplingParams(
         temperature=self.temperature if temperature is None else temperature, top_p=self.top_p,
         top_k=self.top_k, max_new_tokens=self.max_new_tokens, stop_strings=STOP_STRINGS)

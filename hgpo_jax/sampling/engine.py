@@ -168,7 +168,7 @@ class DecodeResult:
 
 @flax.struct.dataclass
 class DecodeState:
-  """The lockstep loop's carry (B rows). Field order = the loop tuple's order."""
+  """The lockstep loop's carry (B rows)."""
   step: jax.Array  # i32[]: the token index j being sampled
   cache: decoder.KVCache
   prev: jax.Array  # i32[B]: the token fed at this step
@@ -312,8 +312,7 @@ def lockstep_decode(engine: Engine, model, rules: token_rules.TokenRules,
       tokens=jnp.full((batch, max_new_tokens), engine.pad_id, jnp.int32),
       logprobs=jnp.zeros((batch, max_new_tokens), jnp.float32), done=~inputs.row_valid,
       reasons=zeros_b, lengths=zeros_b,
-      rules=token_rules.RowRules(stop_state=zeros_b, phase=phase_b, node=zeros_b,
-                                 free_count=zeros_b))
+      rules=token_rules.RowRules.start(phase_b))
   chunk = min(engine.decode_chunk, max_new_tokens)
   if chunk <= 1:
     state = jax.lax.while_loop(cond, body, state)

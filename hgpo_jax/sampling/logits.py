@@ -90,7 +90,7 @@ def filter_logits(logits_bv: jax.Array, temperature, top_k, top_p,
   The kept set is decided on the `max_candidates` largest logits (`jax.lax.top_k`, no sort
   of the vocabulary) when that is exact for every row of the batch (`candidate_filter`:
   top_k <= max_candidates, or top_k off and the nucleus inside the candidates); otherwise
-  the step sorts the whole vocabulary as before (`lax.cond`: exact, at the old cost).
+  the step sorts the whole vocabulary (`lax.cond`: exact, at the cost of a sort).
   Either way the result is the sort filter's, so the same keys sample the same tokens.
 
   Args:

@@ -26,14 +26,9 @@ from hgpo_jax.models import sharding
 from hgpo_jax.sampling import constrained
 from hgpo_jax.sampling import engine as engine_lib
 from hgpo_jax.sampling import inputs as inputs_lib
+from hgpo_jax.sampling import logits as logits_lib
 from hgpo_jax.sampling import tables as tables_lib
-from hgpo_jax.sampling.engine import CACHE_DTYPES, resolve_cache_dtype  # noqa: F401
-# The public names of the sampling package, importable from here as before.
-from hgpo_jax.sampling.inputs import DecodeFlags, DecodeInputs, TrieArrays  # noqa: F401
-from hgpo_jax.sampling.logits import (DEFAULT_MAX_CANDIDATES, candidate_filter,  # noqa: F401
-                                      filter_logits)
-from hgpo_jax.sampling.types import (NO_CONSTRAINT, STOP_REASONS, WHOLE_CONSTRAINT,  # noqa: F401
-                                     SampleOutput, SamplingParams)
+from hgpo_jax.sampling import types
 
 PROMPT_BUCKETS = (128, 256, 512, 640, 768, 1024, 1536, 2048, 3072, 4096)
 """Prompt buckets of a run's sampler, capped by rollout.max_prompt_tokens (`prompt_buckets`)."""
@@ -79,14 +74,14 @@ class Sampler:
       platform, `engine.resolve_decode_chunk`); same tokens for every value.
 
   Attributes:
-    generate_program: the jitted device program, `(model, inputs: DecodeInputs,
-      flags=DecodeFlags)`, public so that `hgpo_jax.training.programs` lowers exactly it.
+    generate_program: the jitted device program, `(model, inputs: inputs.DecodeInputs,
+      flags=inputs.DecodeFlags)`, public so that `hgpo_jax.training.programs` lowers exactly it.
   """
 
   def __init__(self, model, tokenizer, *, prompt_buckets=(128, 256, 512, 1024, 2048, 4096),
                batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), mesh=None, share_prefill=True,
-               max_candidates=DEFAULT_MAX_CANDIDATES, cache_dtype="auto", trie_nodes=0,
-               prefill_rows=0, decode_slots=0, decode_chunk=0):
+               max_candidates=logits_lib.DEFAULT_MAX_CANDIDATES, cache_dtype="auto",
+               trie_nodes=0, prefill_rows=0, decode_slots=0, decode_chunk=0):
     if isinstance(trie_nodes, bool) or not isinstance(trie_nodes, int) or trie_nodes < 0:
       raise ValueError(f"Sampler: trie_nodes={trie_nodes!r} must be an int >= 0 "
                        "(rollout.max_trie_nodes; 0 = sized per call).")
@@ -165,7 +160,8 @@ class Sampler:
                prefill_rows=rollout.prefill_chunk_rows, decode_slots=rollout.decode_slots,
                decode_chunk=rollout.decode_chunk_steps)
 
-  def _generate_device(self, model, inputs: DecodeInputs, flags: DecodeFlags):
+  def _generate_device(self, model, inputs: inputs_lib.DecodeInputs,
+                       flags: inputs_lib.DecodeFlags):
     """The jitted program (`engine.generate`); counts its traces."""
     self.num_compilations += 1  # runs at trace time only
     return engine_lib.generate(self.engine, model, inputs, flags)
@@ -218,7 +214,7 @@ class Sampler:
     Returns:
       how many programs are now compiled. A `generate` call whose argument shapes and
       static flags are one of them runs that executable and traces nothing; any other
-      call is jit-compiled as before (and counted in `num_compilations`). The executables
+      call is jit-compiled (and counted in `num_compilations`). The executables
       take the model's parameters with the shardings they had here: keep them (the
       trainer's sampler weights do).
     """
@@ -228,7 +224,7 @@ class Sampler:
         self._compiled[key] = self.generate_program.lower(self.model, *args, **static).compile()
     return len(self._compiled)
 
-  def _placed(self, host: DecodeInputs) -> DecodeInputs:
+  def _placed(self, host: inputs_lib.DecodeInputs) -> inputs_lib.DecodeInputs:
     """`host` on the mesh (`inputs.shardings`); the key and the stop flag as given."""
     if self.mesh is None:
       placed = jax.tree.map(jnp.asarray, host)
@@ -236,15 +232,15 @@ class Sampler:
       placed = jax.tree.map(jax.device_put, host, inputs_lib.shardings(host, self.mesh))
     return placed.replace(rng=host.rng, use_stop=host.use_stop)
 
-  def generate(self, prompts: list[list[int]], params: SamplingParams, rng: jax.Array,
+  def generate(self, prompts: list[list[int]], params: types.SamplingParams, rng: jax.Array,
                allowed: list[list[str]] | None = None,
                constraint: constrained.ActionConstraint = constrained.ActionConstraint()
-               ) -> SampleOutput:
+               ) -> types.SampleOutput:
     """Samples one response per prompt.
 
     Args:
       prompts: token ids of each prompt (non-empty).
-      params: SamplingParams.
+      params: `types.SamplingParams`.
       rng: a JAX PRNG key.
       allowed: optional, per prompt, the strings the response must choose from (see
         `hgpo_jax.sampling.constrained`); an entry may also be a tuple of pieces with free
@@ -252,7 +248,7 @@ class Sampler:
         whose allowed actions fits in max_new_tokens is refused with a ValueError.
       constraint: how allowed strings appear in the response.
     Returns:
-      SampleOutput.
+      `types.SampleOutput`.
     """
     inputs, flags = self.pack(prompts, params, rng, allowed, constraint)
     args, static = (self._placed(inputs),), dict(flags=flags)
@@ -275,9 +271,9 @@ class Sampler:
     return dataclasses.replace(result, decoded_tokens=int(lengths.sum()),
                                decode_row_steps=(flags.slots or batch) * int(out.steps))
 
-  def pack(self, prompts, params: SamplingParams, rng, allowed=None,
+  def pack(self, prompts, params: types.SamplingParams, rng, allowed=None,
            constraint: constrained.ActionConstraint = constrained.ActionConstraint()
-           ) -> tuple[DecodeInputs, DecodeFlags]:
+           ) -> tuple[inputs_lib.DecodeInputs, inputs_lib.DecodeFlags]:
     """The host `DecodeInputs` (numpy arrays) and the flags of a `generate` call:
     left-padded prompts in their buckets, the shared prefill's distinct prompts, the stop
     automaton, the constraint tries and free-span masks. Raises ValueError for a call
@@ -325,17 +321,17 @@ class Sampler:
     # Any `allowed` (even all rows free) runs the constrained program: whether a call is
     # constrained is then the caller's setting, not its data (free rows sample as unconstrained).
     tries, free_masks = self.tables.tries(allowed, constraint, batch, max_new)
-    inputs = DecodeInputs(
+    inputs = inputs_lib.DecodeInputs(
         tokens=tokens_bp, lengths=lengths_b, row_valid=np.arange(batch) < num_rows,
         prefill_tokens=prefill_up, prefill_lengths=prefill_lengths_u, source=source_b,
         rng=rng, temperature=np.float32(max(params.temperature, 1e-6)),
         top_k=np.int32(params.top_k), top_p=np.float32(params.top_p), stop_table=stop_table,
-        use_stop=np.bool_(bool(params.stop_strings)), tries=TrieArrays.of(tries),
+        use_stop=np.bool_(bool(params.stop_strings)), tries=inputs_lib.TrieArrays.of(tries),
         free_masks=free_masks)
-    return inputs, DecodeFlags.of(params, constrained=allowed is not None,
-                                  shared_prefill=shared, slots=self.slots_for(batch))
+    return inputs, inputs_lib.DecodeFlags.of(params, constrained=allowed is not None,
+                                             shared_prefill=shared, slots=self.slots_for(batch))
 
-  def _finish(self, out_tokens, out_logp, num_b, reason_b, stop_strings) -> SampleOutput:
+  def _finish(self, out_tokens, out_logp, num_b, reason_b, stop_strings) -> types.SampleOutput:
     """Cuts rows to length, decodes them and re-checks stop strings on the text."""
     tokens, logprobs, texts, reasons = [], [], [], []
     decode = self.tokenizer.decode
@@ -343,7 +339,7 @@ class Sampler:
     for row_tokens, row_logp, n, r in zip(out_tokens, out_logp, num_b, reason_b):
       ids = [int(t) for t in row_tokens[:n]]
       logp = np.asarray(row_logp[:n], np.float32)
-      reason = STOP_REASONS[int(r)]
+      reason = types.STOP_REASONS[int(r)]
       body = ids[:-1] if reason == "eos" and ids and ids[-1] in eos else ids
       text = decode(body)
       if stop_strings and reason != "constraint":
@@ -365,7 +361,7 @@ class Sampler:
       logprobs.append(logp)
       texts.append(text)
       reasons.append(reason)
-    return SampleOutput(tokens=tokens, logprobs=logprobs, texts=texts, stop_reason=reasons)
+    return types.SampleOutput(tokens=tokens, logprobs=logprobs, texts=texts, stop_reason=reasons)
 
 
 def _call_key(args, static: dict) -> tuple:

@@ -24,7 +24,7 @@ from hgpo_jax.sampling import token_rules
 
 @flax.struct.dataclass
 class SlotState:
-  """The S slots of a slotted decode. Field order = the loop tuple's order.
+  """The S slots of a slotted decode: the carry of its decode loop.
 
   Attributes:
     cache: the S-row KV cache.
@@ -49,8 +49,7 @@ class SlotState:
     zeros_s = jnp.zeros((slots,), jnp.int32)
     return cls(cache=cache, row=jnp.full((slots,), batch, jnp.int32), step=zeros_s,
                prev=zeros_s, active=jnp.zeros((slots,), bool),
-               rules=token_rules.RowRules(stop_state=zeros_s, phase=zeros_s, node=zeros_s,
-                                          free_count=zeros_s),
+               rules=token_rules.RowRules.start(zeros_s),
                next_row=jnp.int32(0))
 
 
@@ -122,8 +121,5 @@ def admit_rows(adm: Admission, state: SlotState) -> SlotState:
   return SlotState(
       cache=cache, row=put(state.row, rows_a), step=put(state.step, zero_a),
       prev=put(state.prev, ins.tokens[take_a, -1]), active=put(state.active, real_a),
-      rules=token_rules.RowRules(
-          stop_state=put(state.rules.stop_state, zero_a),
-          phase=put(state.rules.phase, adm.phase[take_a]),
-          node=put(state.rules.node, zero_a), free_count=put(state.rules.free_count, zero_a)),
+      rules=jax.tree.map(put, state.rules, token_rules.RowRules.start(adm.phase[take_a])),
       next_row=state.next_row + jnp.sum(real_a.astype(jnp.int32)))

@@ -11,7 +11,7 @@ import numpy as np
 
 from hgpo_jax.advantages import dump as dump_lib
 from hgpo_jax.rollout import rollout as rollout_lib
-from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.sampling import types as sampling_types
 from hgpo_jax.training import processes
 from hgpo_jax.training import progress
 from hgpo_jax.training import run as run_lib
@@ -19,7 +19,7 @@ from hgpo_jax.training import run_config
 
 
 def collect(pool, sampler, tokenizer, tasks, group_size: int, config: ml_collections.ConfigDict,
-            settings: run_config.RunConfig, *, sampling: sampler_lib.SamplingParams,
+            settings: run_config.RunConfig, *, sampling: sampling_types.SamplingParams,
             rng: jax.Array, on_step=None) -> rollout_lib.Rollout:
   """One batched rollout with the config's env and rollout settings: the training rollout
   (`settings.sampling`) and evaluation (`settings.eval_sampling`) both play through here."""

@@ -58,6 +58,7 @@ from hgpo_jax.cost import targets
 from hgpo_jax.sampling import constrained
 from hgpo_jax.sampling import inputs as inputs_lib
 from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.sampling import types
 from hgpo_jax.sampling.sampler import prompt_buckets  # noqa: F401 (the run's buckets)
 from hgpo_jax.training import critic_step
 from hgpo_jax.training import run_config
@@ -197,7 +198,7 @@ class _CompileOnlyTokenizer:
 
 
 def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: int,
-                  params: sampler_lib.SamplingParams, fixed_tries: int):
+                  params: types.SamplingParams, fixed_tries: int):
   """Abstract arguments (after the model: the `DecodeInputs`) and static keywords (the
   `DecodeFlags`) of `Sampler.generate_program` for a call of `rows` x `prompt` (`unique`
   prefilled rows: < rows for a shared prefill), placed as `Sampler.generate` places them:

@@ -36,6 +36,7 @@ def child(reps: int) -> dict:
 
   from hgpo_jax.models import loading, sharding
   from hgpo_jax.sampling import sampler as sampler_lib
+  from hgpo_jax.sampling import SamplingParams
   from hgpo_jax.training import train_batch, train_step
 
   model, tok, cfg = loading.load_model("tiny")
@@ -54,7 +55,7 @@ def child(reps: int) -> dict:
   host = host.replace(ref_logprobs=host.old_logprobs)
   batch = learner.put_batch(host)
   smp = sampler_lib.Sampler(model, tok, prompt_buckets=(PROMPT,), batch_buckets=(ROLLOUT_ROWS,))
-  params = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=RESPONSE, ignore_eos=True)
+  params = SamplingParams(temperature=1.0, max_new_tokens=RESPONSE, ignore_eos=True)
   held = {"state": state}  # the update donates its state: each call takes the last one
 
   def update():

@@ -39,6 +39,7 @@ from hgpo_jax.models import decoder
 from hgpo_jax.models import tokenizer as tokenizer_lib
 from hgpo_jax.sampling import constrained
 from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.sampling import SamplingParams
 
 EXACT = constrained.ActionConstraint(prefix="", suffix="")
 
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
   calls = (dump_calls(args.dump, tok) if args.dump
            else synthetic_calls(args.seed, model.cfg.vocab_size, args.max_new_tokens))
   longest = max(len(r) for _, responses in calls for r in responses)
-  params = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=max(longest, 1))
+  params = SamplingParams(temperature=1.0, max_new_tokens=max(longest, 1))
   rows = max(len(p) for p, _ in calls)
   buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < rows) + (
       sampler_lib.bucket_for(rows, (1, 2, 4, 8, 16, 32, 64, 128, 256), "rows"),)

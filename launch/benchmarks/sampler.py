@@ -36,6 +36,7 @@ from hgpo_jax.cost import analytic
 from hgpo_jax.cost import hardware
 from hgpo_jax.models import loading
 from hgpo_jax.sampling import sampler as sampler_lib
+from launch.benchmarks import harness
 from hgpo_jax.sampling import SamplingParams
 
 QUESTIONS = (

@@ -4,7 +4,7 @@ env pool, and an in-process pool over a real env (`env_servers.serve.SlotServer`
 import numpy as np
 
 from env_servers import base, serve
-from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.sampling import SampleOutput
 
 
 class CharTokenizer:
@@ -35,7 +35,7 @@ class ScriptedSampler:
     self.calls.append(([self.tok.decode(p) for p in prompts], allowed, kwargs))
     texts = [self.responses.pop(0) for _ in prompts]
     tokens = [self.tok.encode(t) for t in texts]
-    return sampler_lib.SampleOutput(
+    return SampleOutput(
         tokens=tokens, logprobs=[np.zeros(len(t), np.float32) for t in tokens], texts=texts,
         stop_reason=["stop_string"] * len(texts))
 

@@ -14,6 +14,7 @@ from hgpo_jax.rollout import hiper, rollout
 from hgpo_jax.rollout import params as rollout_params
 from hgpo_jax.rollout.tasks import Task
 from hgpo_jax.sampling import constrained, sampler
+from hgpo_jax.sampling import SamplingParams
 
 OBS0 = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly "
         "around you, you see a countertop 1, and a fridge 1.\n\nYour task is to: put a cool apple "
@@ -393,7 +394,7 @@ def test_constrained_hiper_rollout_on_the_tiny_model():
   smp.generate = recording_generate
   ro = rollout.collect(pool, smp, tok, [Task("t0", "train", 0, 0), Task("t1", "train", 1, 1)], 2,
                        env_name="sokoban", max_steps=4, history_length=2,
-                       sampling=sampler.SamplingParams(temperature=1.0, max_new_tokens=96),
+                       sampling=SamplingParams(temperature=1.0, max_new_tokens=96),
                        rng=jax.random.key(0), max_prompt_tokens=2048, constrained=True,
                        response_format="hiper", subgoal_tokens=6)
   assert len(ro.rows) == 16

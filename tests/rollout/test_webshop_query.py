@@ -13,6 +13,7 @@ from hgpo_jax.models import config, decoder, tokenizer
 from hgpo_jax.rollout import rollout
 from hgpo_jax.rollout.tasks import Task
 from hgpo_jax.sampling import sampler
+from hgpo_jax.sampling import SamplingParams
 
 TASKS = ["train-0000", "train-0001"]
 
@@ -20,7 +21,7 @@ TASKS = ["train-0000", "train-0001"]
 def _collect(model, tok, pool, *, max_steps, query_tokens, seed=0):
   smp = sampler.Sampler(model, tok, prompt_buckets=(2048,), batch_buckets=(4,))
   tasks = [Task(t, "train", i, i) for i, t in enumerate(TASKS)]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=64, stop_strings=("</action>",))
+  params = SamplingParams(temperature=1.0, max_new_tokens=64, stop_strings=("</action>",))
   return rollout.collect(pool, smp, tok, tasks, 2, env_name="webshop", max_steps=max_steps,
                          history_length=2, sampling=params, rng=jax.random.key(seed),
                          max_prompt_tokens=2048, constrained=True,

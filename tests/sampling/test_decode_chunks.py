@@ -13,16 +13,17 @@ import numpy as np
 import pytest
 
 from hgpo_jax.sampling import engine, sampler
+from hgpo_jax.sampling import SamplingParams
 
 TEXTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
          "put a clean apple in the fridge", "look", "take apple 1 from countertop 1",
          "open the drawer", "inventory"]
 
 PARAMS = {
-    "sampled, stop string": sampler.SamplingParams(temperature=1.0, max_new_tokens=21,
+    "sampled, stop string": SamplingParams(temperature=1.0, max_new_tokens=21,
                                                    stop_strings=("e ",)),
-    "greedy": sampler.SamplingParams(temperature=0.0, max_new_tokens=21),
-    "top-k + top-p": sampler.SamplingParams(temperature=0.7, top_k=20, top_p=0.9,
+    "greedy": SamplingParams(temperature=0.0, max_new_tokens=21),
+    "top-k + top-p": SamplingParams(temperature=0.7, top_k=20, top_p=0.9,
                                             max_new_tokens=21),
 }
 
@@ -55,7 +56,7 @@ def test_chunked_decode_stops_counting_when_every_row_stopped(model, tok):
   actions = ["look", "go to bed 1", "inventory"]
   prompts = [tok.encode(t) for t in TEXTS[:6]]
   allowed = [[actions[b % 3]] for b in range(6)]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=40)
+  params = SamplingParams(temperature=1.0, max_new_tokens=40)
   kw = dict(prompt_buckets=(64,), batch_buckets=(8,))
   want = sampler.Sampler(model, tok, decode_chunk=1, **kw).generate(
       prompts, params, jax.random.key(1), allowed=allowed)

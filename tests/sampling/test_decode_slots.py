@@ -19,6 +19,7 @@ from hgpo_jax.rollout import hiper
 from hgpo_jax.rollout import params as rollout_params
 from hgpo_jax.rollout import projection
 from hgpo_jax.sampling import sampler
+from hgpo_jax.sampling import SamplingParams
 
 TEXTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
          "put a clean apple in the fridge", "look", "take apple 1 from countertop 1",
@@ -41,10 +42,10 @@ def _same_samples(got, want, atol=1e-5):
 
 
 PARAMS = {
-    "sampled, stop string": sampler.SamplingParams(temperature=1.0, max_new_tokens=24,
+    "sampled, stop string": SamplingParams(temperature=1.0, max_new_tokens=24,
                                                    stop_strings=("e ",)),
-    "greedy": sampler.SamplingParams(temperature=0.0, max_new_tokens=24),
-    "top-k + top-p": sampler.SamplingParams(temperature=0.7, top_k=20, top_p=0.9,
+    "greedy": SamplingParams(temperature=0.0, max_new_tokens=24),
+    "top-k + top-p": SamplingParams(temperature=0.7, top_k=20, top_p=0.9,
                                             max_new_tokens=24),
 }
 
@@ -76,7 +77,7 @@ def test_finished_rows_free_their_slots(model, tok, prompts):
   (here 1 row admitted at a time, so no slot waits), then the last rows' tail."""
   actions = ["look", "take apple 1 from countertop 1", "go to bed 1", "inventory"]
   allowed = [[actions[b % 4]] for b in range(13)]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=24)
+  params = SamplingParams(temperature=1.0, max_new_tokens=24)
   kw = dict(prompt_buckets=(64,), batch_buckets=(16,))
   want = sampler.Sampler(model, tok, **kw).generate(prompts, params, jax.random.key(0),
                                                     allowed=allowed)
@@ -95,7 +96,7 @@ def test_slotted_decode_of_a_shared_prefill_copies_its_rows(model, tok, prompts)
   """A first turn (groups of one prompt, `share_prefill=G`): the slots take their rows'
   prefilled caches from the shared prefill; the samples are the lockstep program's."""
   rows = [prompts[0]] * 4 + [prompts[1]] * 4 + [prompts[2]] * 4 + [prompts[3]] * 4
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=16)
+  params = SamplingParams(temperature=1.0, max_new_tokens=16)
   kw = dict(prompt_buckets=(64,), batch_buckets=(4, 16), share_prefill=4)
   want = sampler.Sampler(model, tok, **kw).generate(rows, params, jax.random.key(2))
   slotted = sampler.Sampler(model, tok, decode_slots=4, **kw)
@@ -114,7 +115,7 @@ def test_slotted_decode_walks_constraint_tries_and_free_spans(model, tok, prompt
                 ["open fridge 1", "take apple 1 from countertop 1"]] * 3
   allowed = [hiper.constrained_responses(projection.free_query_actions(a, 3), "find it",
                                          b % 2 == 0, 4) for b, a in enumerate(admissible)]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=96)
+  params = SamplingParams(temperature=1.0, max_new_tokens=96)
   kw = dict(prompt_buckets=(64,), batch_buckets=(16,))
   lockstep = sampler.Sampler(model, tok, **kw)
   slotted = sampler.Sampler(model, tok, decode_slots=4, **kw)
@@ -155,7 +156,7 @@ def test_slotted_program_holds_a_cache_of_its_slots(model, tok, prompts):
     program = smp.generate_program
     smp.generate_program = lambda m, *a, **s: seen.append((a, s)) or program(m, *a, **s)
     distinct = [p + tok.encode(f" {i}") for i, p in enumerate((prompts * 3)[:32])]
-    smp.generate(distinct, sampler.SamplingParams(max_new_tokens=64), jax.random.key(0))
+    smp.generate(distinct, SamplingParams(max_new_tokens=64), jax.random.key(0))
     args, static = seen[0]
     return program.lower(smp.model, *args, **static).compile().memory_analysis(
         ).temp_size_in_bytes

@@ -11,6 +11,7 @@ import fake_devices
 from hgpo_jax.models import config, decoder, sharding
 from hgpo_jax.rollout import hiper, projection
 from hgpo_jax.sampling import constrained, sampler
+from hgpo_jax.sampling import SamplingParams
 
 SPAN = constrained.FreeSpan(3, "]")
 PROMPTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
@@ -129,7 +130,7 @@ def test_hiper_constrained_generation_always_parses_valid(smp, tok, prompts):
   cap = 4
   allowed = [hiper.constrained_responses(projection.free_query_actions(a, 3), s, f, cap)
              for a, s, f in zip(admissible, subgoals, first)]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=96)
+  params = SamplingParams(temperature=1.0, max_new_tokens=96)
   switches, lengths, queries = set(), set(), set()
   for seed in range(8):
     out = smp.generate(prompts, params, jax.random.key(seed), allowed=allowed,
@@ -163,7 +164,7 @@ def test_hiper_constrained_generation_always_parses_valid(smp, tok, prompts):
 
 def test_constrained_free_span_logprobs_are_raw_model_logprobs(smp, model, tok, prompts):
   allowed = [[("search[", constrained.FreeSpan(5, "[]<>"), "]")], [], ["look"]]
-  out = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=16),
+  out = smp.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=16),
                      jax.random.key(3), allowed=allowed)
   assert out.stop_reason[0] == "constraint" and out.texts[0].startswith("<action>search[")
   seqs = [list(p) + list(r) for p, r in zip(prompts, out.tokens)]
@@ -233,7 +234,7 @@ def test_free_span_cap_and_minimum_are_enforced(tok, prompts):
              hiper.constrained_responses(["look"], "None", True, cap),
              projection.free_query_actions(["search[<your query>]"], 3)]
   constraint = hiper.RESPONSE_CONSTRAINT
-  out0 = smp.generate(prompts[:2], sampler.SamplingParams(temperature=1.0, max_new_tokens=80),
+  out0 = smp.generate(prompts[:2], SamplingParams(temperature=1.0, max_new_tokens=80),
                       jax.random.key(0), allowed=allowed[:2], constraint=constraint)
   assert out0.texts[0] == "<switch>SWITCH</switch><subgoal>" + " egg" * cap + "</subgoal><action>look</action>"
   assert _tokens_between(tok, out0.tokens[0], "<subgoal>", "</subgoal>") == cap
@@ -241,7 +242,7 @@ def test_free_span_cap_and_minimum_are_enforced(tok, prompts):
   # terminator is allowed and the script's "</subgoal><action>look</action>" follows.
   assert out0.tokens[1][:len(head)] == head and out0.tokens[1][len(head) + 1:] == tail
   assert _tokens_between(tok, out0.tokens[1], "<subgoal>", "</subgoal>") == 1
-  out2 = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=40),
+  out2 = smp.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=40),
                       jax.random.key(0), allowed=[[], [], allowed[2]])
   assert out2.texts[2] == "<action>search[ egg]</action>" and out2.stop_reason[2] == "constraint"
 
@@ -254,7 +255,7 @@ def test_free_span_stops_early_when_the_rest_would_not_fit(tok, prompts):
   smp = _scripted_sampler(tok, [head] * 3, prompts)
   allowed = [hiper.constrained_responses(["look"], "None", True, 40)] * 3
   for budget in (len(head) + len(tail) + 1, len(head) + len(tail) + 7):
-    out = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=budget),
+    out = smp.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=budget),
                        jax.random.key(0), allowed=allowed, constraint=hiper.RESPONSE_CONSTRAINT)
     free = budget - len(head) - len(tail)
     assert out.stop_reason == ["constraint"] * 3
@@ -264,7 +265,7 @@ def test_free_span_stops_early_when_the_rest_would_not_fit(tok, prompts):
 
 def test_free_spans_do_not_recompile_within_a_bucket(model, tok, prompts):
   smp = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,))
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=64)
+  params = SamplingParams(temperature=1.0, max_new_tokens=64)
   action = constrained.ActionConstraint()
   batches = [  # HiPER turns, a WebShop free query, plain admissible actions (no free span)
       ([hiper.constrained_responses(["go to cabinet 1", "look"], "None", True, 4)] * 3,
@@ -300,7 +301,7 @@ def test_free_spans_sharded_equals_unsharded(tok, prompts):
   dist = sampler.Sampler(sharded, tok, prompt_buckets=(32,), batch_buckets=(4,), mesh=mesh)
   allowed = [hiper.constrained_responses(projection.free_query_actions(a, 3), "find it", False, 4)
              for a in (["look", "search[<your query>]"], ["go to desk 1"], ["open drawer 1", "look"])]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=64)
+  params = SamplingParams(temperature=1.0, max_new_tokens=64)
   for seed in range(2):
     a = ref.generate(prompts, params, jax.random.key(seed), allowed=allowed,
                      constraint=hiper.RESPONSE_CONSTRAINT)

@@ -16,6 +16,8 @@ import fake_devices
 from configs import sokoban as sokoban_config
 from hgpo_jax.models import decoder, sharding
 from hgpo_jax.sampling import sampler
+from hgpo_jax.sampling import SamplingParams
+from hgpo_jax.sampling import types
 from hgpo_jax.training import programs
 from hgpo_jax.training import run_config
 
@@ -43,7 +45,7 @@ def _recording(smp):
 def test_group_shared_prefill_runs_a_fixed_row_count(model, tok, prompts):
   """share_prefill=G: the shared prefill always runs bucket(ceil(Bb / G)) rows; a call with
   more distinct prompts than that prefills every row; the samples equal no sharing."""
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=6, ignore_eos=True)
+  params = SamplingParams(temperature=1.0, max_new_tokens=6, ignore_eos=True)
   kw = dict(prompt_buckets=(32,), batch_buckets=(1, 2, 4, 8))
   grouped = sampler.Sampler(model, tok, share_prefill=4, **kw)
   assert [grouped.shared_prefill_rows(b) for b in (1, 2, 4, 8)] == [1, 1, 1, 2]
@@ -106,7 +108,7 @@ def test_rollout_calls_are_every_bucket_and_prefill_variant(model, tok):
   assert [call[2]["flags"].slots for call in calls] == [0, 0, 0, 2, 2, 2, 2]
   fixed = programs.rollout_calls(
       _config(**{"rollout.constrained": True, "rollout.max_trie_nodes": 64}), smp, rows=8)
-  assert {call[2]["flags"].constraint_mode for call in fixed} == {sampler.WHOLE_CONSTRAINT}
+  assert {call[2]["flags"].constraint_mode for call in fixed} == {types.WHOLE_CONSTRAINT}
 
 
 def test_precompiled_calls_equal_jit_and_trace_nothing(model, tok, prompts):

@@ -17,6 +17,8 @@ import fake_devices
 from hgpo_jax.models import config, decoder, sharding
 from hgpo_jax.sampling import engine as engine_lib
 from hgpo_jax.sampling import sampler
+from hgpo_jax.sampling import SamplingParams
+from hgpo_jax.sampling import logits as logits_lib
 
 PROMPTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
            "<|im_start|>user\nput a clean apple in the fridge<|im_end|>\n<|im_start|>assistant\n"]
@@ -73,7 +75,7 @@ def _greedy_no_cache(model, prompt, n, width=48):
 
 
 def test_greedy_kv_cache_equals_no_cache_recompute(smp, model, prompts):
-  out = smp.generate(prompts, sampler.SamplingParams(temperature=0.0, max_new_tokens=10),
+  out = smp.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=10),
                      jax.random.key(0))
   assert out.stop_reason == ["length"] * 3  # random weights: EOS has probability ~1/512
   for prompt, got in zip(prompts, out.tokens):
@@ -82,7 +84,7 @@ def test_greedy_kv_cache_equals_no_cache_recompute(smp, model, prompts):
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.9)])
 def test_logprobs_equal_teacher_forced_forward(smp, model, prompts, temperature, top_k, top_p):
-  params = sampler.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+  params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                   max_new_tokens=12)
   out = smp.generate(prompts, params, jax.random.key(3))
   want = _teacher_forced_logprobs(model, prompts, out.tokens)
@@ -92,7 +94,7 @@ def test_logprobs_equal_teacher_forced_forward(smp, model, prompts, temperature,
 
 
 def test_seeded_sampling_is_deterministic_and_depends_on_rng(smp, prompts):
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=12)
+  params = SamplingParams(temperature=1.0, max_new_tokens=12)
   a = smp.generate(prompts, params, jax.random.key(7))
   b = smp.generate(prompts, params, jax.random.key(7))
   c = smp.generate(prompts, params, jax.random.key(8))
@@ -101,16 +103,16 @@ def test_seeded_sampling_is_deterministic_and_depends_on_rng(smp, prompts):
 
 
 def test_row_sample_is_independent_of_batch_bucket(smp, prompts):
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=8)
+  params = SamplingParams(temperature=1.0, max_new_tokens=8)
   three = smp.generate(prompts, params, jax.random.key(1))
   five = smp.generate(prompts + [prompts[0]] * 2, params, jax.random.key(1))  # bucket 8
   assert five.tokens[:3] == three.tokens
 
 
 def test_top_k_1_equals_greedy(smp, prompts):
-  greedy = smp.generate(prompts, sampler.SamplingParams(temperature=0.0, max_new_tokens=8),
+  greedy = smp.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=8),
                         jax.random.key(0))
-  top1 = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, top_k=1, max_new_tokens=8),
+  top1 = smp.generate(prompts, SamplingParams(temperature=1.0, top_k=1, max_new_tokens=8),
                       jax.random.key(5))
   assert top1.tokens == greedy.tokens
 
@@ -135,7 +137,7 @@ def _filter_reference(logits, temperature, top_k, top_p):
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (1, 1.0), (5, 1.0), (0, 0.5), (10, 0.8), (0, 1e-6)])
 def test_filter_logits_matches_numpy_reference(top_k, top_p):
   logits = np.random.default_rng(0).normal(size=(4, 50)).astype(np.float32) * 3
-  got = np.asarray(sampler.filter_logits(jnp.asarray(logits), 0.7, jnp.int32(top_k),
+  got = np.asarray(logits_lib.filter_logits(jnp.asarray(logits), 0.7, jnp.int32(top_k),
                                          jnp.float32(top_p)))
   for row_got, row in zip(got, logits):
     want = _filter_reference(row.astype(np.float64), 0.7, top_k, top_p)
@@ -189,7 +191,7 @@ def test_stop_strings_eos_and_length(tok, prompts):
   script = ["I think.</action> more", tok.encode("Done") + [eos] + tok.encode("tail"),
             "x</action>. and more"]
   smp = _scripted_sampler(tok, script, prompts)
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=12, stop_strings=("</action>",))
+  params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_strings=("</action>",))
   out = smp.generate(prompts, params, jax.random.key(0))
   # "</action>" is three tokens ('</', 'action', '>'): the stop is detected across them.
   assert tok.encode("</action>") == [483, 389, 65]
@@ -202,13 +204,13 @@ def test_stop_strings_eos_and_length(tok, prompts):
   # The margin is 30 nats, so each scripted token has log-prob ~ -V·e^-30.
   assert all(np.all(lp > -1e-6) for lp in out.logprobs)
 
-  short = smp.generate(prompts, sampler.SamplingParams(temperature=0.0, max_new_tokens=3),
+  short = smp.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=3),
                        jax.random.key(0))
   assert short.stop_reason == ["length", "length", "length"]
   assert [len(t) for t in short.tokens] == [3, 3, 3]
   assert short.tokens[0] == tok.encode("I think.</action>")[:3]
 
-  ignoring = smp.generate(prompts, sampler.SamplingParams(temperature=0.0, max_new_tokens=6,
+  ignoring = smp.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=6,
                                                           ignore_eos=True), jax.random.key(0))
   assert ignoring.stop_reason[1] == "length"
   assert ignoring.tokens[1] == (tok.encode("Done") + [eos] + tok.encode("tail"))[:6]
@@ -217,7 +219,7 @@ def test_stop_strings_eos_and_length(tok, prompts):
 def test_constrained_whole_response_only_produces_allowed_strings(smp, prompts):
   allowed = [["go to cabinet 1", "open fridge 1", "take apple 1 from countertop 1"],
              ["look"], ["examine mug 1", "examine mug 10", "inventory"]]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=24)
+  params = SamplingParams(temperature=1.0, max_new_tokens=24)
   seen = set()
   for seed in range(6):
     out = smp.generate(prompts, params, jax.random.key(seed), allowed=allowed)
@@ -227,7 +229,7 @@ def test_constrained_whole_response_only_produces_allowed_strings(smp, prompts):
       seen.add(text)
   assert "<action>look</action>" in seen and len(seen) >= 4  # several strings are reached
   # Greedy with a single allowed string produces it exactly.
-  single = smp.generate(prompts, sampler.SamplingParams(temperature=0.0, max_new_tokens=24),
+  single = smp.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=24),
                         jax.random.key(0), allowed=[["heat egg 1 with microwave 1"]] * 3)
   assert single.texts == ["<action>heat egg 1 with microwave 1</action>"] * 3
 
@@ -237,22 +239,22 @@ def test_a_row_whose_actions_cannot_fit_in_max_new_tokens_is_refused(smp, tok, p
   truncated, invalid action (a WebShop-mini search of up to 51 tokens at 32 did): refused."""
   action = "take apple 1 from countertop 1"
   need = len(tok.encode(f"<action>{action}</action>"))
-  short = sampler.SamplingParams(temperature=1.0, max_new_tokens=need - 1)
+  short = SamplingParams(temperature=1.0, max_new_tokens=need - 1)
   with pytest.raises(ValueError, match=rf"no allowed action fits in max_new_tokens={need - 1}: "
                                        rf"the shortest, '{action}', needs {need} tokens"):
     smp.generate(prompts, short, jax.random.key(0), allowed=[["look"], [action], ["look"]])
   # With a shorter action in the row, the row can still act.
-  out = smp.generate(prompts, sampler.SamplingParams(temperature=0.0, max_new_tokens=need - 1),
+  out = smp.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=need - 1),
                      jax.random.key(0), allowed=[["look", action]] * 3)
   assert all(r in ("constraint", "length") for r in out.stop_reason)
-  out = smp.generate(prompts, sampler.SamplingParams(temperature=0.0, max_new_tokens=need),
+  out = smp.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=need),
                      jax.random.key(0), allowed=[[action]] * 3)
   assert out.texts == [f"<action>{action}</action>"] * 3
 
 
 def test_constrained_logprobs_are_raw_model_logprobs(smp, model, prompts):
   allowed = [["go to cabinet 1", "open fridge 1"], [], ["look"]]  # row 1 is left free
-  out = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=12),
+  out = smp.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=12),
                      jax.random.key(2), allowed=allowed)
   assert out.stop_reason[0] == out.stop_reason[2] == "constraint"
   assert out.stop_reason[1] == "length"
@@ -263,12 +265,12 @@ def test_constrained_logprobs_are_raw_model_logprobs(smp, model, prompts):
 
 def test_no_recompilation_within_a_bucket(model, tok, prompts):
   smp = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4, 8))
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=8)
+  params = SamplingParams(temperature=1.0, max_new_tokens=8)
   smp.generate(prompts, params, jax.random.key(0))
   count = smp.num_compilations
   assert count == 1
   # Other prompt lengths and batch size in the same buckets, other temperature and seed.
-  smp.generate([prompts[2], prompts[0]], sampler.SamplingParams(temperature=0.4, max_new_tokens=8),
+  smp.generate([prompts[2], prompts[0]], SamplingParams(temperature=0.4, max_new_tokens=8),
                jax.random.key(1))
   smp.generate(prompts + [[5, 6, 7]], params, jax.random.key(2))
   assert smp.num_compilations == count
@@ -284,7 +286,7 @@ def test_shared_prefill_equals_one_prefill_per_row(model, tok, prompts):
   """Rows with the same prompt prefilled once (their cache rows copied) sample what rows
   prefilled one by one sample: same tokens, log-probs equal up to float reordering."""
   rows = [prompts[0], prompts[1], prompts[0], prompts[0], prompts[2], prompts[1]]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True)
+  params = SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True)
   out = {share: sampler.Sampler(model, tok, prompt_buckets=(32,), share_prefill=share).generate(
       rows, params, jax.random.key(4)) for share in (True, False)}
   assert out[True].tokens == out[False].tokens
@@ -302,8 +304,8 @@ def test_sharded_equals_unsharded(tok, prompts):
   sharding.shard_model(sharded, mesh)
   ref = sampler.Sampler(plain, tok, prompt_buckets=(32,), batch_buckets=(4,))
   dist = sampler.Sampler(sharded, tok, prompt_buckets=(32,), batch_buckets=(4,), mesh=mesh)
-  for params in (sampler.SamplingParams(temperature=0.0, max_new_tokens=8),
-                 sampler.SamplingParams(temperature=1.0, max_new_tokens=8)):
+  for params in (SamplingParams(temperature=0.0, max_new_tokens=8),
+                 SamplingParams(temperature=1.0, max_new_tokens=8)):
     a = ref.generate(prompts, params, jax.random.key(4))
     b = dist.generate(prompts, params, jax.random.key(4))
     assert a.tokens == b.tokens
@@ -338,7 +340,7 @@ def test_fsdp_sampler_gathers_rows_not_the_output_layer(tok, prompts, monkeypatc
   sharded = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
   mesh = sharding.make_mesh(data=1, fsdp=2, tensor=2, devices=fake_devices.take(4))
   sharding.shard_model(sharded, mesh)
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=8)
+  params = SamplingParams(temperature=1.0, max_new_tokens=8)
   gathered_block = rf"f32\[{cfg.vocab_size // 2},{cfg.hidden_dim}\]\S* all-gather\("
   ref = sampler.Sampler(plain, tok, prompt_buckets=(32,), batch_buckets=(4,))
   a = ref.generate(prompts, params, jax.random.key(4))
@@ -466,7 +468,7 @@ def test_a_sampler_on_per_layer_weights_samples_what_the_stacked_one_samples(
   """The whole generate call (prefill on the restacked layers, decode on the per-layer
   weights and gate_up, `per_layer_decode_weights` forced on a CPU) samples the tokens of
   the stacked sampler, with log-probs equal up to float round-off."""
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=10)
+  params = SamplingParams(temperature=1.0, max_new_tokens=10)
   want = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,)).generate(
       prompts, params, jax.random.key(3))
   monkeypatch.setattr(decoder, "per_layer_decode_weights", lambda cfg, target: True)
@@ -495,16 +497,16 @@ def test_auto_decode_attention_is_the_gpu_kernel_on_gpus_only():
 
 def test_user_errors_are_clear(smp, prompts):
   with pytest.raises(ValueError, match="exceeds the largest bucket 32"):
-    smp.generate([[5] * 40], sampler.SamplingParams(max_new_tokens=4), jax.random.key(0))
+    smp.generate([[5] * 40], SamplingParams(max_new_tokens=4), jax.random.key(0))
   with pytest.raises(ValueError, match="exceeds the largest bucket 8"):
-    smp.generate(prompts * 3, sampler.SamplingParams(max_new_tokens=4), jax.random.key(0))
+    smp.generate(prompts * 3, SamplingParams(max_new_tokens=4), jax.random.key(0))
   with pytest.raises(ValueError, match="one list of strings per prompt"):
-    smp.generate(prompts, sampler.SamplingParams(max_new_tokens=4), jax.random.key(0),
+    smp.generate(prompts, SamplingParams(max_new_tokens=4), jax.random.key(0),
                  allowed=[["look"]])
   with pytest.raises(ValueError, match="temperature"):
-    sampler.SamplingParams(temperature=-1.0)
+    SamplingParams(temperature=-1.0)
   with pytest.raises(ValueError, match="top_p"):
-    sampler.SamplingParams(top_p=0.0)
+    SamplingParams(top_p=0.0)
 
 
 def test_a_bfloat16_kv_cache_holds_bfloat16_and_samples_the_teacher_forced_logprobs(
@@ -513,17 +515,17 @@ def test_a_bfloat16_kv_cache_holds_bfloat16_and_samples_the_teacher_forced_logpr
   bf16, and log-probs stay within bf16 rounding of keys/values (2^-8 relative) of the
   float32 teacher-forced forward; "auto" on CPU keeps the compute dtype."""
   assert sampler.Sampler(model, tok).cache_dtype == jnp.float32
-  assert sampler.resolve_cache_dtype("auto", [_Device("tpu")], jnp.float32) == jnp.bfloat16
-  assert sampler.resolve_cache_dtype("", [_Device("tpu")], jnp.float32) == jnp.float32
+  assert engine_lib.resolve_cache_dtype("auto", [_Device("tpu")], jnp.float32) == jnp.bfloat16
+  assert engine_lib.resolve_cache_dtype("", [_Device("tpu")], jnp.float32) == jnp.float32
   with pytest.raises(ValueError, match="kv_cache_dtype='fp8'"):
-    sampler.resolve_cache_dtype("fp8", [_Device("cpu")], jnp.float32)
+    engine_lib.resolve_cache_dtype("fp8", [_Device("cpu")], jnp.float32)
   seen = []
   real = decoder.init_cache
   monkeypatch.setattr(decoder, "init_cache",
                       lambda *a: seen.append(a[-1]) or real(*a))
   smp = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,),
                         cache_dtype="bfloat16")
-  out = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=12),
+  out = smp.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=12),
                      jax.random.key(3))
   assert seen and all(jnp.dtype(d) == jnp.bfloat16 for d in seen)
   want = _teacher_forced_logprobs(model, prompts, out.tokens)
@@ -543,7 +545,7 @@ def test_fixed_trie_nodes_give_one_constrained_program_and_the_same_tokens(model
   tries sample; a trie over the cap is a one-line error naming the config field."""
   small = [["look"], ["look"], ["inventory"]]
   large = [[f"go to cabinet {i}" for i in range(1, 30)], ["look"], ["examine mug 1", "inventory"]]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=24)
+  params = SamplingParams(temperature=1.0, max_new_tokens=24)
   fixed = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,), trie_nodes=256)
   sized = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,))
   for allowed in (small, large):
@@ -566,7 +568,7 @@ def test_prefill_in_row_chunks_equals_one_prefill(tok, prompts, monkeypatch):
   batch-parallel size is refused."""
   cfg = config.get_preset("tiny")
   rows = prompts + [prompts[0][:5], prompts[1][3:], prompts[2][:9], [7, 8, 9], prompts[1]]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=8)
+  params = SamplingParams(temperature=1.0, max_new_tokens=8)
   plain = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
   sharded = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
   mesh = sharding.make_mesh(data=4, fsdp=1, tensor=2, devices=fake_devices.take(8))
@@ -598,10 +600,10 @@ def test_decode_work_counts_the_lockstep_rows(smp, prompts):
   """`decoded_tokens` / `decode_row_steps`: 3 rows in the batch bucket of 4 decode in
   lockstep until the longest ends; a row cut at EOS or a padding row still costs its
   row-steps."""
-  full = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=8,
+  full = smp.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=8,
                                                       ignore_eos=True), jax.random.key(0))
   assert (full.decoded_tokens, full.decode_row_steps) == (24, 32)  # 3 x 8 of 4 x 8
-  out = smp.generate(prompts, sampler.SamplingParams(temperature=1.0, max_new_tokens=48,
+  out = smp.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=48,
                                                      stop_strings=("e",)), jax.random.key(1))
   lengths = [len(t) for t in out.tokens]
   assert len(set(lengths)) > 1  # rows stop at different steps

@@ -1,11 +1,11 @@
-"""Top-k / top-p over `lax.top_k` candidates against the full-vocabulary sort it replaced.
+"""Top-k / top-p over `lax.top_k` candidates against a full-vocabulary sort.
 
-The reference, `_sort_filter_reference`, is the sort-based `filter_logits` as it was before
-the candidate bound (kept here verbatim, minus the temperature): sort the row, keep the
-top-k ranks, then the ranks whose mass-before is below top_p, and every logit >= the last
-kept one (ties kept). The new filter must give the same array, on its fast path wherever it
-claims exactness and through its sort fallback elsewhere, and the sampler must draw the
-same tokens for the same keys.
+The reference, `_sort_filter_reference`, is a sort-based filter without the candidate
+bound (temperature left out): sort the row, keep the top-k ranks, then the ranks whose
+mass-before is below top_p, and every logit >= the last kept one (ties kept). The
+candidate filter must give the same array, on its fast path wherever it claims exactness
+and through its sort fallback elsewhere, and the sampler must draw the same tokens for the
+same keys.
 """
 
 import jax
@@ -17,6 +17,7 @@ from flax import nnx
 from hgpo_jax.models import config, decoder
 from hgpo_jax.sampling import logits as logits_lib
 from hgpo_jax.sampling import sampler
+from hgpo_jax.sampling import SamplingParams
 
 PROMPTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
            "<|im_start|>user\nput a clean apple in the fridge<|im_end|>\n<|im_start|>assistant\n"]
@@ -68,11 +69,11 @@ def test_filter_equals_the_sort_filter(kind, top_k, top_p):
   logits = jnp.asarray(_logits(kind))
   want = np.asarray(_sort_filter_reference(logits, 0.7, jnp.int32(top_k), jnp.float32(top_p)))
   for cands in (1, 8, 64, VOCAB, 1000):
-    got = np.asarray(sampler.filter_logits(logits, 0.7, jnp.int32(top_k), jnp.float32(top_p),
+    got = np.asarray(logits_lib.filter_logits(logits, 0.7, jnp.int32(top_k), jnp.float32(top_p),
                                            cands))
     np.testing.assert_array_equal(got, want, err_msg=f"max_candidates={cands}")
     # The fast path on its own, wherever it claims exactness.
-    fast, exact = sampler.candidate_filter(logits / 0.7, jnp.int32(top_k), jnp.float32(top_p),
+    fast, exact = logits_lib.candidate_filter(logits / 0.7, jnp.int32(top_k), jnp.float32(top_p),
                                            cands)
     exact = np.asarray(exact)
     np.testing.assert_array_equal(np.asarray(fast)[exact], want[exact])
@@ -90,7 +91,7 @@ def test_ties_at_the_cut_off_are_kept():
   all of them are kept, on the fast path as by the sort."""
   logits = jnp.asarray(_logits("ties"))
   for top_k, top_p in ((5, 1.0), (0, 0.5)):
-    got, exact = sampler.candidate_filter(logits, jnp.int32(top_k), jnp.float32(top_p), 64)
+    got, exact = logits_lib.candidate_filter(logits, jnp.int32(top_k), jnp.float32(top_p), 64)
     assert np.asarray(exact).all()
     kept = np.isfinite(np.asarray(got))
     cutoff = np.where(kept, np.asarray(logits), np.inf).min(axis=1)
@@ -103,20 +104,20 @@ def test_nucleus_wider_than_the_candidates_falls_back_to_the_sort():
   """top_p = 0.9 over near-uniform logits needs ~270 of 300 tokens: not exact from 64
   candidates, so the filter sorts; from a peaked row the nucleus fits and it does not."""
   flat = jnp.asarray(np.random.default_rng(5).normal(size=(2, VOCAB)).astype(np.float32) * 0.1)
-  _, exact = sampler.candidate_filter(flat, jnp.int32(0), jnp.float32(0.9), 64)
+  _, exact = logits_lib.candidate_filter(flat, jnp.int32(0), jnp.float32(0.9), 64)
   assert not np.asarray(exact).any()
-  got = sampler.filter_logits(flat, 1.0, jnp.int32(0), jnp.float32(0.9), 64)
+  got = logits_lib.filter_logits(flat, 1.0, jnp.int32(0), jnp.float32(0.9), 64)
   want = _sort_filter_reference(flat, 1.0, jnp.int32(0), jnp.float32(0.9))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   assert np.isfinite(np.asarray(got)).sum(axis=1).min() > 64
-  _, exact = sampler.candidate_filter(flat * 200, jnp.int32(0), jnp.float32(0.9), 64)
+  _, exact = logits_lib.candidate_filter(flat * 200, jnp.int32(0), jnp.float32(0.9), 64)
   assert np.asarray(exact).all()
   # top_k above the bound (and below V): the top-k normaliser is unknown from K candidates.
-  _, exact = sampler.candidate_filter(flat * 200, jnp.int32(100), jnp.float32(0.9), 64)
+  _, exact = logits_lib.candidate_filter(flat * 200, jnp.int32(100), jnp.float32(0.9), 64)
   assert not np.asarray(exact).any()
 
 
-def _generate(model, tok, params, key, *, sort, max_candidates=sampler.DEFAULT_MAX_CANDIDATES,
+def _generate(model, tok, params, key, *, sort, max_candidates=logits_lib.DEFAULT_MAX_CANDIDATES,
               allowed=None, monkeypatch):
   """A fresh sampler's generate, with today's filter or the sort-based reference."""
   with monkeypatch.context() as m:
@@ -140,7 +141,7 @@ def _generate(model, tok, params, key, *, sort, max_candidates=sampler.DEFAULT_M
 ])
 def test_generate_samples_the_sort_filters_tokens(model, tok, monkeypatch, temperature, top_k,
                                                   top_p, cands):
-  params = sampler.SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+  params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                                   max_new_tokens=16, ignore_eos=True)
   for seed in (0, 1):
     key = jax.random.key(seed)
@@ -156,7 +157,7 @@ def test_constrained_generate_samples_the_sort_filters_tokens(model, tok, monkey
   """Constraint masks (-inf before the filter) leave fewer allowed tokens than top_k."""
   allowed = [["go to cabinet 1", "open fridge 1", "take apple 1 from countertop 1"],
              ["look"], ["examine mug 1", "examine mug 10", "inventory"]]
-  params = sampler.SamplingParams(temperature=1.0, top_k=4, top_p=0.9, max_new_tokens=24)
+  params = SamplingParams(temperature=1.0, top_k=4, top_p=0.9, max_new_tokens=24)
   for seed in range(3):
     key = jax.random.key(seed)
     want = _generate(model, tok, params, key, sort=True, allowed=allowed, monkeypatch=monkeypatch)
@@ -170,12 +171,12 @@ def test_bad_bounds_are_clear_errors(model, tok):
     with pytest.raises(ValueError, match=r"^Sampler: max_candidates=.* must be an int >= 1"):
       sampler.Sampler(model, tok, max_candidates=bad)
   with pytest.raises(ValueError, match="max_candidates=0 must be >= 1"):
-    sampler.filter_logits(jnp.zeros((1, 8)), 1.0, jnp.int32(2), jnp.float32(1.0), 0)
+    logits_lib.filter_logits(jnp.zeros((1, 8)), 1.0, jnp.int32(2), jnp.float32(1.0), 0)
 
 
 def test_top_k_above_the_bound_warns_once(model, tok):
   smp = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(4,), max_candidates=8)
-  params = sampler.SamplingParams(temperature=1.0, top_k=40, max_new_tokens=2)
+  params = SamplingParams(temperature=1.0, top_k=40, max_new_tokens=2)
   prompts = [tok.encode(p) for p in PROMPTS]
   with pytest.warns(UserWarning, match="top_k=40 > max_candidates=8: every sampled token sorts"):
     smp.generate(prompts, params, jax.random.key(0))
@@ -187,8 +188,8 @@ def test_top_k_above_the_bound_warns_once(model, tok):
 
 def test_the_compiled_filter_sorts_only_in_its_fallback_branch():
   """XLA:CPU folds a slice of TopK's output into a slice of a full sort unless the top_k
-  values pass an optimization barrier (sampler.candidate_filter): then every step sorted."""
-  fn = jax.jit(lambda x, k, p: sampler.filter_logits(x, 0.7, k, p, 64))
+  values pass an optimization barrier (logits_lib.candidate_filter): then every step sorted."""
+  fn = jax.jit(lambda x, k, p: logits_lib.filter_logits(x, 0.7, k, p, 64))
   hlo = fn.lower(jnp.zeros((4, 1000)), jnp.int32(5), jnp.float32(0.9)).compile().as_text()
   computation, sorts_in, branches = None, set(), set()
   for line in hlo.splitlines():
@@ -213,9 +214,9 @@ def test_sharded_filtered_sampling_equals_unsharded(tok, monkeypatch):
   mesh = sharding.make_mesh(data=4, fsdp=1, tensor=2, devices=fake_devices.take(8))
   sharding.shard_model(sharded, mesh)
   prompts = [tok.encode(p) for p in PROMPTS]
-  for params, cands in ((sampler.SamplingParams(temperature=0.7, top_k=20, top_p=0.9,
+  for params, cands in ((SamplingParams(temperature=0.7, top_k=20, top_p=0.9,
                                                 max_new_tokens=8), 256),
-                        (sampler.SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=8), 4)):
+                        (SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=8), 4)):
     want = _generate(plain, tok, params, jax.random.key(4), sort=True, monkeypatch=monkeypatch)
     dist = sampler.Sampler(sharded, tok, prompt_buckets=(32,), batch_buckets=(4,), mesh=mesh,
                            max_candidates=cands)
