@@ -1,7 +1,9 @@
 """The sampler with the Pallas decode kernels (`model.decode_attention_impl`), run in Pallas
 interpret mode on CPU: the samples of the XLA form (tokens equal, log-probs within float
 rounding), through the decoder's stacked-cache path (each layer read in place) and a cache
-rounded up to `engine.KERNEL_CACHE_MULTIPLE` slots, in lockstep and in slots."""
+rounded up to `engine.KERNEL_CACHE_MULTIPLE` slots, in lockstep and in slots; and the kernel
+itself is in the generate program (equal samples alone would also hold if the model fell
+back to the XLA form)."""
 
 import dataclasses
 
@@ -12,6 +14,7 @@ from flax import nnx
 
 from hgpo_jax.models import config, decoder
 from hgpo_jax.sampling import engine, sampler
+from hgpo_jax.sampling import SamplingParams
 
 TEXTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
          "put a clean apple in the fridge", "look", "open the drawer"]
@@ -35,11 +38,39 @@ def test_the_cache_length_is_a_multiple_of_128_on_gpus_and_under_kernels_only():
   assert engine.cache_multiple(kernel, [Device("tpu")]) == engine.KERNEL_CACHE_MULTIPLE
 
 
+KERNEL_NAMES = {"pallas_tpu": "decode_attention_tpu", "pallas_gpu": "decode_attention_gpu"}
+"""The `pl.pallas_call` name of each kernel (`hgpo_jax.models.decode_kernels`)."""
+
+
+def _pallas_calls(jaxpr):
+  """The names of the `pallas_call`s in `jaxpr` and every jaxpr nested in its equations
+  (loop bodies, branches, shard_maps)."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr's own
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      yield eqn.params["name"]
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        if hasattr(getattr(sub, "jaxpr", sub), "eqns"):
+          yield from _pallas_calls(sub)
+
+
+def _kernels_in_program(smp, prompts, params) -> set[str]:
+  """The Pallas decode kernels (`KERNEL_NAMES` keys) called by the generate program of a
+  call, read from its traced program: in interpret mode (CPU) a kernel lowers to plain HLO
+  ops with no custom call, and its name is left only in the HLO's location metadata, which
+  JAX's trace caches can carry from one kernel's program into another's."""
+  inputs, flags = smp.pack(prompts, params, jax.random.key(0))
+  traced = smp.generate_program.trace(smp.model, smp._placed(inputs), flags=flags)
+  calls = set(_pallas_calls(traced.jaxpr))
+  return {impl for impl, name in KERNEL_NAMES.items() if name in calls}
+
+
 @pytest.mark.parametrize("impl", ["pallas_tpu", "pallas_gpu"])
 @pytest.mark.parametrize("slots", [0, 2])
 def test_kernel_sampler_samples_what_the_xla_sampler_samples(tok, impl, slots):
   prompts = [tok.encode(t) for t in TEXTS]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=12)
+  params = SamplingParams(temperature=1.0, max_new_tokens=12)
   kw = dict(prompt_buckets=(64,), batch_buckets=(8,), decode_slots=slots)
   xla = sampler.Sampler(_model("xla"), tok, **kw)
   kernel = sampler.Sampler(_model(impl), tok, **kw)
@@ -49,6 +80,8 @@ def test_kernel_sampler_samples_what_the_xla_sampler_samples(tok, impl, slots):
   assert kernel.engine.cache_multiple == engine.KERNEL_CACHE_MULTIPLE
   assert kernel.engine.cache_length(64, 12) == 128
   assert xla.engine.cache_length(64, 12) == (128 if on_gpu else 75)
+  assert _kernels_in_program(kernel, prompts, params) == {impl}
+  assert _kernels_in_program(xla, prompts, params) == set()
   want = xla.generate(prompts, params, jax.random.key(4))
   got = kernel.generate(prompts, params, jax.random.key(4))
   assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
@@ -63,14 +96,15 @@ def test_kernel_sampler_on_a_mesh_samples_what_the_unsharded_xla_sampler_samples
   import fake_devices
   from hgpo_jax.models import sharding
   prompts = [tok.encode(t) for t in TEXTS]
-  params = sampler.SamplingParams(temperature=1.0, max_new_tokens=10)
+  params = SamplingParams(temperature=1.0, max_new_tokens=10)
   kw = dict(prompt_buckets=(64,), batch_buckets=(8,))
   want = sampler.Sampler(_model("xla"), tok, **kw).generate(prompts, params, jax.random.key(7))
   mesh = sharding.make_mesh(data=2, fsdp=1, tensor=2, devices=fake_devices.take(4))
   sharded = _model(impl)
   sharding.shard_model(sharded, mesh)
-  got = sampler.Sampler(sharded, tok, mesh=mesh, **kw).generate(prompts, params,
-                                                                 jax.random.key(7))
+  kernel = sampler.Sampler(sharded, tok, mesh=mesh, **kw)
+  assert _kernels_in_program(kernel, prompts, params) == {impl}
+  got = kernel.generate(prompts, params, jax.random.key(7))
   assert got.tokens == want.tokens and got.stop_reason == want.stop_reason
   for x, y in zip(got.logprobs, want.logprobs):
     np.testing.assert_allclose(x, y, atol=2e-5)
