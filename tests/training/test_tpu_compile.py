@@ -215,35 +215,44 @@ def test_qwen2_5_1_5b_paper_iteration_fits_a_v5e_8_on_the_plan_tables_mesh():
   assert plan.fits(memory, headroom=0.1), plan_cli.format_plan(plan, memory)
 
 
+PINNED_LIBTPU = "0.0.42.1"
+"""The libtpu whose cost model produced the exact figures below (tests/requirements.txt)."""
+
+
+def _exact_figures_or_skip():
+  """Skips the rest of a test unless this is the libtpu that produced its exact figures:
+  XLA:TPU's estimates are deterministic for one libtpu version and move by a few percent
+  with another, with no change of behaviour here; the one-sided guards before it hold."""
+  import importlib.metadata
+  version = importlib.metadata.version("libtpu")
+  if version != PINNED_LIBTPU:
+    pytest.skip(f"one-sided guards passed; the exact figures are libtpu {PINNED_LIBTPU}'s "
+                f"cost model, this is libtpu {version}")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("impl, dtype, ratio, kernel_mb, ms", [
-    ("xla", "float32", 1.31, 0.0, 5.33), ("pallas_tpu", "float32", 1.135, 1761.4, 4.16),
-    ("xla", "bfloat16", 1.29, 0.0, 5.09)])
-def test_qwen2_5_1_5b_paper_decode_step_traffic_on_a_v5e_8(impl, dtype, ratio, kernel_mb, ms):
+@pytest.mark.parametrize("impl, dtype, ratio_max, ms_max, ratio, kernel_mb, ms", [
+    ("xla", "float32", 1.45, 5.9, 1.31, 0.0, 5.33),
+    ("pallas_tpu", "float32", 1.25, 4.6, 1.135, 1761.4, 4.16),
+    ("xla", "bfloat16", 1.42, 5.6, 1.29, 0.0, 5.09)])
+def test_qwen2_5_1_5b_paper_decode_step_traffic_on_a_v5e_8(impl, dtype, ratio_max, ms_max,
+                                                           ratio, kernel_mb, ms):
   """One decode step of the paper setting's generate program (64 rows per host of prompt
   4096 + 512 new, prefill in chunks of 8 rows, sampler fsdp=2 x tensor=2 per host) as
   XLA:TPU compiles it for a v5e-8, per chip, against 2299 MB necessary (bf16 weights as
-  laid out 772 + valid KV 1527), bounded within 2 % (XLA:TPU's estimates are deterministic
-  for a libtpu version; docs/performance.md, "Decode on accelerators"):
-  * xla attention: the HLO moves 3020 MB (loops weighted by trip count), 1.31x, and
-    XLA:TPU estimates 5.33 ms per step (5.43 ms with the RoPE halves' form,
-    `rope.rope_rotation_by_product`; 5.24 ms before the prefill's sequence parallelism,
-    `decoder.sequence_parallel`, after which XLA:TPU prefetches 42 of the step's 56 gate
-    and up weights into on-chip memory instead of all 56). It was 8.90 ms while each step converted the tied
-    embedding to bf16 and all-gathered it over fsdp (`Decoder.decode_logits`,
-    `Decoder.for_decoding`), 6.54 ms with the layers in a loop
-    (`decoder.decode_layer_unroll`) and 6.20 ms with the layers' weights sliced from stacked
-    arrays (`decoder.per_layer_decode_weights`); the rest above the floor is this attention
-    reading every slot of the cache.
+  laid out 772 + valid KV 1527; docs/performance.md, "Decode on accelerators").
+
+  Guards on every libtpu: the traffic over the necessary bytes is at most `ratio_max` and
+  the estimated step at most `ms_max` ms (the figures below + about 10 %). Under libtpu
+  `PINNED_LIBTPU` the figures themselves, within 2 %:
+  * xla attention: the HLO moves 3020 MB (loops weighted by trip count), 1.31x, 5.33 ms per
+    step; the bytes above the floor are this attention reading every slot of the cache.
   * pallas_tpu: the Mosaic calls credited with the blocks they DMA (each row's valid slots
     in blocks of 512: 1761 MB, `decode_traffic.kernel_reads`), 2611 MB in all, 1.14x;
     XLA:TPU's 2.01 ms for the rest of the step (each layer's weights prefetched into
     on-chip memory while the layers before it compute) + the kernels' bytes at v5e's
-    819 GB/s = 4.16 ms (4.28 ms with RoPE's halves' form, 4.48 ms with the weights sliced
-    from stacked arrays).
-  * xla with bfloat16 compute (the configs' `auto` on TPUs): 2960 MB, 1.29x, 5.09 ms; 7.19 ms
-    while the softmax's probabilities were rounded to bf16 before the value product
-    (`attention._softmax_attention`)."""
+    819 GB/s = 4.16 ms.
+  * xla with bfloat16 compute (the configs' `auto` on TPUs): 2960 MB, 1.29x, 5.09 ms."""
   config = alfworld.get_config("algo=hgpo,model=qwen2.5-1.5b")
   config.rollout.prefill_chunk_rows = 8
   config.model.decode_attention_impl = impl
@@ -256,20 +265,24 @@ def test_qwen2_5_1_5b_paper_decode_step_traffic_on_a_v5e_8(impl, dtype, ratio, k
   need, step = plan.decode_necessary, plan.phases["generate"].step
   assert need.weights == pytest.approx(772.0e6, rel=1e-3)
   assert need.kv == pytest.approx(1527.0e6, rel=1e-3)
-  assert step.traffic / need.total == pytest.approx(ratio, rel=0.02)
+  # the blocks the kernels DMA are this repository's count over the programs' shapes
   assert step.kernel_bytes / 1e6 == pytest.approx(kernel_mb, rel=0.02)
   estimate = 1e3 * plan_lib.estimated_seconds(plan, targets.seconds_per_cycle(target))[
       "generate decode step"]
+  assert step.traffic / need.total <= ratio_max
+  assert estimate <= ms_max
+  _exact_figures_or_skip()
+  assert step.traffic / need.total == pytest.approx(ratio, rel=0.02)
   assert estimate == pytest.approx(ms, rel=0.02)
 
 
 @pytest.mark.slow
 def test_qwen2_5_1_5b_paper_rollout_estimate_on_a_v5e_8_is_half_the_first():
-  """Issue 52's TPU target: XLA:TPU's estimated rollout of the paper setting on a v5e-8
-  (`generate` + `generate_shared`, the papers' bfloat16 compute, `pallas_tpu`, prefill in
-  chunks of 8 rows) at most half the first plan's 297.8 s (docs/performance.md, "The
-  rollout sampler at the paper setting"). 147.3 s with the prefill's residual stream split
-  over the sequence (`decoder.sequence_parallel`), 151.6 s without: within 1 % of 147.3."""
+  """XLA:TPU's estimated rollout of the paper setting on a v5e-8 (`generate` +
+  `generate_shared`, the papers' bfloat16 compute, `pallas_tpu`, prefill in chunks of 8
+  rows) is at most half of 297.8 s, the estimate in float32 compute with the XLA decode
+  attention (docs/performance.md, "The rollout sampler at the paper setting"), on
+  every libtpu; under libtpu `PINNED_LIBTPU` it is 139.2 s within 1 %."""
   config = alfworld.get_config("algo=hgpo,model=qwen2.5-1.5b")
   config.rollout.prefill_chunk_rows = 8
   config.model.decode_attention_impl = "pallas_tpu"
@@ -282,4 +295,5 @@ def test_qwen2_5_1_5b_paper_rollout_estimate_on_a_v5e_8_is_half_the_first():
   seconds = plan_lib.estimated_seconds(plan, targets.seconds_per_cycle(target))
   rollout = seconds["generate"] + seconds["generate_shared"]
   assert rollout <= 297.8 / 2
+  _exact_figures_or_skip()
   assert rollout == pytest.approx(139.2, rel=0.01)
