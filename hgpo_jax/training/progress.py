@@ -7,8 +7,8 @@ take minutes; this line shows what is running meanwhile, with elapsed times, e.g
     rollout step 3/50 (12 slots active) | phase 38.2 s | iteration 41.0 s
 
 It is drawn only when the stream (default: stderr) is a terminal. Otherwise (CI logs,
-`nohup`, a file) the reporter records the phase and writes nothing, so logs stay as
-short as before; the per-phase wall times are in `metrics.jsonl` (`time/*`) anyway.
+`nohup`, a file) the reporter records the phase and writes nothing, so logs hold only
+the iteration lines; the per-phase wall times are in `metrics.jsonl` (`time/*`) anyway.
 
 Usage (the trainer owns one reporter; code deeper down calls the module function):
 

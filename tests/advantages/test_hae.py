@@ -341,8 +341,8 @@ def test_cli_recomputes_hae_from_dump(tmp_path, capsys):
 
 
 def test_cli_gamma_and_invalid_penalty_reach_hae(tmp_path, capsys):
-  """--gamma / --invalid-penalty set hae's own options (they used to change only the return
-  column): golden example, setting gamma = lambda = 0.95, before whitening."""
+  """--gamma / --invalid-penalty set hae's own options, not only the return column's:
+  golden example, setting gamma = lambda = 0.95, before whitening."""
   import json
   from hgpo_jax.advantages import __main__ as cli
 
