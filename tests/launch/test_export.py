@@ -375,3 +375,32 @@ def test_smollm2_export_equals_transformers(tmp_path):
   with torch.no_grad():
     got = hf_model(input_ids=torch.tensor(tokens, dtype=torch.long)).logits.numpy()
   np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max(), rtol=0)
+
+
+def test_run_of_a_model_directory_copies_its_tokenizer_and_generation_config(tmp_path, capsys):
+  """A run that read a Hugging Face directory: the export takes its architecture from
+  that directory's config.json and copies its tokenizer files and generation_config.json
+  byte for byte; the directory lies elsewhere on this host: --model-path names it."""
+  cfg = _variant("qwen2")
+  base = tmp_path / "base"
+  base.mkdir()
+  hf_export.write_model_dir(str(base), cfg, _random_params(cfg, seed=10),
+                            tokenizer=tokenizer_lib.tiny_tokenizer())
+  (base / "generation_config.json").write_text('{"eos_token_id": [2, 0], "temperature": 0.7}\n')
+  (base / "special_tokens_map.json").write_text('{"eos_token": "<|im_end|>"}\n')
+  trained = _random_params(cfg, seed=11)
+  moved = tmp_path / "moved"
+  run = str(tmp_path / "run")
+  _save_run(run, {1: trained}, config={"model": {"name": "qwen2.5-1.5b", "path": str(moved)}})
+  out = tmp_path / "out"
+  assert _err(capsys, _cli("--workdir", run, "--out", out)) == (
+      f"the run's model directory {moved} (qwen2.5-1.5b) is not on "
+      "this host; pass --model-path=DIR (its config.json and tokenizer)")
+  assert _cli("--workdir", run, "--out", out, "--model-path", base) == 0
+  for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "generation_config.json"):
+    assert (out / name).read_bytes() == (base / name).read_bytes(), name
+  assert json.load(open(out / "config.json"))["model_type"] == "qwen2"
+  want = _project_logits(cfg, trained)
+  np.testing.assert_allclose(_transformers_logits(str(out)), want,
+                             atol=1e-5 * np.abs(want).max(), rtol=0)
