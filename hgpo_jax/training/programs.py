@@ -317,11 +317,12 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   num_mini = -(-capacity // mini)
   updates = update.ppo_epochs * num_mini
   # The trainer computes log pi_old in the update itself when an iteration is one optimizer
-  # step (UpdateConfig.on_policy); the frozen reference policy is always kept (KL anchor).
+  # step (UpdateConfig.on_policy); the frozen reference policy is kept for a KL term (loss
+  # or reward). With LoRA it is the base with the adapters off: no copy, its own pass.
   on_policy = update.on_policy(capacity)
-  use_reference = True
+  use_reference = update.loss.use_kl_loss or bool(config.train.get("kl_in_reward", False))
   reference = learner.abstract_reference(state.params)
-  reference_b = sharded_bytes(reference) if use_reference else 0
+  reference_b = sharded_bytes(reference) if use_reference and not learner.adapters else 0
   # An offloaded reference (train.reference_memory=host) lives in the devices' host memory:
   # no device bytes between passes; its pass copies it onto the devices (temporaries).
   on_host = update.reference_memory == "host"
@@ -332,7 +333,15 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
       "update": Program("update", learner.update, (state, batch), {}, updates,
                         sharded_bytes(state)),
   }
-  if same_dtype and not on_host:  # old and reference log-probs: one program
+  if learner.adapters and use_reference:  # the base's log-probs (adapters off), then old
+    programs["logprobs"] = Program(
+        "logprobs", learner.compute_reference_logprobs, (state.params, batch), {}, num_mini,
+        params_b, note="reference log-probs of one mini-batch (the base, adapters off)")
+    if not on_policy:
+      programs["logprobs_old"] = Program(
+          "logprobs_old", learner.compute_logprobs, (state.params, batch), {}, num_mini,
+          params_b, note="old log-probs of one mini-batch")
+  elif same_dtype and not on_host:  # old and reference log-probs: one program
     programs["logprobs"] = Program(
         "logprobs", learner.compute_logprobs, (state.params, batch), {},
         num_mini * (int(not on_policy) + int(use_reference)), params_b,

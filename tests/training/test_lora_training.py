@@ -227,3 +227,37 @@ def test_trainer_with_lora_resumes_to_the_uninterrupted_runs_metrics(tmp_path):
   out = train.train_and_evaluate(_sokoban(parted), parted)
   assert out["resume_source"] == "workdir" and out["start_iteration"] == 1
   assert _deterministic_lines(parted) == lines
+
+
+def test_plan_counts_the_frozen_base_the_adapters_and_their_optimizer_state():
+  """`programs.build` with LoRA: params are the base (in the compute dtype) + the adapters,
+  the optimizer state the adapters' moments only, no reference copy; the reference pass is
+  its own program over the same params (adapters off), and without a KL term there is none."""
+  from configs import alfworld
+  from hgpo_jax.cost import plan as plan_lib
+  from hgpo_jax.training import programs
+  config = alfworld.get_config("algo=hgpo,model=tiny,smoke")
+  config.rollout.max_prompt_tokens, config.rollout.max_new_tokens = 64, 32
+  config.train.mini_batch_rows = config.train.micro_batch_rows = 16
+  mesh = _mesh(2)
+  full = programs.build(config, mesh)
+  config.model.lora.rank = 8
+  adapted = programs.build(config, mesh)
+  tiny = model_config.get_preset("tiny")
+  d, h, kv, dh, f, n = (tiny.hidden_dim, tiny.num_heads, tiny.num_kv_heads, tiny.head_dim,
+                        tiny.mlp_dim, tiny.num_layers)
+  adapter_numbers = 8 * n * ((d + h * dh) + 2 * (d + kv * dh) + (h * dh + d) + 2 * (d + f)
+                             + (f + d))
+  assert adapted.params_bytes == full.params_bytes + 4 * adapter_numbers  # f32 on CPU
+  counters = full.opt_bytes - 2 * full.params_bytes  # AdamW's two moments + its step counts
+  assert adapted.opt_bytes == 2 * 4 * adapter_numbers + counters
+  assert adapted.reference_bytes == 0 and full.reference_bytes == full.params_bytes
+  program = adapted.programs["logprobs"]
+  assert program.jitted is adapted.learner.compute_reference_logprobs
+  assert program.args[0] is adapted.programs["update"].args[0].params
+  plan = plan_lib.compile_plan(config, (2, 1, 1), devices=fake_devices.take(2),
+                               phases=["logprobs", "update"])
+  assert plan.reference == 0 and plan.opt_state == adapted.opt_bytes
+  config.train.use_kl_loss = False
+  no_kl = programs.build(config, mesh)
+  assert no_kl.programs["logprobs"].calls == 0 and "logprobs_old" not in no_kl.programs
