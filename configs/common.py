@@ -472,7 +472,7 @@ def apply_local(c: ml_collections.ConfigDict) -> None:
   they halved the iteration, on the AVX2 reference machine they are slower than float32,
   and they change the training numbers (docs/performance.md). On the 2-core AVX2 machine
   an iteration takes ~110-130 s with the machine's load, 74-83 s of it the update of 16 rows
-  of up to 672 tokens (`python -m launch.benchmarks.iteration --sides baseline,current,coarse`), which is what
+  of up to 672 tokens (`python -m launch.benchmarks.smollm2_iteration --baseline-rev 3c5ff63 --sides baseline,current,coarse`), which is what
   bounds the scale; with so
   short a horizon no episode succeeds, so the advantages are all zero and the job
   demonstrates the system, not learning (the main job, `make run`, shows learning with

@@ -13,7 +13,7 @@
 #   decode     launch.benchmarks.rollout --accelerator: Qwen2.5-1.5B at 1, 32 and
 #              128 rows, prompts up to 1024, 512 new tokens, pallas_gpu decode attention
 #              against the XLA baseline, with the profile of a decode step.
-#   iteration  launch.benchmarks.iteration --accelerator: three paper-shaped
+#   iteration  launch.benchmarks.paper_iteration: three paper-shaped
 #              iterations of Qwen2.5-1.5B on 128 envs x 8 turns (ITERATION_ENV: sokoban,
 #              the default, or alfworld, whose wheels device_wheels.sh makes with
 #              ALFWORLD=1); stopped after ITERATION_TIMEOUT seconds (default 500) with its
@@ -115,7 +115,7 @@ decode_cmd() {
 }
 
 iteration_cmd() {
-  local run="python -m launch.benchmarks.iteration --accelerator"
+  local run="python -m launch.benchmarks.paper_iteration"
   if [[ $TINY == 1 ]]; then
     echo "$run --allow-cpu --model tiny --env $ITERATION_ENV --envs 8 --turns 2 --iterations 2" \
          "--response-lengths fixed:24 --max-new-tokens 48"

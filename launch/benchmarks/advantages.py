@@ -19,8 +19,6 @@ the HGPO speed-up of the kernel over the reference at the smallest size.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import jax
 import numpy as np
@@ -28,6 +26,7 @@ import numpy as np
 from hgpo_jax.advantages import build_row_batch
 from hgpo_jax.advantages import reference
 from hgpo_jax.advantages import registry
+from launch.benchmarks import harness
 
 TRAJS_PER_GROUP = 8
 STEPS = 50
@@ -68,16 +67,6 @@ def as_row_dicts(cols: dict) -> list[dict]:
       c.tolist() if isinstance(c, np.ndarray) else c for c in cols.values()))]
 
 
-def timed(fn, reps: int):
-  """(median seconds over reps calls, the last result)."""
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    result = fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times), result
-
-
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--reps", type=int, default=20, help="kernel repetitions per measurement")
@@ -92,7 +81,7 @@ def main(argv=None) -> None:
     cols = rollout_columns(size)
     n = len(cols["step"])
     group_reps = max(1, min(args.reps, 2_000_000 // n))
-    grouping_s, grouped = timed(
+    grouping_s, grouped = harness.median_seconds(
         lambda: build_row_batch(cols, num_levels=K + 1, capacity=n), group_reps)
     batch = jax.device_put(grouped.batch)
     rows = as_row_dicts(cols) if n <= args.reference_max_rows else None
@@ -102,11 +91,11 @@ def main(argv=None) -> None:
       opts = est.options(k=K) if name == "hgpo" else est.options()
       run = lambda: est(batch, opts).advantage.block_until_ready()
       run()  # compile
-      kernel_s, advantage = timed(run, args.reps)
+      kernel_s, advantage = harness.median_seconds(run, args.reps)
       line = f"  {name:6s} kernel {kernel_s * 1e3:8.3f} ms"
       if rows is not None:
         ref_reps = 3 if n <= 10_000 else 1
-        ref_s, expected = timed(lambda: reference.ESTIMATORS[name](rows, opts), ref_reps)
+        ref_s, expected = harness.median_seconds(lambda: reference.ESTIMATORS[name](rows, opts), ref_reps)
         actual = grouped.to_input_order(np.asarray(advantage))
         err = float(np.max(np.abs(actual - np.asarray(expected))))
         line += (f"  reference {ref_s * 1e3:9.1f} ms (median of {ref_reps})  "

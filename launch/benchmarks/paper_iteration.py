@@ -1,10 +1,10 @@
 r"""Benchmark: paper-shaped iterations of the real trainer on one accelerator.
 
-  python -m launch.benchmarks.iteration --accelerator [--model qwen2.5-1.5b] [--turns 8]
+  python -m launch.benchmarks.paper_iteration [--model qwen2.5-1.5b] [--turns 8]
       [--envs 128] [--env alfworld|sokoban] [--iterations 3]
       [--response-lengths normal:176:64|fixed:176|uniform:64:288|free]
   # the test suite's CPU run (the tiny model; --allow-cpu, else a CPU is refused):
-  python -m launch.benchmarks.iteration --accelerator --allow-cpu --model tiny --env sokoban \
+  python -m launch.benchmarks.paper_iteration --allow-cpu --model tiny --env sokoban \
       --envs 4 --turns 2 --iterations 2 --response-lengths fixed:24 --max-new-tokens 48
 
 `train_and_evaluate`'s own iterations (rollout through real env servers started on this
@@ -254,10 +254,9 @@ def summary_line(per_chip: list[float]) -> str:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m launch.benchmarks.iteration --accelerator",
+  ap = argparse.ArgumentParser(prog="python -m launch.benchmarks.paper_iteration",
                                description=__doc__.splitlines()[0], epilog=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--accelerator", action="store_true", required=True)
   ap.add_argument("--allow-cpu", action="store_true",
                   help="run on CPUs (the test suite's tiny run); else a CPU is refused")
   ap.add_argument("--model", default="qwen2.5-1.5b")
@@ -292,7 +291,7 @@ def main(argv=None) -> int:
     try:
       print(export_tokenizer(args.export_tokenizer))
     except (OSError, ValueError) as e:
-      print(f"iteration: --export-tokenizer: {e}", file=sys.stderr)
+      print(f"paper_iteration: --export-tokenizer: {e}", file=sys.stderr)
       return 2
     return 0
   if args.tokenizer and not os.path.isfile(os.path.join(args.tokenizer, "tokenizer.json")):
@@ -314,7 +313,7 @@ def main(argv=None) -> int:
   import importlib.util
   missing = [m for m in ENV_MODULES[args.env] if importlib.util.find_spec(m) is None]
   if missing:
-    print(f"iteration: --env {args.env} needs {', '.join(missing)} (make venv installs them); "
+    print(f"paper_iteration: --env {args.env} needs {', '.join(missing)} (make venv installs them); "
           "--env sokoban needs nothing beyond the venv", file=sys.stderr)
     return 2
   from hgpo_jax import runtime
@@ -324,7 +323,7 @@ def main(argv=None) -> int:
   devices = jax.devices()
   platform = devices[0].platform
   if platform == "cpu" and not args.allow_cpu:
-    print("iteration: --accelerator found only CPUs (JAX sees no GPU/TPU: install for it with "
+    print("paper_iteration: found only CPUs (JAX sees no GPU/TPU: install for it with "
           "make venv ACCEL=cuda12 or ACCEL=tpu); --allow-cpu runs it on the CPUs", file=sys.stderr)
     return 2
   precompile = args.precompile
@@ -334,7 +333,7 @@ def main(argv=None) -> int:
     config = paper_config(args, allow_cpu=platform == "cpu", precompile=precompile)
     train.validate(config)
   except (ValueError, KeyError) as e:
-    print(f"iteration: {e}", file=sys.stderr)
+    print(f"paper_iteration: {e}", file=sys.stderr)
     return 2
   _install_random_presets(args.tokenizer)
   drawn = _install_fixed_lengths(lengths, args.seed) if lengths.kind != "free" else []

@@ -45,9 +45,10 @@ import glob
 import gzip
 import json
 import os
-import statistics
 import tempfile
-import time
+
+from launch.benchmarks import harness
+
 
 def datasheet_bandwidth(kind: str):
   """(table key, bytes/s) of the chip's datasheet HBM bandwidth (`hardware.ACCELERATORS`, the
@@ -65,12 +66,7 @@ def copy_bandwidth(nbytes: int = 1 << 31, reps: int = 5, device=None) -> float:
   x = jax.device_put(jnp.zeros((nbytes // 4,), jnp.float32), device)
   add = jax.jit(lambda a: a + 1)
   add(x).block_until_ready()
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    add(x).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return 2 * x.nbytes / statistics.median(times)
+  return 2 * x.nbytes / harness.median_seconds(lambda: add(x), reps)[0]
 
 
 class RandomIdsTokenizer:

@@ -27,7 +27,6 @@ import argparse
 import dataclasses
 import os
 import statistics
-import time
 
 import jax
 import numpy as np
@@ -36,8 +35,8 @@ from hgpo_jax.cost import analytic
 from hgpo_jax.cost import hardware
 from hgpo_jax.models import loading
 from hgpo_jax.sampling import sampler as sampler_lib
-from launch.benchmarks import harness
 from hgpo_jax.sampling import SamplingParams
+from launch.benchmarks import harness
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -136,12 +135,7 @@ def hf_generate(hf, prompts, pad_id, new_tokens, eos_ids=None, *, sample=False,
 
 
 def _median_time(fn, reps):
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return harness.median_seconds(fn, reps)[0]
 
 
 def measured_bandwidth(reps: int = 5) -> float:
@@ -217,7 +211,7 @@ def main():
     # FLOPs of one generate call: prefill + n decode steps over the dense cache bucket
     # (analytic.analytic_sampler_flops equals the compiled programs' count: tests/cost/test_plan.py).
     fl = analytic.analytic_sampler_flops(cfg, batch=b, prompt=bucket, new_tokens=n)
-    print("  " + hardware.format_line(f"ours batch {b} (prefill + {n} decode steps)",
+    print("  " + harness.flops_line(f"ours batch {b} (prefill + {n} decode steps)",
                                   fl["prefill"] + n * fl["decode_step"], t_ours, peak), flush=True)
     one = dataclasses.replace(params, max_new_tokens=1)
     run_one = lambda: smp.generate(prompts, one, jax.random.key(0))

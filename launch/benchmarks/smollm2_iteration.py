@@ -1,13 +1,9 @@
 """Benchmark: one iteration of the SmolLM2 job (`make run-llm`) now vs a named earlier revision.
 
-  python -m launch.benchmarks.iteration --accelerator [--model qwen2.5-1.5b] [--turns 8] ...
-
-With `--accelerator`: paper-shaped iterations of the real trainer on one accelerator, its
-phase split and tokens/s per chip against the HiPER authors' H100 run
-(launch/benchmarks/paper_iteration.py, which documents the flags). Without it:
-
-  python -m launch.benchmarks.iteration [--baseline-rev 3c5ff63] [--iterations 3] [--reps 1]
+  python -m launch.benchmarks.smollm2_iteration --baseline-rev REV [--iterations 3] [--reps 1]
       [--sides baseline,current,bf16,packed,ungrouped,coarse]
+
+(Paper-shaped iterations on one accelerator are `python -m launch.benchmarks.paper_iteration`.)
 
 Every side is the real trainer, `python -m launch.main` with
 `--config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local` (SmolLM2-135M-Instruct,
@@ -15,9 +11,9 @@ an ALFWorld server subprocess, 2 groups x 4 trajectories x 2 steps, one optimize
 16 rows of up to 640 + 32 tokens) for `--iterations` iterations in a fresh workdir:
 
   baseline  the repository at `--baseline-rev` (a temporary `git worktree`), its own
-            `local` variant; the default 3c5ff63 is the trainer before this benchmark
-            existed (f32 compute; separate old- and reference-log-prob passes; the full
-            T x T attention square; every rollout row prefilled).
+            `local` variant; required whenever this side runs (3c5ff63 is the trainer
+            before this benchmark existed (f32 compute; separate old- and reference-log-prob passes; the full
+            T x T attention square; every rollout row prefilled)).
   current   the current `local` variant (float32): the changes that keep the arithmetic:
             the update takes log pi_old from its own forward pass when an iteration is
             one optimizer step (`train.reuse_on_policy_logprobs`), causal block skipping
@@ -49,6 +45,7 @@ with `packed`. The last line is the baseline/current iteration-time ratio (or <f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -57,6 +54,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from launch.benchmarks import harness
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = "configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local"
@@ -67,17 +66,6 @@ LAYOUT = ("train/token_fill", "train/update_rows")
 SIDES = ("baseline", "current", "bf16", "packed", "ungrouped", "coarse")  # the sides --sides may name
 
 
-def _worktree(rev: str) -> str:
-  path = os.path.join(tempfile.mkdtemp(prefix="iteration_bench_"), "baseline")
-  try:
-    subprocess.run(["git", "worktree", "add", "--detach", path, rev], cwd=REPO_ROOT, check=True,
-                   capture_output=True, text=True)
-  except (OSError, subprocess.CalledProcessError) as e:
-    sys.exit(f"iteration: cannot check out {rev!r} into a worktree (a git clone with history "
-             f"is needed): {getattr(e, 'stderr', e)}".strip())
-  return path
-
-
 def _run(tree: str, workdir: str, iterations: int, overrides: list[str]) -> list[dict]:
   """Trains in `tree` (its own code) and returns the metrics.jsonl lines; the workdir is
   deleted (its checkpoints, SmolLM2 weights and Adam state, take ~1.6 GB each)."""
@@ -86,7 +74,7 @@ def _run(tree: str, workdir: str, iterations: int, overrides: list[str]) -> list
          f"--config.train.num_iterations={iterations}", "--config.eval.at_end=false", *overrides]
   done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
   if done.returncode:
-    sys.exit(f"iteration: {' '.join(cmd)} failed in {tree}:\n{done.stderr[-3000:]}")
+    sys.exit(f"smollm2_iteration: {' '.join(cmd)} failed in {tree}:\n{done.stderr[-3000:]}")
   with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
     lines = [json.loads(line) for line in f]
   shutil.rmtree(workdir, ignore_errors=True)
@@ -136,11 +124,10 @@ def bf16_step_quantization(step: float = 1e-5) -> str:
 
 
 def main():
-  if "--accelerator" in sys.argv[1:]:
-    from launch.benchmarks import paper_iteration
-    sys.exit(paper_iteration.main(sys.argv[1:]))
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--baseline-rev", default="3c5ff63")
+  parser = argparse.ArgumentParser(prog="python -m launch.benchmarks.smollm2_iteration",
+                                   description=__doc__.splitlines()[0])
+  parser.add_argument("--baseline-rev", default="",
+                      help="the revision of the baseline side (required when it runs)")
   parser.add_argument("--iterations", type=int, default=3)
   parser.add_argument("--reps", type=int, default=1)
   parser.add_argument("--sides", default="baseline,current,bf16",
@@ -153,14 +140,19 @@ def main():
     print(bf16_step_quantization())
     return
   if args.iterations < 2:
-    sys.exit("iteration: --iterations must be >= 2 (the first one compiles)")
+    sys.exit("smollm2_iteration: --iterations must be >= 2 (the first one compiles)")
   chosen = [s.strip() for s in args.sides.split(",") if s.strip()]
   unknown = sorted(set(chosen) - set(SIDES))
   if unknown or "current" not in chosen or len(set(chosen)) < 2:
-    sys.exit(f"iteration: --sides {args.sides!r}: choose from {', '.join(SIDES)}, "
+    sys.exit(f"smollm2_iteration: --sides {args.sides!r}: choose from {', '.join(SIDES)}, "
              f"current and at least one other")
+  if "baseline" in chosen and not args.baseline_rev:
+    parser.error("--sides includes baseline: name its revision with --baseline-rev REV")
   reference = "baseline" if "baseline" in chosen else next(k for k in chosen if k != "current")
-  baseline_tree = _worktree(args.baseline_rev) if "baseline" in chosen else None
+  trees = contextlib.ExitStack()
+  baseline_tree = (trees.enter_context(harness.revision_tree(args.baseline_rev,
+                                                             "smollm2_iteration"))
+                   if "baseline" in chosen else None)
   every = {"baseline": (f"baseline ({args.baseline_rev})", baseline_tree, []),
            "current": ("current (float32)", REPO_ROOT, []),
            "bf16": ("bf16 compute (opt-in)", REPO_ROOT, ["--config.model.compute_dtype=bfloat16"]),
@@ -189,9 +181,7 @@ def main():
               flush=True)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
-    if baseline_tree:
-      subprocess.run(["git", "worktree", "remove", "--force", baseline_tree], cwd=REPO_ROOT,
-                     capture_output=True)
+    trees.close()
   import jax
   from hgpo_jax.cost import hardware
   cpu = hardware.describe_cpu()

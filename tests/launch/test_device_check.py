@@ -102,7 +102,7 @@ def _check_iteration(argv, monkeypatch, tiny, env="sokoban"):
   import jax
 
   from hgpo_jax import train
-  from launch.benchmarks import iteration, paper_iteration
+  from launch.benchmarks import paper_iteration
   seen = {}
   real_config = paper_iteration.paper_config
 
@@ -126,10 +126,9 @@ def _check_iteration(argv, monkeypatch, tiny, env="sokoban"):
   if not tiny:
     gpu = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(jax, "devices", lambda *a: [gpu])
-  monkeypatch.setattr("sys.argv", ["iteration", *argv[1:]])
-  assert argv[0] == "launch.benchmarks.iteration" and "--accelerator" in argv
+  assert argv[0] == "launch.benchmarks.paper_iteration"
   with pytest.raises(_Stop):
-    iteration.main()
+    paper_iteration.main(argv[1:])
   assert seen["validated"] is seen["config"]
   assert seen["env"] == env and seen["allow_cpu"] is tiny
   assert seen["config"].env.name == env
@@ -172,7 +171,7 @@ def test_every_command_of_the_dry_run_is_accepted(tiny, monkeypatch):
     argvs = argvs[1:]
   modules = [a[0] for a in argvs]
   assert modules == ["env_servers.protos.build", "pytest", "pytest", "pytest",
-                     "launch.benchmarks.rollout", "launch.benchmarks.iteration"]
+                     "launch.benchmarks.rollout", "launch.benchmarks.paper_iteration"]
   assert ("--allow-cpu" in argvs[4]) is tiny and ("--allow-cpu" in argvs[5]) is tiny
   _check_rollout(argvs[4][1:], monkeypatch, tiny)
   _check_iteration(argvs[5], monkeypatch, tiny)
@@ -185,7 +184,7 @@ def test_the_iteration_runs_on_alfworld_servers_when_asked(tiny, monkeypatch):
   """ITERATION_ENV=alfworld: the same iteration command on ALFWorld env servers (whose
   wheels device_wheels.sh carries), accepted up to the trainer's config check."""
   argvs = _commands(*(["--tiny"] if tiny else []), env={"ITERATION_ENV": "alfworld"})
-  (iteration,) = [a for a in argvs if a[0] == "launch.benchmarks.iteration"]
+  (iteration,) = [a for a in argvs if a[0] == "launch.benchmarks.paper_iteration"]
   assert iteration[iteration.index("--env") + 1] == "alfworld"
   _check_iteration(iteration, monkeypatch, tiny, env="alfworld")
 

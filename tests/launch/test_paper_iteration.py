@@ -1,4 +1,4 @@
-"""`python -m launch.benchmarks.iteration --accelerator`: the paper-shaped iteration benchmark
+"""`python -m launch.benchmarks.paper_iteration`: the paper-shaped iteration benchmark
 (launch/benchmarks/paper_iteration.py): its fixed response lengths, its CPU refusal, and a
 tiny CPU run whose printed numbers are recomputed from their own fields."""
 
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _bench(*args, timeout=1500):
-  return subprocess.run([sys.executable, "-m", "launch.benchmarks.iteration", "--accelerator",
+  return subprocess.run([sys.executable, "-m", "launch.benchmarks.paper_iteration",
                          *args], cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
                         capture_output=True, text=True, timeout=timeout)
 
@@ -64,7 +64,7 @@ def test_accelerator_mode_refuses_a_cpu_in_one_line():
   done = _bench("--model", "tiny", timeout=300)
   assert done.returncode == 2 and done.stdout == ""
   assert done.stderr.count("\n") == 1 and done.stderr.startswith(
-      "iteration: --accelerator found only CPUs"), done.stderr
+      "paper_iteration: found only CPUs"), done.stderr
   assert "--allow-cpu" in done.stderr
 
 
