@@ -94,7 +94,7 @@ LAUNCH_CASES = {
     "weights of the wrong architecture": (
         [_SMOKE, "--config.model.path={gemma}"],
         "{gemma}/config.json: model_type='gemma3' is not supported; supported: ('llama', "
-        "'qwen2')."),
+        "'qwen2', 'qwen3')."),
     "unwritable workdir": (
         [_SMOKE], "workdir {file}/run is not writable (Not a directory); pass a --workdir you "
         "can write to"),
