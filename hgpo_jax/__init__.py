@@ -2,7 +2,7 @@
 
 Subpackages:
   advantages  step-level advantage estimators (grpo, rloo, gigpo, hgpo, hae, gae)
-  models      Flax NNX decoders (Llama / Qwen2 families), weights, tokenizers
+  models      Flax NNX decoders (Llama / Qwen2 / Qwen3 families), weights, tokenizers
   sampling    jit KV-cache sampler
   envs        gRPC client pool and local launcher for the env servers in env_servers/
   rollout     step-wise rollouts: tasks, memory/prompts, action projection

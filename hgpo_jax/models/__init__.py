@@ -1,4 +1,4 @@
-"""LLM policies: the Llama/Qwen2 decoder in Flax NNX, weights, tokenizers, sharding.
+"""LLM policies: the Llama/Qwen2/Qwen3 decoder in Flax NNX, weights, tokenizers, sharding.
 
 Entry point: `load_model(name_or_path)` -> (Decoder, Tokenizer, ModelConfig).
 The names below load their module on first use, so importing one light module of the
