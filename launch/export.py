@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 
 PROG = "launch.export"
@@ -76,21 +77,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   return ap.parse_args(argv)
 
 
-def _output_dir(out: str, overwrite: bool) -> None:
-  """Creates `out`; an existing one must be empty unless --overwrite, which removes the
-  files a previous export left that this one may not write (shards of another count)."""
-  from hgpo_jax.models import hf_export
+def _check_output(out: str, overwrite: bool) -> None:
+  """Fails early (before any reading) on an --out that is a file, or that holds files
+  without --overwrite."""
   if os.path.exists(out) and not os.path.isdir(out):
     raise ExportError(f"--out={out} is a file; pass a directory")
-  if os.path.isdir(out) and os.listdir(out):
-    if not overwrite:
-      raise ExportError(f"--out={out} already holds files; pass an empty or new directory, or "
-                        "--overwrite")
-    stale = [n for n in os.listdir(out)
-             if (n.startswith("model") and ".safetensors" in n)
-             or n in hf_export.TOKENIZER_FILES + (hf_export.VALUE_HEADS_FILE,)]
-    for name in stale:
-      os.remove(os.path.join(out, name))
+  if os.path.isdir(out) and os.listdir(out) and not overwrite:
+    raise ExportError(f"--out={out} already holds files; pass an empty or new directory, or "
+                      "--overwrite")
+
+
+def _prepare_output(out: str) -> None:
+  """Creates `out`, removing what a previous export there wrote that this one may not
+  (shards of another count, another tokenizer's files, a value model); other files stay."""
+  from hgpo_jax.models import hf_export
+  if os.path.isdir(out):
+    for name in os.listdir(out):
+      path = os.path.join(out, name)
+      if (name.startswith("model") and ".safetensors" in name) or name in (
+          hf_export.TOKENIZER_FILES + (hf_export.VALUE_HEADS_FILE, hf_export.VALUE_HEADS_JSON)):
+        os.remove(path)
+      elif name == "critic" and os.path.isfile(os.path.join(path, hf_export.VALUE_HEADS_JSON)):
+        shutil.rmtree(path)
   try:
     os.makedirs(out, exist_ok=True)
   except OSError as e:
@@ -204,7 +212,7 @@ def export(args: argparse.Namespace) -> list[str]:
   except ValueError as e:
     raise ExportError(f"--max-shard-size: {e}") from None
   directory, step = checkpoint_lib.resolve_step(args.workdir, args.step)
-  _output_dir(args.out, args.overwrite)
+  _check_output(args.out, args.overwrite)
   print(f"{PROG}: step {step} of {directory} -> {args.out}", flush=True)
   host = checkpoint_lib.read_params(directory, step)
   model = host.config.get("model", {})
@@ -214,6 +222,7 @@ def export(args: argparse.Namespace) -> list[str]:
   if args.lora_adapter or lora_lib.has_adapters(host.params):
     lora = _run_lora(model, host.params, f"checkpoint step {step} in {directory}")
     if args.lora_adapter:
+      _prepare_output(args.out)
       lora_lib.write_peft_adapter(args.out, lora, host.params["layers"],
                                   num_layers=cfg.num_layers, base_model=model_name)
       return [lora_lib.CONFIG_FILE, lora_lib.WEIGHTS_FILE]
@@ -223,16 +232,18 @@ def export(args: argparse.Namespace) -> list[str]:
   cfg = cfg.replace(dtype=saved_dtype, param_dtype=saved_dtype)
   where = f"checkpoint step {step} in {directory}"
   _check_architecture(cfg, params, where, model_name)
-  common = dict(tokenizer=tokenizer, tokenizer_dir=tokenizer_dir, dtype=args.dtype,
-                max_shard_bytes=max_shard_bytes)
-  files = hf_export.write_model_dir(args.out, cfg, params, **common)
-  if args.critic:
+  if args.critic:  # read and checked before anything is written
     critic = checkpoint_lib.read_params(directory, step, subtree=checkpoint_lib.CRITIC).params
     heads = value_heads.LEVELS.get(int(critic["value_head"].shape[0]))
     backbone = flat_params(critic["backbone"])
     _check_architecture(critic_lib.backbone_config(cfg), backbone, where + " (critic)", model_name)
+  _prepare_output(args.out)
+  common = dict(tokenizer=tokenizer, tokenizer_dir=tokenizer_dir, dtype=args.dtype,
+                max_shard_bytes=max_shard_bytes)
+  files = hf_export.write_model_dir(args.out, cfg, params, **common)
+  if args.critic:
     critic_dir = os.path.join(args.out, "critic")
-    _output_dir(critic_dir, args.overwrite)
+    _prepare_output(critic_dir)
     files += [os.path.join("critic", f) for f in hf_export.write_critic_dir(
         critic_dir, cfg, backbone, critic["value_head"], critic["value_bias"], heads, **common)]
   return files

@@ -266,6 +266,9 @@ def test_cli_critic_layout(tmp_path):
   # the policy directory is the policy's, not the critic's
   np.testing.assert_allclose(_transformers_logits(str(out)), _project_logits(TINY, policy),
                              atol=1e-4, rtol=0)
+  # an export over it without --critic leaves no stale value model behind
+  assert _cli("--workdir", tmp_path / "run", "--out", out, "--overwrite") == 0
+  assert not (out / "critic").exists() and (out / "model.safetensors").is_file()
 
 
 def _nested(flat):
@@ -313,6 +316,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
       capsys, _cli("--workdir", run, "--out", tmp_path / "o", "--max-shard-size", "big"))
   assert _err(capsys, _cli("--workdir", run, "--out", tmp_path / "o", "--critic")) == (
       f"checkpoint step 2 in {ckpt_dir} holds no critic/params (the run trained no critic).")
+  assert not (tmp_path / "o").exists()  # nothing is written before every read succeeded
   assert "the following arguments are required: --out" in _err(capsys, _cli("--workdir", run))
   # another architecture: the run's model directory on this host is not the run's model
   other = tmp_path / "other"
