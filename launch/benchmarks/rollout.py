@@ -437,7 +437,7 @@ def main(argv=None):
                   help="run on the first GPU/TPU device (required: there is no CPU mode)")
   ap.add_argument("--allow-cpu", action="store_true",
                   help="let --accelerator run on a CPU (a plumbing check with the tiny preset: "
-                       "launch/device_check.sh --tiny); its timings mean nothing")
+                       "launch/gpu_checks/device_check.sh --tiny); its timings mean nothing")
   ap.add_argument("--model", default="qwen2.5-1.5b", help="model preset (random weights)")
   ap.add_argument("--rows", type=_int_list, default=[1, 32, 128],
                   help="rows per call, e.g. 1,32,128")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks to run on a GPU host (kernels, decode, a paper-shaped iteration), as ONE command.
 #
-#   bash launch/device_check.sh [--tiny] [--dry-run] [--trace-imports FILE] STEP...
+#   bash launch/gpu_checks/device_check.sh [--tiny] [--dry-run] [--trace-imports FILE] STEP...
 #   STEP: kernels | decode | iteration (several run in order; each fits one 10-minute call)
 #
 # Run from the repository root. Every log goes under $OUT (./device_out when OUT is unset):
@@ -21,9 +21,9 @@
 # --tiny      the same steps with the tiny preset, small sizes, JAX_PLATFORMS=cpu and
 #             --allow-cpu: the rehearsal on a CPU host (PYTHON=.venv/bin/python there).
 # --dry-run   print the commands (one per line, `+ ` first) and run nothing.
-# --trace-imports FILE   record every module the steps import (launch/device_trace), for
-#             launch/device_wheels.sh --closure.
-# Wheels carried in .whl/ (launch/device_wheels.sh makes them) are installed into
+# --trace-imports FILE   record every module the steps import (launch/gpu_checks/device_trace), for
+#             launch/gpu_checks/device_wheels.sh --closure.
+# Wheels carried in .whl/ (launch/gpu_checks/device_wheels.sh makes them) are installed into
 # $DEVICE_SITE (/tmp/site) and put on PYTHONPATH after the repository; --tiny skips them
 # (they are cp312 wheels for the device image; WHEELS=1 forces, WHEELS=0 skips).
 # Environment: PYTHON (python3), OUT, DEVICE_SITE, WHEELS, DECODE_TIMEOUT (480), DECODE_ROWS
@@ -59,7 +59,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#STEPS[@]} -gt 0 ]] || { echo "device_check: name a step: kernels, decode or iteration" >&2
                               exit 2; }
-[[ -f launch/device_check.sh ]] || { echo "device_check: run it from the repository root" >&2
+[[ -f launch/gpu_checks/device_check.sh ]] || { echo "device_check: run it from the repository root" >&2
                                      exit 2; }
 
 PY="${PYTHON:-python3}"

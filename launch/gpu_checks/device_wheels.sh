@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The wheels launch/device_check.sh needs on a GPU host whose image ('cuda',
+# The wheels launch/gpu_checks/device_check.sh needs on a GPU host whose image ('cuda',
 # Python 3.12, no network) lacks some of requirements.txt. Run it here, where PyPI answers:
 #
-#   bash launch/device_wheels.sh             # download them into .whl/ (git-ignored), print sizes
-#   bash launch/device_wheels.sh --list      # print `wheel|override NAME==VERSION` lines only
-#   bash launch/device_wheels.sh --image     # print the image's packages only
-#   bash launch/device_wheels.sh --closure TRACE...  # the distributions the traced imports
+#   bash launch/gpu_checks/device_wheels.sh             # download them into .whl/ (git-ignored), print sizes
+#   bash launch/gpu_checks/device_wheels.sh --list      # print `wheel|override NAME==VERSION` lines only
+#   bash launch/gpu_checks/device_wheels.sh --image     # print the image's packages only
+#   bash launch/gpu_checks/device_wheels.sh --closure TRACE...  # the distributions the traced imports
 #                                            # come from (device_check.sh --tiny --trace-imports)
 #
 # WHEELS: the distributions the three steps import (traced on a CPU with `--tiny`, the env
@@ -156,7 +156,7 @@ EOF
      exit 2 ;;
 esac
 
-[[ -f launch/device_wheels.sh ]] || { echo "device_wheels: run it from the repository root" >&2
+[[ -f launch/gpu_checks/device_wheels.sh ]] || { echo "device_wheels: run it from the repository root" >&2
                                       exit 2; }
 mkdir -p "$DIR"
 rm -f "$DIR"/*.whl  # one version of each: none left from an earlier list

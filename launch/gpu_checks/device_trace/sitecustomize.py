@@ -1,10 +1,10 @@
-"""Import tracer of `launch/device_check.sh --trace-imports FILE` (nothing else loads it).
+"""Import tracer of `launch/gpu_checks/device_check.sh --trace-imports FILE` (nothing else loads it).
 
 device_check.sh puts this directory first on PYTHONPATH and sets HGPO_TRACE_IMPORTS=FILE;
 every Python process of the step (the env servers it starts included: they inherit both)
 then appends the first two dotted components of each module it imports to FILE (`google.protobuf`:
 a namespace package's distribution shows in the second), once per process, as the import happens (so a server ended by a signal has still written its names).
-`launch/device_wheels.sh --closure FILE` maps the names to distributions.
+`launch/gpu_checks/device_wheels.sh --closure FILE` maps the names to distributions.
 """
 
 import os
