@@ -7,6 +7,11 @@ Variants (argument string after the colon):
   model=tiny|smollm2-135m|qwen2.5-1.5b|qwen2.5-7b
   smoke                            seconds-scale run for tests (tiny model, 2 groups, 3 steps)
   local                            the SmolLM2 job (`make run-llm`), sized for a 2-core CPU
+  dynamic                          dynamic sampling and clip-higher: algo=gigpo verl-agent's
+                                   gigpo_dynamic_trainer, algo=grpo its dapo_trainer
+                                   (common.TRAIN_VARIANTS)
+  gspo                             GSPO's sequence ratio and clips: algo=grpo verl-agent's
+                                   gspo_trainer/run_alfworld.sh
   lora                             LoRA rank 64 as verl-agent's run_alfworld_lora.sh (common.apply_lora)
 
 Paper setting (HGPO arXiv 2602.22817, Table 1; settings in docs/algorithms.md §12), e.g. Qwen2.5-1.5B-Instruct, K=2, on a pod:
@@ -47,7 +52,7 @@ from configs import common
 
 def get_config(arg: str | None = None):
   a = common.parse_arg(arg, algo="hgpo", k=2, model="smollm2-135m", smoke=False, local=False,
-                       lora=False)
+                       lora=False, dynamic=False, gspo=False)
   if a.model not in common.MODELS:
     raise ValueError(f"unknown model {a.model!r}; choose one of {common.MODELS}")
   c = common.base_config()

@@ -165,6 +165,7 @@ def finish(c: ml_collections.ConfigDict, a: ml_collections.ConfigDict, env: str,
     apply_critic_algo(c, a.algo, env)
   if a.get("lora", False):
     apply_lora(c)
+  apply_train_variants(c, a, env)
   if a.get("local", False):
     apply_local(c)
   if a.smoke:
@@ -303,7 +304,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.lr = 1e-6  # actor AdamW learning rate, peak of lr_schedule (paper: 1e-6, constant)
   # learning rate per iteration (verl optim.warmup_style): constant | cosine (down to
   # min_lr_ratio * lr at the last iteration); warmup over warmup_steps iterations, or
-  # warmup_ratio of them when warmup_steps < 0 (verl lr_warmup_steps / _ratio; docs §9.5)
+  # warmup_ratio of them when warmup_steps < 0 (verl lr_warmup_steps / _ratio; docs §9.6)
   c.train.lr_schedule = "constant"
   c.train.warmup_steps = -1
   c.train.warmup_ratio = 0.0
@@ -344,10 +345,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.reference_memory = "device"
   c.train.entropy_coeff = 0.001  # entropy bonus weight (verl-agent yaml)
   c.train.loss_agg = "token-mean"  # token-loss reduction, losses.LOSS_AGG_MODES (scripts)
-  c.train.policy_loss = "ppo"  # ppo (dual clip) | gspo (one ratio per step's response; §9.1)
+  c.train.policy_loss = "ppo"  # ppo (dual clip) | gspo (one ratio per step's response; §9.2)
   c.train.kl_estimator = "k3"  # KL loss estimator: k1 | abs | k2 | k3 (aliases kl, mse,
-  #   low_var_kl; verl kl_loss_type, §9.2)
-  # KL to the reference in the reward (verl algorithm.use_kl_in_reward, §9.3): each step's
+  #   low_var_kl; verl kl_loss_type, §9.3)
+  # KL to the reference in the reward (verl algorithm.use_kl_in_reward, §9.4): each step's
   # reward loses kl_reward_coef * its response's summed kl_reward_estimator KL, the
   # coefficient fixed or adaptive (kl_target, kl_horizon; verl algorithm.kl_ctrl)
   c.train.kl_in_reward = False
@@ -356,7 +357,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.kl_ctrl = "fixed"  # fixed | adaptive
   c.train.kl_target = 0.1
   c.train.kl_horizon = 10000
-  # sampler/learner mismatch (verl rollout_correction, §9.4): importance weights
+  # sampler/learner mismatch (verl rollout_correction, §9.5): importance weights
   # pi_old / pi_rollout per token or per step's response, truncated at the threshold;
   # rejection of tokens/responses outside [1/t, t]; the rollout_corr/* metrics are logged
   # whatever these are (a log-prob pass of their own when the update reuses its own)
@@ -365,7 +366,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.rollout_rs = "none"  # none | token | sequence
   c.train.rollout_rs_threshold = 2.0
   c.train.rollout_mismatch_metrics = True
-  # dynamic sampling (DAPO filter_groups, §9.6): drop groups whose trajectories all have
+  # dynamic sampling (DAPO filter_groups, §9.7): drop groups whose trajectories all have
   # the same metric (score: return | success), play new groups until rollout.num_groups
   # varied ones exist or max_generation_batches were played; critic-free estimators only
   c.train.filter_groups = False
@@ -457,6 +458,45 @@ def apply_lora(c: ml_collections.ConfigDict) -> None:
   batch sizes equal the LoRA scripts'). Checked value by value by
   tests/test_paper_settings.py."""
   c.update_from_flattened_dict(LORA_SETTINGS)
+
+
+TRAIN_VARIANT_SCRIPTS = {
+    ("alfworld", "gigpo", "dynamic"): (VERL_AGENT, "examples/gigpo_dynamic_trainer/run_alfworld.sh"),
+    ("webshop", "gigpo", "dynamic"): (VERL_AGENT, "examples/gigpo_dynamic_trainer/run_webshop.sh"),
+    ("sokoban", "gigpo", "dynamic"): (VERL_AGENT, "examples/gigpo_dynamic_trainer/run_sokoban.sh"),
+    ("alfworld", "grpo", "dynamic"): (VERL_AGENT, "examples/dapo_trainer/run_alfworld.sh"),
+    ("webshop", "grpo", "dynamic"): (VERL_AGENT, "examples/dapo_trainer/run_webshop.sh"),
+    ("alfworld", "grpo", "gspo"): (VERL_AGENT, "examples/gspo_trainer/run_alfworld.sh"),
+}
+"""The published scripts of the training variants, (env, algo, variant) -> (repository,
+path); each is its algo's script with the variant's values (`TRAIN_VARIANTS`)."""
+
+TRAIN_VARIANTS = {
+    # clip-higher and DAPO's dynamic sampling (algorithm.filter_groups)
+    "dynamic": {"train.clip_ratio_low": 0.2, "train.clip_ratio_high": 0.28,
+                "train.filter_groups": True, "train.max_generation_batches": 10},
+    # actor.policy_loss.loss_mode=gspo with its clip ratios
+    "gspo": {"train.policy_loss": "gspo", "train.clip_ratio_low": 3e-4,
+             "train.clip_ratio_high": 4e-4},
+}
+"""The values a training variant (argument `dynamic` or `gspo`) sets: those its scripts
+(`TRAIN_VARIANT_SCRIPTS`) change from their algo's script."""
+
+TRAIN_VARIANT_SETTINGS = {
+    ("webshop", "gigpo", "dynamic"): {"eval.num_tasks": 128},  # val_data_size, not 2x
+    ("alfworld", "grpo", "gspo"): {"train.num_iterations": 200},  # total_epochs=200
+}
+"""Further values a variant's script changes for one (env, algo)."""
+
+
+def apply_train_variants(c: ml_collections.ConfigDict, a: ml_collections.ConfigDict,
+                         env: str) -> None:
+  """The `dynamic` and `gspo` variants (`TRAIN_VARIANTS`, then `TRAIN_VARIANT_SETTINGS`);
+  checked value by value against their scripts by tests/test_paper_settings.py."""
+  for name, values in TRAIN_VARIANTS.items():
+    if a.get(name, False):
+      c.update_from_flattened_dict(values)
+      c.update_from_flattened_dict(TRAIN_VARIANT_SETTINGS.get((env, a.algo, name), {}))
 
 
 def apply_local(c: ml_collections.ConfigDict) -> None:

@@ -21,7 +21,7 @@ from configs import common
 
 def get_config(arg: str | None = None):
   a = common.parse_arg(arg, algo="hgpo", k=2, model="smollm2-135m", dim=6, boxes=1,
-                       levels=0, smoke=False)
+                       levels=0, smoke=False, dynamic=False, gspo=False)
   if a.model not in common.MODELS:
     raise ValueError(f"unknown model {a.model!r}; choose one of {common.MODELS}")
   c = common.base_config()

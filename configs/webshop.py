@@ -9,6 +9,9 @@ Variants (argument string after the colon):
                                    HiPER 50: common.SCRIPT_SETTINGS)
   smoke                            seconds-scale run for tests
   local                            sized for a 2-core CPU
+  dynamic                          dynamic sampling and clip-higher (algo=gigpo / grpo:
+                                   verl-agent's gigpo_dynamic / dapo scripts)
+  gspo                             GSPO's sequence ratio and clips (common.TRAIN_VARIANTS)
   lora                             LoRA rank 64 as verl-agent's run_webshop_lora.sh (common.apply_lora)
 
 Paper setting (docs/algorithms.md "Paper settings"): 16 x 8 trajectories, lr 1e-6, mini-batch
@@ -37,7 +40,7 @@ from configs import common
 
 def get_config(arg: str | None = None):
   a = common.parse_arg(arg, algo="hgpo", k=2, model="smollm2-135m", horizon=0,
-                       smoke=False, local=False, lora=False)
+                       smoke=False, local=False, lora=False, dynamic=False, gspo=False)
   if a.model not in common.MODELS:
     raise ValueError(f"unknown model {a.model!r}; choose one of {common.MODELS}")
   if a.horizon < 0:

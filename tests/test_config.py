@@ -94,10 +94,10 @@ def test_validate_builds_the_dataclasses_with_the_configs_values():
   c = alfworld_config.get_config("algo=ppo,k=2")
   run = train.validate(c)
   t, r = c.train, c.rollout
-  # Every train key but the iteration count is a field of UpdateConfig or LossConfig.
+  # Every train key but the trainer loop's own is a field of UpdateConfig or LossConfig.
   update_fields = {f.name for f in dataclasses.fields(train_step.UpdateConfig)}
   loss_fields = {f.name for f in dataclasses.fields(losses.LossConfig)}
-  assert set(t.keys()) - update_fields - loss_fields == {"num_iterations"}
+  assert set(t.keys()) - update_fields - loss_fields == set(run_config.TRAINER_KEYS)
   for key in set(t.keys()) & update_fields:
     assert getattr(run.update, key) == t[key], key
   for key in set(t.keys()) & loss_fields:

@@ -18,7 +18,11 @@ released code it runs. Each row names the file the value is read from. The sourc
     and agent_system/environments/env_manager.py.
 
 The LoRA variant (`get_config("algo=gigpo,model=qwen2.5-7b,lora")`, column "GiGPO LoRA") is
-compared with verl-agent's examples/gigpo_trainer/run_{alfworld,webshop}_lora.sh the same way.
+compared with verl-agent's examples/gigpo_trainer/run_{alfworld,webshop}_lora.sh the same way,
+and so are the training variants (`algo=gigpo,dynamic`, `algo=grpo,dynamic`, `algo=grpo,gspo`)
+with examples/gigpo_dynamic_trainer/run_{alfworld,webshop}.sh,
+examples/dapo_trainer/run_{alfworld,webshop}.sh and examples/gspo_trainer/run_alfworld.sh
+(columns "GiGPO dynamic", "DAPO", "GSPO"; no GSPO script exists for WebShop).
 
 A value that differs from the published one fails the test unless a named entry of
 `DIFFERENCES` lists it with its reason; an entry that no longer matches a difference fails
@@ -45,9 +49,13 @@ from hgpo_jax.training import train_step
 
 VERL_AGENT = "zzj1111/alfworldauto"
 HIPER_AGENT = "JonP07/HiPER-agent"
-ALGOS = ("grpo", "rloo", "gigpo", "hgpo", "ppo", "hiper", "gigpo-lora")
+ALGOS = ("grpo", "rloo", "gigpo", "hgpo", "ppo", "hiper", "gigpo-lora", "gigpo-dynamic", "dapo",
+         "gspo")
 LORA = {"gigpo-lora": "gigpo"}
 """Columns of the `lora` variant: the algo whose script it changes."""
+VARIANTS = {"gigpo-dynamic": ("gigpo", "dynamic"), "dapo": ("grpo", "dynamic"),
+            "gspo": ("grpo", "gspo")}
+"""Columns of the training variants: (the algo whose script it changes, the variant)."""
 ENVS = ("alfworld", "webshop")
 CONFIGS = {"alfworld": alfworld_config, "webshop": webshop_config}
 
@@ -72,8 +80,17 @@ LORA_SCRIPTS = {
 YAML = "verl/trainer/config/ppo_trainer.yaml"
 
 
+VARIANT_SCRIPTS = {
+    ("alfworld", "gigpo-dynamic"): (VERL_AGENT, "examples/gigpo_dynamic_trainer/run_alfworld.sh"),
+    ("webshop", "gigpo-dynamic"): (VERL_AGENT, "examples/gigpo_dynamic_trainer/run_webshop.sh"),
+    ("alfworld", "dapo"): (VERL_AGENT, "examples/dapo_trainer/run_alfworld.sh"),
+    ("webshop", "dapo"): (VERL_AGENT, "examples/dapo_trainer/run_webshop.sh"),
+    ("alfworld", "gspo"): (VERL_AGENT, "examples/gspo_trainer/run_alfworld.sh"),
+}
+
+
 def _script(env: str, algo: str):
-  return {**SCRIPTS, **LORA_SCRIPTS}[(env, algo)]
+  return {**SCRIPTS, **LORA_SCRIPTS, **VARIANT_SCRIPTS}[(env, algo)]
 FSDP_WORKERS = "verl/workers/fsdp_workers.py"
 ENV_MANAGER = "agent_system/environments/env_manager.py"
 
@@ -100,6 +117,8 @@ _MODEL = {"qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B-Instruct", "qwen2.5-7b": "Qwen/Qwen
 _ALL_LINEAR = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 CRITIC = ("ppo", "hiper")
 GROUPED = ("grpo", "rloo", "gigpo", "hgpo")
+# the columns whose scripts run verl-agent's ppo_trainer.yaml (HGPO's recipe has its own)
+_VERL_AGENT_GROUPED = ("grpo", "rloo", "gigpo", "gigpo-lora", "gigpo-dynamic", "dapo", "gspo")
 
 
 def _on_gpu(c) -> str:
@@ -175,15 +194,24 @@ PARAMETERS = (
     Parameter("model.target_modules", "model.lora.targets",
               lambda c, r: "all-linear" if c.model.lora.targets == _ALL_LINEAR
               else c.model.lora.targets, only=tuple(LORA)),
+    # training options (docs/algorithms.md §9.1-§9.7) of the verl-agent scripts
+    Parameter("actor.policy_loss.loss_mode", "train.policy_loss",
+              lambda c, r: {"ppo": "vanilla"}.get(c.train.policy_loss, c.train.policy_loss),
+              only=_VERL_AGENT_GROUPED),
+    Parameter("algorithm.filter_groups.enable", "train.filter_groups",
+              lambda c, r: c.train.filter_groups, only=_VERL_AGENT_GROUPED),
+    Parameter("algorithm.filter_groups.max_num_gen_batches", "train.max_generation_batches",
+              lambda c, r: c.train.max_generation_batches, only=_VERL_AGENT_GROUPED),
     # estimators
     Parameter("algorithm.norm_adv_by_std_in_grpo", "algo.options.norm",
-              lambda c, r: c.algo.options.norm == "mean_std", only=("grpo",)),
+              lambda c, r: c.algo.options.norm == "mean_std", only=("grpo", "dapo", "gspo")),
     Parameter("algorithm.gamma", "algo.gamma", lambda c, r: c.algo.gamma,
-              only=("gigpo", "hgpo", "gigpo-lora")),
+              only=("gigpo", "hgpo", "gigpo-lora", "gigpo-dynamic")),
     Parameter("algorithm.gigpo.step_advantage_w", "algo.options.omega",
-              lambda c, r: c.algo.options.omega, only=("gigpo", "gigpo-lora")),
+              lambda c, r: c.algo.options.omega, only=("gigpo", "gigpo-lora", "gigpo-dynamic")),
     Parameter("algorithm.gigpo.mode", "algo.options.norm",
-              lambda c, r: _NORM[c.algo.options.norm], only=("gigpo", "gigpo-lora")),
+              lambda c, r: _NORM[c.algo.options.norm],
+              only=("gigpo", "gigpo-lora", "gigpo-dynamic")),
     Parameter("algorithm.hgpo.mode", "algo.options.norm",
               lambda c, r: _NORM[c.algo.options.norm], only=("hgpo",)),
     Parameter("algorithm.hgpo.weight_type", "algo.options.weights",
@@ -411,6 +439,26 @@ for _env in ENVS:
       "actor.optim.lr": _v(3e-6), "actor.use_kl_loss": _v(False),
       "actor.kl_loss_coef": _yaml(0.001)}
 
+# The training options the scripts leave at the yaml's values, and the variants' scripts:
+# each is its algo's script with these lines changed (the rest is line for line the same).
+for _env in ENVS:
+  for _algo in ("grpo", "rloo", "gigpo", "gigpo-lora"):
+    PUBLISHED[(_env, _algo)].update({
+        "actor.policy_loss.loss_mode": _yaml("vanilla"),
+        "algorithm.filter_groups.enable": _yaml(False),
+        "algorithm.filter_groups.max_num_gen_batches": _yaml(10)})
+  _dynamic = {"actor.clip_ratio_low": _v(0.2), "actor.clip_ratio_high": _v(0.28),
+              "algorithm.filter_groups.enable": _v(True),
+              "algorithm.filter_groups.max_num_gen_batches": _v(10)}
+  PUBLISHED[(_env, "gigpo-dynamic")] = {**PUBLISHED[(_env, "gigpo")], **_dynamic}
+  PUBLISHED[(_env, "dapo")] = {**PUBLISHED[(_env, "grpo")], **_dynamic}
+# gigpo_dynamic_trainer/run_webshop.sh prepares val_data_size tasks, not twice as many
+PUBLISHED[("webshop", "gigpo-dynamic")]["val_data_size (tasks evaluated)"] = _v(128)
+PUBLISHED[("alfworld", "gspo")] = {
+    **PUBLISHED[("alfworld", "grpo")], "actor.policy_loss.loss_mode": _v("gspo"),
+    "actor.clip_ratio_low": _v(3e-4), "actor.clip_ratio_high": _v(4e-4),
+    "trainer.total_epochs": _v(200)}
+
 # The critic's mini-batch is the actor's (yaml: ${actor_rollout_ref.actor.ppo_mini_batch_size}).
 for _key, _row in PUBLISHED.items():
   if "critic.ppo_mini_batch_size" in _row:
@@ -469,6 +517,13 @@ DIFFERENCES = (
         "the same bf16-rounded weights and the base takes half the memory. The adapters, "
         "their optimizer state and the value heads are float32 as verl's."),
     Difference(
+        "gspo-aggregation",
+        "The release's `compute_policy_loss_gspo` (verl/trainer/ppo/core_algos.py) aggregates "
+        "the GSPO term `seq-mean-token-mean` whatever `loss_agg_mode` says; the project "
+        "aggregates it with `train.loss_agg` as verl main does (`token-mean` in the GSPO "
+        "setting, whose loss unit of 32 rows needs it). A sequence is one step's response "
+        "(§9.2)."),
+    Difference(
         "generated-environments",
         "ALFWorld games are generated ALFWorld-format games on ALFRED rooms and the shop is "
         "the project's own WebShop-compatible catalog (docs/environments.md), not the "
@@ -493,6 +548,9 @@ MINI_SUITE_CHANGES = (
 def paper_config(env: str, algo: str):
   if algo in LORA:
     return CONFIGS[env].get_config(f"algo={LORA[algo]},model=qwen2.5-7b,lora")
+  if algo in VARIANTS:
+    return CONFIGS[env].get_config(f"algo={VARIANTS[algo][0]},model=qwen2.5-1.5b,"
+                                   f"{VARIANTS[algo][1]}")
   return CONFIGS[env].get_config(f"algo={algo},model=qwen2.5-1.5b")
 
 
@@ -553,12 +611,17 @@ def test_every_parameter_is_transcribed_where_it_applies():
 def test_the_configs_name_the_same_scripts():
   assert common.SCRIPTS == SCRIPTS
   assert {(env, "gigpo-lora"): s for env, s in common.LORA_SCRIPTS.items()} == LORA_SCRIPTS
-  assert set(common.SCRIPT_SETTINGS) == set(SCRIPTS) == set(PUBLISHED) - set(LORA_SCRIPTS)
+  assert set(common.SCRIPT_SETTINGS) == set(SCRIPTS) == (set(PUBLISHED) - set(LORA_SCRIPTS)
+                                                          - set(VARIANT_SCRIPTS))
+  assert {(env, col): common.TRAIN_VARIANT_SCRIPTS[(env, *VARIANTS[col])]
+          for env, col in VARIANT_SCRIPTS} == VARIANT_SCRIPTS
+  assert set(VARIANT_SCRIPTS) <= set(PUBLISHED)
 
 
 # ------------------------------------------------------------------ the document
 _LABEL = {"grpo": "GRPO", "rloo": "RLOO", "gigpo": "GiGPO", "hgpo": "HGPO", "ppo": "PPO",
-          "hiper": "HiPER", "gigpo-lora": "GiGPO LoRA"}
+          "hiper": "HiPER", "gigpo-lora": "GiGPO LoRA", "gigpo-dynamic": "GiGPO dynamic",
+          "dapo": "DAPO", "gspo": "GSPO"}
 BEGIN = "<!-- paper settings table: generated by tests/test_paper_settings.py render() -->"
 END = "<!-- end of the generated paper settings table -->"
 
@@ -576,21 +639,22 @@ def render() -> str:
   """The generated part of docs/algorithms.md's "Paper settings" section."""
   out = [BEGIN, ""]
   for env in ENVS:
+    algos = [a for a in ALGOS if (env, a) in PUBLISHED]  # WebShop has no GSPO script
     table = {algo: {p.name: (v, src, got) for p, v, src, got in cells(env, algo)}
-             for algo in ALGOS}
+             for algo in algos}
     out.append(f"**{'ALFWorld' if env == 'alfworld' else 'WebShop'}** (`configs/{env}.py`)")
     out.append("")
     out.append("| parameter (published option) | config field | "
-               + " | ".join(_LABEL[a] for a in ALGOS) + " |")
-    out.append("|---|---|" + "---|" * len(ALGOS))
+               + " | ".join(_LABEL[a] for a in algos) + " |")
+    out.append("|---|---|" + "---|" * len(algos))
     out.append("| script | – | " + " | ".join(
         f"{_REPO_LABEL[_script(env, a)[0]]} "
-        f"`{_script(env, a)[1]}`" for a in ALGOS) + " |")
+        f"`{_script(env, a)[1]}`" for a in algos) + " |")
     for param in PARAMETERS:
-      if not any(param.name in table[a] for a in ALGOS):
+      if not any(param.name in table[a] for a in algos):
         continue
       row = []
-      for algo in ALGOS:
+      for algo in algos:
         if param.name not in table[algo]:
           row.append("–")
           continue

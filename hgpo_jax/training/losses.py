@@ -20,7 +20,7 @@ The `seq-mean-*` modes average over rows that have at least one scored token. ve
 no all-masked rows (its `adjust_batch` pads by duplicating real rows), so this only
 makes our zero-mask padding rows (see `train_batch`) invisible to the loss.
 
-Options beyond verl-agent's defaults (docs/algorithms.md §9.1-§9.4), each verl's:
+Options beyond verl-agent's defaults (docs/algorithms.md §9.2-§9.5), each verl's:
   * `policy_loss="gspo"`: the sequence-level ratio of GSPO (arXiv 2507.18071, Eq. 7;
     verl `compute_policy_loss_gspo`); a sequence is a row: one step's response.
   * `kl_estimator`: verl's `kl_penalty` estimators k1, abs, k2 (mse), k3 (low_var_kl).

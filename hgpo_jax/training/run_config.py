@@ -271,9 +271,16 @@ def lora_config(config: ml_collections.ConfigDict) -> lora_lib.LoraConfig:
     raise ConfigError(f"config.{e.args[0]}") from None
 
 
+TRAINER_KEYS = ("num_iterations", "filter_groups", "filter_groups_metric",
+                "max_generation_batches", "kl_in_reward", "kl_reward_estimator", "kl_reward_coef",
+                "kl_ctrl", "kl_target", "kl_horizon", "rollout_mismatch_metrics")
+"""The `config.train` keys the trainer loop reads itself (hgpo_jax/train.py, run.py); every
+other one is a field of `UpdateConfig` or `LossConfig`."""
+
+
 def _check_train_options(config: ml_collections.ConfigDict, est) -> None:
   """The rules of the training options that no dataclass holds alone (docs/algorithms.md
-  §9.1-§9.6): dynamic sampling, the KL in the reward, and the layouts the sequence-level
+  §9.1-§9.7): dynamic sampling, the KL in the reward, and the layouts the sequence-level
   options need."""
   t = config.train
   if t.filter_groups:
