@@ -90,7 +90,7 @@ MINI_V1 = SUITE
 # (2-3), no distractor class, plans of 4-6 steps (the 12-step horizon is 2x the longest);
 # 2 train games (placing, lamp) and 12 held-out games of three task types on unseen
 # rooms. Richer candidates (9 or 4 train games, 3 receptacles, a distractor class) were
-# not learned within the budget (launch/experiments/suites.py lists the calibration runs).
+# not learned within the budget (results/suite_calibration.md lists the calibration runs).
 # Uniform-random play over the admissible list with look/inventory/examine hidden, as the
 # suite plays it (`--random-play 32 --hide-actions look,inventory,examine`): train
 # 17.2 % within 12 steps.

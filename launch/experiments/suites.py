@@ -13,135 +13,43 @@ method sees the same task order and env seeds (`hgpo_jax.rollout.tasks.group_see
 per-seed differences between methods are paired.
 
 The `mini` suite (version `mini_v6`) is the CPU-scale suite of the project: the tiny
-random-init policy (2 layers, 64 wide) with constrained decoding on ALFWorld-mini
-(env_servers/alfworld/mini.py), Sokoban 12x12 with 4 boxes trained on 2 levels, and
-WebShop-mini at horizon 15, each evaluated on 48 held-out games.
-The first committed table (results/mini_v2.md) was made with mini_v2, which covered ALFWorld-mini
-and Sokoban; mini_v3 changed only the WebShop column (the calibrated shop below), whose
-mini_v2 definition was never run; its runs are in results/mini_webshop_mini.md. mini_v4
-evaluates on 48 held-out games instead of 12 (ALFWorld-mini: the games of ALFWorld-mini
-mini_v3, whose first 12 are mini_v2's) or 24 (Sokoban), so that one game is 2.1 points;
-WebShop-mini's mini_v3 shop has 24 test goals, all of them evaluated (48 from mini_v6). The ALFWorld-mini and
-WebShop-mini training cells are unchanged. mini_v4's Sokoban column is 12x12 with 5 boxes
-at horizon 10 instead of 6x6 with 1 box at horizon 15 (which random play solves 60-68 % of
-the time, so no method could separate from it): uniform-random play solves 12.5 % of 1000
-train and 13.0 % of 200 test levels within 10 steps, and random play that never undoes a
-move 13.6 / 15.5 % (`python -m env_servers.sokoban.env --random-play 1000 --split train
---dim 12 --boxes 5 --horizons 10`; the grid of sizes, boxes and horizons that was tried
-is in docs/environments.md). The sweep answered no: at seed 123 (trainer fd59df2) GRPO,
-RLOO, GiGPO and HGPO K=2 ended at 0 % train success over the last 3 iterations and 10.4 /
-8.3 / 6.2 / 16.7 % held-out, single iterations reaching 38-44 % only when an easy level
-was drawn: with 2 new levels per iteration out of 1000, each level is seen once, and the
-2-layer policy does not learn Sokoban in general from 28 levels.
+random-init policy (2 layers, 64 wide) with constrained decoding, 14 iterations x 16
+trajectories per run, each column evaluated on 48 held-out games (one game = 2.1 points).
+Each column is sized so that untrained play succeeds 5-25 % of the time and a method that
+learns can separate from it within that budget:
+  * ALFWorld-mini (env_servers/alfworld/mini.py): 2 training games (placing, lamp) that
+    the policy can learn by heart, held-out games of unseen rooms for transfer, horizon
+    12, look/inventory/examine hidden; uniform-random play over the admissible list wins
+    17.2 % of training episodes within 12 steps (`python -m env_servers.alfworld.mini
+    --suite mini_v2 --random-play 32 --split train --hide-actions look,inventory,examine`).
+    The 2-layer policy does not read the task sentence (left truncation to 256 tokens
+    keeps the current observation and the admissible actions), so held-out success
+    measures how far the learnt rooms transfer.
+  * Sokoban 12x12 with 4 boxes, trained on the train split's first 2 levels (`levels=2`,
+    env_servers/sokoban/env.py `train_levels`), horizon 10, evaluated on 48 of the 200
+    test levels: uniform-random play solves 1.8 % of episodes on the 2 training levels
+    and 14.5 % of the test levels within 10 steps (`python -m env_servers.sokoban.env
+    --random-play 400 --split train --dim 12 --boxes 4 --horizons 10 --train-levels 2`,
+    and `--random-play 200 --split test`). The generator's 6x6 one-box rooms are solved
+    by random play 56-68 % of the time, too easy to separate a method from it, and
+    training over all 1000 levels shows each level once, which the 2-layer policy does
+    not learn from.
+  * WebShop-mini: the option-free shop `env_servers/webshop/data/mini_v6` (740 products,
+    24 train and 48 test goals, generator seed 1) with one listed keyword search per goal
+    (`env.args.search_actions=goal`), horizon 15, 64 new tokens per step (enough for every
+    listed search), so the column measures choosing a product that fits the instruction
+    and buying it; with WebShop's free `search[<your query>]` the random-init policy never
+    buys the goal product. Uniform-random play wins 23.3 % (train) / 23.4 % (test) of
+    episodes within 15 steps, the scripted "listed search, first result, Buy Now" 66.7 % /
+    60.4 % (`python -m env_servers.webshop.env --random-play 20 --data-dir
+    env_servers/webshop/data/mini_v6 --search-actions goal --split train`, and `--split
+    test`).
+Earlier suite versions made results/mini_v2.md (ALFWorld-mini and Sokoban 6x6) and
+results/mini_webshop_mini.md (the WebShop-mini column on the mini_v3 shop). The
+calibration runs behind each column's design, with their commands, are records in
+results/suite_calibration.md.
 
-mini_v5 changes only the Sokoban column, to the design that makes ALFWorld-mini learnable
-(two training games learnt by heart, held-out games for transfer): 12x12 with **4 boxes,
-trained on the train split's first 2 levels** (`levels=2`, env_servers/sokoban/env.py
-`train_levels`), horizon 10, evaluated on 48 of the 200 test levels. Uniform-random play
-solves 1.8 % of episodes on the 2 training levels (levels 0 and 1: 1.0 % and 7.0 %,
-shortest solutions 6 and 4 moves) and 14.5 % of the 200 test levels within 10 steps (16.1
-% of all 1000 train levels; 18.8 % of the first 48 test levels, one episode each: a
-standard error of 5.6 points) (`python -m env_servers.sokoban.env --random-play 400
---split train --dim 12 --boxes 4 --horizons 10 --train-levels 2`, and `--random-play 200
---split test`). Calibration runs (GiGPO, seed 123, the column's other settings, `python -m
-launch.experiments.sweep suite --suite mini --envs sokoban --methods gigpo --seeds 123 --root <tmp>
---override env.args.train_levels=N [env.args.num_boxes=B]`, working tree of 7f3b3c5, with
-the table sweep beside them), train success per iteration:
-  * 5 boxes, 4 levels (random 8.8 %; level 2 needs 12 moves, unsolvable within 10):
-    0, 6, 0, 12, 44, 0, 0, 50, 0, 50, 31, 0, 50, 0 %; held-out 10.4 %;
-  * 5 boxes, 2 levels (random 18.2 %: level 1 is one move): 12, 38, 44, then 50 % at every
-    iteration from 4 to 10: level 1 solved, level 0 (random 2.5 %) never;
-  * 4 boxes, 2 levels (this column; random 1.8 %): 0, 6, 12, 19, 31, 44, 38, 50, 50, 50,
-    50, 50, 31, 44 %: the last 3 iterations 41.7 %, held-out 20.8 % (at iterations 5, 10
-    and 14). Whether the best method passes 50 % over the last 3 iterations is the
-    sweep's to show. The same run resumed to 30 iterations (`train.num_iterations=30`;
-    the learning rate is constant, so its first 14 iterations are the sweep's run): 44,
-    then exactly 50 % at every iteration from 16 to 26 (8 of 16 episodes: one level's
-    group solved in every episode, the other's in none; two half-learnt levels would give
-    exactly 8 with probability ~0.2 per iteration), held-out 22.9 %: a longer budget does
-    not learn the second level. At 50 % the column's ceiling for a method that learns one
-    level is reached; above it, a method must solve the level that random play solves 1 %
-    of the time (level 0, 6 moves). Twice the group (`--override rollout.group_size=16
-    train.mini_batch_rows=320 train.micro_batch_rows=80`, seed 123, trainer 3709ef7, 14
-    iterations): GiGPO 3, 0, 31, 31, 44, 41, then 50 % at 7 of the last 8 iterations
-    (46.9 at one), HGPO K=4 3, 0, 16, 22, 44, 41, then 41-50 %, both 50.0 % over the
-    last 3 iterations, held-out 20.8 / 12.5 %: 16 tries per level a group do not find the second level
-    either. Above 50 % wants exploration of level 0 itself (a curriculum of one level,
-    an entropy bonus, or a longer horizon that random play solves more often).
-How prompted SmolLM2 plays it is measured by the sweep.
-
-mini_v6 changes only the WebShop-mini column, so that it too is evaluated on 48 held-out
-games: the shop `env_servers/webshop/data/mini_v6` has 24 train and **48 test goals**
-(740 products, the fewest the generator accepts for 24 + 48 goals, which keeps mini_v3's
-ratio of near-miss to other products; generator seed 1), and `eval.num_tasks` is 48.
-Uniform-random play wins 23.3 % (train) / 23.4 % (test) of episodes within 15 steps, the
-scripted "listed search, first result, Buy Now" 66.7 % / 60.4 % (commands below). The
-generator seeds tried, random play train / test: 0: 29.6 / 22.1 % (above the 5-25 %
-untrained target on train), **1: 23.3 / 23.4 %**, 2: 26.7 / 24.5 %, 3: 27.3 / 27.7 %: seed
-1 is the first inside the target on both splits. With more products per type than mini_v3
-(whose seed-0 goals were 19.0 / 16.2 %), random play finds a goal-satisfying product a
-little more often. mini_v3's shop stays for results/mini_webshop_mini.md; three mini_v3 runs
-of this sweep (seed 123: GRPO, RLOO, GiGPO at trainer fd59df2) are not in the table.
-
-Calibration of Sokoban 6x6 with one box (verl-agent's Sokoban size): uniform-random play
-over the admissible moves (`python -m env_servers.sokoban.env --random-play 1000 --split
-train`) solves 60.2 / 65.3 / 68.3 % of the levels within 10 / 15 / 20 steps (test split,
-200 levels: 56.0 / 62.0 / 66.5 %): the generator's rooms are narrow and its boxes start a
-few pushes from their targets, so the 5-25 % untrained target is out of reach at this
-size (8x8 with 2 boxes: 31.2 / 35.8 % within 10 / 15 steps). The tiny policy's iteration-1
-success is 31-75 % over seeds (2 groups of 8), and within 14 iterations no estimator
-lifts it above random play (results/mini_v2.md): the column measures the estimators on a
-task the 2-layer policy does not learn at this budget, across 1000 distinct levels. An
-iteration costs ~14 s alone (~30-40 s while other jobs shared the cores); at 512 prompt
-tokens it cost ~120 s, 100 s of it the update.
-
-Calibration of ALFWorld-mini (target: untrained success 5-25 %, best method >= 60 %
-within the budget of 14 iterations x 16 trajectories x 12 steps), measured with the
-trainer (GiGPO, seed 123, `python -m launch.experiments.sweep suite --suite mini --envs alfworld_mini
---methods gigpo --seeds 123 --root <tmp>`), iteration-1 success -> success of the last
-iterations:
-  * 9 train games on 3-receptacle rooms with 1 distractor class, horizon 15, without
-    hiding look/inventory/examine: 0.125 -> 0.0-0.06 (16 iterations; no learning);
-  * 4 games, 3 receptacles, 1 distractor, horizon 12, informational commands hidden:
-    0.125 -> 0.0-0.06 (16 it.); the same with 32 trajectories per iteration
-    (4 groups x 8) and 2 or 4 PPO epochs: 0.22 -> 0.03-0.19 (12 and 8 it.);
-  * 4 games, 2-3 receptacles, no distractor: GiGPO 0.125 -> 0.0-0.125, GRPO 0.125 -> 0.0-0.375
-    (16 it.);
-  * the learning test's 2 rooms (tests/test_learning.py) through this harness: 0.0 -> 0.75
-    at iteration 11;
-  * mini_v2 (2 train games: placing and lamp; 12 held-out games of 3 task types): see
-    results/mini_v2.md (iteration 1: 0.19-0.25 over seeds).
-So at this budget the 2-layer policy learns a few rooms by heart and does not read the
-task sentence (left truncation to 256 tokens keeps the current observation and the
-admissible actions, not the task); held-out success measures how far that transfers.
-Uniform-random play over the admissible list (`python -m env_servers.alfworld.mini
---suite mini_v2 --random-play 32 --split train --hide-actions look,inventory,examine`):
-train 17.2 % within 12 steps.
-
-Calibration of WebShop-mini (mini_v3): with WebShop's `search[<your query>]` the
-random-init policy writes gibberish queries and never buys the goal product (mini_v2
-probe: 0 % success, every episode at the horizon). WebShop-mini is an option-free shop
-(mini_v3: `env_servers/webshop/data/mini_v3`, 500 products, 24 train / 24 test goals;
-mini_v6: `env_servers/webshop/data/mini_v6`, 740 products, 24 / 48; commands in
-env_servers/webshop/generate.py) with one listed keyword search per goal
-(`env.args.search_actions=goal`, env_servers/webshop/env.py), so the column measures
-choosing a product that fits the instruction and buying it. Uniform-random play
-(`python -m env_servers.webshop.env --random-play 20 --data-dir
-env_servers/webshop/data/mini_v3 --search-actions goal --split train`, and `--split test`;
-mini_v6 likewise, numbers above) wins 19.0 % / 16.2 % of episodes within 15 steps on
-mini_v3; the scripted "listed search, first result, Buy Now" wins 58.3 % / 50.0 %. The
-tiny policy on mini_v3 (`python -m launch.experiments.sweep suite
---suite mini --envs webshop_mini`, trainer 402bdc3/96a2006, results/mini_webshop_mini.md):
-iteration-1 train success 6-12 % in all 9 runs (inside the 5-25 % target); after 14
-iterations GRPO / GiGPO / HGPO K=2 reach 34 / 29 / 30 % train success (last 3 iterations,
-mean of 3 seeds; single iterations up to 81 %) and 37.5 / 38.9 / 43.1 % held-out, so the
-best method misses the >= 60 % target at this budget. ~21 s per iteration alone, ~36 s
-with two runs sharing the cores. A first run at max_new_tokens 32
-truncated the listed searches of 28 of the 48 goals (21-51 tiny tokens with the action
-tags) into invalid actions: iteration-1 success 0.06 / 0.00 / 0.00 over the 3 seeds; the
-column runs at 64 and the sampler now refuses a step none of whose actions fits.
-
-Seeds and budget (mini_v4 on): ALFWorld-mini, the headline column, runs every method with 5
+Seeds and budget: ALFWorld-mini, the headline column, runs every method with 5
 seeds (3 seeds detect a difference from GRPO of about 53 points of train success and 32
 held-out, 5 seeds about 26 / 16: docs/reproducibility.md); Sokoban and
 WebShop-mini run every method with the first 3. Measured per iteration with one run alone on the 2-core reference

@@ -87,7 +87,7 @@ CALIBRATION = {"mini_v3": ((19.0, 58.3), (16.2, 50.0)), "mini_v6": ((23.3, 66.7)
 
 @pytest.mark.parametrize("name", sorted(CALIBRATION))
 def test_random_play_calibration_numbers(name):
-  """The numbers of launch/experiments/suites.py's WebShop-mini calibration (20 episodes per goal):
+  """The numbers of the WebShop-mini calibration (launch/experiments/suites.py, 20 episodes per goal):
   `python -m env_servers.webshop.env --random-play 20 --data-dir env_servers/webshop/data/
   mini_v6 --search-actions goal --split train` (and --split test; mini_v3 likewise)."""
   env = env_lib.WebShopEnv(data_dir=os.path.join(DATA_DIR, name), search_actions="goal")
