@@ -267,7 +267,7 @@ MINI = Suite(
         # the three blocks need ~90 tiny-tokenizer tokens (configs/common.finish_critic_algo);
         # the released prompt's last 256 tiny-tokenizer tokens are its format instructions
         # only (no observation, no action: hgpo_jax/rollout/hiper.py render_prompt), so the
-        # state-only prompt (runs before trainer 913fa95 played blind)
+        # state-only prompt: with the released one the policy plays blind
         Method("hiper", "HiPER", "algo=hiper,k=2,model=tiny", grouped=False,
                overrides={**_TINY_CRITIC, "rollout.max_new_tokens": 128,
                           "rollout.format_instructions": False},
