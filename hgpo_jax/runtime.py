@@ -17,7 +17,7 @@ CPU_ISA = "AVX2"
 #   default:    code generation capped at AVX2, and no platform-dependent math
 #               (--xla_cpu_enable_platform_dependent_math=false). With it, an AMD EPYC
 #               (AVX2) and an Intel Xeon (AVX-512, AMX) gave the same bits on every line
-#               of launch/repro_witness.py, a training iteration's phases included, at 1,
+#               of launch/cpu_numerics/witness.py, a training iteration's phases included, at 1,
 #               2 and 16 cores; without it they part in matmuls with contractions over 256,
 #               in an RMS norm and in a softmax-attention block.
 #   host_math:  the ISA cap alone: the default until this setting was measured, and the

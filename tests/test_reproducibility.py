@@ -112,14 +112,14 @@ import sys
 if sys.argv[1] == "pin":
   from hgpo_jax import runtime
   runtime.pin_cpu_isa()
-from launch import repro_witness
-print("\\n".join(repro_witness.op_lines()))
+from launch.cpu_numerics import witness
+print("\\n".join(witness.op_lines()))
 """
 _COMMITTED = ("amd_epyc_avx2_2cores_default.txt", "intel_xeon_avx512_amx_16cores_default.txt")
 
 
 def _witness_ops(mode):
-  """launch.repro_witness.op_lines() in a fresh process. mode: "pin" (hgpo_jax.runtime.
+  """launch.cpu_numerics.witness.op_lines() in a fresh process. mode: "pin" (hgpo_jax.runtime.
   pin_cpu_isa with the default setting) or an ISA name given as --xla_cpu_max_isa, with
   platform-dependent math off as in the default setting (so only the ISA differs)."""
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
@@ -169,8 +169,8 @@ def test_isa_pin_gives_the_committed_bits_on_avx2_and_avx512_cpus(ops):
   and the attention block take other bits: docs/witness/amd_epyc_avx2_2cores_host_math.txt)."""
   amd, xeon = (_committed_ops(name) for name in _COMMITTED)
   assert len(amd) == 20 and amd == xeon
-  from launch import repro_witness
-  assert repro_witness.differing_lines(ops["pin"], amd) == []
+  from launch.cpu_numerics import witness
+  assert witness.differing_lines(ops["pin"], amd) == []
 
 
 @pytest.mark.slow  # a fresh JAX process
@@ -245,29 +245,29 @@ def test_no_ynnpack_numerics_hands_no_kernel_to_ynnpack():
 
 
 def test_witness_names_the_first_differing_line():
-  from launch import repro_witness
+  from launch.cpu_numerics import witness
   mine = ["# cpu: A", "op exp 1", "op tanh 2", "phase update 3"]
-  assert repro_witness.first_difference(mine, ["# cpu: B", "op exp 1", "op tanh 2",
+  assert witness.first_difference(mine, ["# cpu: B", "op exp 1", "op tanh 2",
                                                "phase update 3"]) is None  # headers ignored
-  assert repro_witness.first_difference(mine, ["op exp 1", "op tanh 9", "phase update 8"]) == (
+  assert witness.first_difference(mine, ["op exp 1", "op tanh 9", "phase update 8"]) == (
       "here: op tanh 2 | there: op tanh 9")
-  assert repro_witness.first_difference(mine, ["op exp 1"]) == "3 lines here, 1 there"
-  assert repro_witness.differing_lines(mine, ["# cpu: B", "op exp 1", "op tanh 9",
+  assert witness.first_difference(mine, ["op exp 1"]) == "3 lines here, 1 there"
+  assert witness.differing_lines(mine, ["# cpu: B", "op exp 1", "op tanh 9",
                                               "phase update 8"]) == ["op tanh", "phase update"]
-  assert repro_witness.differing_lines(mine, mine) == []
+  assert witness.differing_lines(mine, mine) == []
 
 
 def test_witness_chunked_matmul_is_the_sum_of_its_chunk_products():
   """The witness's host-independent form of a long matmul: sum over k-chunks of a_c @ b_c."""
   import jax.numpy as jnp
   import numpy as np
-  from launch import repro_witness
+  from launch.cpu_numerics import witness
   rng = np.random.default_rng(3)
-  k = 4 * repro_witness.CHUNK
+  k = 4 * witness.CHUNK
   a = rng.standard_normal((8, k), dtype=np.float32)
   b = rng.standard_normal((k, 5), dtype=np.float32)
-  got = np.asarray(repro_witness.chunked_matmul(jnp.asarray(a), jnp.asarray(b)))
-  c = repro_witness.CHUNK
+  got = np.asarray(witness.chunked_matmul(jnp.asarray(a), jnp.asarray(b)))
+  c = witness.CHUNK
   want = sum(a[:, i * c:(i + 1) * c].astype(np.float64) @ b[i * c:(i + 1) * c].astype(np.float64)
              for i in range(4))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)  # float32 sums of 256 products
@@ -279,7 +279,7 @@ def test_witness_is_identical_in_a_fresh_process(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env["JAX_PLATFORMS"] = "cpu"
   first = tmp_path / "first.txt"
-  cmd = [sys.executable, "-m", "launch.repro_witness"]
+  cmd = [sys.executable, "-m", "launch.cpu_numerics", "witness"]
   proc = subprocess.run(cmd + ["--out", str(first)], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -293,8 +293,20 @@ def test_witness_is_identical_in_a_fresh_process(tmp_path):
   # The two-machine claim of docs/reproducibility.md: under the default setting, the AMD
   # EPYC (AVX2) and the Intel Xeon (AVX-512) witnessed the same bits on every line; an x86
   # machine with AVX2 running the pinned versions is expected to print them too.
-  from launch import repro_witness
+  from launch.cpu_numerics import witness
   if "avx2" in _cpu_flags():
     for name in ("amd_epyc_avx2_2cores_default.txt", "intel_xeon_avx512_amx_16cores_default.txt"):
       theirs = (pathlib.Path(ROOT) / "docs" / "witness" / name).read_text().splitlines()
-      assert repro_witness.differing_lines(lines, theirs) == [], name
+      assert witness.differing_lines(lines, theirs) == [], name
+
+
+def test_the_cpu_numerics_tool_names_its_commands_in_one_line(capsys):
+  """`python -m launch.cpu_numerics` is one tool with three commands (witness, probe,
+  cost); a missing or unknown command is one `prog: error:` line and exit status 2."""
+  from launch.cpu_numerics import __main__ as tool
+  assert sorted(tool.COMMANDS) == ["cost", "probe", "witness"]
+  assert tool.main(["bogus"]) == 2
+  err = capsys.readouterr().err
+  assert err == ("python -m launch.cpu_numerics: error: name a command: witness, probe, cost "
+                 "(got 'bogus')\n")
+  assert tool.main([]) == 2 and "(got none)" in capsys.readouterr().err

@@ -1,8 +1,8 @@
 """Benchmark: one XLA:CPU setting against another, on the tiny policy's programs.
 
-  python -m launch.benchmarks.cpu_numerics                 # default vs host_math, 3 rounds
-  python -m launch.benchmarks.cpu_numerics --rounds 5 --reps 5
-  python -m launch.benchmarks.cpu_numerics --baseline host_math --candidate no_ynnpack
+  python -m launch.cpu_numerics cost                 # default vs host_math, 3 rounds
+  python -m launch.cpu_numerics cost --rounds 5 --reps 5
+  python -m launch.cpu_numerics cost --baseline host_math --candidate no_ynnpack
 
 hgpo_jax.runtime.CPU_NUMERICS names the settings; XLA flags are fixed when JAX starts, so
 each (setting, round) is its own subprocess, and the rounds alternate baseline, candidate,
@@ -82,7 +82,8 @@ def child(reps: int) -> dict:
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(prog="python -m launch.cpu_numerics cost", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--rounds", type=int, default=3, help="alternating rounds per setting")
   p.add_argument("--reps", type=int, default=3, help="timed calls per program per round")
   p.add_argument("--baseline", default="host_math", help="setting measured against (runtime.CPU_NUMERICS)")
@@ -100,7 +101,7 @@ def main(argv=None) -> None:
   samples = {base: {}, cand: {}}
   for r in range(args.rounds):
     for setting in samples:
-      proc = subprocess.run([sys.executable, "-m", "launch.benchmarks.cpu_numerics", "--child", setting,
+      proc = subprocess.run([sys.executable, "-m", "launch.cpu_numerics", "cost", "--child", setting,
                              f"--reps={args.reps}"], env=env, capture_output=True, text=True)
       lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
       if proc.returncode or not lines:
@@ -119,6 +120,3 @@ def main(argv=None) -> None:
   print(f"{cand} / {base}, summed medians of log-probs + update + generate: "
         f"{total[cand] / total[base]:.2f}")
 
-
-if __name__ == "__main__":
-  main()

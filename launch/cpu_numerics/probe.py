@@ -1,18 +1,18 @@
 """Which XLA:CPU flags change how a float32 matmul rounds: run on two machines, compare.
 
-  python -m launch.cpu_flags_probe                      # every setting, all usable cores
-  taskset -c 0,1 python -m launch.cpu_flags_probe       # the same on two cores
-  python -m launch.cpu_flags_probe --settings default host_math
+  python -m launch.cpu_numerics probe                      # every setting, all usable cores
+  taskset -c 0,1 python -m launch.cpu_numerics probe       # the same on two cores
+  python -m launch.cpu_numerics probe --settings default host_math
 
 For each setting (a set of XLA flags added to the ISA cap of hgpo_jax.runtime; `default`
 and `host_math` are hgpo_jax.runtime.CPU_NUMERICS's) it starts
 a fresh process and prints one line per contraction length K = 64 ... 16384 of a
 [64, K] x [K, 256] float32 matmul: the SHA-256 prefix of the product's bits, the same for
 the product written as a sum of K/256 partial products of contraction 256
-(`repro_witness.chunked_matmul`), and the median time of the plain product in ms. Two
+(`witness.chunked_matmul`), and the median time of the plain product in ms. Two
 machines whose lines carry the same digest for a setting round that matmul alike under
 it. docs/reproducibility.md has what an AMD EPYC (AVX2) and an Intel Xeon (AVX-512)
-printed; the witness (`launch/repro_witness.py`) then shows what the differences do to a
+printed; the witness (`launch/cpu_numerics/witness.py`) then shows what the differences do to a
 training iteration.
 """
 
@@ -45,7 +45,7 @@ LENGTHS = (64, 256, 1024, 4096, 16384)
 _CHILD = r"""
 import hashlib, json, statistics, sys, time
 import numpy as np, jax, jax.numpy as jnp
-from launch.repro_witness import CHUNK, chunked_matmul
+from launch.cpu_numerics.witness import CHUNK, chunked_matmul
 digest = lambda x: hashlib.sha256(np.asarray(x).tobytes()).hexdigest()[:12]
 rng = np.random.default_rng(0)
 out = {}
@@ -65,7 +65,7 @@ print("RESULT " + json.dumps(out))
 
 def probe(flags: str, lengths=LENGTHS) -> dict | str:
   """{K: [plain digest, 256-chunked digest, median ms]} under `flags`, or the error line."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=f"{' '.join(runtime.CPU_NUMERICS['host_math'])} {flags}".strip(),
              PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
@@ -79,7 +79,8 @@ def probe(flags: str, lengths=LENGTHS) -> dict | str:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(prog="python -m launch.cpu_numerics probe", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
   args = p.parse_args(argv)
   print(f"# cores usable: {len(os.sched_getaffinity(0))} of {os.cpu_count()}")
@@ -91,6 +92,3 @@ def main(argv=None) -> int:
     print(f"{name:24s} {cells}", flush=True)
   return 0
 
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -1,9 +1,9 @@
 """Bit witness of this machine's CPU numerics: run it on two machines and diff the output.
 
-  python -m launch.repro_witness                                # print the witness
-  python -m launch.repro_witness --out witness.txt              # and write it to a file
-  python -m launch.repro_witness --compare docs/witness/amd_epyc_avx2_2cores_default.txt
-  python -m launch.repro_witness --numerics host_math --compare ...   # another setting
+  python -m launch.cpu_numerics witness                                # print the witness
+  python -m launch.cpu_numerics witness --out witness.txt              # and write it to a file
+  python -m launch.cpu_numerics witness --compare docs/witness/amd_epyc_avx2_2cores_default.txt
+  python -m launch.cpu_numerics witness --numerics host_math --compare ...   # another setting
 
 Why: a run's metrics on two x86 machines part from the first update on (docs/
 reproducibility.md), and a metrics file cannot say which operation rounded differently.
@@ -31,7 +31,6 @@ import argparse
 import hashlib
 import os
 import platform
-import sys
 
 OP_SEED = 0
 CHUNK = 256  # the longest contraction that two x86 hosts were measured to round alike
@@ -206,7 +205,8 @@ def differing_lines(mine: list[str], theirs: list[str]) -> list[str]:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(prog="python -m launch.cpu_numerics witness", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--numerics", default="default", help="XLA:CPU setting: default | host_math | no_ynnpack")
   p.add_argument("--out", help="also write the witness to this file")
   p.add_argument("--compare", help="a witness file from another machine (or run)")
@@ -235,6 +235,3 @@ def main(argv=None) -> int:
     return 0 if diff is None else 1
   return 0
 
-
-if __name__ == "__main__":
-  sys.exit(main())
