@@ -89,27 +89,58 @@ class DecoderLayers(nnx.Module):
       a, b = lora.adapter_params(getattr(self, name), name, cfg.lora.rank, rngs.params())
       setattr(self, f"{name}_lora_a", a)
       setattr(self, f"{name}_lora_b", b)
+    # the parameters this config made, by name (biases only with cfg.qkv_bias, q/k norms
+    # only with cfg.qk_norm, adapters only with cfg.lora)
+    self.names = ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down",
+                  *(("q_bias", "k_bias", "v_bias") if cfg.qkv_bias else ()),
+                  *(("q_norm", "k_norm") if cfg.qk_norm else ()),
+                  *(f"{n}{s}" for n in cfg.lora.names for s in lora.SUFFIXES))
 
   def stacked(self) -> dict[str, jax.Array]:
-    """name -> stacked array [L, ...] of every parameter (the `xs` of the layer scan). On
-    `Decoder.for_decoding`'s per-layer view (GPUs, TPUs) the layers are stacked again
-    here: a copy, which a prefill's layer scan pays once per call."""
+    """name -> stacked array [L, ...] of every parameter (the `xs` of the layer scan)."""
+    return {name: getattr(self, name)[...] for name in self.names}
+
+  def unstacked(self) -> None:
+    """None: the layers are stacked (`DecodeWeights.unstacked` holds them per layer)."""
+    return None
+
+
+class DecodeWeights(nnx.Module):
+  """The layer weights a generate call's decode loop reads, built once per call by
+  `Decoder.for_decoding` in place of its `DecoderLayers`: the projections (and biases)
+  cast to the compute dtype; on GPU and TPU targets (`per_layer_decode_weights`) each
+  layer's gate and up as one gate_up [2, F, D] (when F is whole on each device), its q, k
+  and v (and their biases) as one qkv [H + 2 Hkv, Dh, D] (when the heads are), and every
+  layer's weights as arrays of their own (`unstacked`). The names are those given:
+  `stacked()` returns exactly them (a `DecoderLayers` holds the unfused ones).
+
+  Args:
+    weights: name -> stacked array [L, ...] (the `_block` names: fused or not).
+    per_layer: keep each layer's weights as arrays of their own.
+  """
+
+  def __init__(self, weights: dict[str, jax.Array], per_layer: bool):
+    n = next(iter(weights.values())).shape[0]
+    if per_layer:
+      self.layers = nnx.List([nnx.Dict({k: nnx.Param(w[i]) for k, w in weights.items()})
+                              for i in range(n)])
+    else:
+      self.layers = nnx.List([nnx.Dict({k: nnx.Param(w) for k, w in weights.items()})])
+    self.per_layer = per_layer
+
+  def stacked(self) -> dict[str, jax.Array]:
+    """name -> stacked array [L, ...] (the `xs` of the layer scan). Per-layer weights are
+    stacked again here: a copy, which a prefill's layer scan pays once per call."""
     per_layer = self.unstacked()
     if per_layer is not None:
       return {n: jnp.stack([p[n] for p in per_layer]) for n in per_layer[0]}
-    names = ["attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down",
-             "q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "gate_up", "qkv", "qkv_bias", *lora.PARAM_NAMES]
-    # `Decoder.for_decoding`'s fused [L, 2, F, D] gate_up and [L, H + 2 Hkv, Dh, D] qkv on
-    # GPUs stand in for the weights they hold; biases only with cfg.qkv_bias, q/k norms
-    # only with cfg.qk_norm
-    return {name: getattr(self, name)[...] for name in names if hasattr(self, name)}
+    return {n: w[...] for n, w in self.layers[0].items()}
 
   def unstacked(self) -> list[dict[str, jax.Array]] | None:
-    """Each layer's parameters as their own arrays (`Decoder.for_decoding` on GPUs and
-    TPUs), else None."""
-    if not hasattr(self, "per_layer"):
+    """Each layer's weights as their own arrays (GPU and TPU targets), else None."""
+    if not self.per_layer:
       return None
-    return [{n: w[...] for n, w in layer.items()} for layer in self.per_layer]
+    return [{n: w[...] for n, w in layer.items()} for layer in self.layers]
 
 
 def _project(x_bti, w_oi):
@@ -597,46 +628,38 @@ class Decoder(nnx.Module):
     (`per_layer_decode_weights`) each layer's gate and up weights become one gate_up
     [2, F, D] that the decode step multiplies once (`_block`; when F is not split over the
     mesh), its q, k and v (and their biases) one qkv [H + 2 Hkv, Dh, D] (when the heads are
-    not split), and every layer's weights become arrays of their own (`DecoderLayers.unstacked`),
-    which the decode step's unrolled layer loop reads in place. Itself when there is
-    nothing to do. With LoRA adapters: those of `merged` (the adapters merged into the
-    weights once per call)."""
+    not split), and every layer's weights become arrays of their own, which the decode
+    step's unrolled layer loop reads in place. The layers' weights are one `DecodeWeights`
+    built here, in place of the `DecoderLayers`. Itself when there is nothing to do (and
+    for a view it made). With LoRA adapters: those of `merged` (the adapters merged into
+    the weights once per call)."""
     if self.cfg.lora.rank:
       return self.merged().for_decoding()
+    if isinstance(self.layers, DecodeWeights):
+      return self
     dt = jnp.dtype(self.cfg.compute_dtype)
     narrows = lambda x: x.dtype != dt and dt.itemsize < x.dtype.itemsize  # noqa: E731
     top = [n for n in (("embed",) if self.cfg.tie_embeddings else ("embed", "lm_head"))
            if narrows(getattr(self, n)[...])]
-    layer = [n for n, w in self.layers.stacked().items() if n in _CAST_FOR_DECODING
-             and narrows(w)]
-    per_layer = (not hasattr(self.layers, "per_layer")
-                 and per_layer_decode_weights(self.cfg, attention.context_target()))
+    weights = self.layers.stacked()
+    layer = [n for n, w in weights.items() if n in _CAST_FOR_DECODING and narrows(w)]
+    per_layer = per_layer_decode_weights(self.cfg, attention.context_target())
     if not top and not layer and not per_layer:
       return self
     graphdef, state = nnx.split(self)
     for n in top:
       state[n] = state[n].replace(state[n][...].astype(dt))
-    for n in layer:
-      state["layers"][n] = state["layers"][n].replace(state["layers"][n][...].astype(dt))
     view = nnx.merge(graphdef, state)
+    weights = {n: w.astype(dt) if n in layer else w for n, w in weights.items()}
     if per_layer:
-      layers = view.layers
       if self._f_unsplit():
-        layers.gate_up = nnx.Param(jnp.stack([layers.gate[...], layers.up[...]], axis=1))
-        del layers.gate, layers.up
+        weights["gate_up"] = jnp.stack([weights.pop("gate"), weights.pop("up")], axis=1)
       if self._heads_unsplit():
         parts = [("q", "k", "v")] + ([("q_bias", "k_bias", "v_bias")] if self.cfg.qkv_bias
                                      else [])
         for names, fused in zip(parts, ("qkv", "qkv_bias")):
-          setattr(layers, fused, nnx.Param(jnp.concatenate(
-              [getattr(layers, n)[...] for n in names], axis=1)))
-          for n in names:
-            delattr(layers, n)
-      stacked = layers.stacked()
-      layers.per_layer = nnx.List([nnx.Dict({n: nnx.Param(w[i]) for n, w in stacked.items()})
-                                   for i in range(self.cfg.num_layers)])
-      for n in stacked:
-        delattr(layers, n)
+          weights[fused] = jnp.concatenate([weights.pop(n) for n in names], axis=1)
+    view.layers = DecodeWeights(weights, per_layer)
     return view
 
   def merged(self) -> "Decoder":
