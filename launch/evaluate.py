@@ -81,6 +81,7 @@ def _evaluate(config, workdir: str, checkpoint: tuple[str, int] | None = None) -
   import jax
   from flax import nnx
 
+  from hgpo_jax.models import lora as lora_lib
   from hgpo_jax.training import checkpoint as checkpoint_lib
   from hgpo_jax.training import evaluation
   from hgpo_jax.training import metrics as metrics_lib
@@ -98,12 +99,14 @@ def _evaluate(config, workdir: str, checkpoint: tuple[str, int] | None = None) -
       directory, step = checkpoint
       iteration, what = step, f"checkpoint step {step}"
       # The config's model, loaded by `build`, takes the checkpoint's params in its own
-      # shardings and dtypes; other shapes are another architecture (one line).
+      # shardings and dtypes; other shapes are another architecture (one line). A LoRA
+      # run saved its adapters only: they go over the loaded (frozen) base.
       params = nnx.state(run.sampler.model, nnx.Param)
+      pure = nnx.to_pure_dict(params)
       target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            nnx.to_pure_dict(params))
+                            lora_lib.trainable_params(pure))
       restored = checkpoint_lib.read_params(directory, step, target=target)
-      nnx.replace_by_pure_dict(params, restored.params)
+      nnx.replace_by_pure_dict(params, lora_lib.with_frozen(restored.params, pure))
       nnx.update(run.sampler.model, params)
     out = evaluation.evaluate_splits(run, iteration, dump_step=step)
     scalars = run.writer.write(step, out)

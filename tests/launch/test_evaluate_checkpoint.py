@@ -170,3 +170,17 @@ def test_other_architecture_and_corrupt_checkpoints_are_refused(trained, tmp_pat
   with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint step 2 in .* is unreadable "
                      r"\(.*\); pass an older --step \(\[1\]\)\."):
     evaluate.evaluate_checkpoint(_config(), str(tmp_path / "b"), copy)
+
+
+@pytest.mark.slow
+def test_lora_checkpoint_goes_over_the_loaded_base(tmp_path):
+  """A LoRA run saves its adapters only; the evaluation puts them over the base the config
+  loads and samples the tokens of the run's final evaluation."""
+  lora = {"model.lora.rank": 4, "train.lr": 1e-2}
+  run = str(tmp_path / "run")
+  final = train.train_and_evaluate(_config(**lora), run)["final_eval"]
+  saved = checkpoint.read_params(run).params
+  assert saved["layers"] and "embed" not in saved  # adapters only
+  eval_dir = str(tmp_path / "eval")
+  assert evaluate.evaluate_checkpoint(_config(**lora), eval_dir, run) == final
+  assert _responses(eval_dir, 2) == _responses(run, 2)
