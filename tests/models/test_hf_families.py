@@ -372,3 +372,26 @@ def test_qwen3_per_layer_decode_weights_and_sharding(monkeypatch):
   model.layers.q_norm[...] = jnp.ones((2, 24))
   other = jax.jit(lambda m, c: m.for_decoding().decode(tokens, positions, c, 4))(model, cache)
   assert np.abs(np.asarray(other[0]) - np.asarray(want[0])).max() > 1e-3
+
+
+def test_launch_plan_lowers_every_program_of_a_qwen3_preset(capsys):
+  """`launch.plan --no-compile` of a Qwen3 preset lowers the run's programs (update,
+  log-probs, advantages, both generates) and counts its persistent bytes: float32
+  parameters, AdamW's two moments and the KL reference, 4 x the parameters' bytes (q/k
+  norm scales included) on each device of a data-parallel mesh."""
+  from flax import nnx
+
+  from hgpo_jax.models import decoder
+  from launch import plan as plan_cli
+  if jax.device_count() != 8:
+    pytest.skip("the CLI is run in-process with the suite's 8 fake devices")
+  cfg = config_lib.get_preset("qwen3-0.6b")
+  abstract = nnx.eval_shape(lambda: decoder.Decoder(cfg, rngs=nnx.Rngs(0)))
+  params = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+  assert params == 596049920  # Qwen3-0.6B, tied (28 x 2 x 128 of them q/k norm scales)
+  rc = plan_cli.main(["--config=configs/alfworld.py:algo=hgpo,model=qwen3-0.6b", "--devices",
+                      "8", "--no-compile"])
+  out = capsys.readouterr().out
+  assert rc == 0, out
+  assert "update, logprobs, advantages, generate, generate_shared" in out
+  assert f"persistent {4 * 4 * params / 2 ** 30:.2f} GiB per device" in out, out
