@@ -395,3 +395,25 @@ def test_launch_plan_lowers_every_program_of_a_qwen3_preset(capsys):
   assert rc == 0, out
   assert "update, logprobs, advantages, generate, generate_shared" in out
   assert f"persistent {4 * 4 * params / 2 ** 30:.2f} GiB per device" in out, out
+
+
+def test_a_qwen3_critic_reads_the_policy_backbone_with_its_q_k_norms():
+  """The value model of a Qwen3 policy copies its q/k norm scales with the backbone, and its
+  values are the head on the policy's hidden states of the previous positions."""
+  from flax import nnx
+
+  from hgpo_jax.models import critic, decoder
+  cfg = _qwen3_tiny().replace(num_layers=1, vocab_size=64, tie_embeddings=False)
+  policy = decoder.Decoder(cfg, rngs=nnx.Rngs(0))
+  policy.layers.k_norm[...] = 1.0 + 0.3 * jax.random.normal(jax.random.key(4), (1, 24))
+  params = critic.params_from_policy(nnx.state(policy, nnx.Param), cfg, 1, seed=1)
+  np.testing.assert_array_equal(params["backbone"]["layers"]["k_norm"],
+                                np.asarray(policy.layers.k_norm[...]))
+  graphdef, _ = nnx.split(critic.abstract_critic(cfg, 1), nnx.Param)
+  model = nnx.merge(graphdef, params)
+  tokens = np.array([[5, 6, 7, 8, 9]], np.int32)
+  positions, mask = np.arange(5, dtype=np.int32)[None], np.ones((1, 5), bool)
+  values = np.asarray(model.values(tokens, positions, mask))[0, :, 0]
+  hidden = np.asarray(policy.hidden(tokens, positions, mask)[0], np.float64)[0]
+  want = hidden @ np.asarray(params["value_head"], np.float64)[0]
+  np.testing.assert_allclose(values[1:], want[:-1], rtol=1e-5, atol=1e-6)
