@@ -1,11 +1,14 @@
-"""The decoder-only transformer of the Llama / Qwen2 / Qwen3 family in Flax NNX, with a KV cache.
+"""The decoder-only transformer of the Llama / Qwen2 / Qwen3 family in Flax NNX, with a KV
+cache.
 
 Block (pre-norm, as in Llama, Qwen2 and Qwen3):
-  h = x + Wo · Attn(RoPE(N_q(Wq·RMSNorm(x) [+bq])), RoPE(N_k(Wk·RMSNorm(x) [+bk])), Wv·RMSNorm(x) [+bv])
+  h = x + Wo · Attn(RoPE(N_q(Wq·RMSNorm(x) [+bq])), RoPE(N_k(Wk·RMSNorm(x) [+bk])),
+                    Wv·RMSNorm(x) [+bv])
   y = h + Wdown · (silu(Wgate·RMSNorm(h)) ⊙ Wup·RMSNorm(h))
 Grouped-query attention: query head h reads key/value head h // (H / Hkv), as in
-Hugging Face `repeat_kv`. Qwen2 adds the q/k/v biases; Qwen3 the per-head RMSNorms N_q, N_k over
-head_dim (identity elsewhere). RoPE and its scalings live in `hgpo_jax.models.rope`. Layer parameters are stacked on a leading "layers" axis and the
+Hugging Face `repeat_kv`. Qwen2 adds the q/k/v biases; Qwen3 the per-head RMSNorms N_q,
+N_k over head_dim (identity elsewhere). RoPE and its scalings live in
+`hgpo_jax.models.rope`. Layer parameters are stacked on a leading "layers" axis and the
 blocks run under `lax.scan`, so a 30-layer model compiles one block.
 
 Every parameter is an `nnx.Param` carrying `logical_axes` metadata (names such as
@@ -61,8 +64,9 @@ class DecoderLayers(nnx.Module):
 
   Shapes: attn_norm/mlp_norm [L, D]; q [L, H, Dh, D]; k, v [L, Hkv, Dh, D]; o [L, D, H, Dh];
   q_bias [L, H, Dh], k_bias/v_bias [L, Hkv, Dh] (only with cfg.qkv_bias); gate, up [L, F, D];
-  down [L, D, F]; q_norm, k_norm [L, Dh] (only with cfg.qk_norm). Projections keep the checkpoints' [out, in] order, so loading needs no
-  transposes; `_project` applies them as x @ Wᵀ.
+  down [L, D, F]; q_norm, k_norm [L, Dh] (only with cfg.qk_norm). Projections keep the
+  checkpoints' [out, in] order, so loading needs no transposes; `_project` applies them as
+  x @ Wᵀ.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):

@@ -21,7 +21,8 @@ import numpy as np
 from hgpo_jax.models import platform
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: tuple = ()) -> tuple[np.ndarray, float]:
+def inverse_frequencies(head_dim: int, theta: float,
+                        scaling: tuple = ()) -> tuple[np.ndarray, float]:
   """(f32[Dh/2] inverse frequencies, attention factor) of a RoPE scaling
   (`ModelConfig.rope_scaling`; () is the default RoPE, attention factor 1).
 
