@@ -417,3 +417,19 @@ def test_a_qwen3_critic_reads_the_policy_backbone_with_its_q_k_norms():
   hidden = np.asarray(policy.hidden(tokens, positions, mask)[0], np.float64)[0]
   want = hidden @ np.asarray(params["value_head"], np.float64)[0]
   np.testing.assert_allclose(values[1:], want[:-1], rtol=1e-5, atol=1e-6)
+
+
+def test_rope_scaling_field_and_hf_config_dict_refuse_what_they_cannot_express():
+  tiny = config_lib.get_preset("tiny")
+  with pytest.raises(ValueError, match="rope_type='dynamic'"):
+    tiny.replace(rope_scaling=(("factor", 2.0), ("rope_type", "dynamic")))
+  with pytest.raises(ValueError, match="'beta_fast' is not a field of rope_type 'llama3'"):
+    tiny.replace(rope_scaling=(("beta_fast", 2.0), ("factor", 2.0), ("high_freq_factor", 4.0),
+                               ("low_freq_factor", 1.0),
+                               ("original_max_position_embeddings", 64), ("rope_type", "llama3")))
+  with pytest.raises(ValueError, match="rope_type 'yarn' needs 'original_max_position_embeddings'"):
+    tiny.replace(rope_scaling=(("factor", 2.0), ("rope_type", "yarn")))
+  with pytest.raises(ValueError, match="sorted"):
+    tiny.replace(rope_scaling=(("rope_type", "linear"), ("factor", 2.0)))
+  with pytest.raises(ValueError, match="rope_layout='interleaved' has no Hugging Face form"):
+    config_lib.hf_config_dict(config_lib.get_preset("smollm2-135m"))
