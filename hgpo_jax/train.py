@@ -148,17 +148,23 @@ def rollout(run: run_lib.Run, iteration: int) -> rollout_lib.Rollout:
   return ro
 
 
+EXTRA_BATCH_ITERATIONS = 1 << 20
+"""First virtual iteration of dynamic sampling's extra generation batches (no run has as
+many real iterations)."""
+
+
 def generation_batch(run: run_lib.Run, iteration: int, index: int) -> rollout_lib.Rollout:
   """Generation batch `index` of `iteration`: this process's groups played at
   `rollout.temperature`, then all processes' rows (`processes.gather_rollout`).
 
   Batch 0 is the iteration's own tasks and sampler key; batch b > 0 (dynamic sampling)
   draws the tasks, env seeds and sampler key of the virtual iteration
-  `num_iterations + iteration * (max_generation_batches - 1) + b - 1`, past every real
-  iteration, so no two batches of a run share tasks or keys.
+  `EXTRA_BATCH_ITERATIONS + iteration * (max_generation_batches - 1) + b - 1`, past every
+  real iteration and independent of the run's length, so no two batches of a run share
+  tasks or keys and a resumed or extended run draws the same ones.
   """
   config = run.config
-  drawn = iteration if index == 0 else (config.train.num_iterations + iteration *
+  drawn = iteration if index == 0 else (EXTRA_BATCH_ITERATIONS + iteration *
                                         (config.train.max_generation_batches - 1) + index - 1)
   ro = evaluation.collect(
       run.pool, run.sampler, run.tokenizer,

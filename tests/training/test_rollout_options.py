@@ -186,3 +186,15 @@ def test_new_options_default_to_the_old_behaviour():
   assert not run.update.scheduled
   c = _config("hgpo")
   assert not c.train.filter_groups and not c.train.kl_in_reward
+
+
+def test_the_critic_has_its_own_learning_rate_schedule():
+  from hgpo_jax import train
+  run = train.validate(_config("ppo", **{"train.lr_schedule": "cosine"}))
+  assert run.update.scheduled and not run.critic_update.scheduled  # train.* does not leak
+  run = train.validate(_config("ppo", **{"critic.lr_schedule": "cosine",
+                                         "critic.warmup_steps": 1, "train.num_iterations": 5}))
+  assert run.critic_update.scheduled and not run.update.scheduled
+  assert run.critic_update.total_iterations == 5 and run.critic_update.warmup_iterations == 1
+  lrs = [train_step.iteration_learning_rate(run.critic_update, i) for i in range(5)]
+  assert lrs[0] == 0.0 and lrs[1] == run.critic_update.lr and lrs[-1] < lrs[1]

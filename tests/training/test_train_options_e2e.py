@@ -1,7 +1,8 @@
 """The training options through the whole trainer: two iterations of HGPO on text Sokoban
 (tiny model, real env servers) with dynamic sampling on planted episode returns, GSPO,
 token rollout importance weights with rejection, the KL in the reward with the adaptive
-controller and a cosine learning rate."""
+controller and a cosine learning rate; and a run stopped after its first iteration and
+resumed equals it."""
 
 import math
 import os
@@ -19,8 +20,7 @@ from hgpo_jax.training import update_targets
 PLANTED = {0: [1.0, 1.0, 0.0, 1.0], 1: [0.0, 2.0, 3.0, 3.0]}
 
 
-@pytest.mark.slow
-def test_options_run_end_to_end(tmp_path, monkeypatch):
+def _config():
   c = sokoban_config.get_config("algo=hgpo,k=2,smoke")
   with c.unlocked():
     c.mesh.data = 1
@@ -30,10 +30,22 @@ def test_options_run_end_to_end(tmp_path, monkeypatch):
         "train.policy_loss": "gspo", "train.rollout_is": "token", "train.rollout_rs": "token",
         "train.kl_in_reward": True, "train.kl_ctrl": "adaptive", "train.kl_reward_coef": 0.001,
         "train.lr_schedule": "cosine"})
+  return c
+
+
+class Stop(Exception):
+  """Raised by the planted rollout to stop a run before an iteration."""
+
+
+def _run(workdir, stop_at=None):
+  """The options run in `workdir` with planted returns; stops (raising Stop) when iteration
+  `stop_at` starts. Returns (metric lines, [(iteration, batch, rollout)], [trained rows])."""
   played, trained = [], []
   real_batch, real_targets = train.generation_batch, update_targets.compute_targets
 
   def planted_batch(run, iteration, index):
+    if iteration == stop_at:
+      raise Stop()
     ro = real_batch(run, iteration, index)
     ro.returns = np.asarray(PLANTED[index], np.float32)
     played.append((iteration, index, ro))
@@ -42,10 +54,25 @@ def test_options_run_end_to_end(tmp_path, monkeypatch):
   def recording_targets(rows, run):
     trained.append([(r.group, r.task_id) for r in rows])
     return real_targets(rows, run)
-  monkeypatch.setattr(train, "generation_batch", planted_batch)
-  monkeypatch.setattr(update_targets, "compute_targets", recording_targets)
-  train.train_and_evaluate(c, str(tmp_path))
-  lines = metrics_lib.read_jsonl(os.path.join(str(tmp_path), metrics_lib.JSONL_NAME))
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(train, "generation_batch", planted_batch)
+    mp.setattr(update_targets, "compute_targets", recording_targets)
+    try:
+      train.train_and_evaluate(_config(), workdir)
+    except Stop:
+      pass
+  return metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME)), played, trained
+
+
+@pytest.fixture(scope="module")
+def options_run(tmp_path_factory):
+  return _run(str(tmp_path_factory.mktemp("options")))
+
+
+@pytest.mark.slow
+def test_options_run_end_to_end(options_run):
+  lines, played, trained = options_run
+  c = _config()
   assert [l["step"] for l in lines] == [1, 2]
   assert [(it, b) for it, b, _ in played] == [(0, 0), (0, 1), (1, 0), (1, 1)]
   for it, line in enumerate(lines):
@@ -72,3 +99,16 @@ def test_options_run_end_to_end(tmp_path, monkeypatch):
   assert abs(kl1) < 1e-6  # the policy is still the reference at the first iteration
   want = 0.001 * (1 + float(np.clip(kl1 / 0.1 - 1, -0.2, 0.2)) * n1 / 10000)
   assert lines[1]["train/reward_kl_coef"] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_resumed_options_run_equals_the_uninterrupted_one(options_run, tmp_path):
+  lines, _, trained = options_run
+  first, _, _ = _run(str(tmp_path), stop_at=1)
+  assert [l["step"] for l in first] == [1]
+  resumed, played, resumed_trained = _run(str(tmp_path))
+  assert [(it, b) for it, b, _ in played] == [(1, 0), (1, 1)]
+  assert resumed_trained == trained[1:]
+  keep = lambda l: {k: v for k, v in l.items()
+                    if not k.startswith(("time/", "env/")) and not k.endswith(("_flop_per_s", "_mfu"))}
+  assert [keep(l) for l in resumed] == [keep(l) for l in lines]
