@@ -112,9 +112,29 @@ def test_cli_names_the_checkpoint_and_repeats_itself(trained, tmp_path):
   # policy, so the same tokens (no checkpoint: the untrained entry's step 0).
   out = str(tmp_path / "hf")
   assert export.main(["--workdir", run, "--out", out]) == 0
+  _assert_transformers_logits(out, checkpoint.read_params(run).params)
   hf_eval = str(tmp_path / "hf_eval")
   evaluate.evaluate_untrained(_config(**{"model.path": out}), hf_eval)
   assert _responses(hf_eval, evaluate.EVAL_STEP) == _responses(run, 2)
+
+
+def _assert_transformers_logits(directory: str, params: dict) -> None:
+  """transformers' logits of an export equal the project's of the checkpoint's params."""
+  import torch
+  import transformers
+  from hgpo_jax.models import config as model_config
+  from hgpo_jax.models import loading
+  from hgpo_jax.models import tokenizer as tokenizer_lib
+  tok = tokenizer_lib.tiny_tokenizer()
+  ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "push the box"}]))
+  tokens = np.asarray([ids], np.int32)
+  model = loading.model_from_params(model_config.get_preset("tiny"), export.flat_params(params))
+  want = np.asarray(model(tokens, np.arange(len(ids), dtype=np.int32)[None],
+                          np.ones(tokens.shape, bool))[0])
+  hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+  with torch.no_grad():
+    got = hf(input_ids=torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+  np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
 
 
 def _cli_error(tmp_path, *args) -> str:
