@@ -8,7 +8,12 @@ starts. Variants are selected by the argument string, e.g.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import difflib
+import importlib.util
+import os
+from typing import Sequence
 
 import ml_collections  # re-exported for the config files
 
@@ -528,3 +533,89 @@ def apply_smoke(c: ml_collections.ConfigDict) -> None:
     c.model.name = "tiny"
   c.env.eval_splits = tuple(c.env.eval_splits[:1])
   c.update_from_flattened_dict(_SMOKE)
+
+
+# ---------------------------------------------------------------------------------------
+# Loading a config from the command line (every entry point: launch.main, launch.evaluate,
+# launch.plan, launch.experiments)
+# ---------------------------------------------------------------------------------------
+class ConfigLoadError(ValueError):
+  """A config spec or override a user wrote that cannot be loaded: one line naming the fix."""
+
+
+def _fields(config, prefix: str = "") -> list[str]:
+  out = []
+  for key, value in config.items():
+    out.append(prefix + key)
+    if isinstance(value, ml_collections.ConfigDict):
+      out += _fields(value, f"{prefix}{key}.")
+  return out
+
+
+def _parse_value(current, text: str, flag: str):
+  """`text` read as the type of the field's `current` value, as absl's config flags read an
+  override: a string field takes the text as it is; bool true/false/1/0; int and float by
+  their constructors; any other field (tuples, None) a Python literal, else the text."""
+  why = "; give the override a value of the field's type"
+  if isinstance(current, bool):
+    if text.lower() in ("true", "1", "false", "0"):
+      return text.lower() in ("true", "1")
+    raise ConfigLoadError(f"flag {flag}: expected true or false{why}")
+  if isinstance(current, (int, float)):
+    try:
+      return type(current)(text)
+    except ValueError as e:
+      raise ConfigLoadError(f"flag {flag}: {e}{why}") from None
+  if isinstance(current, str):
+    return text
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """The locked config of `spec` (`configs/<env>.py[:args]`: the file's `get_config(args)`)
+  with `overrides` (`--config.a.b=VALUE`, each read as its field's type) applied in order.
+  A missing file, an unknown argument or field and an ill-typed value raise
+  `ConfigLoadError` in one line naming the fix (an unknown field with the nearest names)."""
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    raise ConfigLoadError(
+        f"config file could not be loaded (No such file or directory: {path!r}); pass "
+        "--config=configs/<env>.py[:args] (run from the repository root)")
+  module_spec = importlib.util.spec_from_file_location(
+      "config_" + os.path.splitext(os.path.basename(path))[0], path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  try:
+    config = module.get_config(arg or None)
+  except ValueError as e:
+    if str(e).startswith("unknown config argument"):
+      raise ConfigLoadError(f"{e}; fix the --config=FILE:ARGS string") from None
+    raise
+  config.lock()
+  fields = None
+  for item in overrides:
+    if not item.startswith("--config."):
+      raise ConfigLoadError(f"{item!r} is not an override; write --config.a.b=VALUE")
+    key, eq, text = item[len("--config."):].partition("=")
+    if not eq:
+      raise ConfigLoadError(f"override {item!r} needs a value: --config.{key}=VALUE")
+    fields = fields or _fields(config)
+    if key not in fields:
+      near = difflib.get_close_matches(key, fields, n=3)
+      hint = (f"did you mean {' or '.join('--config.' + n for n in near)}?" if near
+              else "the fields are in the config file and configs/common.py")
+      raise ConfigLoadError(f"unknown config field --config.{key}; {hint}")
+    parent, _, leaf = key.rpartition(".")
+    section = config
+    for part in filter(None, parent.split(".")):
+      section = section[part]
+    value = _parse_value(section[leaf], text, item)
+    try:
+      config.update_from_flattened_dict({key: value})
+    except (TypeError, ValueError) as e:
+      raise ConfigLoadError(f"flag {item}: {' '.join(str(e).split())}; give the override a "
+                            "value of the field's type") from None
+  return config

@@ -18,7 +18,6 @@ adds the traceback.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import sys
@@ -27,11 +26,12 @@ import traceback
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
-# The flags of both entry points (launch/evaluate.py reads them too).
-CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file[:variant args].", lock_config=True)
+# The flags of both entry points (launch/evaluate.py reads them too). `--config.a.b=VALUE`
+# overrides are not absl flags: `parse_flags` takes them out and `configs.common.load`
+# applies them, as for every entry point.
+CONFIG = flags.DEFINE_string("config", None, "Experiment config file[:variant args]; "
+                             "--config.a.b=VALUE overrides a field.")
 WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and dumps.")
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "off", ["off", "auto", "explicit"],
@@ -74,61 +74,33 @@ def _last_line(text: str) -> str:
   return line
 
 
-def _config_fields(config, prefix: str = "") -> list[str]:
-  out = []
-  for key, value in config.items():
-    out.append(prefix + key)
-    if hasattr(value, "items"):
-      out += _config_fields(value, f"{prefix}{key}.")
-  return out
-
-
-def _override_error(argv, message: str) -> str | None:
-  """For an unknown `--config.a.b` field: which one, and the nearest real field names."""
-  names = [m.group(1) for a in argv for m in [re.match(r"--config\.([^=]+)", a)] if m]
-  files = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-  try:  # the config without the overrides (the flag holds none after a failed parse)
-    path, _, arg = files[-1].partition(":")
-    namespace = {"__file__": path}
-    sys.path.insert(0, os.getcwd())
-    with open(path, encoding="utf-8") as f:
-      exec(compile(f.read(), path, "exec"), namespace)
-    fields = _config_fields(namespace["get_config"](arg or None))
-  except Exception:  # the config itself fails: reported as is
-    fields = []
-  for name in names:
-    if fields and name not in fields:
-      near = difflib.get_close_matches(name, fields, n=3)
-      hint = f"did you mean {' or '.join('--config.' + n for n in near)}?" if near else (
-          "the fields are in the config file and configs/common.py")
-      return f"unknown config field --config.{name}; {hint}"
-  if "Unknown command line flag 'config." in message:
-    name = message.split("'")[1]
-    return f"unknown config field --{name}; the fields are in the config file and configs/common.py"
-  return None
+_LOADED = {}  # the config parse_flags loaded (`loaded_config`)
 
 
 def parse_flags(argv: list[str], prog: str = "launch.main") -> list[str]:
-  """absl flag parsing with bad-input errors as one line (`{prog}: error: ...`) and exit
+  """absl flag parsing, then the config loaded with its `--config.a.b=VALUE` overrides
+  (`configs.common.load`); bad input ends in one line (`{prog}: error: ...`) and exit
   code 2."""
   verbose = any(a in ("--verbose", "--verbose=true", "--verbose=1") for a in argv)
+  overrides = [a for a in argv[1:] if a.startswith("--config.")]
   try:
-    return flags.FLAGS(argv)
-  except Exception as e:  # flags.Error, config file errors
-    message = _override_error(argv, str(e))
-    if message is None:
-      message = _last_line(str(e))
-      if "could not convert" in message or "Could not parse" in message:
-        message += "; give the override a value of the field's type"
-      elif "Failed loading config file" in str(e):
-        path = ([a.split("=", 1)[1].partition(":")[0] for a in argv
-                 if a.startswith("--config=")] or ["?"])[-1]
-        message = (f"config file {path} could not be loaded; pass --config=configs/<env>.py"
-                   "[:args] (run from the repository root)")
-      elif "unknown config argument" in message:
-        message += "; fix the --config=FILE:ARGS string"
-    _fail(message, verbose, prog)
+    rest = flags.FLAGS([a for a in argv if not a.startswith("--config.")])
+  except Exception as e:  # flags.Error
+    _fail(_last_line(str(e)), verbose, prog)
     raise  # unreachable (sys.exit)
+  if CONFIG.value is not None:
+    from configs import common
+    try:
+      _LOADED["config"] = common.load(CONFIG.value, overrides)
+    except Exception as e:  # ConfigLoadError, or the config file's own refusal (get_config)
+      _fail(_last_line(str(e.args[0] if isinstance(e, KeyError) and e.args else e)),
+            verbose, prog)
+  return rest
+
+
+def loaded_config():
+  """The config `parse_flags` loaded from --config and its overrides."""
+  return _LOADED["config"]
 
 
 def _check_workdir(workdir: str) -> None:
@@ -185,13 +157,7 @@ def start(argv, prog: str = "launch.main"):
   platform and refuses a CPU run of a config meant for accelerators. Returns the config."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = CONFIG.value
-  try:
-    config.keys()  # a file that failed to load raises on first access
-  except OSError as e:
-    why = re.findall(r"\[Errno \d+\] (.*)", str(e))
-    raise BadInput(f"config file could not be loaded ({why[-1] if why else _last_line(str(e))}); "
-                   "pass --config=configs/<env>.py[:args] (run from the repository root)") from e
+  config = loaded_config()
   _check_workdir(WORKDIR.value)
   if not flags.FLAGS["verbosity"].present:
     # Orbax and JAX log every checkpoint file operation at INFO; keep the console to

@@ -55,46 +55,16 @@ The last line reads `fits: peak X GiB of Y GiB per device on <target> (<program>
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
 import os
 import sys
 import time
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from configs import common
 from hgpo_jax.cost.hardware import GiB
 
 if TYPE_CHECKING:
   from hgpo_jax.cost.plan import Plan
-
-
-def load_config(spec: str, overrides: list[str]):
-  """`path.py[:arg]` and `--config.a.b=value` overrides -> a locked ConfigDict."""
-  path, _, arg = spec.partition(":")
-  if not os.path.isfile(path):
-    raise SystemExit(f"--config: no config file {path!r} (e.g. configs/alfworld.py:algo=hgpo).")
-  module_spec = importlib.util.spec_from_file_location("plan_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  config = module.get_config(arg or None)
-  flat = {}
-  for item in overrides:
-    key, eq, value = item[len("--config."):].partition("=")
-    if not eq:
-      raise SystemExit(f"override {item!r} needs a value: --config.{key}=VALUE")
-    try:
-      flat[key] = ast.literal_eval(value)
-    except (ValueError, SyntaxError):  # as absl parses a bool field: true/false
-      flat[key] = {"true": True, "false": False}.get(value.lower(), value)
-  for key, value in flat.items():
-    try:
-      config.update_from_flattened_dict({key: value})
-    except (KeyError, AttributeError):
-      raise SystemExit(f"unknown config field --config.{key}; the fields are in the config file "
-                       "and configs/common.py") from None
-    except (TypeError, ValueError) as e:
-      raise SystemExit(f"bad --config.{key}={value!r}: {' '.join(str(e).split())}") from None
-  return config
 
 
 def parse_args(argv):
@@ -256,7 +226,7 @@ def plan_main(args, overrides) -> int:
   from hgpo_jax.training import run_config
   from hgpo_jax.cost import targets
 
-  config = load_config(args.config, overrides)
+  config = common.load(args.config, overrides)
   run_config.validate(config)  # config errors before any compile
   mesh = (plan_lib.parse_mesh(args.mesh) if args.mesh
           else (config.mesh.data, config.mesh.fsdp, config.mesh.tensor))
@@ -565,7 +535,7 @@ def table_main(args) -> int:
   for model in models:
     spec = TABLE_CONFIG.format(model=model)
     for target in resolved:
-      config = load_config(spec, [])
+      config = common.load(spec)
       devices = targets.devices(target)
       memory = targets.available_hbm(target)
       print(f"table: {spec} on {target.name} ({memory / GiB:.2f} GiB per chip):",

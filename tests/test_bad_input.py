@@ -61,8 +61,8 @@ _LLAMA = dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_s
 LAUNCH_CASES = {
     "unknown config argument": (
         [f"{_SMOKE},colour=red"],
-        "unknown config argument 'colour'; known: ['algo', 'boxes', 'dim', 'k', 'levels', 'model', "
-        "'smoke']; fix the --config=FILE:ARGS string"),
+        "unknown config argument 'colour'; known: ['algo', 'boxes', 'dim', 'dynamic', 'gspo', "
+        "'k', 'levels', 'model', 'smoke']; fix the --config=FILE:ARGS string"),
     "mistyped override": (
         [_SMOKE, "--config.train.lrr=0.1"],
         "unknown config field --config.train.lrr; did you mean --config.train.lr"),

@@ -69,7 +69,6 @@ long in total as the same runs one after the other.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 from typing import Any, Mapping
 
@@ -336,13 +335,11 @@ def format_value(value: Any) -> str:
 
 
 def build_config(env: Environment, method: Method, seed: int):
-  """The locked config of one run, as launch.main would build it from the command line."""
-  module = importlib.import_module(env.config[:-len(".py")].replace("/", "."))
-  c = module.get_config(variant(env, method))
-  with c.unlocked():
-    c.seed = seed
-  c.update_from_flattened_dict(dict(overrides(env, method)))
-  return c
+  """The locked config of one run, loaded from its command line's flags (`command`) as
+  launch.main loads it (`configs.common.load`)."""
+  from configs import common
+  spec, *overrides_ = config_flags(env, method, seed)
+  return common.load(spec[len("--config="):], overrides_)
 
 
 def pending_reason(env: Environment, method: Method) -> str | None:
@@ -362,11 +359,16 @@ def pending_reason(env: Environment, method: Method) -> str | None:
 def command(root: str, suite: Suite, env: Environment, method: Method, seed: int,
             python: str = "python") -> list[str]:
   module = "launch.evaluate" if method.kind == PROMPTED else "launch.main"
-  cmd = [python, "-m", module, f"--config={env.config}:{variant(env, method)}",
-         f"--workdir={run_dir(root, suite, env.name, method.name, seed)}",
-         f"--config.seed={seed}"]
-  cmd += [f"--config.{k}={format_value(v)}" for k, v in overrides(env, method).items()]
-  return cmd
+  spec, *overrides_ = config_flags(env, method, seed)
+  return [python, "-m", module, spec,
+          f"--workdir={run_dir(root, suite, env.name, method.name, seed)}", *overrides_]
+
+
+def config_flags(env: Environment, method: Method, seed: int) -> list[str]:
+  """`--config=FILE:ARGS` and the `--config.a.b=VALUE` overrides of one run (its seed
+  first), as its command line passes them."""
+  return ([f"--config={env.config}:{variant(env, method)}", f"--config.seed={seed}"]
+          + [f"--config.{k}={format_value(v)}" for k, v in overrides(env, method).items()])
 
 
 if __name__ == "__main__":

@@ -201,7 +201,7 @@ def check_configs(entries: list[dict]) -> None:
   """Loads and validates the config of every run that would start (its file, variant
   arguments and overrides, `--override` included), as the trainer does before any work;
   raises ValueError naming the run and the flag to change."""
-  from launch import plan as plan_cli
+  from configs import common
   from hgpo_jax.training import run_config
   seen = set()
   for e in entries:
@@ -214,10 +214,8 @@ def check_configs(entries: list[dict]) -> None:
     seen.add((spec, overrides))
     tag = f"{e['env']}/{e['method']}"
     try:
-      run_config.validate(plan_cli.load_config(spec, list(overrides)))
-    except SystemExit as err:  # load_config's one-line errors
-      raise ValueError(f"{tag}: {err} (check --override)") from None
-    except (ValueError, KeyError) as err:
+      run_config.validate(common.load(spec, list(overrides)))
+    except (ValueError, KeyError) as err:  # ConfigLoadError (a ValueError) included
       raise ValueError(f"{tag}: {err} (check --override)") from None
 
 

@@ -133,11 +133,17 @@ def test_cli_prints_the_plan_and_a_recommendation(capsys):
   assert "sampler: at most " in out
 
 
-def test_cli_rejects_bad_overrides():
-  with pytest.raises(SystemExit):
-    plan_cli.load_config("configs/alfworld.py:model=tiny", ["--config.train.no_such_field=1"])
-  with pytest.raises(SystemExit, match="no config file"):
-    plan_cli.load_config("configs/nope.py", [])
+def test_cli_rejects_bad_overrides(capsys):
+  """The plan loads its config as every entry point does (`configs.common.load`): a bad
+  field or file is one `launch.plan: error:` line and exit status 2."""
+  assert plan_cli.main(["--config=configs/alfworld.py:model=tiny", "--devices", "8",
+                        "--config.train.no_such_field=1"]) == 2
+  assert capsys.readouterr().err.startswith(
+      "launch.plan: error: unknown config field --config.train.no_such_field")
+  assert plan_cli.main(["--config=configs/nope.py", "--devices", "8"]) == 2
+  assert capsys.readouterr().err.startswith(
+      "launch.plan: error: config file could not be loaded (No such file or directory: "
+      "'configs/nope.py')")
 
 
 def test_constrained_generate_takes_its_trie_shapes_from_the_config():

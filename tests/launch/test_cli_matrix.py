@@ -19,6 +19,7 @@ import pytest
 
 from hgpo_jax import runtime
 from hgpo_jax.cost import targets
+from configs import common
 from launch import plan as plan_cli
 from launch.experiments import sweep
 
@@ -99,11 +100,10 @@ def test_plan_errors_without_a_compiler(capsys):
   assert "--config is required" in capsys.readouterr().err
   assert plan_cli.main([_spec("alfworld", "hgpo"), "--topology", "v9-8"]) == 2
   assert capsys.readouterr().err.startswith("launch.plan: error: --topology: unknown target")
-  with pytest.raises(SystemExit, match=r"unknown config field --config.train.nofield"):
-    plan_cli.load_config("configs/alfworld.py:algo=hgpo,smoke", ["--config.train.nofield=1"])
+  with pytest.raises(common.ConfigLoadError, match=r"unknown config field --config.train.nofield"):
+    common.load("configs/alfworld.py:algo=hgpo,smoke", ["--config.train.nofield=1"])
   # true/false read as launch.main reads a bool field
-  config = plan_cli.load_config("configs/alfworld.py:algo=hgpo,smoke",
-                                ["--config.rollout.constrained=false"])
+  config = common.load("configs/alfworld.py:algo=hgpo,smoke", ["--config.rollout.constrained=false"])
   assert config.rollout.constrained is False
 
 
