@@ -261,3 +261,20 @@ def test_plan_counts_the_frozen_base_the_adapters_and_their_optimizer_state():
   config.train.use_kl_loss = False
   no_kl = programs.build(config, mesh)
   assert no_kl.programs["logprobs"].calls == 0 and "logprobs_old" not in no_kl.programs
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"model.lora.rank": -1}, "config.model.lora.rank=-1 must be >= 0"),
+    ({"model.lora.rank": 8, "model.lora.alpha": 0.0}, "config.model.lora.alpha=0.0 must be > 0"),
+    ({"model.lora.rank": 8, "model.lora.targets": "q_proj,qkv"}, "names no module"),
+    ({"model.lora.rank": 8, "train.reference_memory": "host"}, "do not apply with"),
+    ({"model.lora.path": "/nonexistent/adapter"}, "is not a directory"),
+])
+def test_bad_lora_settings_are_one_line_config_errors(overrides, message):
+  from configs import alfworld
+  from hgpo_jax import train
+  config = alfworld.get_config("algo=hgpo,model=tiny,smoke")
+  config.update_from_flattened_dict(overrides)
+  with pytest.raises(train.ConfigError, match=message) as e:
+    train.validate(config)
+  assert "\n" not in str(e.value)
