@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import jax
@@ -40,6 +39,7 @@ from hgpo_jax.models import tokenizer as tokenizer_lib
 from hgpo_jax.sampling import constrained
 from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.sampling import SamplingParams
+from launch.benchmarks import harness
 
 EXACT = constrained.ActionConstraint(prefix="", suffix="")
 
@@ -111,21 +111,22 @@ def main(argv=None) -> int:
     first[name] = [o.tokens for o in outs]
     if first[name] != first["lockstep"]:
       raise SystemExit(f"decode_slots: {name} sampled other tokens than lockstep")
-  times = {name: [] for name, _ in sides}
   work = {}
-  for _ in range(args.reps):
-    for name, smp in sides:  # interleaved rep by rep
-      _, decoded, row_steps, seconds = replay(smp, calls, params)
-      times[name].append(seconds)
+
+  def side(name, smp):
+    def call():
+      _, decoded, row_steps, _ = replay(smp, calls, params)
       work[name] = (decoded, row_steps)
+    return call
+
+  med = harness.alternating_medians({name: side(name, smp) for name, smp in sides}, args.reps)
   for name, _ in sides:
     decoded, row_steps = work[name]
     print(f"{name:>10}: {decoded} tokens in {row_steps} row-steps: "
           f"{100 * (1 - decoded / row_steps):.1f} % of decode row-steps on finished or padding "
-          f"rows; {statistics.median(times[name]):.2f} s (median of {args.reps})")
-  base = statistics.median(times["lockstep"])
+          f"rows; {med[name]:.2f} s (median of {args.reps})")
   name = f"slots={slots[0]}"
-  print(f"lockstep / {name} wall time: {base / statistics.median(times[name]):.2f}")
+  print(f"lockstep / {name} wall time: {med['lockstep'] / med[name]:.2f}")
   return 0
 
 
