@@ -59,7 +59,6 @@ from hgpo_jax.sampling import constrained
 from hgpo_jax.sampling import inputs as inputs_lib
 from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.sampling import types
-from hgpo_jax.sampling.sampler import prompt_buckets  # noqa: F401 (the run's buckets)
 from hgpo_jax.training import critic_step
 from hgpo_jax.training import run_config
 from hgpo_jax.training import train_batch as train_batch_lib

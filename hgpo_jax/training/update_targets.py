@@ -25,8 +25,8 @@ import numpy as np
 from hgpo_jax.advantages import grouping
 from hgpo_jax.models import critic as critic_lib
 from hgpo_jax.rollout import rollout as rollout_lib
+from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.training import critic_step
-from hgpo_jax.training import programs
 from hgpo_jax.training import progress
 from hgpo_jax.training import run as run_lib
 from hgpo_jax.training import run_config
@@ -121,7 +121,7 @@ def token_batch(rows, adv: np.ndarray, config, pad_id: int) -> train_batch_lib.T
   """The token batch of all rows with row advantages `adv`, padded to a multiple of the
   mini-batch (identical on every process)."""
   mini = config.train.mini_batch_rows
-  buckets = programs.prompt_buckets(config.rollout.max_prompt_tokens)
+  buckets = sampler_lib.prompt_buckets(config.rollout.max_prompt_tokens)
   prompt_len = train_batch_lib.pick_bucket(max(len(r.prompt_ids) for r in rows), buckets, "prompt")
   batch, _ = train_batch_lib.build_train_batch(
       [r.prompt_ids for r in rows], [r.response_ids for r in rows], adv.astype(np.float32),

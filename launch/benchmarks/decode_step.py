@@ -21,20 +21,20 @@ MFU against the detected peak, and the fraction of the memory-bandwidth roofline
 (every float32 weight and the whole cache read once per step, at the bandwidth of a jitted
 sum measured in the same run). The last line is the baseline/current time ratio.
 
-`--sampling-filter` times the decode step's top-k / top-p filter instead (no model): the
-full-vocabulary sort it used before (`logits.sort_filter`) against today's
-`sampler.filter_logits` (`jax.lax.top_k` over `--max-candidates`, the sort only on a step
-where that is not exact), on one jitted call over f32[batch, V] logits at temperature 0.7,
-for each vocabulary in `--vocabs` (Qwen2.5's 151,936 and SmolLM2's 49,152 by default) and
-these settings: top_k 50; top_p 0.9; both; top_p 0.9 over flat logits whose nucleus is
-wider than the candidates (the fallback: what a step costs when it must sort). The logits
-are N(0, 2^2) with 16 tokens per row raised by 8-16 (a peaked next-token distribution; the
-nucleus sizes are printed), or N(0, 0.1^2) for the flat case. Both sides' outputs are
-compared first (they must be equal); timings exclude compilation and interleave the two
-sides repetition by repetition (median); the sampling stage (filter + the categorical
-draw over V that follows it in the sampler) is timed too for top_k 50 + top_p 0.9. The
-last line is the sort/top_k time ratio of the filter for top_k 50 + top_p 0.9, per
-vocabulary.
+`--sampling-filter` times the decode step's top-k / top-p filter instead (no model): a
+sort of the whole vocabulary (`hgpo_jax.sampling.logits.sort_filter`) against the
+sampler's filter, `hgpo_jax.sampling.logits.filter_logits` (`jax.lax.top_k` over
+`--max-candidates`, the sort only on a step where that is not exact), on one jitted call over
+f32[batch, V] logits at temperature 0.7, for each vocabulary in `--vocabs` (Qwen2.5's
+151,936 and SmolLM2's 49,152 by default) and these settings: top_k 50; top_p 0.9; both;
+top_p 0.9 over flat logits whose nucleus is wider than the candidates (the fallback: what
+a step costs when it must sort). The logits are N(0, 2^2) with 16 tokens per row raised by
+8-16 (a peaked next-token distribution; the nucleus sizes are printed), or N(0, 0.1^2) for
+the flat case. Both sides' outputs are compared first (they must be equal); timings
+exclude compilation and interleave the two sides repetition by repetition (median); the
+sampling stage (filter + the categorical draw over V that follows it in the sampler) is
+timed too for top_k 50 + top_p 0.9. The last line is the sort/top_k time ratio of the
+filter for top_k 50 + top_p 0.9, per vocabulary.
 """
 
 from __future__ import annotations

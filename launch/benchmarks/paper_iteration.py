@@ -42,10 +42,10 @@ the first (which compiles the programs it uses) with the HiPER authors' 2,340 to
 H100. The persistent compilation cache (`hgpo_jax.runtime`, $HGPO_JAX_COMPILE_CACHE) makes a
 second run's compiles cache reads. `--precompile` (`rollout.precompile`) compiles every
 sampler program of every batch and prompt bucket before iteration 1 instead (ALFWorld's 10
-prompt buckets up to 4096 tokens, `programs.prompt_buckets`, times the sampler's 8 batch
-buckets up to 128 rows, and the shared-prefill variants: off by default, it would spend the
-time budget on programs a few iterations never call); without it an iteration that meets a
-new bucket compiles it then.
+prompt buckets up to 4096 tokens, `hgpo_jax.sampling.sampler.prompt_buckets`, times the
+sampler's 8 batch buckets up to 128 rows, and the shared-prefill variants: off by default,
+it would spend the time budget on programs a few iterations never call); without it an
+iteration that meets a new bucket compiles it then.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def _sampler(model, tok, c):
   mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, devices=fake_devices.take(1))
   sharded = decoder.Decoder(model.cfg, rngs=nnx.Rngs(0))
   sharding.shard_model(sharded, mesh)
-  return sampler.Sampler(sharded, tok, prompt_buckets=programs.prompt_buckets(
+  return sampler.Sampler(sharded, tok, prompt_buckets=sampler.prompt_buckets(
       c.rollout.max_prompt_tokens), mesh=mesh, share_prefill=c.rollout.group_size,
       decode_slots=c.rollout.decode_slots)
 
