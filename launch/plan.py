@@ -102,7 +102,8 @@ def parse_args(argv):
   ap.add_argument("--out", default="docs/plan_table.md", help="--table: the Markdown file")
   ap.add_argument("--figure", default="docs/figures/plan_memory.png", help="--table: the figure")
   ap.add_argument("--table-targets", default="v5e-8,v5p-8,v6e-8", help="--table: targets")
-  ap.add_argument("--table-models", default="qwen2.5-1.5b,qwen2.5-7b", help="--table: models")
+  ap.add_argument("--table-models", default="qwen2.5-1.5b,qwen2.5-7b",
+                  help="--table: models (M+loraR: M with --config.model.lora.rank=R)")
   ap.add_argument("--no-recommend", action="store_true", help="(kept for old command lines: "
                   "the search runs only with --search)")
   args, rest = ap.parse_known_args(argv)
@@ -533,9 +534,15 @@ def table_main(args) -> int:
   except PlanError:
     rows = []
   for model in models:
-    spec = TABLE_CONFIG.format(model=model)
+    base, lora, rank = model.partition("+lora")  # M+loraR: LoRA adapters of rank R
+    if lora and not rank.isdigit():
+      raise PlanError(f"--table-models: {model!r}: write M+loraR with R a rank, e.g. "
+                      "qwen2.5-7b+lora64")
+    spec = TABLE_CONFIG.format(model=base)
     for target in resolved:
       config = common.load(spec)
+      if lora:
+        config.model.lora.rank = int(rank)
       devices = targets.devices(target)
       memory = targets.available_hbm(target)
       print(f"table: {spec} on {target.name} ({memory / GiB:.2f} GiB per chip):",
@@ -579,7 +586,7 @@ def table_main(args) -> int:
 
 def _table_order(row: dict) -> tuple:
   """Rows by model size, then target name: the order a reader scans the table in."""
-  return (row["model"].endswith("7b"), row["model"], row["target"])
+  return ("7b" in row["model"], row["model"], row["target"])
 
 
 def _commit(outputs: tuple[str, ...] = (), repo: str | None = None) -> str:
@@ -656,7 +663,10 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
       "arguments, outputs and temporaries, per device. Seconds per iteration: XLA:TPU's cost "
       "model (device compute of every program's calls, decode loops at max_new_tokens), not a "
       "measurement. Each row is one `python -m launch.plan "
-      "--config=configs/alfworld.py:algo=hgpo,model=M --topology T --search`.",
+      "--config=configs/alfworld.py:algo=hgpo,model=M --topology T --search`; a model "
+      "`M+loraR` adds `--config.model.lora.rank=R` (LoRA, hgpo_jax/models/lora.py: the "
+      "frozen base in the compute dtype, float32 adapters and their AdamW moments only, the "
+      "reference the base with the adapters off: no copy).",
       "",
       f"Compiled with jax {jax.__version__}, libtpu {libtpu_version}, each row at the commit "
       "it names (+: with uncommitted changes); "
