@@ -10,10 +10,11 @@ import pytest
 from configs import alfworld
 from configs import webshop
 from hgpo_jax.cost import analytic
-from hgpo_jax.models import sharding
 from hgpo_jax.cost import plan as plan_lib
-from hgpo_jax.training import programs
 from hgpo_jax.cost import targets
+from hgpo_jax.cost.hardware import GiB
+from hgpo_jax.models import sharding
+from hgpo_jax.training import programs
 from launch import plan as plan_cli
 
 pytestmark = [
@@ -21,7 +22,6 @@ pytestmark = [
     pytest.mark.skipif(targets.libtpu_available() is not None,
                        reason=targets.libtpu_available() or ""),
 ]
-GiB = 1024 ** 3
 
 SMOKE_CONFIGS = {
     "alfworld-hgpo": lambda: alfworld.get_config("algo=hgpo,smoke"),
