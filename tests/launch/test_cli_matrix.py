@@ -229,6 +229,26 @@ def test_plan_table_renders_from_its_csv(tmp_path):
     assert out.read_text() == (ROOT / "docs" / "plan_table.md").read_text()
 
 
+def test_plan_table_rows_are_in_model_size_order_and_its_text_names_their_models(tmp_path):
+  """Rows sort by the billions ending the preset's name (qwen3-1.7b between the 1.5B and
+  the 7B, though its name holds "7b"), a LoRA row after its base; the text names each base
+  preset once."""
+  rows = [dict(model=m, target=t, chips=8, usable_hbm_gib=15.75, mesh="-",
+               verdict="does not fit", persistent_gib=1.0, commit="abc1234")
+          for m, t in (("qwen3-8b", "v5e-8"), ("qwen2.5-7b+lora64", "v5e-8"),
+                       ("qwen3-1.7b", "v6e-8"), ("qwen2.5-7b", "v5e-8"), ("qwen3-1.7b", "v5e-8"),
+                       ("qwen2.5-1.5b", "v5e-8"))]
+  md = tmp_path / "plan_table.md"
+  plan_cli.write_table(rows, str(md), str(tmp_path / "f.png"), 0.1)
+  order = [(r["model"], r["target"]) for r in plan_cli.read_table(str(tmp_path / "plan_table.csv"))]
+  assert order == [("qwen2.5-1.5b", "v5e-8"), ("qwen3-1.7b", "v5e-8"), ("qwen3-1.7b", "v6e-8"),
+                   ("qwen2.5-7b", "v5e-8"), ("qwen2.5-7b+lora64", "v5e-8"), ("qwen3-8b", "v5e-8")]
+  text = md.read_text()
+  assert "for each model (qwen2.5-1.5b, qwen3-1.7b, qwen2.5-7b and qwen3-8b; " in text
+  assert [line.split(" | ")[0][2:] for line in text.splitlines() if line.startswith("| qwen")] \
+      == [m for m, _ in order]
+
+
 def test_a_table_row_names_its_commit_without_counting_the_tables_own_files(tmp_path):
   """Each row is computed after the rows before it rewrote the table's files: those do not
   make the commit read as modified (`+`); any other change does."""
