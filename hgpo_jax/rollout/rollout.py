@@ -329,17 +329,17 @@ def dynamic_selection(rollouts: Sequence[Rollout], group_size: int, num_groups: 
   varied = [(b, g) for b, ro in enumerate(rollouts) for g in varied_groups(ro, group_size, metric)]
   chosen = varied[:num_groups]
   last = len(rollouts) - 1
+  varied_last = set(varied_groups(rollouts[last], group_size, metric))
   uniform_last = [g for g in range(rollouts[last].num_trajectories // group_size)
-                  if g not in set(varied_groups(rollouts[last], group_size, metric))]
+                  if g not in varied_last]
   filled = [(last, g) for g in uniform_last[:num_groups - len(chosen)]]
   total = sum(ro.num_trajectories // group_size for ro in rollouts)
   stats = {"groups_kept": float(len(chosen)), "groups_filled": float(len(filled)),
            "groups_dropped": float(total - len(varied) - len(filled)),
            "generation_batches": float(len(rollouts)),
            "varied_surplus": float(len(varied) - len(chosen))}
-  chosen_set = set(chosen + filled)
-  # generation order: the update sees the groups as one rollout of theirs would be laid out
-  return sorted(chosen_set), stats
+  # in generation order, as one rollout playing them all would lay them out
+  return sorted(chosen + filled), stats
 
 
 def select_groups(rollouts: Sequence[Rollout], picks: Sequence[tuple[int, int]],
