@@ -204,13 +204,12 @@ def kl_in_reward(run: run_lib.Run, rows) -> dict[str, float]:
       packing.plain_batch(batch, mini_batch_rows=config.train.mini_batch_rows))
   old, ref, mask = (np.concatenate([host_array(getattr(parts[0], name)) for parts in filled])
                     for name in ("old_logprobs", "ref_logprobs", "score_mask"))
-  kl_bt = np.where(mask, np.asarray(losses.kl_penalty(old, ref, config.train.kl_reward_estimator)),
-                   0.0)
+  n = len(rows)  # the real rows (the batch is padded to a multiple of the mini-batch)
+  penalty, current = losses.kl_reward_penalty(old[:n], ref[:n], mask[:n],
+                                              config.train.kl_reward_estimator)
   beta = ctrl.value
-  for i, row in enumerate(rows):
-    row.reward -= beta * float(kl_bt[i].sum())
-  n = len(rows)
-  current = float(np.mean(kl_bt[:n].sum(-1) / np.maximum(mask[:n].sum(-1), 1)))
+  for row, kl in zip(rows, penalty):
+    row.reward -= beta * float(kl)
   ctrl.update(current, n)
   return {"train/reward_kl": current, "train/reward_kl_coef": beta}
 

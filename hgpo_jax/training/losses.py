@@ -536,6 +536,23 @@ def mismatch_metrics(learner_logp_bt, rollout_logp_bt, mask_bt, threshold: float
   return out
 
 
+def kl_reward_penalty(old_logp_bt, ref_logp_bt, mask_bt, estimator: str
+                      ) -> tuple[np.ndarray, float]:
+  """The KL in the reward of B rows (host, numpy; verl `apply_kl_penalty`): each row's
+  penalty is its tokens' sum of `kl_penalty(old, ref, estimator)` (a step row's reward is
+  the sum of its tokens' rewards), and the batch KL the controller reads is the mean over
+  rows of their token means (rows without a scored token count 0).
+
+  Returns:
+    (f64[B] KL summed over each row's scored tokens, the batch KL).
+  """
+  mask_bt = np.asarray(mask_bt, bool)
+  kl_bt = np.where(mask_bt, np.asarray(kl_penalty(jnp.asarray(old_logp_bt), jnp.asarray(ref_logp_bt),
+                                                  estimator), np.float64), 0.0)
+  sums_b = kl_bt.sum(axis=-1)
+  return sums_b, float(np.mean(sums_b / np.maximum(mask_bt.sum(axis=-1), 1)))
+
+
 KL_CONTROLLERS = ("fixed", "adaptive")
 """Values of `train.kl_ctrl` (verl `algorithm.kl_ctrl.type`)."""
 

@@ -101,6 +101,27 @@ def rs_mask(old_log_prob, rollout_log_prob, mask, level, threshold):
   return ((w >= 1.0 / threshold) & (w <= threshold)).double()
 
 
+class AdaptiveKLController:
+  """verl core_algos.AdaptiveKLController."""
+
+  def __init__(self, init_kl_coef, target_kl, horizon):
+    self.value = init_kl_coef
+    self.target = target_kl
+    self.horizon = horizon
+
+  def update(self, current_kl, n_steps):
+    proportional_error = np.clip(current_kl / self.target - 1, -0.2, 0.2)
+    self.value *= 1 + proportional_error * n_steps / self.horizon
+
+
+def apply_kl_penalty(token_level_scores, old_log_probs, ref_log_prob, response_mask, beta, name):
+  """verl `apply_kl_penalty` (the ray trainer's): token rewards and the batch KL."""
+  kld = kl_penalty(old_log_probs, ref_log_prob, name) * response_mask
+  token_level_rewards = token_level_scores - beta * kld
+  current_kl = torch.mean(_masked_mean(kld, response_mask, axis=-1), dim=0).item()
+  return token_level_rewards, current_kl
+
+
 def lr_lambda(style, warmup, total, min_lr_ratio):
   def constant(step):
     return min(1, float(step) / float(max(1, warmup)))
@@ -297,3 +318,28 @@ def test_bad_loss_options_name_the_flag(kwargs, match):
 def test_bad_schedules_name_the_flag(kwargs, match):
   with pytest.raises(ValueError, match=match):
     train_step.UpdateConfig(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["k1", "abs", "k2", "k3"])
+def test_kl_in_the_reward_equals_verl_apply_kl_penalty(name):
+  _, old, ref, _, _, mask = _inputs(8, scale=0.4)
+  scores = np.zeros_like(old)
+  scores[:, -1] = 1.0  # an outcome reward on the last token
+  rewards, want_kl = apply_kl_penalty(_t(scores), _t(old), _t(ref), _t(mask), 0.05, name)
+  penalty_b, got_kl = losses.kl_reward_penalty(old, ref, mask, name)
+  # a step row's reward is the sum of its token rewards
+  np.testing.assert_allclose(scores.sum(-1) - 0.05 * penalty_b, rewards.sum(-1).numpy(), rtol=1e-5)
+  np.testing.assert_allclose(got_kl, want_kl, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kl", [0.0, 0.09, 0.5])
+def test_kl_controllers_equal_verl(kl):
+  ours, theirs = losses.KLController(0.01, "adaptive", 0.1, 1000), AdaptiveKLController(0.01, 0.1, 1000)
+  for n in (64, 128, 32):
+    ours.update(kl, n)
+    theirs.update(kl, n)
+    assert ours.value == pytest.approx(theirs.value, rel=1e-12)
+  assert ours.value != 0.01
+  fixed = losses.KLController(0.01)
+  fixed.update(kl, 64)
+  assert fixed.value == 0.01
