@@ -12,6 +12,7 @@ from typing import Optional
 
 from hgpo_jax.cost import hardware
 from hgpo_jax.cost import hlo
+from hgpo_jax.models import lora
 from hgpo_jax.training import packing
 
 
@@ -57,8 +58,9 @@ class LearnerFlops:
                                          sharding=ln.row_sharding), batch)
       state = ln.abstract_state()
       params = state.params
+      # the gradients of the trained params (with LoRA: of the adapters only)
       grads = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, "float32", sharding=p.sharding),
-                           params)
+                           lora.trainable_params(params))
       if program == "logprobs":
         lowered = ln.compute_logprobs.lower(params, abstract_batch)
       elif program == "update":

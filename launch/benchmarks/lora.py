@@ -1,6 +1,6 @@
 """Benchmark: the SmolLM2 job with LoRA adapters against full fine-tuning, side by side.
 
-  python -m launch.benchmarks.lora [--rank 16] [--iterations 3] [--reps 1]
+  python -m launch.benchmarks.lora [--rank 16] [--iterations 3] [--reps 1] [--sides full,lora]
 
 Both sides are the real trainer, `python -m launch.main` with
 `--config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local` (the SmolLM2 job,
@@ -62,10 +62,16 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--rank", type=int, default=16)
   parser.add_argument("--iterations", type=int, default=3)
   parser.add_argument("--reps", type=int, default=1)
+  parser.add_argument("--sides", default="full,lora",
+                      help="the sides to run, in this order (full, lora; the ratios need both)")
   args = parser.parse_args(argv)
+  chosen = [s.strip() for s in args.sides.split(",") if s.strip()]
   if args.iterations < 2 or args.rank < 1 or args.reps < 1:
     parser.error("--iterations must be >= 2 (the first one compiles), --rank and --reps >= 1")
-  sides = {"full": [], "lora": [f"--config.model.lora.rank={args.rank}"]}
+  if not chosen or set(chosen) - {"full", "lora"}:
+    parser.error(f"--sides {args.sides!r}: name full and/or lora")
+  every = {"full": [], "lora": [f"--config.model.lora.rank={args.rank}"]}
+  sides = {name: every[name] for name in chosen}
   update = {s: [] for s in sides}
   logprobs = {s: [] for s in sides}
   iteration = {s: [] for s in sides}
@@ -92,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
   for name, (u, lp, it, rss) in med.items():
     print(f"  {name:5s} update {u:.1f} s, log-probs {lp:.1f} s, iteration {it:.1f} s, "
           f"peak RSS {rss:.2f} GiB")
+  if len(med) < 2:
+    return 0
   (u_full, _, _, m_full), (u_lora, _, _, m_lora) = med["full"], med["lora"]
   print(f"full / lora: update time {u_full / u_lora:.2f}x, peak memory {m_full / m_lora:.2f}x")
   return 0

@@ -278,3 +278,26 @@ def test_bad_lora_settings_are_one_line_config_errors(overrides, message):
   with pytest.raises(train.ConfigError, match=message) as e:
     train.validate(config)
   assert "\n" not in str(e.value)
+
+
+def test_length_grouped_update_and_its_flop_count_with_adapters():
+  """A mini-batch of length-grouped parts (`Learner.update_mini_batch`: gradient programs
+  over the adapters' gradient sum, then the step) equals the one-part update of the same
+  rows, and `LearnerFlops` compiles those programs (the trainer's perf metrics)."""
+  from hgpo_jax.cost import trainer_metrics
+  from hgpo_jax.training import packing
+  _, adapted = _models()
+  config = _config(ppo_epochs=1, micro_batch_rows=4, mini_batch_rows=16)
+  learner, state = _learner(adapted, _mesh(), config)
+  host = _host_batch(16, seed=5)
+  parts = packing.group_mini_batch(host, micro_batch_rows=4, length_multiple=8)
+  assert len(parts) == 4
+  filled = train_step.fill_logprobs(learner, state.params, train_step.ADAPTERS_OFF, [parts])
+  whole = train_step.fill_logprobs(learner, state.params, train_step.ADAPTERS_OFF, host)
+  one, m_one = learner.update(learner.init_state(nnx.state(adapted, nnx.Param)), whole)
+  grouped, m_grouped = learner.update_mini_batch(state, filled[0])
+  np.testing.assert_allclose(float(m_grouped["loss"]), float(m_one["loss"]), rtol=1e-5)
+  for k, v in _flat(jax.device_get(grouped.params)).items():
+    np.testing.assert_allclose(v, _flat(jax.device_get(one.params))[k], atol=1e-6, err_msg=k)
+  flops = trainer_metrics.LearnerFlops(learner).per_call(tuple(parts))
+  assert flops["update"] > flops["logprobs"] > 0
