@@ -24,6 +24,7 @@ largest peak leaves the requested headroom.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Optional, Sequence
@@ -256,10 +257,14 @@ def rollout_programs(config, mesh_shape: Sequence[int], *, compile_them: bool = 
   return out
 
 
-def candidate_meshes(num_devices: int, cfg: model_config.ModelConfig) -> list[tuple[int, int, int]]:
+def candidate_meshes(num_devices: int, cfg: model_config.ModelConfig,
+                     devices_per_process: Optional[int] = None) -> list[tuple[int, int, int]]:
   """(data, fsdp, tensor) candidates, most preferred first: least communication first
   (pure data parallel, then FSDP over more and more devices), tensor parallelism last
-  (it splits every matmul and needs head counts divisible by it)."""
+  (it splits every matmul and needs head counts divisible by it, and the devices of each
+  process, over which the sampler runs: `programs.sampling_mesh`; default: all devices in
+  one process)."""
+  local = devices_per_process or num_devices
   out = []
   fsdp = 1
   while fsdp <= num_devices:
@@ -268,7 +273,7 @@ def candidate_meshes(num_devices: int, cfg: model_config.ModelConfig) -> list[tu
     fsdp *= 2
   tensor = 2
   while tensor <= num_devices:
-    if num_devices % tensor == 0 and cfg.num_kv_heads % tensor == 0:
+    if num_devices % tensor == 0 and cfg.num_kv_heads % tensor == 0 and local % tensor == 0:
       out.append((1, num_devices // tensor, tensor))
     tensor *= 2
   return out
@@ -337,7 +342,11 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
   budget = device_memory * (1.0 - headroom)
   learners = learner_phases(config)
   tried = []
-  for mesh_shape in candidate_meshes(num_devices, shapes.model):
+  per_process = None
+  if devices is not None:
+    counts = collections.Counter(d.process_index for d in devices[:num_devices])
+    per_process = min(counts.values())
+  for mesh_shape in candidate_meshes(num_devices, shapes.model, per_process):
     cfg = with_mesh(config, mesh_shape)
     persistent = persistent_bytes(cfg, mesh_shape, devices=devices)
     if persistent > budget:

@@ -44,6 +44,14 @@ def test_candidate_meshes_prefer_data_then_fsdp_then_tensor():
   assert plan_lib.candidate_meshes(8, tiny) == [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1), (1, 4, 2)]
 
 
+def test_candidate_meshes_keep_tensor_within_one_processs_devices():
+  """8 kv heads on 8 chips of 2 hosts (v5e-8: 4 chips each): tensor=8 is not offered, since
+  the sampler runs on each process's own devices (`programs.sampling_mesh` refuses it)."""
+  eight_kv = plan_lib.shapes_from_config(_config()).model.replace(num_heads=8, num_kv_heads=8)
+  assert plan_lib.candidate_meshes(8, eight_kv)[-1] == (1, 1, 8)
+  assert plan_lib.candidate_meshes(8, eight_kv, devices_per_process=4)[-2:] == [(1, 4, 2), (1, 2, 4)]
+
+
 def test_persistent_bytes_fall_as_one_over_fsdp():
   """Parameters + AdamW moments per device at fsdp = 1, 2, 4, 8 are 1/fsdp of the
   unsharded bytes within 5% (only the RMSNorm scales, 0.3% of the tiny model, and the
