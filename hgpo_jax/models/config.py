@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import jax.numpy as jnp
 
 from hgpo_jax.models import attention_names
-from hgpo_jax.models.lora import LoraConfig
 
 ROPE_LAYOUTS = ("half", "interleaved")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -74,6 +74,52 @@ def resolve_compute_dtype(name: str, param_dtype: str, platform: str) -> str:
   if name == "auto":
     return "bfloat16" if platform in ("tpu", "gpu") else param_dtype
   return name or param_dtype
+
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The module names LoRA can target, as PEFT writes them (`target_modules`)."""
+
+DECODER_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
+                 "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+"""PEFT module name -> the `DecoderLayers` weight it adapts."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """Which projections carry adapters and how they are scaled.
+
+  Attributes:
+    rank: r; 0 = no adapters (full fine-tuning).
+    alpha: the scale's numerator (PEFT `lora_alpha`).
+    targets: PEFT module names of the adapted projections (`TARGETS`).
+    rslora: scale alpha / √r instead of alpha / r (PEFT `use_rslora`).
+  """
+  rank: int = 0
+  alpha: float = 16.0
+  targets: tuple[str, ...] = TARGETS
+  rslora: bool = False
+
+  def __post_init__(self):
+    if self.rank < 0:
+      raise ValueError(f"model.lora.rank={self.rank} must be >= 0 (0: no adapters).")
+    if not self.rank:
+      return
+    if not self.alpha > 0:
+      raise ValueError(f"model.lora.alpha={self.alpha} must be > 0.")
+    unknown = [t for t in self.targets if t not in TARGETS]
+    if unknown or not self.targets:
+      raise ValueError(f"model.lora.targets={','.join(self.targets)!r}: {unknown or 'nothing'} "
+                       f"names no module; use names of {','.join(TARGETS)}.")
+
+  @property
+  def scale(self) -> float:
+    """s of y = x Wᵀ + s · (x A) B (PEFT `scaling`)."""
+    return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    """The adapted `DecoderLayers` weights, in `TARGETS` order."""
+    return tuple(DECODER_NAMES[t] for t in TARGETS if t in self.targets) if self.rank else ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -674,7 +674,7 @@ class Decoder(nnx.Module):
       return self
     params = lora.merge_into_base(nnx.to_pure_dict(nnx.state(self, nnx.Param)), self.cfg.lora,
                                   self.cfg.compute_dtype)
-    return nnx.merge(lora.base_graphdef(self.cfg), params)
+    return nnx.merge(base_graphdef(self.cfg), params)
 
   def _f_unsplit(self) -> bool:
     """Whether the layers' F axis is whole on each device of the mesh in context (a stacked
@@ -709,3 +709,11 @@ class Decoder(nnx.Module):
     hidden_btd, cache = self.decode_hidden(tokens_bt, positions_bt, cache, cache_index,
                                            segment_ids_bt)
     return self.decode_logits(hidden_btd), cache
+
+
+def base_graphdef(cfg: ModelConfig):
+  """The graph definition (of its `nnx.Param`s) of the decoder of `cfg` without adapters:
+  what a LoRA decoder's base params, or its merged params, are merged with."""
+  base_cfg = cfg.replace(lora=lora.LoraConfig())
+  abstract = nnx.eval_shape(lambda: Decoder(base_cfg, rngs=nnx.Rngs(0)))
+  return nnx.split(abstract, nnx.Param)[0]

@@ -21,7 +21,6 @@ written by `write_peft_adapter`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -32,12 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The module names LoRA can target, as PEFT writes them (`target_modules`)."""
-
-DECODER_NAMES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
-                 "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
-"""PEFT module name -> the `DecoderLayers` weight it adapts."""
+from hgpo_jax.models.config import DECODER_NAMES, TARGETS, LoraConfig
+from hgpo_jax.models.weights import SafetensorsFile
 
 _HF_MODULES = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
                "v_proj": "self_attn.v_proj", "o_proj": "self_attn.o_proj",
@@ -57,44 +52,6 @@ RANK_AXIS = "lora_rank"  # no sharding rule: replicated
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraConfig:
-  """Which projections carry adapters and how they are scaled.
-
-  Attributes:
-    rank: r; 0 = no adapters (full fine-tuning).
-    alpha: the scale's numerator (PEFT `lora_alpha`).
-    targets: PEFT module names of the adapted projections (`TARGETS`).
-    rslora: scale alpha / √r instead of alpha / r (PEFT `use_rslora`).
-  """
-  rank: int = 0
-  alpha: float = 16.0
-  targets: tuple[str, ...] = TARGETS
-  rslora: bool = False
-
-  def __post_init__(self):
-    if self.rank < 0:
-      raise ValueError(f"model.lora.rank={self.rank} must be >= 0 (0: no adapters).")
-    if not self.rank:
-      return
-    if not self.alpha > 0:
-      raise ValueError(f"model.lora.alpha={self.alpha} must be > 0.")
-    unknown = [t for t in self.targets if t not in TARGETS]
-    if unknown or not self.targets:
-      raise ValueError(f"model.lora.targets={','.join(self.targets)!r}: {unknown or 'nothing'} "
-                       f"names no module; use names of {','.join(TARGETS)}.")
-
-  @property
-  def scale(self) -> float:
-    """s of y = x Wᵀ + s · (x A) B (PEFT `scaling`)."""
-    return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
-
-  @property
-  def names(self) -> tuple[str, ...]:
-    """The adapted `DecoderLayers` weights, in `TARGETS` order."""
-    return tuple(DECODER_NAMES[t] for t in TARGETS if t in self.targets) if self.rank else ()
 
 
 def from_settings(rank: int, alpha: float, targets: str | tuple, rslora: bool) -> LoraConfig:
@@ -173,14 +130,6 @@ def with_frozen(trained: Any, params: Any) -> Any:
     return trained
   return {k: (with_frozen(trained[k], v) if isinstance(v, dict) and k in trained
               else trained.get(k, v)) for k, v in params.items()}
-
-
-def base_graphdef(cfg):
-  """The graph definition (of its `nnx.Param`s) of the decoder of `cfg` without adapters."""
-  from hgpo_jax.models import decoder  # noqa: PLC0415  (decoder imports this module)
-  base_cfg = cfg.replace(lora=LoraConfig())
-  abstract = nnx.eval_shape(lambda: decoder.Decoder(base_cfg, rngs=nnx.Rngs(0)))
-  return nnx.split(abstract, nnx.Param)[0]
 
 
 def without_adapters(params: dict) -> dict:
@@ -264,7 +213,6 @@ def read_peft_adapter(directory: str, layers: dict, num_layers: int) -> tuple[Lo
   """(LoraConfig, {"layers/<name>_lora_a": A [L, in..., r], ...}) of a PEFT adapter
   directory, shaped for base weights `layers` (name -> array or ShapeDtypeStruct
   [L, out..., in...]); a shape that disagrees with the base is a one-line ValueError."""
-  from hgpo_jax.models.weights import SafetensorsFile  # noqa: PLC0415  (weights imports config)
   lora = read_peft_config(directory)
   path = os.path.join(directory, WEIGHTS_FILE)
   if not os.path.isfile(path):

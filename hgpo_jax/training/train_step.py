@@ -61,6 +61,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from hgpo_jax.models import attention
+from hgpo_jax.models import decoder as decoder_lib
 from hgpo_jax.models import lora as lora_lib
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import checkpoint
@@ -423,7 +424,7 @@ class Learner:
           in_shardings=(self.reference_shardings, self.row_sharding),
           out_shardings=self.row_sharding)
     elif self.adapters:  # the base's log-probs, the adapters dropped from the params
-      self.base_graphdef = lora_lib.base_graphdef(model.cfg)
+      self.base_graphdef = decoder_lib.base_graphdef(model.cfg)
       self.compute_reference_logprobs = jax.jit(
           on_mesh(self._compute_base_logprobs),
           in_shardings=(self.param_shardings, self.row_sharding),
