@@ -33,7 +33,8 @@ from hgpo_jax.models import platform
 from hgpo_jax.models import rope
 from hgpo_jax.models import decode_kernels  # noqa: F401  (registers the pallas_* decode kernels)
 from hgpo_jax.models.config import ModelConfig
-from hgpo_jax.models.kv_cache import KVCache, cache_shape, init_cache  # noqa: F401
+from hgpo_jax.models.kv_cache import KVCache, cache_shape, init_cache, write_rows  # noqa: F401
+from hgpo_jax.models.primitives import project, rms_norm
 
 
 class Mode(enum.Enum):
@@ -41,13 +42,6 @@ class Mode(enum.Enum):
   FORWARD = "forward"  # no cache: training, log-probs, critic
   PREFILL = "prefill"  # write the T new keys/values into an empty cache (not read)
   DECODE = "decode"  # read the filled cache, write the new keys/values after it
-
-
-def rms_norm(x_btd: jax.Array, scale_d: jax.Array, eps: float) -> jax.Array:
-  """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x²) + eps) · scale, statistics in f32."""
-  x = x_btd.astype(jnp.float32)
-  x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
-  return (x * scale_d.astype(jnp.float32)).astype(x_btd.dtype)
 
 
 def _param(rngs: nnx.Rngs, shape, std: float | None, dtype, axes) -> nnx.Param:
@@ -147,73 +141,17 @@ class DecodeWeights(nnx.Module):
     return [{n: w[...] for n, w in layer.items()} for layer in self.layers]
 
 
-def _project(x_bti, w_oi):
-  """x @ W^T for a weight stored [out..., in]: output [B, T, out...] in x's dtype.
-
-  Written as a 2-D `x @ w.T` on purpose: XLA:CPU then fuses the per-layer weight slice
-  into the dot, several times faster than multi-axis einsums for a SmolLM2 decode step
-  (docs/performance.md, "Figures cited by the code"). A bfloat16 `x` takes the
-  mixed-precision product `_matmul_bf16` (the weight is cast inside it)."""
-  out_shape = w_oi.shape[:-1]
-  w_2d = w_oi.reshape(-1, w_oi.shape[-1])
-  if x_bti.dtype == jnp.bfloat16:
-    out = _matmul_bf16(x_bti, w_2d)
-  else:
-    out = x_bti @ w_2d.astype(x_bti.dtype).T
-  return out.reshape(*x_bti.shape[:-1], *out_shape)
-
-
-@jax.custom_vjp
-def _matmul_bf16(x_bti, w_oi):
-  """bf16[B, T, in] @ W[out, in]^T -> bf16[B, T, out], every product bf16 x bf16 summed in
-  f32, the forward and both backward products alike; W's gradient comes back in W's
-  dtype (f32 master weights get an f32 gradient, summed over all tokens in f32).
-
-  Why: XLA:CPU runs a bf16 x bf16 dot with an f32 result on the AVX512-BF16 kernels
-  (~2.3x its f32 dot on the reference machine), but a dot with a bf16 result, or one
-  operand in f32, at f32 speed or below; JAX's own transpose of the forward would hand
-  the backward an f32 cotangent (docs/performance.md "Benchmarks", iteration row)."""
-  return _matmul_bf16_fwd(x_bti, w_oi)[0]
-
-
-def _dot_f32(a, b, contract: tuple[int, int]):
-  """`a` . `b` contracting axis contract[0] of a with contract[1] of b, summed into f32.
-
-  `lax.dot_general` on purpose: `jnp.matmul(..., preferred_element_type=f32)` converts bf16
-  operands to f32 first (an f32 dot, half the speed on XLA:CPU)."""
-  return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
-                             preferred_element_type=jnp.float32)
-
-
-def _matmul_bf16_fwd(x_bti, w_oi):
-  out = _dot_f32(x_bti, w_oi.astype(jnp.bfloat16), (2, 1)).astype(jnp.bfloat16)
-  return out, (x_bti, w_oi)
-
-
-def _matmul_bf16_bwd(res, g_bto):
-  x_bti, w_oi = res
-  g_bto = g_bto.astype(jnp.bfloat16)
-  dx_bti = _dot_f32(g_bto, w_oi.astype(jnp.bfloat16), (2, 0))
-  g_no = g_bto.reshape(-1, g_bto.shape[-1])
-  x_ni = x_bti.reshape(-1, x_bti.shape[-1])
-  dw_oi = _dot_f32(g_no, x_ni, (0, 0))
-  return dx_bti.astype(x_bti.dtype), dw_oi.astype(w_oi.dtype)
-
-
-_matmul_bf16.defvjp(_matmul_bf16_fwd, _matmul_bf16_bwd)
-
-
 def _adapted(cfg: ModelConfig, p: dict, name: str, x_bti, w_oi=None):
-  """`_project` of x by the layer weight `name` (or `w_oi`, its 2-D view), plus its LoRA
+  """`project` of x by the layer weight `name` (or `w_oi`, its 2-D view), plus its LoRA
   adapters' s · (x A) B when the layer holds them (`models.lora`; PEFT's order: the
   low-rank product, then the scale), in x's dtype."""
-  out = _project(x_bti, p[name] if w_oi is None else w_oi)
+  out = project(x_bti, p[name] if w_oi is None else w_oi)
   if f"{name}_lora_a" not in p:
     return out
   a, b = p[f"{name}_lora_a"], p[f"{name}_lora_b"]
   r = a.shape[-1]
-  low_btr = _project(x_bti, a.reshape(-1, r).T)
-  delta = _project(low_btr, b.reshape(r, -1).T) * jnp.asarray(cfg.lora.scale, low_btr.dtype)
+  low_btr = project(x_bti, a.reshape(-1, r).T)
+  delta = project(low_btr, b.reshape(r, -1).T) * jnp.asarray(cfg.lora.scale, low_btr.dtype)
   return out + delta.reshape(out.shape)
 
 
@@ -240,7 +178,7 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
   x_btd = seq.stream(x_btd)
   h_btd = seq.whole(rms_norm(x_btd, p["attn_norm"], cfg.rms_eps))
   if "qkv" in p:  # one product with the three weights (`Decoder.for_decoding` on GPUs)
-    qkv_bthk = _project(h_btd, p["qkv"])
+    qkv_bthk = project(h_btd, p["qkv"])
     if cfg.qkv_bias:
       qkv_bthk = qkv_bthk + w("qkv_bias")
     q_bthk, k_bthk, v_bthk = jnp.split(
@@ -273,7 +211,7 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
     # and indexed on its size-2 axis, each bf16 half was a [..., 1, F] slice that XLA:TPU
     # tiled (2, 128): 101M cycles per prefill layer of the 1.5B on a v6e (docs/performance.md,
     # "The papers' precision by default on accelerators").
-    both_bt2f = _project(h_btd, p["gate_up"].reshape(-1, p["gate_up"].shape[-1]))
+    both_bt2f = project(h_btd, p["gate_up"].reshape(-1, p["gate_up"].shape[-1]))
     f = both_bt2f.shape[-1] // 2
     gated_btf = jax.nn.silu(both_bt2f[..., :f]) * both_bt2f[..., f:]
   else:
@@ -339,31 +277,6 @@ def sequence_parallel(cfg: ModelConfig, target, shape_btd) -> SequenceParallel:
   spec = lambda *dims: jax.sharding.NamedSharding(  # noqa: E731
       mesh, jax.sharding.PartitionSpec(rows, *dims))
   return SequenceParallel(spec("tensor", None), spec(None, None), spec(None, "tensor"))
-
-
-def write_rows(cache_lbksd, new_lbktd, rows_b, slots_b, valid_b=None):
-  """`cache_lbksd` [L, R, Hkv, S, Dh] with new_lbktd[:, i] [L, Hkv, T, Dh] written at row
-  rows_b[i], slots [slots_b[i], slots_b[i] + T), for each i with valid_b[i] (all when None);
-  a write that would pass the cache's end is skipped (never clamped onto a row's past).
-
-  One in-place dynamic-update-slice per i, in a loop: XLA:TPU turned the equivalent
-  scatter (row and slot indices on two dims) into copies of the whole cache.
-  """
-  t = new_lbktd.shape[3]
-  fits_b = slots_b + t <= cache_lbksd.shape[3]
-  keep_b = fits_b if valid_b is None else fits_b & valid_b
-  rows_b = jnp.clip(rows_b, 0, cache_lbksd.shape[1] - 1)
-  slots_b = jnp.clip(slots_b, 0, cache_lbksd.shape[3] - t)
-  new_lbktd = new_lbktd.astype(cache_lbksd.dtype)
-
-  def one(i, cache):
-    start = (0, rows_b[i], 0, slots_b[i], 0)
-    size = (cache.shape[0], 1, cache.shape[2], t, cache.shape[4])
-    new = jax.lax.dynamic_slice_in_dim(new_lbktd, i, 1, axis=1)
-    old = jax.lax.dynamic_slice(cache, start, size)
-    return jax.lax.dynamic_update_slice(cache, jnp.where(keep_b[i], new, old), start)
-
-  return jax.lax.fori_loop(0, new_lbktd.shape[1], one, cache_lbksd)
 
 
 def decode_layer_unroll(cfg: ModelConfig, target) -> int:
@@ -466,7 +379,7 @@ class Decoder(nnx.Module):
     padding before it is never read). `cache_index` is an int32 scalar (may be traced),
     or an int32[B] giving each row its own index (a slotted cache whose rows decode at
     their own offsets, `hgpo_jax.sampling.engine.slotted_decode`); a row's new
-    keys/values that would pass the cache's end are not written (`write_rows`).
+    keys/values that would pass the cache's end are not written (`kv_cache.write_rows`).
     `segment_ids_bt` defaults to one segment (all ones). The attention over the cache is
     `cfg.decode_attention_impl` (`attention.decode_attention`).
     """

@@ -1,4 +1,4 @@
-"""The KV cache of the decoder: its type, shape, allocation and shardings."""
+"""The KV cache of the decoder: its type, shape, allocation, shardings and row writes."""
 
 from __future__ import annotations
 
@@ -46,3 +46,28 @@ def cache_shardings(cfg: ModelConfig, mesh: jax.sharding.Mesh, batch: int, lengt
   shape = cache_shape(cfg, batch, length)
   sharding = NamedSharding(mesh, axes.logical_to_spec(axes.CACHE_AXES, mesh, rules, shape))
   return KVCache(k=sharding, v=sharding)
+
+
+def write_rows(cache_lbksd, new_lbktd, rows_b, slots_b, valid_b=None):
+  """`cache_lbksd` [L, R, Hkv, S, Dh] with new_lbktd[:, i] [L, Hkv, T, Dh] written at row
+  rows_b[i], slots [slots_b[i], slots_b[i] + T), for each i with valid_b[i] (all when None);
+  a write that would pass the cache's end is skipped (never clamped onto a row's past).
+
+  One in-place dynamic-update-slice per i, in a loop: XLA:TPU turned the equivalent
+  scatter (row and slot indices on two dims) into copies of the whole cache.
+  """
+  t = new_lbktd.shape[3]
+  fits_b = slots_b + t <= cache_lbksd.shape[3]
+  keep_b = fits_b if valid_b is None else fits_b & valid_b
+  rows_b = jnp.clip(rows_b, 0, cache_lbksd.shape[1] - 1)
+  slots_b = jnp.clip(slots_b, 0, cache_lbksd.shape[3] - t)
+  new_lbktd = new_lbktd.astype(cache_lbksd.dtype)
+
+  def one(i, cache):
+    start = (0, rows_b[i], 0, slots_b[i], 0)
+    size = (cache.shape[0], 1, cache.shape[2], t, cache.shape[4])
+    new = jax.lax.dynamic_slice_in_dim(new_lbktd, i, 1, axis=1)
+    old = jax.lax.dynamic_slice(cache, start, size)
+    return jax.lax.dynamic_update_slice(cache, jnp.where(keep_b[i], new, old), start)
+
+  return jax.lax.fori_loop(0, new_lbktd.shape[1], one, cache_lbksd)

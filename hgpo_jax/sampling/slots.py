@@ -17,7 +17,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from hgpo_jax.models import decoder
+from hgpo_jax.models import kv_cache
 from hgpo_jax.sampling import inputs as inputs_lib
 from hgpo_jax.sampling import token_rules
 
@@ -35,7 +35,7 @@ class SlotState:
     rules: the slots' rule state (`token_rules.RowRules`).
     next_row: i32[] the first row not admitted yet.
   """
-  cache: decoder.KVCache
+  cache: kv_cache.KVCache
   row: jax.Array
   step: jax.Array
   prev: jax.Array
@@ -44,7 +44,7 @@ class SlotState:
   next_row: jax.Array
 
   @classmethod
-  def empty(cls, cache: decoder.KVCache, slots: int, batch: int) -> "SlotState":
+  def empty(cls, cache: kv_cache.KVCache, slots: int, batch: int) -> "SlotState":
     """No slot holds a row (row `batch` = none: writes for it are dropped)."""
     zeros_s = jnp.zeros((slots,), jnp.int32)
     return cls(cache=cache, row=jnp.full((slots,), batch, jnp.int32), step=zeros_s,
@@ -113,7 +113,7 @@ def admit_rows(adm: Admission, state: SlotState) -> SlotState:
       part = jax.tree.map(lambda c: jnp.take(c, ins.source[take_a], axis=1), adm.shared_cache)
     zero_a = jnp.zeros((admit,), jnp.int32)
     cache = jax.tree.map(
-        lambda full, new: decoder.write_rows(full, new, slot_a, zero_a, real_a), cache, part)
+        lambda full, new: kv_cache.write_rows(full, new, slot_a, zero_a, real_a), cache, part)
     if adm.constrain is not None:
       cache = adm.constrain(cache, slots, adm.cache_len)
   put = lambda x_s, v_a: x_s.at[slot_a].set(v_a, mode="drop")  # noqa: E731
