@@ -34,7 +34,8 @@ update (the critic's too) at growing micro-batches, then the other programs (the
 on the per-host sampling mesh the trainer derives from that mesh) at the largest that fit,
 a sampler that does not fit prefilling every row at once again with its prefill in row
 chunks (`--config.rollout.prefill_chunk_rows`, the largest that fits, unless the config
-sets one); it ends with the winner's plan, its `launch.main` and `launch.plan` command lines, the most
+sets one) and, where no chunk fits, with continuous batching through fewer KV-cache rows
+(`--config.rollout.decode_slots`, the most that fit); it ends with the winner's plan, its `launch.main` and `launch.plan` command lines, the most
 sampler rows per call that fit there, and its verdict (`does not fit` only when no
 candidate fits). Without `--mesh`/`--micro-batch` the config's own mesh is not compiled.
 
@@ -359,7 +360,7 @@ TABLE_CONFIG = "configs/alfworld.py:algo=hgpo,model={model}"
 TABLE_PROGRAMS = ("update", "logprobs", "logprobs_old", "critic_values", "critic_update",
                   "advantages", "generate", "generate_shared")
 TABLE_FIELDS = ("model", "target", "chips", "usable_hbm_gib", "mesh", "micro_batch_rows",
-                "prefill_chunk_rows",
+                "prefill_chunk_rows", "decode_slots",
                 "peak_gib", "peak_program", "verdict", "est_s_per_iteration", "persistent_gib",
                 *(f"peak_gib_{p}" for p in TABLE_PROGRAMS), "search_s", "commit", "why")
 
@@ -369,14 +370,16 @@ TABLE_FIELDS = ("model", "target", "chips", "usable_hbm_gib", "mesh", "micro_bat
 # ---------------------------------------------------------------------------------------
 
 def _chunk_flags(plan: Plan) -> list[str]:
-  """The prefill chunk the search chose, as a flag (none when it chose none)."""
+  """The prefill chunk and decode slots the search chose, as flags (none when it chose
+  none)."""
   return ([f"--config.rollout.prefill_chunk_rows={plan.prefill_chunk_rows}"]
-          if plan.prefill_chunk_rows else [])
+          if plan.prefill_chunk_rows else []) + (
+      [f"--config.rollout.decode_slots={plan.decode_slots}"] if plan.decode_slots else [])
 
 
 def run_flags(plan: Plan) -> list[str]:
   """The trainer's flags of `plan`'s mesh and micro-batch (every learner's), and its
-  prefill chunk where the search chose one."""
+  prefill chunk and decode slots where the search chose them."""
   d, f, t = plan.mesh
   return [f"--config.mesh.data={d}", f"--config.mesh.fsdp={f}", f"--config.mesh.tensor={t}",
           f"--config.train.micro_batch_rows={plan.shapes.micro_batch_rows}",
@@ -384,7 +387,9 @@ def run_flags(plan: Plan) -> list[str]:
 
 
 def _without_run_flags(overrides: Sequence[str], plan: Optional[Plan] = None) -> list[str]:
-  chosen = ("--config.rollout.prefill_chunk_rows=",) if plan and plan.prefill_chunk_rows else ()
+  chosen = (("--config.rollout.prefill_chunk_rows=",) if plan and plan.prefill_chunk_rows
+            else ()) + (("--config.rollout.decode_slots=",) if plan and plan.decode_slots
+                        else ())
   return [o for o in overrides
           if not o.startswith(("--config.mesh.", "--config.train.micro_batch_rows=", *chosen))]
 
@@ -572,6 +577,7 @@ def table_main(args) -> int:
         row.update(mesh=f"data={d},fsdp={f},tensor={t}",
                    micro_batch_rows=best.shapes.micro_batch_rows,
                    prefill_chunk_rows=best.prefill_chunk_rows or "",
+                   decode_slots=best.decode_slots or "",
                    peak_gib=round(best.peak() / GiB, 2),
                    peak_program=best.peak_phase(), verdict="fits",
                    est_s_per_iteration=round(seconds["iteration"], 1),
@@ -627,7 +633,8 @@ def read_table(csv_path: str) -> list[dict]:
     raise PlanError(f"--render: cannot read {csv_path} ({e.strerror}); run --table first") from None
   for row in rows:
     for key, value in row.items():
-      if key in ("chips", "micro_batch_rows", "prefill_chunk_rows", "search_s") and value:
+      if key in ("chips", "micro_batch_rows", "prefill_chunk_rows", "decode_slots",
+                 "search_s") and value:
         row[key] = int(value)
       elif (key.endswith("_gib") or key.startswith("peak_gib") or key == "est_s_per_iteration") \
           and value:
@@ -670,7 +677,9 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
       "XLA:TPU's compile-only devices, no TPU needed: the first mesh (least communication "
       "first) on which every program of an iteration fits, with the largest micro-batch that "
       "fits (and, where the sampler's prefill of all rows at once does not, the largest "
-      "`rollout.prefill_chunk_rows` that does; '-': all rows at once), "
+      "`rollout.prefill_chunk_rows` that does; '-': all rows at once; where no chunk does, "
+      "the most `rollout.decode_slots` that fit: continuous batching of the call's rows "
+      "through fewer KV-cache rows; '-': every row in lockstep), "
       f"at {headroom:.0%} headroom of XLA:TPU's usable HBM per chip. Peak = the "
       "persistent state (parameters, AdamW moments, reference) + the largest program's "
       "arguments, outputs and temporaries, per device. Seconds per iteration: XLA:TPU's cost "
@@ -685,9 +694,9 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
       "it names (+: with uncommitted changes); "
       f"CSV: [{os.path.basename(_csv_path(md_path))}]({os.path.basename(_csv_path(md_path))}).",
       "",
-      "| model | target | mesh | micro-batch | prefill chunk rows | peak GiB per device (of "
-      "usable) | verdict | est. s per iteration | commit |",
-      "|---|---|---|---|---|---|---|---|---|",
+      "| model | target | mesh | micro-batch | prefill chunk rows | decode slots | peak GiB "
+      "per device (of usable) | verdict | est. s per iteration | commit |",
+      "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     peak = (f"{r['peak_gib']:.2f} of {r['usable_hbm_gib']:.2f} ({r['peak_program']})"
@@ -697,6 +706,7 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
     flags = f"`{r['mesh']}`" if r["verdict"] == "fits" else "none fits"
     lines.append(f"| {r['model']} | {r['target']} ({r['chips']} chips) | {flags} | "
                  f"{r['micro_batch_rows'] or '-'} | {r.get('prefill_chunk_rows') or '-'} | "
+                 f"{r.get('decode_slots') or '-'} | "
                  f"{peak} | {r['verdict']} | "
                  f"{r['est_s_per_iteration'] if r['est_s_per_iteration'] != '' else '-'} | "
                  f"{r.get('commit') or '?'} |")

@@ -72,6 +72,7 @@ class Necessary:
   weights: float
   kv: float
   valid_slots: float = 0.0  # a row's mean valid cache slots over the decode steps
+  cache: float = 0.0  # the KV cache of the call's rows as allocated (every slot), per device
 
   @property
   def total(self) -> float:
@@ -173,5 +174,5 @@ def necessary_bytes(sampler, rows: int, prompt: int, new_tokens: int,
   else:
     cache = sharding_lib.cache_shardings(cfg, sampler.mesh, rows, slots)
     per_device = float(np.prod(cache.k.shard_shape(shape), dtype=np.int64))
-  kv = 2 * per_device * (valid / slots) * np.dtype(sampler.cache_dtype).itemsize
-  return Necessary(weights=weights, kv=kv, valid_slots=valid)
+  cache = 2 * per_device * np.dtype(sampler.cache_dtype).itemsize
+  return Necessary(weights=weights, kv=cache * (valid / slots), valid_slots=valid, cache=cache)

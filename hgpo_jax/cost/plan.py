@@ -145,6 +145,8 @@ class Plan:
   decode_necessary: Optional[decode_traffic.Necessary] = None
   # rollout.prefill_chunk_rows the search chose (0: the config's own)
   prefill_chunk_rows: int = 0
+  # rollout.decode_slots the search chose (0: the config's own)
+  decode_slots: int = 0
 
   @property
   def persistent(self) -> int:
@@ -336,6 +338,13 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
   `rollout.prefill_chunk_rows`) is compiled again with the prefill in row chunks, the
   largest that fits (`prefill_chunk_candidates`; the plan's `prefill_chunk_rows`). The
   first mesh where all fit is returned with the whole plan.
+
+  Only when no mesh fits so, a last resort: on the meshes (in the same order) where only
+  the sampler did not fit, continuous batching through fewer KV-cache rows than the call
+  has (`rollout.decode_slots`, the most slots that fit: `decode_slot_candidates`; the plan's
+  `decode_slots`). Slots decode a call's rows in turns, so they come after every mesh on
+  which all rows decode at once; they save at most the cache of the rows they leave out,
+  and a mesh whose sampler is over the budget by more than that is not compiled again.
   Returns (plan or None, tried: [(mesh, micro_batch or 0, verdict)]).
   """
   shapes = shapes_from_config(config, devices=devices)
@@ -346,6 +355,7 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
   if devices is not None:
     counts = collections.Counter(d.process_index for d in devices[:num_devices])
     per_process = min(counts.values())
+  stuck = []  # (mesh, cfg, micro, plan so far, sampler name, its lowest peak, all-rows plan)
   for mesh_shape in candidate_meshes(num_devices, shapes.model, per_process):
     cfg = with_mesh(config, mesh_shape)
     persistent = persistent_bytes(cfg, mesh_shape, devices=devices)
@@ -378,44 +388,91 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
     # most likely to refuse a mesh), one program at a time, stopping at the first misfit.
     rest = sorted((n for n in program_names(cfg, mesh_shape, devices) if n not in learners),
                   key=lambda n: not n.startswith("generate"))
-    full = best
-    chunk = 0
-    for name in rest:
-      one = compile_plan(cfg, mesh_shape, micro_batch_rows=micro, devices=devices,
-                         phases=(name,))
-      if (name.startswith("generate") and not cfg.rollout.prefill_chunk_rows
-          and not _merged(full, one).fits(device_memory, headroom)):
-        # A sampler whose prefill of every row at once does not fit: the prefill in row
-        # chunks (`rollout.prefill_chunk_rows`), the largest that fits; the decode is the same.
-        log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {name} prefilling all "
-            f"{one.rollout_rows} rows at once: temporaries {one.phases[name].temp / GiB:.2f} "
-            f"GiB: {'refused' if one.phases[name].refused else 'no'}")
-        for rows in prefill_chunk_candidates(cfg, mesh_shape, devices):
-          chunked = with_prefill_chunk(cfg, rows)
-          tried_one = compile_plan(chunked, mesh_shape, micro_batch_rows=micro,
-                                   devices=devices, phases=(name,))
-          ok = _merged(full, tried_one).fits(device_memory, headroom)
-          log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {name} with prefill chunks "
-              f"of {rows} rows: temporaries {tried_one.phases[name].temp / GiB:.2f} GiB: "
-              f"{'fits' if ok else 'no'}")
-          if ok:
-            cfg, one, chunk = chunked, tried_one, rows
-            break
-      full = _merged(full, one)
-      if not full.fits(device_memory, headroom):
-        break
-    full = dataclasses.replace(full, prefill_chunk_rows=chunk)
-    ok = full.fits(device_memory, headroom)
-    over = [n for n, p in full.phases.items()
-            if p.refused or full.persistent + p.transient > budget]
-    verdict = (f"every program: peak {full.peak() / GiB:.2f} GiB ({full.peak_phase()}): fits"
-               if ok else f"{', '.join(over)} refused or over budget "
-               f"(asked {max(full.phases[n].temp for n in over) / GiB:.2f} GiB of temporaries)")
-    tried.append((mesh_shape, micro, verdict))
-    log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {verdict}")
-    if ok:
+    full, stuck_at = _fit_programs(cfg, mesh_shape, micro, best, rest, device_memory,
+                                   headroom, log, devices)
+    if stuck_at is not None:
+      stuck.append((mesh_shape, micro, best, rest) + stuck_at)
+    if _verdict(full, mesh_shape, micro, budget, device_memory, headroom, tried, log):
       return full, tried
+  for mesh_shape, micro, best, rest, cfg, full, name, least, one in stuck:
+    # The last resort: decode slots for the sampler that stopped this mesh.
+    candidates = decode_slot_candidates(cfg, mesh_shape, devices)
+    cache = one.decode_necessary.cache if one.decode_necessary else 0.0
+    saving = cache * (1 - min(candidates, default=one.rollout_rows) / one.rollout_rows)
+    if not candidates or least - budget > saving:
+      log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {name}: over the budget by "
+          f"{(least - budget) / GiB:.2f} GiB, more than decode slots can save (the KV cache "
+          f"of {one.rollout_rows} rows is {cache / GiB:.2f} GiB per device)")
+      continue
+    for rows in candidates:
+      slotted = with_decode_slots(cfg, rows)
+      tried_one = compile_plan(slotted, mesh_shape, micro_batch_rows=micro, devices=devices,
+                               phases=(name,))
+      ok = _merged(full, tried_one).fits(device_memory, headroom)
+      log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {name} decoding in {rows} slots: "
+          f"temporaries {tried_one.phases[name].temp / GiB:.2f} GiB: {'fits' if ok else 'no'}")
+      if ok:
+        later = rest[rest.index(name) + 1:]
+        done, _ = _fit_programs(slotted, mesh_shape, micro, _merged(full, tried_one), later,
+                                device_memory, headroom, log, devices)
+        done = dataclasses.replace(done, decode_slots=rows)
+        if _verdict(done, mesh_shape, micro, budget, device_memory, headroom, tried, log):
+          return done, tried
+        break
   return None, tried
+
+
+def _fit_programs(cfg, mesh_shape, micro, full: Plan, names, device_memory, headroom, log,
+                  devices):
+  """`full` with `names` compiled on it in order until one does not fit (a sampler that
+  does not fit prefilling every row at once tried again in prefill chunks). Returns
+  (the plan, with the chosen `prefill_chunk_rows`; None, or when a sampler stopped it
+  (cfg, the plan before it, its name, its lowest peak, its all-rows plan))."""
+  chunk = 0
+  for name in names:
+    one = compile_plan(cfg, mesh_shape, micro_batch_rows=micro, devices=devices,
+                       phases=(name,))
+    if (name.startswith("generate") and not cfg.rollout.prefill_chunk_rows
+        and not cfg.rollout.decode_slots
+        and not _merged(full, one).fits(device_memory, headroom)):
+      # A sampler whose prefill of every row at once does not fit: the prefill in row
+      # chunks (`rollout.prefill_chunk_rows`), the largest that fits; the decode is the same.
+      log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {name} prefilling all "
+          f"{one.rollout_rows} rows at once: temporaries {one.phases[name].temp / GiB:.2f} "
+          f"GiB: {'refused' if one.phases[name].refused else 'no'}")
+      least = _merged(full, one).peak()
+      for rows in prefill_chunk_candidates(cfg, mesh_shape, devices):
+        chunked = with_prefill_chunk(cfg, rows)
+        tried_one = compile_plan(chunked, mesh_shape, micro_batch_rows=micro,
+                                 devices=devices, phases=(name,))
+        ok = _merged(full, tried_one).fits(device_memory, headroom)
+        least = min(least, _merged(full, tried_one).peak())
+        log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {name} with prefill chunks "
+            f"of {rows} rows: temporaries {tried_one.phases[name].temp / GiB:.2f} GiB: "
+            f"{'fits' if ok else 'no'}")
+        if ok:
+          cfg, one, chunk = chunked, tried_one, rows
+          break
+      else:
+        return (dataclasses.replace(_merged(full, one), prefill_chunk_rows=chunk),
+                (cfg, full, name, least, one))
+    full = _merged(full, one)
+    if not full.fits(device_memory, headroom):
+      break
+  return dataclasses.replace(full, prefill_chunk_rows=chunk), None
+
+
+def _verdict(full: Plan, mesh_shape, micro, budget, device_memory, headroom, tried, log) -> bool:
+  """Whether every program of `full` fits; records and logs the mesh's verdict."""
+  ok = full.fits(device_memory, headroom)
+  over = [n for n, p in full.phases.items()
+          if p.refused or full.persistent + p.transient > budget]
+  verdict = (f"every program: peak {full.peak() / GiB:.2f} GiB ({full.peak_phase()}): fits"
+             if ok else f"{', '.join(over)} refused or over budget "
+             f"(asked {max(full.phases[n].temp for n in over) / GiB:.2f} GiB of temporaries)")
+  tried.append((mesh_shape, micro, verdict))
+  log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {verdict}")
+  return ok
 
 
 def _merged(plan: Plan, one: Plan) -> Plan:
@@ -428,6 +485,19 @@ def with_prefill_chunk(config, rows: int):
   out = config.copy_and_resolve_references()
   out.rollout.prefill_chunk_rows = int(rows)
   return out
+
+
+def with_decode_slots(config, slots: int):
+  """A copy of `config` whose sampler decodes a call's rows through `slots` cache rows."""
+  out = config.copy_and_resolve_references()
+  out.rollout.decode_slots = int(slots)
+  return out
+
+
+def decode_slot_candidates(config, mesh_shape, devices=None) -> list[int]:
+  """Decode slots to try, most first: the same halvings as `prefill_chunk_candidates` (a
+  call of fewer rows than its slots decodes in lockstep, so only fewer are candidates)."""
+  return prefill_chunk_candidates(config, mesh_shape, devices)
 
 
 def prefill_chunk_candidates(config, mesh_shape, devices=None) -> list[int]:
@@ -447,9 +517,10 @@ def prefill_chunk_candidates(config, mesh_shape, devices=None) -> list[int]:
 
 
 def plan_config(config, plan: Plan):
-  """`config` with what the search chose for `plan`: its mesh (and prefill chunk)."""
+  """`config` with what the search chose for `plan`: its mesh (prefill chunk, decode slots)."""
   out = with_mesh(config, plan.mesh)
-  return with_prefill_chunk(out, plan.prefill_chunk_rows) if plan.prefill_chunk_rows else out
+  out = with_prefill_chunk(out, plan.prefill_chunk_rows) if plan.prefill_chunk_rows else out
+  return with_decode_slots(out, plan.decode_slots) if plan.decode_slots else out
 
 
 def program_names(config, mesh_shape, devices=None) -> list[str]:

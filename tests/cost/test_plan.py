@@ -324,6 +324,47 @@ def test_the_search_prefills_in_row_chunks_when_one_prefill_does_not_fit():
   assert command.count("--config.rollout.prefill_chunk_rows=16") == 1
 
 
+@pytest.mark.slow
+def test_the_search_decodes_in_slots_only_when_no_mesh_fits_every_row_at_once():
+  """A sampler whose KV cache of all 128 rows (1,024 new tokens each) is over the budget on
+  the one device, where the update fits and no prefill chunk helps (the cache, not the
+  prefill, is what does not fit): after every chunk, the last resort decodes the rows
+  through 64 cache rows (`rollout.decode_slots`, the most that fit), and the run's command
+  line carries the slots and no chunk."""
+  config = _config(prompt=32, response=1024, mini=16, micro=1, rollout_groups=64)
+  devices = _devices(1)
+  assert plan_lib.decode_slot_candidates(config, (1, 1, 1), devices) == [64, 32, 16, 8, 4, 2, 1]
+  whole = plan_lib.compile_plan(config, (1, 1, 1), micro_batch_rows=1, devices=devices)
+  slotted = plan_lib.compile_plan(plan_lib.with_decode_slots(config, 64), (1, 1, 1),
+                                  micro_batch_rows=1, devices=devices, phases=("generate",))
+  assert whole.rollout_rows == 128
+  # the cache of every row, as allocated: layers x rows x kv heads x slots x head_dim, K and V
+  m = whole.shapes.model
+  assert whole.decode_necessary.cache == (2 * m.num_layers * 128 * m.num_kv_heads
+                                          * (32 + 1024) * m.head_dim * 4)
+  assert slotted.phases["generate"].temp < 0.6 * whole.phases["generate"].temp
+  budget = (max(whole.peak("update"), slotted.peak("generate")) + whole.peak("generate")) / 2
+  assert whole.peak("update") < budget and slotted.peak("generate") < budget < whole.peak("generate")
+  lines = []
+  best, tried = plan_lib.recommend(config, 1, int(budget / 0.9), 0.1, log=lines.append,
+                                   devices=devices)
+  assert best is not None and best.mesh == (1, 1, 1)
+  assert best.decode_slots == 64 and best.prefill_chunk_rows == 0
+  said = [l.split(", ", 1)[1] for l in lines if "generate " in l]
+  assert said[0].startswith("generate prefilling all 128 rows at once: ")
+  assert [x.split(":")[0] for x in said[1:8]] == [
+      f"generate with prefill chunks of {r} rows" for r in (64, 32, 16, 8, 4, 2, 1)]
+  assert all(x.endswith(": no") for x in said[:8])
+  assert said[8].startswith("generate refused or over budget")  # the first pass's verdict
+  assert said[9].startswith("generate decoding in 64 slots: ") and said[9].endswith("fits")
+  assert best.phases["generate"].temp == slotted.phases["generate"].temp
+  assert plan_cli.run_flags(best)[-1] == "--config.rollout.decode_slots=64"
+  command = plan_cli.run_command("C", ["--config.rollout.decode_slots=0"], best)
+  assert command.count("decode_slots") == 1 and "prefill_chunk_rows" not in command
+  assert plan_lib.plan_config(config, best).rollout.decode_slots == 64
+  assert tried[-1][2].endswith(": fits")
+
+
 def test_cli_search_that_finds_nothing_names_what_would_shrink_the_plan(capsys):
   """A device too small for the persistent state on every candidate mesh: no compile, exit
   1, the last line `does not fit`, and the hints name the config's own levers (float32
