@@ -20,7 +20,9 @@ run's base model (W + s · (A B)ᵀ, `hgpo_jax.models.lora.merged_weight`) and w
 merged full model, or with `--lora-adapter` writes DIR as a PEFT adapter directory
 (adapter_config.json + adapter_model.safetensors, PEFT's key names) that
 `peft.PeftModel.from_pretrained(base, DIR)` and this project's `--config.model.lora.path=DIR`
-load onto the base.
+load onto the base. `--critic` of a LoRA run merges the critic's own adapters into the
+base's backbone the same way (its value heads are full rank); `--lora-adapter --critic` is
+refused (a PEFT adapter holds no value heads).
 
 The run's model comes from the config saved with the checkpoint (`model.name`,
 `model.path`); a run that loaded a Hugging Face directory needs it on this host for the
@@ -179,24 +181,28 @@ def _run_lora(model: dict, params: dict, where: str):
     raise ExportError(f"the run's model.lora: {e}") from None
 
 
-def _merged(model: dict, model_path: str, seed: int, lora, adapters: dict) -> dict:
-  """The run's base model (as the trainer loads it, float32, on the host) with `adapters`
-  merged into its weights (`lora.merge_into_base`): pure params as numpy."""
-  import jax
-  import numpy as np
+def _base_params(model: dict, model_path: str, seed: int) -> dict:
+  """The run's base model as the trainer loads it (float32, on the host): pure params."""
   from flax import nnx
   from hgpo_jax.models import loading
-  from hgpo_jax.models import lora as lora_lib
   name, path = model.get("name", ""), model_path or model.get("path") or ""
   source = name if name in loading.PRESETS_WITH_PATH or not path else path
   try:
     base, _, _ = loading.load_model(source, path=path or None, seed=seed)
   except (ValueError, OSError) as e:
     raise ExportError(f"the run's base model {source}: {e}") from None
-  params = nnx.to_pure_dict(nnx.state(base, nnx.Param))
-  full = dict(params, layers={**params["layers"], **adapters["layers"]})
-  merged = lora_lib.merge_into_base(full, lora, np.float32)
-  return jax.tree.map(np.asarray, merged)
+  return nnx.to_pure_dict(nnx.state(base, nnx.Param))
+
+
+def _merged(base: dict, lora, adapters: dict) -> dict:
+  """`base` (pure params; the critic's backbone keys or the whole decoder) with the
+  `adapters` (a LoRA checkpoint's tree of the same layout) merged into its weights
+  (`lora.merge_into_base`): pure params as numpy."""
+  import jax
+  import numpy as np
+  from hgpo_jax.models import lora as lora_lib
+  full = dict(base, layers={**base["layers"], **adapters["layers"]})
+  return jax.tree.map(np.asarray, lora_lib.merge_into_base(full, lora, np.float32))
 
 
 def export(args: argparse.Namespace) -> list[str]:
@@ -219,14 +225,19 @@ def export(args: argparse.Namespace) -> list[str]:
   cfg, tokenizer, tokenizer_dir = run_model(model, args.model_path)
   model_name = args.model_path or model.get("path") or model.get("name", "?")
   policy = host.params
+  lora = base = None
   if args.lora_adapter or lora_lib.has_adapters(host.params):
     lora = _run_lora(model, host.params, f"checkpoint step {step} in {directory}")
     if args.lora_adapter:
+      if args.critic:
+        raise ExportError("--lora-adapter writes the policy's adapters only; export the "
+                          "value model (--critic) without --lora-adapter, as a merged model")
       _prepare_output(args.out)
       lora_lib.write_peft_adapter(args.out, lora, host.params["layers"],
                                   num_layers=cfg.num_layers, base_model=model_name)
       return [lora_lib.CONFIG_FILE, lora_lib.WEIGHTS_FILE]
-    policy = _merged(model, args.model_path, host.config.get("seed", 0), lora, host.params)
+    base = _base_params(model, args.model_path, host.config.get("seed", 0))
+    policy = _merged(base, lora, host.params)
   params = flat_params(policy)
   saved_dtype = str(next(iter(params.values())).dtype)
   cfg = cfg.replace(dtype=saved_dtype, param_dtype=saved_dtype)
@@ -235,7 +246,15 @@ def export(args: argparse.Namespace) -> list[str]:
   if args.critic:  # read and checked before anything is written
     critic = checkpoint_lib.read_params(directory, step, subtree=checkpoint_lib.CRITIC).params
     heads = value_heads.LEVELS.get(int(critic["value_head"].shape[0]))
-    backbone = flat_params(critic["backbone"])
+    backbone = critic["backbone"]
+    if lora is not None:
+      # A LoRA run's critic saves its backbone's adapters (and its full-rank heads): its
+      # backbone is the base's (`critic.params_from_policy`) with them merged.
+      if not lora_lib.has_adapters(backbone):
+        raise ExportError(f"{where}: the policy has LoRA adapters but the critic's backbone "
+                          "has none (a checkpoint of two different runs?)")
+      backbone = _merged({k: base[k] for k in critic_lib.BACKBONE_KEYS}, lora, backbone)
+    backbone = flat_params(backbone)
     _check_architecture(critic_lib.backbone_config(cfg), backbone, where + " (critic)", model_name)
   _prepare_output(args.out)
   common = dict(tokenizer=tokenizer, tokenizer_dir=tokenizer_dir, dtype=args.dtype,

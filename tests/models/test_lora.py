@@ -184,6 +184,72 @@ def test_export_of_a_lora_run_as_peft_adapter_and_merged_model(tmp_path):
                              ours[mask], atol=2e-4, rtol=1e-4)
 
 
+def test_export_of_a_lora_critic_merges_its_own_adapters(tmp_path, capsys):
+  """`launch.export --critic` of a LoRA run with a critic: the backbone written to DIR/critic
+  is the HF base with the critic's adapters (not the policy's) merged; transformers' last
+  hidden state through the written heads gives the LoRA Critic's values."""
+  import safetensors.numpy
+  import torch
+  import transformers
+  from launch import export
+  from hgpo_jax.models import critic as critic_lib
+  hf_dir = str(tmp_path / "hf")
+  model_fixtures.write_hf_dir(hf_dir, "qwen2")
+  base, _, _ = loading.load_hf_dir(hf_dir)
+  lcfg = lora.LoraConfig(rank=3, alpha=5.0, targets=tuple(SUBSET))
+  model = loading.with_lora(base, lcfg)
+  rng = np.random.default_rng(8)
+  noise = lambda x: np.asarray(rng.normal(0, 0.2, x.shape), np.float32)
+  policy = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  critic = critic_lib.params_from_policy(policy, model.cfg, 3, seed=1)
+  critic = jax.tree.map(np.asarray, critic)
+  critic["backbone"]["layers"] = {k: (noise(v) if lora.is_adapter(k) else v)
+                                  for k, v in critic["backbone"]["layers"].items()}
+  critic["value_bias"] = np.array([0.1, -0.2, 0.3], np.float32)
+  policy_trained = jax.tree.map(noise, lora.trainable_params(policy))
+  config = {"seed": 0, "model": {"name": "custom", "path": hf_dir, "lora": {
+      "rank": 3, "alpha": 5.0, "targets": ",".join(SUBSET), "rslora": False, "path": ""}}}
+  from hgpo_jax.training import checkpoint
+  with checkpoint.Checkpointer(str(tmp_path / "run" / "checkpoints"), async_save=False) as ckpt:
+    ckpt.save(1, {"params": policy_trained, "opt_state": {}, "step": np.int32(1),
+                  "critic": {"params": lora.trainable_params(critic), "opt_state": {},
+                             "step": np.int32(1)}},
+              cursor={"iteration": 1}, config=config)
+  out = tmp_path / "out"
+  assert export.main(["--workdir", str(tmp_path / "run"), "--out", str(out), "--critic"]) == 0
+  value_model = critic_lib.Critic(model.cfg, 3, rngs=nnx.Rngs(0))
+  state = nnx.state(value_model, nnx.Param)
+  nnx.replace_by_pure_dict(state, critic)
+  nnx.update(value_model, state)
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=6, pads=(0, 0, 0))
+  want = np.asarray(value_model.values(jnp.asarray(tokens), jnp.asarray(positions),
+                                       jnp.asarray(mask)))
+  heads = safetensors.numpy.load_file(str(out / "critic" / "value_heads.safetensors"))
+  backbone = transformers.AutoModelForCausalLM.from_pretrained(
+      str(out / "critic"), dtype=torch.float32).eval()
+  with torch.no_grad():
+    hidden = backbone.model(input_ids=torch.tensor(tokens, dtype=torch.long),
+                            position_ids=torch.tensor(positions, dtype=torch.long)
+                            ).last_hidden_state.numpy()
+  got = hidden @ heads["value_head"].T + heads["value_bias"]
+  np.testing.assert_allclose(got[:, :-1], want[:, 1:], atol=2e-4, rtol=1e-4)
+  # the policy's adapters would give other values: the critic's own were merged
+  plain = critic_lib.Critic(model.cfg, 3, rngs=nnx.Rngs(0))
+  other = dict(critic, backbone=dict(critic["backbone"], layers={
+      **critic["backbone"]["layers"], **lora.trainable_params(policy_trained)["layers"]}))
+  state = nnx.state(plain, nnx.Param)
+  nnx.replace_by_pure_dict(state, other)
+  nnx.update(plain, state)
+  wrong = np.asarray(plain.values(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask)))
+  assert np.abs(wrong - want).max() > 100 * 2e-4
+  # a PEFT adapter holds no value heads: --lora-adapter --critic is one line
+  capsys.readouterr()
+  assert export.main(["--workdir", str(tmp_path / "run"), "--out", str(tmp_path / "a"),
+                      "--lora-adapter", "--critic"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "--lora-adapter" in err[0] and "--critic" in err[0]
+
+
 def _teacher_forced(model, prompt, response):
   """log p of each response token under the unmerged forward, and its greedy choices."""
   seq = np.asarray([list(prompt) + list(response)], np.int32)
