@@ -239,9 +239,6 @@ def test_cli_bfloat16_export_is_the_rounded_policy(tmp_path):
 def test_cli_critic_layout(tmp_path):
   """DIR/critic: the backbone as a model directory and the heads beside it; transformers'
   last hidden state through the heads gives the Critic's values (column t + 1)."""
-  import safetensors.numpy
-  import torch
-  import transformers
   policy = _random_params(TINY, seed=6)
   critic = critic_lib.params_from_policy(_nested(_random_params(TINY, seed=7)), TINY, 3, seed=1)
   critic = jax.tree.map(np.asarray, critic)
@@ -250,25 +247,77 @@ def test_cli_critic_layout(tmp_path):
   out = tmp_path / "out"
   assert _cli("--workdir", tmp_path / "run", "--out", out, "--critic") == 0
   assert json.load(open(out / "critic" / "value_heads.json"))["heads"] == ["low", "high", "term"]
-  heads = safetensors.numpy.load_file(str(out / "critic" / "value_heads.safetensors"))
-  model = critic_lib.Critic(TINY, 3, rngs=nnx.Rngs(0))
-  nnx.update(model, _state(model, critic))
-  tokens, positions = _tokens()
-  want = np.asarray(model.values(tokens, positions, np.ones(tokens.shape, bool)))
-  backbone = transformers.AutoModelForCausalLM.from_pretrained(
-      str(out / "critic"), dtype=torch.float32).eval()
-  with torch.no_grad():
-    hidden = backbone.model(input_ids=torch.tensor(tokens, dtype=torch.long),
-                            position_ids=torch.tensor(positions, dtype=torch.long)
-                            ).last_hidden_state.numpy()
-  got = hidden @ heads["value_head"].T + heads["value_bias"]
-  np.testing.assert_allclose(got[:, :-1], want[:, 1:], atol=1e-5, rtol=1e-5)
+  want = _critic_values(TINY, critic)
+  np.testing.assert_allclose(_exported_critic_values(out)[:, :-1], want[:, 1:], atol=1e-5,
+                             rtol=1e-5)
   # the policy directory is the policy's, not the critic's
   np.testing.assert_allclose(_transformers_logits(str(out)), _project_logits(TINY, policy),
                              atol=1e-4, rtol=0)
   # an export over it without --critic leaves no stale value model behind
   assert _cli("--workdir", tmp_path / "run", "--out", out, "--overwrite") == 0
   assert not (out / "critic").exists() and (out / "model.safetensors").is_file()
+
+
+def _critic_values(cfg, critic: dict) -> np.ndarray:
+  """f32[B, T, H] values of the project's Critic with the pure params `critic` on `_tokens`."""
+  model = critic_lib.Critic(cfg, int(critic["value_head"].shape[0]), rngs=nnx.Rngs(0))
+  nnx.update(model, _state(model, critic))
+  tokens, positions = _tokens()
+  return np.asarray(model.values(tokens, positions, np.ones(tokens.shape, bool)))
+
+
+def _exported_critic_values(out) -> np.ndarray:
+  """The values of an export's OUT/critic through transformers: its base model's last
+  hidden state through the written heads (column t = the value of token t + 1)."""
+  import safetensors.numpy
+  import torch
+  import transformers
+  heads = safetensors.numpy.load_file(str(out / "critic" / "value_heads.safetensors"))
+  backbone = transformers.AutoModelForCausalLM.from_pretrained(
+      str(out / "critic"), dtype=torch.float32).eval()
+  tokens, positions = _tokens()
+  with torch.no_grad():
+    hidden = backbone.model(input_ids=torch.tensor(tokens, dtype=torch.long),
+                            position_ids=torch.tensor(positions, dtype=torch.long)
+                            ).last_hidden_state.numpy()
+  return hidden @ heads["value_head"].T + heads["value_bias"]
+
+
+def test_cli_critic_of_a_lora_run_merges_the_critics_own_adapters(tmp_path, capsys):
+  """A LoRA run saves adapters (and the critic's full-rank heads) only: --critic writes the
+  base's backbone with the critic's adapters (not the policy's) merged, whose values
+  through transformers equal the LoRA Critic's; --lora-adapter --critic is one line."""
+  from hgpo_jax.models import lora
+  targets = ("q_proj", "o_proj", "up_proj")
+  model = loading.with_lora(loading.load_model("tiny", seed=0)[0],
+                            lora.LoraConfig(rank=3, alpha=5.0, targets=targets))
+  rng = np.random.default_rng(8)
+  noise = lambda x: rng.normal(0, 0.2, np.shape(x)).astype(np.float32)  # noqa: E731
+  policy = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  critic = jax.tree.map(np.asarray, critic_lib.params_from_policy(policy, model.cfg, 3, seed=1))
+  critic["backbone"]["layers"] = {k: (noise(v) if lora.is_adapter(k) else v)
+                                  for k, v in critic["backbone"]["layers"].items()}
+  critic["value_bias"] = np.array([0.1, -0.2, 0.3], np.float32)
+  adapters = jax.tree.map(noise, lora.trainable_params(policy))
+  config = dict(RUN_CONFIG, model=dict(RUN_CONFIG["model"], lora={
+      "rank": 3, "alpha": 5.0, "targets": ",".join(targets), "rslora": False, "path": ""}))
+  with checkpoint.Checkpointer(str(tmp_path / "run" / "checkpoints"), async_save=False) as ckpt:
+    ckpt.save(1, {"params": adapters, "opt_state": {}, "step": np.int32(1),
+                  "critic": {"params": lora.trainable_params(critic), "opt_state": {},
+                             "step": np.int32(1)}},
+              cursor={"iteration": 1}, config=config)
+  out = tmp_path / "out"
+  assert _cli("--workdir", tmp_path / "run", "--out", out, "--critic") == 0
+  want = _critic_values(model.cfg, critic)
+  np.testing.assert_allclose(_exported_critic_values(out)[:, :-1], want[:, 1:], atol=1e-5,
+                             rtol=1e-5)
+  # the policy's adapters in the critic's place give other values
+  swapped = dict(critic, backbone=dict(critic["backbone"], layers={
+      **critic["backbone"]["layers"], **adapters["layers"]}))
+  assert np.abs(_critic_values(model.cfg, swapped) - want).max() > 1e-3
+  capsys.readouterr()
+  assert "--lora-adapter" in _err(capsys, _cli("--workdir", tmp_path / "run", "--out",
+                                               tmp_path / "a", "--lora-adapter", "--critic"))
 
 
 def _nested(flat):
