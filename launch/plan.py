@@ -528,10 +528,11 @@ def table_main(args) -> int:
       t = targets.resolve(name)
     except ValueError as e:
       raise PlanError(f"--table-targets: {e}") from None
-    if t.platform != "tpu":
-      raise PlanError(f"--table-targets: {name} is not a TPU target (the table compiles "
-                      "with XLA:TPU)")
     resolved.append(t)
+  platforms = sorted({t.platform for t in resolved})
+  if len(platforms) > 1:
+    raise PlanError(f"--table-targets: {args.table_targets} mixes TPU and GPU targets; one "
+                    "table run compiles with one compiler (run the GPU targets separately)")
   _setup(args, names[0])
   from hgpo_jax.cost import plan as plan_lib
   # Rows of earlier runs stay unless this run recompiles their (model, target): one row can
@@ -572,7 +573,9 @@ def table_main(args) -> int:
                    verdict="does not fit", est_s_per_iteration="",
                    persistent_gib=round(persistent / GiB, 2), why=last)
       else:
-        seconds = plan_lib.estimated_seconds(best, targets.seconds_per_cycle(target))
+        # XLA:GPU writes no cost-model cycles: a GPU row has no estimated time
+        seconds = (plan_lib.estimated_seconds(best, targets.seconds_per_cycle(target))
+                   if target.platform == "tpu" else {"iteration": None})
         d, f, t = best.mesh
         row.update(mesh=f"data={d},fsdp={f},tensor={t}",
                    micro_batch_rows=best.shapes.micro_batch_rows,
@@ -580,7 +583,8 @@ def table_main(args) -> int:
                    decode_slots=best.decode_slots or "",
                    peak_gib=round(best.peak() / GiB, 2),
                    peak_program=best.peak_phase(), verdict="fits",
-                   est_s_per_iteration=round(seconds["iteration"], 1),
+                   est_s_per_iteration=("" if seconds["iteration"] is None
+                                        else round(seconds["iteration"], 1)),
                    persistent_gib=round(best.persistent / GiB, 2))
         for name, phase in best.phases.items():
           row[f"peak_gib_{name}"] = round((best.persistent + phase.transient) / GiB, 2)
@@ -672,15 +676,18 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
       f"({_model_names(rows)}; `{TABLE_CONFIG}`, the ALFWorld paper setting of Qwen2.5-1.5B "
       "and -7B, with any preset in their place: 16 groups x 8 trajectories, prompts "
       "of 4096 + 512 new tokens, mini-batch 256; float32 parameters and optimizer, bfloat16 "
-      "compute and reference, the configs' `auto` on TPUs) and TPU target, "
+      "compute and reference, the configs' `auto` on TPUs and GPUs) and target, "
       "`launch.plan --search` on "
-      "XLA:TPU's compile-only devices, no TPU needed: the first mesh (least communication "
+      "XLA:TPU's compile-only devices, no TPU needed (an h100 target: XLA:GPU's compile-only "
+      "topology of the CUDA plugin, no GPU needed; experimental: no autotuning, no cost model, "
+      "so no time estimate): the first mesh (least communication "
       "first) on which every program of an iteration fits, with the largest micro-batch that "
       "fits (and, where the sampler's prefill of all rows at once does not, the largest "
       "`rollout.prefill_chunk_rows` that does; '-': all rows at once; where no chunk does, "
       "the most `rollout.decode_slots` that fit: continuous batching of the call's rows "
       "through fewer KV-cache rows; '-': every row in lockstep), "
-      f"at {headroom:.0%} headroom of XLA:TPU's usable HBM per chip. Peak = the "
+      f"at {headroom:.0%} headroom of XLA:TPU's usable HBM per chip (a GPU's device memory). "
+      "Peak = the "
       "persistent state (parameters, AdamW moments, reference) + the largest program's "
       "arguments, outputs and temporaries, per device. Seconds per iteration: XLA:TPU's cost "
       "model (device compute of every program's calls, decode loops at max_new_tokens), not a "
@@ -690,7 +697,8 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
       "frozen base in the compute dtype, float32 adapters and their AdamW moments only, the "
       "reference the base with the adapters off: no copy).",
       "",
-      f"Compiled with jax {jax.__version__}, libtpu {libtpu_version}, each row at the commit "
+      f"Compiled with jax {jax.__version__}, libtpu {libtpu_version} (GPU rows: "
+      f"jax-cuda12-plugin {jax.__version__}), each row at the commit "
       "it names (+: with uncommitted changes); "
       f"CSV: [{os.path.basename(_csv_path(md_path))}]({os.path.basename(_csv_path(md_path))}).",
       "",

@@ -100,6 +100,11 @@ def test_plan_errors_without_a_compiler(capsys):
   assert "--config is required" in capsys.readouterr().err
   assert plan_cli.main([_spec("alfworld", "hgpo"), "--topology", "v9-8"]) == 2
   assert capsys.readouterr().err.startswith("launch.plan: error: --topology: unknown target")
+  # one table run compiles with one compiler: TPU and GPU targets are not mixed
+  assert plan_cli.main(["--table", "--table-targets", "v5e-8,h100-1", "--table-models",
+                        "qwen2.5-1.5b", "--out", "/nonexistent/t.md"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "mixes TPU and GPU targets" in err[0], err
   with pytest.raises(common.ConfigLoadError, match=r"unknown config field --config.train.nofield"):
     common.load("configs/alfworld.py:algo=hgpo,smoke", ["--config.train.nofield=1"])
   # true/false read as launch.main reads a bool field
