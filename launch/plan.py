@@ -712,7 +712,8 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
             f"persistent alone {r['persistent_gib']:.2f} of {r['usable_hbm_gib']:.2f}"
             + (f"; {r['why']}" if r.get("why") else ""))
     flags = f"`{r['mesh']}`" if r["verdict"] == "fits" else "none fits"
-    lines.append(f"| {r['model']} | {r['target']} ({r['chips']} chips) | {flags} | "
+    chips = f"{r['chips']} chip" + ("s" if r["chips"] != 1 else "")
+    lines.append(f"| {r['model']} | {r['target']} ({chips}) | {flags} | "
                  f"{r['micro_batch_rows'] or '-'} | {r.get('prefill_chunk_rows') or '-'} | "
                  f"{r.get('decode_slots') or '-'} | "
                  f"{peak} | {r['verdict']} | "
