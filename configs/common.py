@@ -281,6 +281,8 @@ def base_config() -> ml_collections.ConfigDict:
   #   sampler mesh's batch-parallel size); 0 = all rows at once
   c.rollout.decode_slots = 0  # continuous batching: KV-cache rows a larger sampler call decodes
   #   in (finished rows free their slot for the next row); 0 = all rows in lockstep
+  c.rollout.share_prefill = True  # the first turn's prompts prefilled once per group (the
+  #   generate_shared program); false: every row prefilled (same tokens, less memory)
   c.rollout.decode_chunk_steps = 0  # lockstep decode steps per device-loop iteration (the
   #   all-finished test once per chunk; same tokens); 0 = by platform (16 on GPU, 1 elsewhere)
   c.rollout.max_trie_nodes = 0  # constrained decoding: trie nodes per row, fixed (program

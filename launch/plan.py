@@ -34,9 +34,11 @@ update (the critic's too) at growing micro-batches, then the other programs (the
 on the per-host sampling mesh the trainer derives from that mesh) at the largest that fit,
 a sampler that does not fit prefilling every row at once again with its prefill in row
 chunks (`--config.rollout.prefill_chunk_rows`, the largest that fits, unless the config
-sets one) and, where no chunk fits, with continuous batching through fewer KV-cache rows
-(`--config.rollout.decode_slots`, the most that fit); it ends with the winner's plan, its `launch.main` and `launch.plan` command lines, the most
-sampler rows per call that fit there, and its verdict (`does not fit` only when no
+sets one), a shared first-turn prefill that does not fit dropped
+(`--config.rollout.share_prefill=false`) and, only when no mesh fits so, continuous batching
+through fewer KV-cache rows (`--config.rollout.decode_slots`, the most that fit); it ends
+with the winner's plan, its `launch.main` and `launch.plan` command lines, the most sampler
+rows per call that fit there, and its verdict (`does not fit` only when no
 candidate fits). Without `--mesh`/`--micro-batch` the config's own mesh is not compiled.
 
   python -m launch.plan --table [--out docs/plan_table.md] [--figure docs/figures/plan_memory.png]
@@ -360,7 +362,7 @@ TABLE_CONFIG = "configs/alfworld.py:algo=hgpo,model={model}"
 TABLE_PROGRAMS = ("update", "logprobs", "logprobs_old", "critic_values", "critic_update",
                   "advantages", "generate", "generate_shared")
 TABLE_FIELDS = ("model", "target", "chips", "usable_hbm_gib", "mesh", "micro_batch_rows",
-                "prefill_chunk_rows", "decode_slots",
+                "prefill_chunk_rows", "decode_slots", "share_prefill",
                 "peak_gib", "peak_program", "verdict", "est_s_per_iteration", "persistent_gib",
                 *(f"peak_gib_{p}" for p in TABLE_PROGRAMS), "search_s", "commit", "why")
 
@@ -370,11 +372,12 @@ TABLE_FIELDS = ("model", "target", "chips", "usable_hbm_gib", "mesh", "micro_bat
 # ---------------------------------------------------------------------------------------
 
 def _chunk_flags(plan: Plan) -> list[str]:
-  """The prefill chunk and decode slots the search chose, as flags (none when it chose
-  none)."""
+  """The prefill chunk, decode slots and unshared first-turn prefill the search chose, as
+  flags (none when it chose none)."""
   return ([f"--config.rollout.prefill_chunk_rows={plan.prefill_chunk_rows}"]
           if plan.prefill_chunk_rows else []) + (
-      [f"--config.rollout.decode_slots={plan.decode_slots}"] if plan.decode_slots else [])
+      [f"--config.rollout.decode_slots={plan.decode_slots}"] if plan.decode_slots else []) + (
+      [] if plan.share_prefill else ["--config.rollout.share_prefill=false"])
 
 
 def run_flags(plan: Plan) -> list[str]:
@@ -389,7 +392,8 @@ def run_flags(plan: Plan) -> list[str]:
 def _without_run_flags(overrides: Sequence[str], plan: Optional[Plan] = None) -> list[str]:
   chosen = (("--config.rollout.prefill_chunk_rows=",) if plan and plan.prefill_chunk_rows
             else ()) + (("--config.rollout.decode_slots=",) if plan and plan.decode_slots
-                        else ())
+                        else ()) + (("--config.rollout.share_prefill=",)
+                                    if plan and not plan.share_prefill else ())
   return [o for o in overrides
           if not o.startswith(("--config.mesh.", "--config.train.micro_batch_rows=", *chosen))]
 
@@ -581,6 +585,7 @@ def table_main(args) -> int:
                    micro_batch_rows=best.shapes.micro_batch_rows,
                    prefill_chunk_rows=best.prefill_chunk_rows or "",
                    decode_slots=best.decode_slots or "",
+                   share_prefill="" if best.share_prefill else "false",
                    peak_gib=round(best.peak() / GiB, 2),
                    peak_program=best.peak_phase(), verdict="fits",
                    est_s_per_iteration=("" if seconds["iteration"] is None
@@ -685,7 +690,8 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
       "fits (and, where the sampler's prefill of all rows at once does not, the largest "
       "`rollout.prefill_chunk_rows` that does; '-': all rows at once; where no chunk does, "
       "the most `rollout.decode_slots` that fit: continuous batching of the call's rows "
-      "through fewer KV-cache rows; '-': every row in lockstep), "
+      "through fewer KV-cache rows; '-': every row in lockstep; where the first turn's "
+      "prefill shared by a group does not fit, `rollout.share_prefill=false`: 'unshared'), "
       f"at {headroom:.0%} headroom of XLA:TPU's usable HBM per chip (a GPU's device memory). "
       "Peak = the "
       "persistent state (parameters, AdamW moments, reference) + the largest program's "
@@ -714,7 +720,8 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
     flags = f"`{r['mesh']}`" if r["verdict"] == "fits" else "none fits"
     chips = f"{r['chips']} chip" + ("s" if r["chips"] != 1 else "")
     lines.append(f"| {r['model']} | {r['target']} ({chips}) | {flags} | "
-                 f"{r['micro_batch_rows'] or '-'} | {r.get('prefill_chunk_rows') or '-'} | "
+                 f"{r['micro_batch_rows'] or '-'} | {r.get('prefill_chunk_rows') or '-'}"
+                 f"{', unshared' if r.get('share_prefill') == 'false' else ''} | "
                  f"{r.get('decode_slots') or '-'} | "
                  f"{peak} | {r['verdict']} | "
                  f"{r['est_s_per_iteration'] if r['est_s_per_iteration'] != '' else '-'} | "

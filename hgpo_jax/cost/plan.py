@@ -147,6 +147,8 @@ class Plan:
   prefill_chunk_rows: int = 0
   # rollout.decode_slots the search chose (0: the config's own)
   decode_slots: int = 0
+  # False where the search dropped the shared first-turn prefill (rollout.share_prefill)
+  share_prefill: bool = True
 
   @property
   def persistent(self) -> int:
@@ -336,8 +338,11 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
   derives from this mesh), then the log-probs, critic values and estimator. A sampler
   program that does not fit when it prefills every row at once (a config without
   `rollout.prefill_chunk_rows`) is compiled again with the prefill in row chunks, the
-  largest that fits (`prefill_chunk_candidates`; the plan's `prefill_chunk_rows`). The
-  first mesh where all fit is returned with the whole plan.
+  largest that fits (`prefill_chunk_candidates`; the plan's `prefill_chunk_rows`). A
+  shared first-turn prefill (`generate_shared`) that does not fit where `generate` does is
+  dropped (`rollout.share_prefill=false`: the first turn prefills every row through
+  `generate`, same tokens; the plan's `share_prefill`). The first mesh where all fit is
+  returned with the whole plan.
 
   Only when no mesh fits so, a last resort: on the meshes (in the same order) where only
   the sampler did not fit, continuous batching through fewer KV-cache rows than the call
@@ -425,13 +430,24 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
 def _fit_programs(cfg, mesh_shape, micro, full: Plan, names, device_memory, headroom, log,
                   devices):
   """`full` with `names` compiled on it in order until one does not fit (a sampler that
-  does not fit prefilling every row at once tried again in prefill chunks). Returns
-  (the plan, with the chosen `prefill_chunk_rows`; None, or when a sampler stopped it
-  (cfg, the plan before it, its name, its lowest peak, its all-rows plan))."""
+  does not fit prefilling every row at once tried again in prefill chunks; a shared
+  prefill that does not fit dropped). Returns (the plan, with the chosen
+  `prefill_chunk_rows` and `share_prefill`; None, or when a sampler stopped it (cfg, the
+  plan before it, its name, its lowest peak, its all-rows plan))."""
   chunk = 0
+  shared = True
   for name in names:
     one = compile_plan(cfg, mesh_shape, micro_batch_rows=micro, devices=devices,
                        phases=(name,))
+    if (name == "generate_shared" and "generate" in full.phases
+        and not _merged(full, one).fits(device_memory, headroom)):
+      # The first turn's prefill shared by a group is a saving of prefill compute; where
+      # its program does not fit, the first turn prefills every row as the other turns do.
+      log(f"  {mesh_label(mesh_shape)} micro-batch {micro}, {name}: temporaries "
+          f"{one.phases[name].temp / GiB:.2f} GiB: {'refused' if one.phases[name].refused else 'no'}"
+          "; the first turn without it (rollout.share_prefill=false)")
+      cfg, shared = with_share_prefill(cfg, False), False
+      continue
     if (name.startswith("generate") and not cfg.rollout.prefill_chunk_rows
         and not cfg.rollout.decode_slots
         and not _merged(full, one).fits(device_memory, headroom)):
@@ -454,12 +470,13 @@ def _fit_programs(cfg, mesh_shape, micro, full: Plan, names, device_memory, head
           cfg, one, chunk = chunked, tried_one, rows
           break
       else:
-        return (dataclasses.replace(_merged(full, one), prefill_chunk_rows=chunk),
+        return (dataclasses.replace(_merged(full, one), prefill_chunk_rows=chunk,
+                                    share_prefill=shared),
                 (cfg, full, name, least, one))
     full = _merged(full, one)
     if not full.fits(device_memory, headroom):
       break
-  return dataclasses.replace(full, prefill_chunk_rows=chunk), None
+  return dataclasses.replace(full, prefill_chunk_rows=chunk, share_prefill=shared), None
 
 
 def _verdict(full: Plan, mesh_shape, micro, budget, device_memory, headroom, tried, log) -> bool:
@@ -484,6 +501,13 @@ def with_prefill_chunk(config, rows: int):
   """A copy of `config` whose sampler prefills `rows` rows at a time."""
   out = config.copy_and_resolve_references()
   out.rollout.prefill_chunk_rows = int(rows)
+  return out
+
+
+def with_share_prefill(config, shared: bool):
+  """A copy of `config` whose sampler shares (or not) the first turn's prefill of a group."""
+  out = config.copy_and_resolve_references()
+  out.rollout.share_prefill = bool(shared)
   return out
 
 
@@ -520,6 +544,7 @@ def plan_config(config, plan: Plan):
   """`config` with what the search chose for `plan`: its mesh (prefill chunk, decode slots)."""
   out = with_mesh(config, plan.mesh)
   out = with_prefill_chunk(out, plan.prefill_chunk_rows) if plan.prefill_chunk_rows else out
+  out = with_share_prefill(out, False) if not plan.share_prefill else out
   return with_decode_slots(out, plan.decode_slots) if plan.decode_slots else out
 
 

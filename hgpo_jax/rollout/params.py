@@ -53,6 +53,11 @@ class RolloutParams:
   rows instead of the call's (`Sampler(decode_slots=...)`); a multiple of the sampler mesh's
   batch-parallel size. Same tokens as lockstep decoding (log-probs within float rounding).
   0: every row of a call decodes in lockstep until the slowest ends."""
+  share_prefill: bool = True
+  """The first turn's prompts, the same for a group's trajectories, prefilled once per group
+  and copied to its rows (the sampler's `generate_shared` program; `Sampler(share_prefill=G)`
+  with G the group size). False: every row prefilled (one program fewer, whose cache copy
+  can need more memory than the shared prefill saves; same tokens)."""
   decode_chunk_steps: int = 0
   """Lockstep decode steps per iteration of the sampler's device loop, which tests "every row
   finished?" once per chunk (`Sampler(decode_chunk=...)`, `engine.resolve_decode_chunk`):

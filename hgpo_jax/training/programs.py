@@ -259,9 +259,9 @@ def rollout_calls(config, sampler: sampler_lib.Sampler, rows: int
 def _share_prefill(config) -> int | bool:
   """The rollout sampler's `share_prefill`: the group size (a group's trajectories share
   their first turn's prefill, in a fixed number of rows per batch bucket); off for
-  groups of one."""
+  groups of one and with `rollout.share_prefill=false`."""
   size = int(config.rollout.group_size)
-  return size if size >= 2 else False
+  return size if size >= 2 and bool(config.rollout.share_prefill) else False
 
 
 def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = None,

@@ -325,6 +325,40 @@ def test_the_search_prefills_in_row_chunks_when_one_prefill_does_not_fit():
 
 
 @pytest.mark.slow
+def test_the_search_drops_a_shared_first_turn_prefill_that_does_not_fit():
+  """Groups of 8 trajectories: the first turn's 16 distinct prompts prefilled once and
+  copied to the 128 rows (`generate_shared`) need more than the rows' own prefill in chunks
+  of 2 (`generate`). On a budget between the two the search keeps the mesh and prefills
+  the first turn's rows as every other turn's (`rollout.share_prefill=false`: no
+  generate_shared program), and the run's command line says so."""
+  config = _config(prompt=512, response=16, mini=16, micro=1, rollout_groups=16)
+  config.rollout.group_size = 8
+  config.rollout.prefill_chunk_rows = 2
+  devices = _devices(1)
+  both = plan_lib.compile_plan(config, (1, 1, 1), micro_batch_rows=1, devices=devices)
+  assert both.rollout_rows == 128
+  assert max(both.peak("update"), both.peak("logprobs")) < both.peak("generate") \
+      < both.peak("generate_shared")
+  budget = (both.peak("generate") + both.peak("generate_shared")) / 2
+  lines = []
+  best, _ = plan_lib.recommend(config, 1, int(budget / 0.9), 0.1, log=lines.append,
+                               devices=devices)
+  assert best is not None and best.mesh == (1, 1, 1) and not best.share_prefill
+  assert "generate_shared" not in best.phases and best.decode_slots == 0
+  assert best.phases["generate"].temp == both.phases["generate"].temp
+  assert any("generate_shared: temporaries" in l and "rollout.share_prefill=false" in l
+             for l in lines)
+  assert plan_cli.run_flags(best)[-1] == "--config.rollout.share_prefill=false"
+  unshared = plan_lib.plan_config(config, best)
+  assert unshared.rollout.share_prefill is False
+  assert "generate_shared" not in plan_lib.program_names(unshared, (1, 1, 1), devices)
+  # with room for both, the shared prefill stays
+  best, _ = plan_lib.recommend(config, 1, int(both.peak() / 0.9) + 1, 0.1,
+                               log=lambda s: None, devices=devices)
+  assert best.share_prefill and "generate_shared" in best.phases
+
+
+@pytest.mark.slow
 def test_the_search_decodes_in_slots_only_when_no_mesh_fits_every_row_at_once():
   """A sampler whose KV cache of all 128 rows (1,024 new tokens each) is over the budget on
   the one device, where the update fits and no prefill chunk helps (the cache, not the

@@ -209,7 +209,7 @@ def test_plan_table_renders_from_its_csv(tmp_path):
                mesh="data=2,fsdp=4,tensor=1", micro_batch_rows=8, peak_gib=12.0,
                peak_program="generate", verdict="fits", est_s_per_iteration=40.0,
                persistent_gib=4.0, peak_gib_generate=12.0, search_s=1, commit="abc1234",
-               decode_slots=8),
+               decode_slots=8, share_prefill="false"),
           dict(model="m2", target="v5e-8", chips=8, usable_hbm_gib=15.75, mesh="-",
                verdict="does not fit", persistent_gib=20.0, commit="abc1234"),
           dict(model="m3", target="v5e-8", chips=8, usable_hbm_gib=15.75, mesh="-",
@@ -219,7 +219,8 @@ def test_plan_table_renders_from_its_csv(tmp_path):
   md = tmp_path / "plan_table.md"
   plan_cli.write_table(rows, str(md), str(tmp_path / "f.png"), 0.1)
   back = plan_cli.read_table(str(tmp_path / "plan_table.csv"))
-  assert back.pop(0)["decode_slots"] == 8  # m0 sorts first
+  assert back[0]["decode_slots"] == 8 and back[0]["share_prefill"] == "false"
+  assert back.pop(0)["model"] == "m0"  # sorts first
   assert back[0]["peak_gib"] == 13.5 and back[0]["micro_batch_rows"] == 8
   assert back[0]["prefill_chunk_rows"] == 16 and back[1]["prefill_chunk_rows"] == ""
   assert back[0]["decode_slots"] == ""
@@ -227,7 +228,7 @@ def test_plan_table_renders_from_its_csv(tmp_path):
   text = md.read_text()
   assert "| m1 | v5e-8 (8 chips) | `data=1,fsdp=4,tensor=2` | 8 | 16 | - | 13.50 of 15.75 " \
          "(update) | fits | 12.5 | abc1234 |" in text
-  assert "| m0 | v5e-8 (8 chips) | `data=2,fsdp=4,tensor=1` | 8 | - | 8 | 12.00 of 15.75 " \
+  assert "| m0 | v5e-8 (8 chips) | `data=2,fsdp=4,tensor=1` | 8 | -, unshared | 8 | 12.00 of 15.75 " \
          "(generate) | fits | 40.0 | abc1234 |" in text
   assert "| m2 | v5e-8 (8 chips) | none fits | - | - | - | persistent alone 20.00 of 15.75 | " \
          "does not fit | - | abc1234 |" in text
