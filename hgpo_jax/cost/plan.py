@@ -397,7 +397,7 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
                                    headroom, log, devices)
     if stuck_at is not None:
       stuck.append((mesh_shape, micro, best, rest) + stuck_at)
-    if _verdict(full, mesh_shape, micro, budget, device_memory, headroom, tried, log):
+    if _verdict(full, mesh_shape, micro, device_memory, headroom, tried, log):
       return full, tried
   for mesh_shape, micro, best, rest, cfg, full, name, least, one in stuck:
     # The last resort: decode slots for the sampler that stopped this mesh.
@@ -421,7 +421,7 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
         done, _ = _fit_programs(slotted, mesh_shape, micro, _merged(full, tried_one), later,
                                 device_memory, headroom, log, devices)
         done = dataclasses.replace(done, decode_slots=rows)
-        if _verdict(done, mesh_shape, micro, budget, device_memory, headroom, tried, log):
+        if _verdict(done, mesh_shape, micro, device_memory, headroom, tried, log):
           return done, tried
         break
   return None, tried
@@ -479,8 +479,9 @@ def _fit_programs(cfg, mesh_shape, micro, full: Plan, names, device_memory, head
   return dataclasses.replace(full, prefill_chunk_rows=chunk, share_prefill=shared), None
 
 
-def _verdict(full: Plan, mesh_shape, micro, budget, device_memory, headroom, tried, log) -> bool:
+def _verdict(full: Plan, mesh_shape, micro, device_memory, headroom, tried, log) -> bool:
   """Whether every program of `full` fits; records and logs the mesh's verdict."""
+  budget = device_memory * (1.0 - headroom)
   ok = full.fits(device_memory, headroom)
   over = [n for n, p in full.phases.items()
           if p.refused or full.persistent + p.transient > budget]
