@@ -349,7 +349,17 @@ def log(run: run_lib.Run, step: int, metrics: dict[str, float], bar: tqdm.tqdm) 
   scalars = run.writer.write(step, metrics)
   if jax.process_index() == 0:
     bar.write(metrics_lib.format_summary(step, scalars, keys=SUMMARY_KEYS))
+    for learner in ("train", "critic"):
+      if scalars.get(f"{learner}/skipped_steps", 0.0) > 0:
+        bar.write(skipped_steps_warning(step, learner, scalars))
   return scalars
+
+
+def skipped_steps_warning(step: int, learner: str, scalars: dict[str, float]) -> str:
+  """The console line of an iteration in which the non-finite-norm rule skipped steps."""
+  return (f"warning: iteration {step}: {int(scalars[f'{learner}/skipped_steps'])} of "
+          f"{int(scalars[f'{learner}/num_updates'])} {learner} optimizer steps skipped (gradient "
+          f"norm not finite; the params and optimizer state kept their values)")
 
 
 def summary(config: ml_collections.ConfigDict, workdir: str, final: dict[str, float]) -> str:
@@ -367,6 +377,10 @@ def summary(config: ml_collections.ConfigDict, workdir: str, final: dict[str, fl
     out.append(f"time per iteration {total / len(train_lines):.1f} s (generation "
                f"{np.mean([l['time/generation_s'] for l in train_lines]):.1f} s, update "
                f"{np.mean([l['time/update_s'] for l in train_lines]):.1f} s)")
+    skipped = sum(l.get("train/skipped_steps", 0.0) + l.get("critic/skipped_steps", 0.0)
+                  for l in train_lines)
+    if skipped:
+      out.append(f"skipped optimizer steps (non-finite gradient norm): {int(skipped)}")
   for key in sorted(k for k in final if k.endswith("/success") and k.count("/") == 2):
     split = key.split("/")[1]
     out.append(f"eval {split:>13}: success {final[key]:.3f} over {int(final[f'eval/{split}/num_tasks'])}"

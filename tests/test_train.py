@@ -105,6 +105,13 @@ def test_unknown_estimator_option_is_rejected():
     train.validate(c)
 
 
+def test_skipped_steps_are_said_on_the_console():
+  line = train.skipped_steps_warning(4, "train", {"train/skipped_steps": 2.0,
+                                                  "train/num_updates": 3.0})
+  assert line == ("warning: iteration 4: 2 of 3 train optimizer steps skipped (gradient norm "
+                  "not finite; the params and optimizer state kept their values)")
+
+
 # ---------------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
@@ -123,7 +130,7 @@ def test_end_to_end_files_and_finite_losses(reference_run):
     for key in ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "train/grad_norm"):
       assert math.isfinite(line[key]), key
     assert line["rollout/num_rows"] > 0
-    assert line["train/num_updates"] >= 1
+    assert line["train/num_updates"] >= 1 and line["train/skipped_steps"] == 0
   assert "eval/test/success" in lines[2]
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1", "2"]
   assert os.listdir(os.path.join(workdir, "tensorboard"))

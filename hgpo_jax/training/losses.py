@@ -7,7 +7,7 @@ that are scored; the model, the batch layout and the micro-batching live in
     rho_j = exp(logp_j - old_logp_j)
     L1 = -A_j rho_j ;  L2 = -A_j clip(rho_j, 1 - eps_low, 1 + eps_high) ;  Lc = max(L1, L2)
     L_j = min(Lc, -A_j c)  if A_j < 0  else  Lc                     (dual clip, c = 3)
-    KL_j = clamp(exp(ref_j - logp_j) - (ref_j - logp_j) - 1, -10, 10)   ("low_var_kl", k3)
+    KL_j = clamp(exp(d_j) - d_j - 1, -10, 10),  d_j = clamp(ref_j - logp_j, -20, 20)   (k3)
     loss = agg(L) - entropy_coeff * agg(H) + kl_coef * agg(KL)
 
 Aggregation modes (`agg(x, mask)`, `B` rows, `T` token positions):
@@ -193,7 +193,12 @@ def ppo_clip_token_losses(
 def low_var_kl(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
   """k3 estimator of KL(pi_theta || pi_ref) per token, clamped to [-10, 10].
 
-  KL_j = exp(ref_j - logp_j) - (ref_j - logp_j) - 1 (Schulman's k3; verl `low_var_kl`).
+  KL_j = exp(d_j) - d_j - 1 with d_j = clamp(ref_j - logp_j, -20, 20) (Schulman's k3; verl
+  `low_var_kl`). The clamp before the exponential changes no value (|d| > 20 gives a KL
+  past the outer clamp either way) but keeps the gradient finite: unclamped, a d above
+  ~88.7 overflows exp in float32 and the outer clamp's zero gradient times inf is NaN. A
+  slot that is not scored carries a zero-filled reference log-prob, so a peaked model's
+  log-prob of -100 on a padding token would otherwise poison the whole step's gradient.
 
   Args:
     logp_bt: f32[B, T] log pi_theta.
@@ -202,7 +207,7 @@ def low_var_kl(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
   Returns:
     f32[B, T], >= 0 up to the clamp.
   """
-  log_ratio_bt = ref_logp_bt - logp_bt
+  log_ratio_bt = jnp.clip(ref_logp_bt - logp_bt, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
   kl_bt = jnp.exp(log_ratio_bt) - log_ratio_bt - 1.0
   return jnp.clip(kl_bt, -KL_CLAMP, KL_CLAMP)
 

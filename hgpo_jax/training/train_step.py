@@ -738,7 +738,8 @@ def train_iteration(learner: Learner, state: TrainState, batch: Batches,
   itself (`UpdateConfig.on_policy`; the batch's `old_logprobs` are not read).
 
   Returns:
-    (state, metrics): metrics are the means over the optimizer steps, plus `num_updates`.
+    (state, metrics): metrics are the means over the optimizer steps, plus `num_updates`
+    and `skipped_steps` (how many steps a non-finite gradient norm skipped).
   """
   chunks = mini_batches(learner, batch)
   if on_policy and not (learner.config.on_policy(learner.config.mini_batch_rows) and len(chunks) == 1):
@@ -755,4 +756,6 @@ def train_iteration(learner: Learner, state: TrainState, batch: Batches,
   host = jax.device_get(history)
   mean = {k: float(np.mean([h[k] for h in host])) for k in host[0]}
   mean["num_updates"] = float(len(host))
+  if "skipped_step" in host[0]:  # steps the non-finite-norm rule skipped (count, not mean)
+    mean["skipped_steps"] = float(sum(h["skipped_step"] for h in host))
   return state, mean

@@ -28,6 +28,55 @@ def test_low_var_kl_micro_example_and_clamp():
   assert kl[2] == losses.KL_CLAMP  # exp(-30) + 30 - 1 = 29 -> clamped to 10
 
 
+@pytest.mark.parametrize("mode", losses.LOSS_AGG_MODES)
+@pytest.mark.parametrize("estimator", ["k3", "k1", "abs", "k2"])
+def test_kl_gradient_is_finite_with_planted_logprobs_on_unscored_slots(estimator, mode):
+  """A peaked model's log-prob of -1e4 on a slot that is not scored, whose reference
+  log-prob is zero-filled, leaves the gradient finite and equal to the unplanted one
+  (unclamped, k3's exp(ref - logp) overflows there and 0 x inf is NaN)."""
+  rng = np.random.default_rng(3)
+  shape = (4, 7)
+  mask = rng.random(shape) < 0.6
+  mask[2] = False  # an all-padding row
+  logp = -rng.random(shape).astype(np.float32) * 3
+  old = logp + rng.normal(size=shape).astype(np.float32) * 0.3
+  ref = logp + rng.normal(size=shape).astype(np.float32) * 0.3
+  adv = rng.normal(size=shape).astype(np.float32)
+  ent = rng.random(shape).astype(np.float32)
+  planted = np.where(mask, logp, -1e4).astype(np.float32)
+  zero_filled = lambda x: jnp.asarray(np.where(mask, x, 0.0), jnp.float32)  # noqa: E731
+  cfg = losses.LossConfig(kl_estimator=estimator, loss_agg=mode)
+  m = jnp.asarray(mask)
+
+  def grad(lp):
+    f = lambda x: losses.actor_loss(x, ent, zero_filled(old), zero_filled(ref), adv, m, cfg)[0]  # noqa: E731
+    return np.asarray(jax.grad(f)(jnp.asarray(lp)))
+
+  got, want = grad(planted), grad(logp)
+  assert np.all(np.isfinite(got))
+  np.testing.assert_array_equal(got, want)
+  assert np.all(got[~mask] == 0) and np.any(got[mask] != 0)
+  if mode == "token-mean":  # the packed (weighted) loss reads the same slots
+    w = jnp.asarray(mask / mask.sum(), jnp.float32)
+    f = lambda x: losses.weighted_actor_loss(x, ent, zero_filled(old), zero_filled(ref), adv, w, cfg)[0]  # noqa: E731
+    g = np.asarray(jax.grad(f)(jnp.asarray(planted)))
+    assert np.all(np.isfinite(g))
+    np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-8)
+
+
+def test_low_var_kl_clamps_the_log_ratio_before_exp():
+  """verl clamps ref - logp to +-20 before exp: no value changes (both ends are past the
+  outer clamp), and the gradient at a log-ratio of 1e4 is 0, not NaN."""
+  ref = jnp.array([0.0, 0.0, -25.0, 0.0])
+  logp = jnp.array([-1e4, -25.0, 0.0, -0.5])
+  kl = losses.low_var_kl(logp, ref)
+  np.testing.assert_array_equal(kl[:3], [losses.KL_CLAMP] * 3)
+  np.testing.assert_allclose(kl[3], np.exp(0.5) - 0.5 - 1.0, rtol=1e-6)
+  g = jax.grad(lambda x: jnp.sum(losses.low_var_kl(x, ref)))(logp)
+  np.testing.assert_array_equal(g[:3], [0.0, 0.0, 0.0])
+  np.testing.assert_allclose(g[3], 1.0 - np.exp(0.5), rtol=1e-6)  # d/dlogp of e^(-logp) + logp - 1
+
+
 def test_entropy_from_logits_matches_numpy():
   z = np.random.default_rng(0).normal(size=(2, 3, 7)).astype(np.float32) * 3
   p = np.exp(z - z.max(-1, keepdims=True))

@@ -279,6 +279,31 @@ def test_updates_raise_logprob_of_positive_advantage_tokens():
   assert np.asarray(after.old_logprobs)[m].mean() > np.asarray(before.old_logprobs)[m].mean() + 0.1
 
 
+def test_a_non_finite_gradient_skips_the_step_and_is_counted():
+  """A mini-batch whose gradient norm is not finite leaves params and optimizer state as
+  they were (verl's rule) and is counted in `skipped_steps`; the next one steps."""
+  mesh = _mesh()
+  learner = train_step.Learner(_model(), mesh, _config(mini_batch_rows=8, micro_batch_rows=8))
+  model = _model()
+  state = learner.init_state(nnx.state(model, nnx.Param))
+  host = _host_batch(16, seed=7)
+  adv = np.array(host.advantages)
+  adv[:8] = np.where(host.response_mask[:8], np.nan, 0.0)  # the first mini-batch only
+  filled = train_step.fill_logprobs(learner, state.params, state.params, host.replace(advantages=adv))
+  before = jax.device_get(state.params)
+  chunks = train_step.mini_batches(learner, filled)
+  assert len(chunks) == 2
+  state, first = learner.update_mini_batch(state, chunks[0])
+  assert float(first["skipped_step"]) == 1.0 and not np.isfinite(float(first["grad_norm"]))
+  assert int(state.step) == 0
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), before)
+  state = learner.init_state(nnx.state(model, nnx.Param))
+  filled = train_step.fill_logprobs(learner, state.params, state.params, host.replace(advantages=adv))
+  state, metrics = train_step.train_iteration(learner, state, filled)
+  assert metrics["skipped_steps"] == 1.0 and metrics["num_updates"] == 2.0
+  assert metrics["skipped_step"] == 0.5 and int(state.step) == 1
+
+
 def test_filled_logprobs_stay_on_the_mesh_for_the_update():
   """fill_logprobs leaves the laid-out mini-batches on the mesh, and the update reads them
   there: no host-to-device copy of a batch (nor of its log-probs) during the epochs."""
