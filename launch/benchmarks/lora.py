@@ -1,6 +1,7 @@
 """Benchmark: the SmolLM2 job with LoRA adapters against full fine-tuning, side by side.
 
   python -m launch.benchmarks.lora [--rank 16] [--iterations 3] [--reps 1] [--sides full,lora]
+  python -m launch.benchmarks.lora --flops [--rank 16]     # the analytic FLOPs only, no run
 
 Both sides are the real trainer, `python -m launch.main` with
 `--config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local` (the SmolLM2 job,
@@ -20,6 +21,14 @@ iterations 2.. (iteration 1 compiles), the median iteration time, and the traine
 peak resident memory (`ru_maxrss` of the `launch.main` child from `os.wait4`: the whole
 run, its compilations included; the env server is a process of its own). The last line
 prints the ratios full / lora of the update time and of the peak memory.
+
+`--flops` prints, without running anything, the analytic update FLOPs of both sides
+(`hgpo_jax.cost.analytic`, equal to XLA's compiled count: tests/cost/test_analytic.py and
+test_flops.py) at the job's longest and a middle micro-batch length, with remat (the job's
+setting) and without: the bound on what a compute-bound update can gain from LoRA. A LoRA
+update still takes the input gradients of every frozen matmul, and the attention products
+(QK^T and PV: no weights) cost the same on both sides, so it saves one of the three
+forward-sized terms of the weight matmuls only, and remat's extra forward stays.
 """
 
 from __future__ import annotations
@@ -56,15 +65,45 @@ def _run(workdir: str, iterations: int, overrides: list[str]) -> tuple[list[dict
   return lines, usage.ru_maxrss / 2**20  # KiB -> GiB
 
 
+ROWS, SCORED, LONGEST = 16, 32, 640 + 32  # the job's update: rows, response bucket, prompt + it
+TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+def flops_table(rank: int) -> list[str]:
+  """The analytic update FLOPs of the job's model, full vs LoRA `rank`, per micro-batch
+  length and remat setting, with their ratio."""
+  from hgpo_jax.cost import analytic
+  from hgpo_jax.models import config as model_config
+  from hgpo_jax.models import lora as lora_lib
+  full = model_config.get_preset("smollm2-135m")
+  adapted = full.replace(lora=lora_lib.from_settings(rank, 16.0, TARGETS, False))
+  lines = [f"analytic update GFLOP of {ROWS} rows, {SCORED} scored tokens each (smollm2-135m, "
+           f"LoRA rank {rank} on all seven projections)"]
+  for seq in (LONGEST // 2, LONGEST):
+    for remat in (True, False):
+      f, l = (analytic.analytic_update_flops(c, rows=ROWS, seq=seq, scored=SCORED, remat=remat)
+              for c in (full, adapted))
+      lines.append(f"  seq {seq:4d} remat {str(remat):5s}: full {f / 1e9:9.1f}  lora "
+                   f"{l / 1e9:9.1f}  full / lora {f / l:.3f}")
+  return lines
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="launch.benchmarks.lora",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--rank", type=int, default=16)
   parser.add_argument("--iterations", type=int, default=3)
   parser.add_argument("--reps", type=int, default=1)
+  parser.add_argument("--flops", action="store_true",
+                      help="print the analytic update FLOPs of both sides; run nothing")
   parser.add_argument("--sides", default="full,lora",
                       help="the sides to run, in this order (full, lora; the ratios need both)")
   args = parser.parse_args(argv)
+  if args.flops:
+    if args.rank < 1:
+      parser.error("--rank must be >= 1")
+    print("\n".join(flops_table(args.rank)))
+    return 0
   chosen = [s.strip() for s in args.sides.split(",") if s.strip()]
   if args.iterations < 2 or args.rank < 1 or args.reps < 1:
     parser.error("--iterations must be >= 2 (the first one compiles), --rank and --reps >= 1")

@@ -1,0 +1,28 @@
+"""launch.benchmarks.lora --flops: the analytic bound on LoRA's update saving, no run."""
+
+import re
+
+import pytest
+
+from hgpo_jax.cost import analytic
+from hgpo_jax.models import config as model_config
+from launch.benchmarks import lora as lora_bench
+
+
+def test_flops_table_is_the_analytic_count_and_remat_lowers_the_saving():
+  lines = lora_bench.flops_table(16)
+  rows = [tuple(float(x) for x in re.findall(r"full\s+([\d.]+)\s+lora\s+([\d.]+)", l)[0])
+          for l in lines[1:]]
+  assert len(rows) == 4
+  full = analytic.analytic_update_flops(model_config.get_preset("smollm2-135m"), rows=16,
+                                        seq=672, scored=32, remat=True)
+  assert rows[2][0] == pytest.approx(full / 1e9, abs=0.05)
+  ratios = [f / l for f, l in rows]
+  # remat's extra forward and the weightless attention products are paid on both sides
+  assert 1.0 < ratios[0] < ratios[1] < 1.5 and 1.0 < ratios[2] < ratios[3] < 1.5
+
+
+def test_flops_refuses_a_rank_below_one(capsys):
+  with pytest.raises(SystemExit):
+    lora_bench.main(["--flops", "--rank", "0"])
+  assert "--rank must be >= 1" in capsys.readouterr().err
