@@ -20,7 +20,7 @@ CUDA_PLUGINS := jax-cuda12-plugin jax-cuda12-pjrt
 # pytest-xdist workers: 2 cores here; tests are dominated by compilation and subprocesses.
 TEST_WORKERS ?= 2
 
-.PHONY: venv run run-llm table test test-fast bench docs clean FORCE
+.PHONY: venv run run-llm table test test-fast test-slow bench docs clean FORCE
 
 venv: .venv/.stamp
 
@@ -59,13 +59,21 @@ table: venv
 	$(PY) -m launch.experiments.sweep suite --suite mini --root results/runs
 	$(PY) -m launch.experiments.sweep render --suite mini --root results/runs $(if $(wildcard results/mini_reading.md),--reading results/mini_reading.md)
 
-# Tests marked `network` query the package index; `make test` leaves them out (run them
+# The tiers (markers in pyproject.toml; docs/architecture.md, "Testing"):
+#   make test       the whole proof of correctness, what CI runs (budget: 30 min from a cold
+#                   compile cache on 2 cores); prints the 10 slowest tests and the wall time
+#   make test-fast  the inner loop: without the `slow` end-to-end tests
+#   make test-slow  the `release` tests: paper-scale re-proofs of what `make test` proves
+# Tests marked `network` query the package index; every tier leaves them out (run them
 # with `-m network` where PyPI is reachable).
 test: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not network" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not network and not release" --durations=10 tests
 
 test-fast: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow and not network" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow and not network and not release" tests
+
+test-slow: venv
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "release and not network" --durations=10 tests
 
 bench: venv
 	$(PY) -m launch.benchmarks.advantages

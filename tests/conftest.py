@@ -5,6 +5,12 @@ file sets them at import time (pytest imports conftest before any test module).
 """
 
 import os
+import time
+
+_START = time.monotonic()
+SUITE_BUDGET_MIN = 30
+"""`make test`'s budget: minutes of wall time from a cold compilation cache on the 2-core
+reference machine (docs/architecture.md, "Testing")."""
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # XLA:TPU as a compiler only (tests marked tpu_compile, hgpo_jax/cost/targets.py): no
@@ -44,3 +50,14 @@ def _compile_only_tests_skip_the_persistent_cache(request):
   finally:
     jax.config.update("jax_enable_compilation_cache", was)
     compilation_cache.reset_cache()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+  """The suite's wall time against its budget, in every log (the controller only under
+  pytest-xdist; `--durations=10` in `make test` lists the slowest tests above it)."""
+  if hasattr(config, "workerinput"):
+    return
+  minutes = (time.monotonic() - _START) / 60
+  over = " (over budget)" if minutes > SUITE_BUDGET_MIN else ""
+  terminalreporter.write_line(f"suite wall time {minutes:.1f} min{over}; budget of make test "
+                              f"{SUITE_BUDGET_MIN} min from a cold compilation cache on 2 cores")

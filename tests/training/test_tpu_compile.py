@@ -195,9 +195,14 @@ def test_launch_plan_exits_one_when_the_peak_exceeds_the_device_memory(capsys):
   assert last.startswith("does not fit: peak ") and "of 0.00 GiB per device on v5e-8 (update)" in last
 
 
-@pytest.mark.slow
+@pytest.mark.release
 def test_qwen2_5_1_5b_paper_iteration_fits_a_v5e_8_on_the_plan_tables_mesh():
-  """The paper setting (16 x 8 groups, prompt 4096 + 512, mini-batch 256, float32
+  """Release tier (`make test-slow`): `make test` proves the mechanism (every program
+  compiled by XLA:TPU and measured against a chip's memory) on the smoke configs,
+  `test_every_program_of_the_smoke_configs_compiles_and_fits`; this re-proves the plan
+  table's 1.5B row.
+
+  The paper setting (16 x 8 groups, prompt 4096 + 512, mini-batch 256, float32
   parameters with the configs' bf16 compute and reference on TPUs, remat) with the plan
   table's v5e-8 row (docs/plan_table.md, `launch.plan --table`): mesh data=2 fsdp=4
   tensor=1, micro-batch 16, the prefill in chunks of 16 rows. Every program of an
@@ -230,14 +235,20 @@ def _exact_figures_or_skip():
                 f"cost model, this is libtpu {version}")
 
 
-@pytest.mark.slow
+@pytest.mark.release
 @pytest.mark.parametrize("impl, dtype, ratio_max, ms_max, ratio, kernel_mb, ms", [
     ("xla", "float32", 1.45, 5.9, 1.31, 0.0, 5.33),
     ("pallas_tpu", "float32", 1.25, 4.6, 1.135, 1761.4, 4.16),
     ("xla", "bfloat16", 1.42, 5.6, 1.29, 0.0, 5.09)])
 def test_qwen2_5_1_5b_paper_decode_step_traffic_on_a_v5e_8(impl, dtype, ratio_max, ms_max,
                                                            ratio, kernel_mb, ms):
-  """One decode step of the paper setting's generate program (64 rows per host of prompt
+  """Release tier (`make test-slow`): `make test` proves the traffic accounting (the
+  kernels credited with their valid blocks, the rest from the HLO) on a small XLA:TPU
+  compile, tests/cost/test_decode_traffic.py
+  `test_a_tpu_compiled_generate_with_the_kernel_is_credited_with_its_valid_blocks`; this
+  re-proves docs/performance.md's paper-scale figures.
+
+  One decode step of the paper setting's generate program (64 rows per host of prompt
   4096 + 512 new, prefill in chunks of 8 rows, sampler fsdp=2 x tensor=2 per host) as
   XLA:TPU compiles it for a v5e-8, per chip, against 2299 MB necessary (bf16 weights as
   laid out 772 + valid KV 1527; docs/performance.md, "Decode on accelerators").
@@ -276,9 +287,14 @@ def test_qwen2_5_1_5b_paper_decode_step_traffic_on_a_v5e_8(impl, dtype, ratio_ma
   assert estimate == pytest.approx(ms, rel=0.02)
 
 
-@pytest.mark.slow
+@pytest.mark.release
 def test_qwen2_5_1_5b_paper_rollout_estimate_on_a_v5e_8_is_half_the_first():
-  """XLA:TPU's estimated rollout of the paper setting on a v5e-8 (`generate` +
+  """Release tier (`make test-slow`): `make test` proves the estimate's arithmetic
+  (tests/cost/test_decode_traffic.py `test_a_plan_adds_the_kernels_reads_at_the_chips_bandwidth`)
+  and XLA:TPU compiles of every program (the smoke configs); this re-proves the paper-scale
+  figure of docs/performance.md.
+
+  XLA:TPU's estimated rollout of the paper setting on a v5e-8 (`generate` +
   `generate_shared`, the papers' bfloat16 compute, `pallas_tpu`, prefill in chunks of 8
   rows) is at most half of 297.8 s, the estimate in float32 compute with the XLA decode
   attention (docs/performance.md, "The rollout sampler at the paper setting"), on
