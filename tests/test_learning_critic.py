@@ -8,7 +8,7 @@ The critic (a separate value model initialised from the policy) is trained along
 with its own, larger-than-published learning rate for the tiny model.
 
 HiPER (estimator hae) has no learning test: with `critic_learning_config(..., "hiper")`
-(state-only prompt, 24 iterations) it did not learn on these rooms (measured, seed 0,
+(state-only prompt) it did not learn on these rooms (measured, seed 0,
 first 11 iterations: 0.0 0.06 0.06 0.0 0.12 0.0 0.0 0.12 0.0 0.06 0.0). Its low-level
 advantage bootstraps from V_high at every subgoal boundary, and this critic does not
 tell states apart (explained variance -0.03..0.04 even over 6 critic-only iterations,
@@ -31,7 +31,7 @@ from hgpo_jax.training import metrics as metrics_lib
 
 def critic_learning_config(data_dir: str, algo: str, **overrides):
   settings = {"rollout.num_groups": 16, "rollout.group_size": 1, "critic.lr": 1e-2,
-              "critic.weight_decay": 0.0, "train.num_iterations": 24}
+              "critic.weight_decay": 0.0, "train.num_iterations": 16}
   if algo == "hiper":
     # three blocks: ~20 switch + <= 12 + 19 subgoal + up to 26 + 17 action tokens
     settings["rollout.max_new_tokens"] = 96
@@ -61,12 +61,12 @@ def _run(tmp_path, algo):
 def test_ppo_success_rises_on_small_alfworld_rooms(tmp_path):
   lines = _run(tmp_path, "ppo")
   success = np.array([l["rollout/success"] for l in lines])
-  # Measured (seed 0, 24 iterations of 16 single-trajectory tasks):
-  # 0.125 0.125 0.125 0.312 0.125 0.250 0.250 0.438 0.125 0.312 0.500 0.500
-  # 0.438 0.688 0.750 0.812 0.875 0.688 0.812 0.375 0.812 0.500 0.500 0.750,
-  # i.e. first three 0.125 -> last eight 0.66. (With 14 iterations and critic lr 1e-3
-  # the last three were 0.31: ungrouped PPO needs more iterations than GiGPO here.)
-  start, end = success[:3].mean(), success[-8:].mean()
+  # Measured (seed 0, 16 iterations of 16 single-trajectory tasks, AMD EPYC, ISA pinned):
+  # 0.125 0.125 0.125 0.312 0.125 0.250 0.188 0.250 0.000 0.375 0.375 0.312 0.625 0.688
+  # 0.688 1.000, i.e. first three 0.125 -> last five 0.66; the critic's mean value
+  # -0.08 -> 5.02. (With 14 iterations and critic lr 1e-3 the last three were 0.31:
+  # ungrouped PPO needs more iterations than GiGPO here.)
+  start, end = success[:3].mean(), success[-5:].mean()
   assert start <= 0.4, success
   assert end >= start + 0.3 and end >= 0.5, success
   # the critic learns the mean return: its value rises from ~0 towards the success rate x 10
