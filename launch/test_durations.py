@@ -28,9 +28,8 @@ def read_report(path: str) -> dict[str, float]:
     raise SystemExit(f"test_durations: cannot read {path}: {e}")
   times = {}
   for case in root.iter("testcase"):
-    file = case.get("classname", "").split(".")
     # classname is the dotted module path (plus a class): tests.training.test_losses[.Cls]
-    parts = [p for p in file if not p[:1].isupper()]
+    parts = [p for p in case.get("classname", "").split(".") if not p[:1].isupper()]
     module = "/".join(parts) + ".py"
     times[f"{module}::{case.get('name')}"] = float(case.get("time") or 0.0)
   if not times:

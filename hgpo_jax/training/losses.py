@@ -58,7 +58,9 @@ POLICY_LOSSES = ("ppo", "gspo")
 ROLLOUT_CORRECTIONS = ("none", "token", "sequence")
 """Levels of the rollout importance weights (`rollout_is`) and rejection (`rollout_rs`)."""
 LOG_RATIO_CLAMP = 20.0
-"""log pi_old - log pi_rollout is clamped to +-this before exp (verl `rollout_corr_helper`)."""
+"""Every log-ratio is clamped to +-this before exp, as verl does: the PPO ratio's
+(`compute_policy_loss`), the k3 KL's (`kl_penalty`) and the rollout correction's
+(`rollout_corr_helper`)."""
 GSPO_LOG_RATIO_MAX = 10.0
 """GSPO's log sequence ratio is clamped above at this (verl `compute_policy_loss_gspo`)."""
 
@@ -180,7 +182,7 @@ def ppo_clip_token_losses(
     the dual clip capped the loss (A < 0 and -A c < Lc, verl's `pg_clipfrac_lower`).
   """
   # Clamp the log-ratio as verl does, so exp cannot overflow on garbage tokens.
-  ratio_bt = jnp.exp(jnp.clip(logp_bt - old_logp_bt, -20.0, 20.0))
+  ratio_bt = jnp.exp(jnp.clip(logp_bt - old_logp_bt, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
   l1_bt = -adv_bt * ratio_bt
   l2_bt = -adv_bt * jnp.clip(ratio_bt, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
   lc_bt = jnp.maximum(l1_bt, l2_bt)
