@@ -48,9 +48,12 @@ venv: .venv/.stamp
 run: venv
 	$(PY) -m launch.experiments.sweep quick
 
-# The pretrained-LLM job: HGPO on generated ALFWorld games with SmolLM2-135M-Instruct.
+# The pretrained-LLM job: the quick version of the `llm` suite (launch/experiments/suites.py):
+# SmolLM2-135M-Instruct prompted, then trained with LoRA (HGPO K=2), on the same 48 held-out
+# ALFWorld-mini games; prints the table with the paired interval over games, writes
+# workdirs/quick_llm.*.
 run-llm: venv
-	$(PY) -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local --workdir=workdirs/alfworld_hgpo_smollm2
+	$(PY) -m launch.experiments.sweep quick --suite llm
 
 # The full CPU table (results/mini.md, .csv, _curves.png) from the run records under
 # results/runs (committed: each finished run's metrics.jsonl and log.txt); resumable, see

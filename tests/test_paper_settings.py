@@ -148,9 +148,9 @@ PARAMETERS = (
               lambda c, r: c.rollout.history_length),
     Parameter("data.max_prompt_length", "rollout.max_prompt_tokens",
               lambda c, r: c.rollout.max_prompt_tokens),
-    # the project truncates every prompt on the left (rollout._encode_prompt); it has no
+    # the project truncates every prompt on the left (rollout.encode_prompt); it has no
     # 'error' mode
-    Parameter("data.truncation", "(rollout._encode_prompt)", lambda c, r: "left"),
+    Parameter("data.truncation", "(rollout.encode_prompt)", lambda c, r: "left"),
     Parameter("data.max_response_length", "rollout.max_new_tokens",
               lambda c, r: c.rollout.max_new_tokens),
     Parameter("rollout.temperature", "rollout.temperature", lambda c, r: c.rollout.temperature),
@@ -487,7 +487,7 @@ DIFFERENCES = (
         "truncation-left",
         "The scripts other than HGPO's set `data.truncation='error'` (a prompt over the limit "
         "stops the run); the project truncates every prompt on the left "
-        "(`rollout._encode_prompt`), as HGPO's recipe does, so a long WebShop page or a "
+        "(`rollout.encode_prompt`), as HGPO's recipe does, so a long WebShop page or a "
         "small `max_prompt_tokens` cannot stop a run. Prompts within the limit are the same.",
         (("*", "*", "data.truncation"),)),
     Difference(

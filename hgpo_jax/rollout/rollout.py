@@ -108,7 +108,9 @@ class Rollout:
                            self.task_types[:n])
 
 
-def _task_description(env_name: str, first: Any) -> str:
+def task_description(env_name: str, first: Any) -> str:
+  """The task sentence of an episode from its first step result (`info["task"]`, WebShop's
+  instruction, ALFWorld's "Your task is to: ..."), else the first observation."""
   if "task" in first.info:
     return first.info["task"]
   if env_name == "webshop":
@@ -123,7 +125,9 @@ def _task_description(env_name: str, first: Any) -> str:
     return first.observation if env_name != "webshop" else first.anchor_obs
 
 
-def _encode_prompt(tokenizer, text: str, max_tokens: int) -> list[int]:
+def encode_prompt(tokenizer, text: str, max_tokens: int) -> list[int]:
+  """The token ids the sampler is given for a prompt text: the user message in the
+  model's chat template with the generation prompt, its last `max_tokens` tokens."""
   chat = tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                        add_generation_prompt=True)
   ids = tokenizer.encode(chat)
@@ -165,7 +169,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
   if len(current) < num:
     raise RuntimeError(f"env pool returned {len(current)} results for {num} slots")
   current = list(current[:num])
-  memories = [prompts.EpisodeMemory(_task_description(env_name, r)) for r in current]
+  memories = [prompts.EpisodeMemory(task_description(env_name, r)) for r in current]
   subgoals = [hiper.NO_SUBGOAL] * num  # HiPER: current subgoal of each slot
   subgoal_ids = [()] * num  # HiPER: its token ids as written (what a KEEP turn copies)
   task_types = [r.info.get("task_type", "") for r in current]
@@ -191,7 +195,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
       shown = {i: prompts.observation_text(env_name, current[i]) for i in slots}
       texts = [prompts.render_prompt(env_name, memories[i], shown[i], current[i].admissible_actions,
                                      history_length, history_drop_chars) for i in slots]
-    prompt_ids = [_encode_prompt(tokenizer, x, max_prompt_tokens) for x in texts]
+    prompt_ids = [encode_prompt(tokenizer, x, max_prompt_tokens) for x in texts]
     allowed, extra = None, {}
     if constrained:
       allowed = [projection.free_query_actions(current[i].admissible_actions, free_query_tokens)

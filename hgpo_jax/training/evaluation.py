@@ -12,6 +12,7 @@ import numpy as np
 from hgpo_jax.advantages import dump as dump_lib
 from hgpo_jax.rollout import rollout as rollout_lib
 from hgpo_jax.sampling import types as sampling_types
+from hgpo_jax.training import metrics as metrics_lib
 from hgpo_jax.training import processes
 from hgpo_jax.training import progress
 from hgpo_jax.training import run as run_lib
@@ -44,19 +45,26 @@ def evaluate_splits(run: run_lib.Run, iteration: int, *,
   step = iteration if dump_step is None else dump_step
   for split, tasks in run.eval_tasks.items():
     dump_path = eval_dump_path(run.workdir, split, step) if config.rollout.dump else None
+    per_task: list[dict] = []
     m = evaluate(run.pool, run.sampler, run.tokenizer, tasks, config, run.settings,
-                 jax.random.fold_in(run.streams.eval, iteration), dump_path=dump_path)
+                 jax.random.fold_in(run.streams.eval, iteration), dump_path=dump_path,
+                 per_task=per_task)
     out.update({f"eval/{split}/{k}": v for k, v in m.items()})
+    if jax.process_index() == 0:
+      metrics_lib.write_task_results(run.workdir, step, split, per_task)
   return out
 
 
 def evaluate(pool, sampler, tokenizer, task_sampler, config, settings: run_config.RunConfig,
-             rng, dump_path: str | None = None) -> dict[str, float]:
+             rng, dump_path: str | None = None,
+             per_task: list[dict] | None = None) -> dict[str, float]:
   """Success on a fixed task set at `config.eval.temperature`, one trajectory per task.
 
   dump_path: if set, this process's evaluated steps are written there as a rollout dump
   (`hgpo_jax.advantages.dump`; `group` and `traj` = the task's index in the eval set), to
   read what a policy did on held-out tasks.
+  per_task: if given, one dict per task is appended, in eval-set order (all processes'):
+  `index`, `task_id`, `won`, `return`, `length`.
   """
   eval_tasks = task_sampler.evaluation_tasks(config.eval.num_tasks)
   # (global task index, won, return, length, type, invalid flags of its rows) per task
@@ -71,7 +79,8 @@ def evaluate(pool, sampler, tokenizer, task_sampler, config, settings: run_confi
         rng=jax.random.fold_in(rng, start), on_step=lambda t, T, n: progress.phase(
             "evaluation", f"{task_sampler.split} tasks {start + 1}-{start + len(chunk)}: step {t + 1}/{T}"))
     results += [(task.group_index, ro.won[j], ro.returns[j], ro.lengths[j], ro.task_types[j],
-                 [not r.valid for r in ro.rows if r.traj == j]) for j, task in enumerate(chunk)]
+                 [not r.valid for r in ro.rows if r.traj == j], task.task_id)
+                for j, task in enumerate(chunk)]
     if dump_path is not None:
       dumped += [dict(r.dump_record(), group=chunk[r.traj].group_index,
                       traj=chunk[r.traj].group_index, split=task_sampler.split)
@@ -81,7 +90,11 @@ def evaluate(pool, sampler, tokenizer, task_sampler, config, settings: run_confi
     dump_lib.write_rows(dump_path, dumped)
   # All processes' tasks (dealt round-robin) back in task order: the metrics of one process.
   results = sorted((r for part in processes.allgather_objects(results) for r in part), key=lambda r: r[0])
-  _, won, returns, lengths, types, invalid = (list(c) for c in zip(*results)) if results else ([],) * 6
+  index, won, returns, lengths, types, invalid, task_ids = (
+      (list(c) for c in zip(*results)) if results else ([],) * 7)
+  if per_task is not None:
+    per_task += [{"index": int(i), "task_id": t, "won": bool(w), "return": float(r),
+                  "length": int(n)} for i, t, w, r, n in zip(index, task_ids, won, returns, lengths)]
   invalid = [flag for flags in invalid for flag in flags]
   m = rollout_lib.episode_metrics([], np.array(won), np.array(returns), np.array(lengths), types)
   m["invalid_rate"] = float(np.mean(invalid)) if invalid else 0.0

@@ -14,6 +14,8 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 JSONL_NAME = "metrics.jsonl"
+# Per-task outcomes of every evaluation, a line per task (`evaluation.write_task_results`)
+TASK_RESULTS_JSONL_NAME = "eval_tasks.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -117,3 +119,33 @@ def truncate_jsonl(path: str, last_step: int) -> None:
     lines = [l for l in f if l.strip() and json.loads(l)["step"] <= last_step]
   with open(path, "w", encoding="utf-8") as f:
     f.writelines(lines)
+
+
+def write_task_results(workdir: str, step: int, split: str, per_task: list[dict]) -> None:
+  """Appends one evaluation's per-task outcomes to `<workdir>/eval_tasks.jsonl`
+  (`TASK_RESULTS_JSONL_NAME`): a line per task (`step`, `split`, `index` in the eval set,
+  `task_id`, `won`, `return`, `length`), so two evaluations of the same tasks compare game by game (the paired
+  intervals of `launch.experiments.report`). A step evaluated again (a resumed run)
+  appends again; `read_task_results` keeps the last line of each (step, split, index)."""
+  path = os.path.join(workdir, TASK_RESULTS_JSONL_NAME)
+  with open(path, "a", encoding="utf-8") as f:
+    for r in per_task:
+      f.write(json.dumps({"step": int(step), "split": split, **r}) + "\n")
+
+
+def read_task_results(workdir: str) -> dict[tuple[int, str], list[dict]]:
+  """`write_task_results`' records by (step, split), each list in eval-set order (the last
+  record of a task counts); {} when the run has none."""
+  path = os.path.join(workdir, TASK_RESULTS_JSONL_NAME)
+  if not os.path.isfile(path):
+    return {}
+  latest: dict[tuple[int, str, int], dict] = {}
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      if line.strip():
+        r = json.loads(line)
+        latest[(r["step"], r["split"], r["index"])] = r
+  out: dict[tuple[int, str], list[dict]] = {}
+  for (step, split, _), r in sorted(latest.items()):
+    out.setdefault((step, split), []).append(r)
+  return out

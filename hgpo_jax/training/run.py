@@ -337,7 +337,8 @@ def _train_state(config, settings: run_config.RunConfig, workdir: str, mesh, mod
   if pid == 0:  # the files of a shared workdir are process 0's to change
     # Metric lines past the starting iteration were written after the last readable
     # checkpoint (also with none: a kill before the first asynchronous save finished).
-    metrics_lib.truncate_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME), start)
+    for name in (metrics_lib.JSONL_NAME, metrics_lib.TASK_RESULTS_JSONL_NAME):
+      metrics_lib.truncate_jsonl(os.path.join(workdir, name), start)
   processes.barrier("resumed")
   logging.info("resume source: %s (%s); starting at iteration %d", resumed.source,
                resumed.path, start)

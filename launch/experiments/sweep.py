@@ -289,8 +289,9 @@ def quick_main(args) -> int:
   command = "python -m launch.experiments.sweep quick " + shlex.join(["--root", args.root, "--out", args.out])
   # Finished runs are reused, so a root filled by an older trainer can mix revisions:
   # the table then says so above its rows (report.render).
-  paths = report.render(args.root, suite, args.out, command, stem="quick",
-                        allow_mixed_revisions=True)
+  paths = report.render(args.root, suite, args.out, command,
+                        stem="quick" if suite.name == suites_lib.MINI.name else f"quick_{suite.name}",
+                        allow_mixed_revisions=True, per_iteration=True)
   with open(paths["md"], encoding="utf-8") as f:
     print(f.read())
   print(f"[sweep] quick table in {time.perf_counter() - t0:.0f} s")
@@ -337,7 +338,8 @@ def _suite_main(args) -> int:
     for e in entries:
       if e["status"] == "done":
         for name in report.RECORD_FILES:
-          print(os.path.join(e["workdir"], name))
+          if os.path.isfile(os.path.join(e["workdir"], name)):
+            print(os.path.join(e["workdir"], name))
     return 0
   if args.cmd == "plan" or args.print:
     counts = collections.Counter(e["status"] for e in entries)

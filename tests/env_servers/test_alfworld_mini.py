@@ -90,8 +90,20 @@ def test_mini_v3_extends_mini_v2():
   assert len(_committed("valid_unseen", "mini_v3")) == 48
 
 
+def test_mini_v4_extends_mini_v3():
+  """mini_v4 draws with mini_v2's streams too: its valid_seen and 48 held-out games are
+  mini_v3's and its first 2 train games too, byte for byte; 62 more train games follow,
+  on train rooms that are not the held-out games' (test_suite_shape)."""
+  for split in ("train", "valid_seen", "valid_unseen"):
+    v3, v4 = _committed(split, "mini_v3"), _committed(split, "mini_v4")
+    assert [_bytes(g) for g in v4[:len(v3)]] == [_bytes(g) for g in v3], split
+  assert len(_committed("train", "mini_v4")) == 64
+  assert len(_committed("valid_unseen", "mini_v4")) == 48
+
+
 @pytest.mark.parametrize("version,hide", [("mini_v1", ""), ("mini_v2", "look,inventory,examine"),
-                                          ("mini_v3", "look,inventory,examine")])
+                                          ("mini_v3", "look,inventory,examine"),
+                                          ("mini_v4", "look,inventory,examine")])
 def test_env_plays_the_suite_folder(version, hide):
   env = env_lib.AlfworldEnv(data_dir=mini.suite_dir(version), max_steps=20, hide_actions=hide)
   try:

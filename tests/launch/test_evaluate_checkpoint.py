@@ -79,6 +79,14 @@ def test_checkpoint_evaluation_is_the_trainers_final_evaluation(trained, tmp_pat
   assert _eval_metrics(line) == final and scalars == final
   # the same sampled tokens as the trainer's final evaluation of the same policy
   assert _responses(eval_dir, 2) == _responses(run, 2)
+  # and the same per-task outcomes, which add up to the aggregate (the records the paired
+  # intervals over games of launch.experiments.report read)
+  trainer_tasks = metrics_lib.read_task_results(run)[(2, "test")]
+  assert metrics_lib.read_task_results(eval_dir) == {(2, "test"): trainer_tasks}
+  assert [r["index"] for r in trainer_tasks] == [0, 1]
+  assert np.mean([r["won"] for r in trainer_tasks]) == final["eval/test/success"]
+  assert np.mean([r["length"] for r in trainer_tasks]) == final["eval/test/episode_length"]
+  assert len({r["task_id"] for r in trainer_tasks}) == 2
   # --step picks an earlier policy; each evaluation sampled from its step's params exactly
   evaluate.evaluate_checkpoint(_config(), str(tmp_path / "step1"), run, 1)
   assert _eval_line(str(tmp_path / "step1"))["step"] == 1

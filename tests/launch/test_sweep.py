@@ -231,9 +231,10 @@ def test_render_puts_the_reading_under_the_tables(runs, tmp_path, monkeypatch, c
 
 def test_the_record_files_of_finished_runs_render_the_same_table(runs, tmp_path, monkeypatch,
                                                                  capsys):
-  """`plan --records` lists metrics.jsonl and log.txt of each finished run (not of the
-  killed one); a root holding only those files renders the same cells, and the sweep
-  counts its runs as done (a later sweep resumes from committed records)."""
+  """`plan --records` lists metrics.jsonl, log.txt and, where written, eval_tasks.jsonl
+  of each finished run (not of the killed one); a root holding only those files renders
+  the same cells and game-by-game lines, and the sweep counts its runs as done (a later
+  sweep resumes from committed records)."""
   monkeypatch.setitem(suites.SUITES, "toy_suite", SUITE)
   monkeypatch.setattr(suites, "pending_reason", pending)
   finished = [(m, s) for m in "abep" for s in (1, 2, 3)]
@@ -241,23 +242,29 @@ def test_the_record_files_of_finished_runs_render_the_same_table(runs, tmp_path,
     _log_command(runs, method, seed, suites.command(runs, SUITE, ENV, SUITE.method(method), seed))
   checkpoint = os.path.join(suites.run_dir(runs, SUITE, "toy", "a", 1), "checkpoints", "1")
   os.makedirs(checkpoint)
+  with_games = {("a", 1): 6, ("p", 1): 0}
+  for (method, seed), step in with_games.items():
+    _write_games(suites.run_dir(runs, SUITE, "toy", method, seed), step, [True, False, seed == 1])
   capsys.readouterr()
   assert sweep.main(["plan", "--suite", "toy_suite", "--root", runs, "--records"]) == 0
   listed = capsys.readouterr().out.split()
   assert listed == [os.path.join(suites.run_dir(runs, SUITE, "toy", m, s), f)
-                    for m, s in finished for f in report.RECORD_FILES]
+                    for m, s in finished for f in report.RECORD_FILES
+                    if f != "eval_tasks.jsonl" or (m, s) in with_games]
   copy = str(tmp_path / "records")
   for path in listed:
     dst = os.path.join(copy, os.path.relpath(path, runs))
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     with open(path, encoding="utf-8") as src, open(dst, "w", encoding="utf-8") as out:
       out.write(src.read())
-  tables = [_rows(open(report.render(root, SUITE, str(tmp_path / name), "CMD",
-                                     pending=pending)["md"], encoding="utf-8").read())
-            for root, name in ((runs, "from_runs"), (copy, "from_records"))]
+  texts = [open(report.render(root, SUITE, str(tmp_path / name), "CMD", pending=pending)["md"],
+                encoding="utf-8").read() for root, name in ((runs, "from_runs"), (copy, "from_records"))]
+  tables = [_rows(t) for t in texts]
   for t in tables:  # D's note counts the killed run, which has no records
     t.pop("Method D")
   assert tables[0] == tables[1] and len(tables[0]) == 5
+  games = [[l for l in t.splitlines() if l.startswith("- Method")] for t in texts]
+  assert games[0] == games[1] and len(games[0]) == 1
   assert [e["status"] for e in sweep.plan_suite(SUITE, copy, methods=["a"], pending=pending)] \
       == ["done"] * 3
 
@@ -514,6 +521,69 @@ def test_mini_suite_configs_build():
                                      "valid_unseen.json.gz"))
 
 
+def _write_games(run_dir, step, won):
+  from hgpo_jax.training import metrics as metrics_lib
+  metrics_lib.write_task_results(run_dir, step, "valid_unseen", [
+      {"index": i, "task_id": f"t{i}", "won": w, "return": 10.0 * w, "length": 5}
+      for i, w in enumerate(won)])
+
+
+def test_trained_against_prompted_paired_game_by_game(runs, tmp_path):
+  """The per-game records of the final evaluations pair a trained method with the
+  prompted one game by game; the line gives the mean difference, the paired bootstrap
+  interval over (seed, game) pairs and its verdict, hand-computed here."""
+  rd = lambda m, seed: suites.run_dir(runs, SUITE, ENV.name, m, seed)  # noqa: E731
+  # seed 1: prompted wins game 0; A wins all four (diffs 0, +1, +1, +1);
+  # seed 2: prompted wins none; A wins 1, 2, 3 (0, +1, +1, +1); seed 3 has no records.
+  _write_games(rd("p", 1), 0, [True, False, False, False])
+  _write_games(rd("a", 1), 2, [False, False, False, False])  # a periodic evaluation...
+  _write_games(rd("a", 1), 6, [True, True, True, True])      # ...and the final one counts
+  _write_games(rd("p", 2), 0, [False] * 4)
+  _write_games(rd("a", 2), 6, [False, True, True, True])
+  _write_games(rd("b", 1), 6, [True, True])  # other games (2 not 4): not paired
+  results, _ = report.collect(runs, SUITE, ENV, SUITE.method("a"))
+  assert [r.eval_games for r in results] == [(True,) * 4, (False, True, True, True), None]
+  prompted, _ = report.collect(runs, SUITE, ENV, SUITE.method("p"))
+  diffs = report.game_diffs(results, prompted)
+  assert diffs == [0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+  lo, hi = report.paired_bootstrap(diffs)
+  cells = report.build_cells(runs, SUITE, pending)
+  (line,) = [l for l in report.games_lines(cells, ENV) if l.startswith("- Method A")]
+  assert line == (f"- Method A: +75.0 points, 95 % interval [{100 * lo:+.1f}, {100 * hi:+.1f}] "
+                  "over 8 (seed, game) pairs (2 seeds): trained better.")
+  assert lo > 0
+  assert not [l for l in report.games_lines(cells, ENV) if l.startswith("- Method B")]
+  md = report.markdown(cells, SUITE, ["footer"], per_iteration=True)
+  assert "paired game by game" in md and line in md
+  assert "- Method A, seed 1: 0.100 0.300 0.500 0.600 0.700" in md
+  assert "Train success per iteration" not in report.markdown(cells, SUITE, ["footer"])
+
+
+def test_llm_suite_cells_train_smollm2_with_lora_on_the_64_game_split():
+  """The `llm` suite: SmolLM2-135M with rank-16 adapters, mini_v4's 64 train games, the
+  mini suite's 48 held-out games, whole prompts (400 tokens), no reference model; every cell builds and passes the trainer's validation; its quick
+  version (`make run-llm`) is the prompted base and HGPO K=2 on the first seed."""
+  from hgpo_jax import train
+  suite = suites.get_suite("llm")
+  env = suite.env("alfworld_mini")
+  for method in suite.methods:
+    c = suites.build_config(env, method, 123)
+    assert c.model.name == "smollm2-135m" and c.model.lora.rank == 16 and not c.model.remat
+    assert c.env.args.data_dir == "env_servers/alfworld/data/mini_v4"
+    assert tuple(c.env.eval_splits) == ("valid_unseen",) and c.eval.num_tasks == 48
+    assert c.rollout.max_prompt_tokens == 400 and c.rollout.constrained
+    assert c.rollout.num_groups * c.rollout.group_size == 8
+    assert c.train.mini_batch_rows == 24 and c.train.lr == 2e-4
+    assert not c.train.use_kl_loss and c.train.kl_coef == 0.0
+    assert suites.pending_reason(env, method) is None
+    train.validate(c)
+  quick = suites.quick_suite(suite)
+  assert [m.name for m in quick.methods] == ["smollm2_prompted", "hgpo_k2"]
+  assert quick.seeds == (123,) and suite.reference == "smollm2_prompted"
+  with pytest.raises(ValueError, match="no quick version"):
+    suites.quick_suite(dataclasses.replace(suite, quick_methods=()))
+
+
 def test_sokoban_cells_train_on_two_levels_and_hold_out_the_test_split():
   """Sokoban (suite mini_v5): 12x12 with 4 boxes, the train split's first 2 levels,
   horizon 10, 48 held-out test levels; every cell builds and GRPO passes validation."""
@@ -632,17 +702,18 @@ def test_committed_run_records_are_finished_runs_of_the_current_suite():
   files = collections.defaultdict(set)
   for path in filter(None, proc.stdout.decode().split("\0")):
     files[os.path.dirname(path)].add(os.path.basename(path))
-  cells = {suites.run_dir("results/runs", suites.MINI, env.name, method.name, seed):
-           (env, method, seed)
-           for env in suites.MINI.environments for method in suites.MINI.methods
-           for seed in suites.MINI.seeds_of(env)}
+  cells = {suites.run_dir("results/runs", suite, env.name, method.name, seed):
+           (suite, env, method, seed)
+           for suite in suites.SUITES.values() for env in suite.environments
+           for method in suite.methods for seed in suite.seeds_of(env)}
   for run_dir, names in sorted(files.items()):
-    assert run_dir in cells, f"{run_dir}: not a run directory of suite {suites.MINI.version}"
-    assert names == set(report.RECORD_FILES), f"{run_dir}: holds {sorted(names)}"
+    assert run_dir in cells, f"{run_dir}: not a run directory of a suite"
+    assert set(report.REQUIRED_RECORD_FILES) <= names <= set(report.RECORD_FILES), (
+        f"{run_dir}: holds {sorted(names)}")
     workdir = os.path.join(suites.REPO_ROOT, run_dir)
     assert report.is_finished(workdir), f"{run_dir}: not finished"
-    env, method, seed = cells[run_dir]
+    suite, env, method, seed = cells[run_dir]
     log = report.read_run_log(workdir)
     assert len(set(log.revisions)) == 1 and log.commands, f"{run_dir}: {log.revisions}"
     assert report.stale_reason(
-        workdir, suites.command("results/runs", suites.MINI, env, method, seed)) is None
+        workdir, suites.command("results/runs", suite, env, method, seed)) is None
