@@ -6,7 +6,7 @@ Variants (argument string after the colon):
   k=2                              HGPO depth K (also the memory window H, as the paper)
   model=tiny|smollm2-135m|qwen2.5-1.5b|qwen2.5-7b
   smoke                            seconds-scale run for tests (tiny model, 2 groups, 3 steps)
-  local                            the SmolLM2 job (`make run-llm`), sized for a 2-core CPU
+  local                            the SmolLM2 system check (benchmarks), sized for a 2-core CPU
   dynamic                          dynamic sampling and clip-higher: algo=gigpo verl-agent's
                                    gigpo_dynamic_trainer, algo=grpo its dapo_trainer
                                    (common.TRAIN_VARIANTS)
@@ -38,11 +38,13 @@ trajectory length), consistency penalty -0.3, bootstrap_truncated, mini-batch 25
   (7B) (arXiv 2602.16165; JonP07/HiPER-agent README). Not comparable to our games.
   Smoke: python -m launch.main --config=configs/alfworld.py:algo=hiper,model=tiny,smoke --workdir=/tmp/x
 
-The pretrained-LLM job (`make run-llm`; docs/performance.md), 2-core CPU:
-  make run-llm   # = python -m launch.main --config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local
-  Its measured wall time: docs/performance.md ("Figures cited by the code"); success
-  0.000 (2-step horizon: no episode can succeed, all advantages are 0; the job shows the
-  system running, not learning).
+The pretrained-LLM job (`make run-llm`), 2-core CPU: the quick version of the `llm`
+suite (launch/experiments/suites.py: SmolLM2-135M-Instruct with LoRA rank 16 on
+ALFWorld-mini's 64-game train split, prompted vs HGPO K=2 on the same 48 held-out games):
+  make run-llm   # = python -m launch.experiments.sweep quick --suite llm
+Its table and measured time: results/llm.md. The `local` variant is the SmolLM2 system
+check of the benchmarks (launch.benchmarks.smollm2_iteration, launch.benchmarks.lora):
+2 steps per episode, so no episode succeeds and it measures the system, not learning.
 """
 
 from __future__ import annotations

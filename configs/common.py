@@ -507,7 +507,8 @@ def apply_train_variants(c: ml_collections.ConfigDict, a: ml_collections.ConfigD
 
 
 def apply_local(c: ml_collections.ConfigDict) -> None:
-  """The `local` variant: the SmolLM2 job (`make run-llm`), sized for a 2-core CPU.
+  """The `local` variant: the SmolLM2 system check of the benchmarks
+  (`launch.benchmarks.smollm2_iteration`, `launch.benchmarks.lora`), sized for a 2-core CPU.
 
   2 groups x 4 trajectories, 2 steps, 2 iterations, evaluation on 8 held-out-room games.
   Decoding is constrained to `<action>{admissible action}</action>` because SmolLM2-135M
@@ -522,8 +523,8 @@ def apply_local(c: ml_collections.ConfigDict) -> None:
   of up to 672 tokens (`python -m launch.benchmarks.smollm2_iteration --baseline-rev 3c5ff63 --sides baseline,current,coarse`), which is what
   bounds the scale; with so
   short a horizon no episode succeeds, so the advantages are all zero and the job
-  demonstrates the system, not learning (the main job, `make run`, shows learning with
-  the tiny model).
+  measures the system, not learning. The pretrained-model learning job is `make run-llm`
+  (the `llm` suite of launch/experiments/suites.py).
   """
   c.env.eval_splits = tuple(c.env.eval_splits[-1:])  # the held-out split: unseen rooms
   c.update_from_flattened_dict(_LOCAL)
