@@ -373,6 +373,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.rollout_rs = "none"  # none | token | sequence
   c.train.rollout_rs_threshold = 2.0
   c.train.rollout_mismatch_metrics = True
+  # constrained decoding: the learner scores the policy that acted, a log-softmax over the
+  # tokens the constraint allowed at each response token (forced tokens leave the loss);
+  # False: the model's full softmax, as verl (docs/algorithms.md §9.8)
+  c.train.constrained_logprobs = False
+  c.train.max_choices = 64  # most allowed tokens at one response token (static shape)
   # dynamic sampling (DAPO filter_groups, §9.7): drop groups whose trajectories all have
   # the same metric (score: return | success), play new groups until rollout.num_groups
   # varied ones exist or max_generation_batches were played; critic-free estimators only

@@ -84,7 +84,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       t1 = time.perf_counter()
       reward_metrics = kl_in_reward(run, ro.rows)
       targets = update_targets.compute_targets(ro.rows, run)
-      targets.token_batch = with_rollout_logprobs(targets.token_batch, ro.rows)
+      targets.token_batch = with_sampler_data(targets.token_batch, ro.rows, config)
       dump_rollout(run, it, ro, targets)
       t2 = time.perf_counter()
       metrics, flop_metrics = update(run, targets, it, flops)
@@ -177,12 +177,17 @@ def generation_batch(run: run_lib.Run, iteration: int, index: int) -> rollout_li
   return processes.gather_rollout(ro, run.groups_per_process, config.rollout.group_size)
 
 
-def with_rollout_logprobs(batch, rows):
-  """The token batch with the sampler's log-probs of its rows' responses (the rollout
-  correction reads them; the mismatch metrics compare them with the learner's)."""
-  if any(r.response_logprobs is None for r in rows):
-    return batch
-  return train_batch_lib.with_rollout_logprobs(batch, [r.response_logprobs for r in rows])
+def with_sampler_data(batch, rows, config: ml_collections.ConfigDict):
+  """The token batch with what the sampler knew of its rows' responses: its log-probs (the
+  rollout correction reads them; the mismatch metrics compare them with the learner's)
+  and, with `train.constrained_logprobs`, the ids the constraint allowed at each token
+  (`train_batch.with_choices`: the learner scores the constrained policy)."""
+  if not any(r.response_logprobs is None for r in rows):
+    batch = train_batch_lib.with_rollout_logprobs(batch, [r.response_logprobs for r in rows])
+  if config.train.constrained_logprobs:
+    batch = train_batch_lib.with_choices(batch, [r.response_choices for r in rows],
+                                         config.train.max_choices)
+  return batch
 
 
 def kl_in_reward(run: run_lib.Run, rows) -> dict[str, float]:
@@ -197,8 +202,8 @@ def kl_in_reward(run: run_lib.Run, rows) -> dict[str, float]:
     return {}
   progress.phase("log-probs", "KL in reward")
   config = run.config
-  batch = with_rollout_logprobs(update_targets.token_batch(
-      rows, np.zeros(len(rows), np.float32), config, run.tokenizer.pad_id), rows)
+  batch = with_sampler_data(update_targets.token_batch(
+      rows, np.zeros(len(rows), np.float32), config, run.tokenizer.pad_id), rows, config)
   filled = train_step.fill_logprobs(
       run.learner, run.state.params, run.ref_params,
       packing.plain_batch(batch, mini_batch_rows=config.train.mini_batch_rows))
@@ -298,7 +303,8 @@ def rollout_mismatch(run: run_lib.Run, batch, batches, on_policy: bool
   its own. The old log-probs are reused when the update's rows are plain and were filled
   (not `on_policy`); otherwise the current policy's are computed on the plain rows."""
   config = run.config
-  if not config.train.rollout_mismatch_metrics or batch.rollout_logprobs is None:
+  if (not config.train.rollout_mismatch_metrics or batch.rollout_logprobs is None
+      or config.train.constrained_logprobs):  # the sampler's are the unconstrained ones
     return {}, False
   learner = run.learner
   reuse = not on_policy and not (config.train.pack_rows or config.train.group_by_length)

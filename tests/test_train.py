@@ -92,6 +92,17 @@ def test_row_layouts_are_refused_where_the_weighted_loss_is_not_defined(layout):
   train.validate(_sokoban(**{f"train.{layout}": True}))
 
 
+@pytest.mark.parametrize("overrides,match", [
+    ({"rollout.constrained": False}, "needs rollout.constrained=true"),
+    ({"train.rollout_is": "token"}, "the sampler's log-probs are the unconstrained ones"),
+    ({"train.max_choices": 1}, "max_choices=1 must be >= 2"),
+])
+def test_constrained_logprobs_refuse_what_they_cannot_score(overrides, match):
+  with pytest.raises(train.ConfigError, match=match):
+    train.validate(_sokoban(**{"train.constrained_logprobs": True, **overrides}))
+  train.validate(_sokoban(**{"train.constrained_logprobs": True}))
+
+
 def test_row_packing_and_length_grouping_are_exclusive():
   with pytest.raises(train.ConfigError, match="two layouts"):
     train.validate(_sokoban(**{"train.pack_rows": True, "train.group_by_length": True}))
@@ -277,6 +288,26 @@ def test_packed_rows_train_like_unpacked_rows(tmp_path, layout):
         assert x[key] == y[key], key
       elif key.startswith("train/") and key not in ("train/token_fill", "train/update_rows"):
         assert y[key] == pytest.approx(x[key], rel=1e-3, abs=1e-5), key
+
+
+@pytest.mark.slow
+def test_constrained_logprobs_score_the_policy_that_acted(reference_run, tmp_path):
+  """train.constrained_logprobs: the reference run's first rollout, but the update scores
+  only the tokens where the constraint left a choice (the first letter of Sokoban's
+  moves; the rest of `<action>...</action>` is forced), under the log-softmax over the
+  allowed ids: an entropy of at most log 4 against ~6.2 nats of the full softmax. The
+  sampler-mismatch metrics (they compare unconstrained log-probs) are left out."""
+  train.train_and_evaluate(_sokoban(**{"train.constrained_logprobs": True,
+                                       "eval.at_end": False}), str(tmp_path))
+  a, b = _metrics(reference_run[0])[0], _metrics(str(tmp_path))[0]
+  for key in a:
+    if key.startswith(("rollout/", "advantage/")):
+      assert b[key] == a[key], key
+  assert 0 < b["train/scored_tokens"] <= a["train/scored_tokens"] / 4
+  assert 0 < b["train/entropy"] <= math.log(4) < a["train/entropy"]
+  assert math.isfinite(b["train/loss"]) and b["train/skipped_steps"] == 0
+  assert any(k.startswith("rollout_corr/") for k in a)
+  assert not any(k.startswith("rollout_corr/") for k in b)
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ from hgpo_jax.rollout import hiper
 from hgpo_jax.rollout import projection
 from hgpo_jax.rollout import prompts
 from hgpo_jax.rollout.tasks import Task
+from hgpo_jax.sampling import constrained as constrained_lib
 
 
 @dataclasses.dataclass
@@ -67,6 +68,10 @@ class StepRow:
   # the sampler's log-prob of each response token (its raw distribution at temperature 1:
   # `SampleOutput.logprobs`), for the rollout correction and its mismatch metrics
   response_logprobs: list[float] | None = None
+  # constrained rows: the token ids the constraint allowed at each response token
+  # (`constrained.response_choices`; () = the whole vocabulary), for the learner's
+  # constrained log-probs (`train.constrained_logprobs`); None for unconstrained rows
+  response_choices: list[tuple[int, ...]] | None = None
 
   def dump_record(self) -> dict[str, Any]:
     """The JSONL record (`python -m hgpo_jax.advantages` format + extras); HiPER rows add
@@ -123,6 +128,15 @@ def task_description(env_name: str, first: Any) -> str:
     return prompts.task_from_observation(first.observation)
   except ValueError:
     return first.observation if env_name != "webshop" else first.anchor_obs
+
+
+def _choices(allowed, constraint, tokenizer, response_ids) -> list[tuple[int, ...]] | None:
+  """The allowed token ids at each token of a constrained response (None: a row without
+  allowed entries decodes freely)."""
+  if not allowed:
+    return None
+  sequences = constrained_lib.constrained_token_sequences(allowed, constraint, tokenizer.encode)
+  return constrained_lib.response_choices(sequences, response_ids, tokenizer.eos_ids)
 
 
 def encode_prompt(tokenizer, text: str, max_tokens: int) -> list[int]:
@@ -205,6 +219,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
                                                subgoal_ids[i])
                    for a, i in zip(allowed, slots)]
         extra = {"constraint": hiper.RESPONSE_CONSTRAINT}
+    constraint = extra.get("constraint", constrained_lib.ActionConstraint())
     start = time.perf_counter()
     out = sampler.generate(prompt_ids, sampling, jax.random.fold_in(rng, t), allowed=allowed,
                            **extra)
@@ -232,7 +247,9 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
           group=i // group_size, traj=i, step=t, task_id=task_ids[i], task_type=task_types[i],
           anchor_obs=current[i].anchor_obs, prompt_ids=prompt_ids[j],
           response_ids=list(out.tokens[j]), response=out.texts[j], action=action, valid=valid,
-          response_logprobs=[float(x) for x in out.logprobs[j]], **hiper_fields)
+          response_logprobs=[float(x) for x in out.logprobs[j]],
+          response_choices=_choices(allowed[j], constraint, tokenizer, out.tokens[j])
+          if allowed else None, **hiper_fields)
     start = time.perf_counter()
     results = pool.step(actions)
     t_env += time.perf_counter() - start

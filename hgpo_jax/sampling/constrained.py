@@ -411,3 +411,46 @@ def build_tries(sequences_per_row: Sequence[Sequence[Sequence]], batch_size: int
   forbidden = tuple(sorted(classes, key=classes.get))
   return ConstraintTries(parent, token_, child, term, has_children, active, free_class, free_min,
                          free_max, to_leaf, forbidden)
+
+
+def response_choices(sequences: Sequence[Sequence], response_ids: Sequence[int],
+                     eos_ids: Sequence[int]) -> list[tuple[int, ...]]:
+  """The tokens the constraint let the sampler choose from at each token of a response.
+
+  The trie of `sequences` (a row's `constrained_token_sequences`, as `build_tries` packs
+  them) is walked along `response_ids`. Entry j holds, sorted, the ids allowed at the node
+  the sampler stood on before token j: the node's edge tokens, and the EOS ids where the
+  node also ends an allowed sequence (the sampler's `token_rules` step); one id means the
+  token was forced. At a free node, and once the response has left the trie (an EOS), the
+  entry is `()`: the whole vocabulary was open (a free span's tokens are scored
+  unconstrained).
+  """
+  children: list[dict[int, int]] = [{}]
+  terminal = [False]
+  free: set[int] = set()
+  for seq in sequences:
+    node = 0
+    for token in seq:
+      if isinstance(token, FreeSpan):
+        free.add(node)
+        continue
+      node = children[node].setdefault(int(token), len(children))
+      if node == len(children):
+        children.append({})
+        terminal.append(False)
+    terminal[node] = True
+  eos = tuple(int(i) for i in eos_ids)
+  out: list[tuple[int, ...]] = []
+  node: int | None = 0
+  for token in response_ids:
+    token = int(token)
+    if node is None or node in free:
+      out.append(())
+      if node is not None:
+        node = children[node].get(token, node)  # a free token stays on the free node
+      continue
+    kids = children[node]
+    allowed = set(kids) | (set(eos) if terminal[node] and kids else set())
+    out.append(tuple(sorted(allowed)))
+    node = kids.get(token)
+  return out

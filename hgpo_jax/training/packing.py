@@ -103,6 +103,9 @@ def _layout(batch: train_batch_lib.TrainBatch, weights: np.ndarray, spans, bins,
   score_mask = np.zeros((num_rows, slots), bool)
   out_adv = np.zeros((num_rows, slots), np.float32)
   out_w = np.zeros((num_rows, slots), np.float32)
+  choices = None if batch.choices is None else np.asarray(batch.choices, np.int32)
+  out_choices = None if choices is None else np.full((num_rows, slots, choices.shape[-1]), -1,
+                                                     np.int32)
   for r, members in enumerate(bins):
     col, slot = 0, 0
     for seg, j in enumerate(sorted(members), start=1):  # segments in mini-batch order
@@ -117,12 +120,15 @@ def _layout(batch: train_batch_lib.TrainBatch, weights: np.ndarray, spans, bins,
       score_mask[r, slot:slot + k] = True
       out_adv[r, slot:slot + k] = advantages[i, start + scored]
       out_w[r, slot:slot + k] = weights[i, start + scored]
+      if choices is not None:
+        out_choices[r, slot:slot + k] = choices[i, start + scored]
       col += n
       slot += k
   zeros = np.zeros((num_rows, slots), np.float32)
   return PackedBatch(tokens=out_tokens, positions=positions, segment_ids=segment_ids,
                      score_index=score_index, score_mask=score_mask, advantages=out_adv,
-                     loss_weights=out_w, old_logprobs=zeros, ref_logprobs=zeros.copy())
+                     loss_weights=out_w, old_logprobs=zeros, ref_logprobs=zeros.copy(),
+                     choices=out_choices)
 
 
 def _bins(lengths: Sequence[int], capacity: int) -> list[list[int]]:

@@ -273,7 +273,8 @@ def lora_config(config: ml_collections.ConfigDict) -> lora_lib.LoraConfig:
 
 TRAINER_KEYS = ("num_iterations", "filter_groups", "filter_groups_metric",
                 "max_generation_batches", "kl_in_reward", "kl_reward_estimator", "kl_reward_coef",
-                "kl_ctrl", "kl_target", "kl_horizon", "rollout_mismatch_metrics")
+                "kl_ctrl", "kl_target", "kl_horizon", "rollout_mismatch_metrics",
+                "constrained_logprobs", "max_choices")
 """The `config.train` keys the trainer loop reads itself (hgpo_jax/train.py, run.py); every
 other one is a field of `UpdateConfig` or `LossConfig`."""
 
@@ -303,6 +304,16 @@ def _check_train_options(config: ml_collections.ConfigDict, est) -> None:
                         f"k1, abs, k2, k3 (or kl, mse, low_var_kl)")
     _typed("train", losses.KLController, t.kl_reward_coef, t.kl_ctrl, t.kl_target, t.kl_horizon)
   corrected = t.rollout_is != "none" or t.rollout_rs != "none"
+  if t.constrained_logprobs:
+    if not config.rollout.constrained:
+      raise ConfigError("config.train.constrained_logprobs scores the constrained policy; it "
+                        "needs rollout.constrained=true")
+    if corrected:
+      raise ConfigError(f"config.train.constrained_logprobs with rollout_is={t.rollout_is!r} / "
+                        f"rollout_rs={t.rollout_rs!r}: the sampler's log-probs are the "
+                        f"unconstrained ones; set both to 'none'")
+    if t.max_choices < 2:
+      raise ConfigError(f"config.train.max_choices={t.max_choices} must be >= 2")
   for name in ("pack_rows", "group_by_length"):
     if t[name] and corrected:
       raise ConfigError(f"config.train.{name} with rollout_is={t.rollout_is!r} / rollout_rs="

@@ -61,6 +61,10 @@ class TrainBatch:
   rollout_logprobs: Optional[jax.Array] = None
   """f32[B, L]: the sampler's log-prob of token l when it sampled it (0 off the scored
   tokens); None when the builder got none."""
+  choices: Optional[jax.Array] = None
+  """int32[B, L, K]: the token ids the constraint allowed at token l (-1 padded), for the
+  constrained log-probs (`with_choices`); all -1 where the whole vocabulary was open. None:
+  every token is scored under the full softmax."""
 
   @property
   def num_rows(self) -> int:
@@ -94,7 +98,8 @@ class TrainBatch:
         score_mask=response_mask, advantages=tail(self.advantages),
         loss_weights=unit_weights(response_mask[..., None], unit_rows)[..., 0],
         old_logprobs=tail(self.old_logprobs), ref_logprobs=tail(self.ref_logprobs),
-        rollout_logprobs=tail(self.rollout_logprobs) if with_rollout else None)
+        rollout_logprobs=tail(self.rollout_logprobs) if with_rollout else None,
+        choices=None if self.choices is None else tail(self.choices))
 
 
 @flax.struct.dataclass
@@ -127,6 +132,9 @@ class SegmentBatch:
   rollout_logprobs: Optional[jax.Array] = None
   """f32[R, S]: the sampler's log-prob of the slot's token; None unless the loss reads it
   (`TrainBatch.segments(..., with_rollout=True)`)."""
+  choices: Optional[jax.Array] = None
+  """int32[R, S, K]: the token ids the constraint allowed at the slot's token (-1 padded;
+  all -1: the full softmax); None: every slot under the full softmax (`TrainBatch.choices`)."""
 
   @property
   def num_rows(self) -> int:
@@ -273,6 +281,38 @@ def with_rollout_logprobs(batch: TrainBatch, logprobs: Sequence[Sequence[float]]
       columns = np.flatnonzero(input_mask[i])[-len(values):]
       out[i, columns] = np.asarray(values, np.float32)
   return batch.replace(rollout_logprobs=out)
+
+
+def with_choices(batch: TrainBatch, choices: Sequence[Optional[Sequence[Sequence[int]]]],
+                 max_choices: int) -> TrainBatch:
+  """`batch` (host arrays, `build_train_batch`'s layout) scored under the constraint that
+  sampled it: `choices[i]` holds, per response token of row i, the ids the constraint
+  allowed there (`rollout.StepRow.response_choices`; None: the row decoded freely).
+
+  A token with two or more allowed ids gets them in `choices` (the learner's log-softmax
+  runs over them: the log-prob of the policy that acted); a forced token (one id) carries
+  no choice (its constrained log-prob is 0 whatever the weights) and leaves the response
+  mask; a token with none (a free span, a free row) stays scored under the full softmax.
+
+  Raises:
+    ValueError: a token had more than `max_choices` allowed ids.
+  """
+  input_mask = np.asarray(batch.input_mask, bool)
+  response_mask = np.array(batch.response_mask, bool)
+  out = np.full(input_mask.shape + (max_choices,), -1, np.int32)
+  for i, row in enumerate(choices):
+    if not row:
+      continue
+    columns = np.flatnonzero(input_mask[i])[-len(row):]
+    for column, allowed in zip(columns, row):
+      if len(allowed) > max_choices:
+        raise ValueError(f"a response token had {len(allowed)} allowed tokens, more than "
+                         f"train.max_choices={max_choices}; raise it")
+      if len(allowed) == 1:
+        response_mask[i, column] = False
+      elif allowed:
+        out[i, column, :len(allowed)] = allowed
+  return batch.replace(choices=out, response_mask=response_mask)
 
 
 def slice_rows(batch: TrainBatch, start: int, stop: int) -> TrainBatch:

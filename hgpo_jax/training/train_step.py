@@ -342,11 +342,36 @@ def scored_logprobs(model: nnx.Module, batch: train_batch_lib.SegmentBatch,
   logits_rsv = model.logits(hidden_rsd).astype(jnp.float32)
   logz_rs = jax.nn.logsumexp(logits_rsv, axis=-1)
   target_rs = jnp.take_along_axis(batch.tokens, batch.score_index, axis=1)
-  logp_rs = jnp.take_along_axis(logits_rsv, target_rs[..., None], axis=-1)[..., 0] - logz_rs
+  target_logit_rs = jnp.take_along_axis(logits_rsv, target_rs[..., None], axis=-1)[..., 0]
+  if batch.choices is not None:
+    return _constrained_logprobs(logits_rsv, logz_rs, target_logit_rs, batch.choices,
+                                 with_entropy)
+  logp_rs = target_logit_rs - logz_rs
   if not with_entropy:
     return logp_rs, None
   probs_rsv = jnp.exp(logits_rsv - logz_rs[..., None])
   return logp_rs, logz_rs - jnp.sum(probs_rsv * logits_rsv, axis=-1)
+
+
+def _constrained_logprobs(logits_rsv, logz_rs, target_logit_rs, choices_rsk, with_entropy):
+  """`scored_logprobs` under the constraint: at a slot with allowed ids (`choices_rsk`, -1
+  padded) the log-softmax and entropy run over those ids only, the distribution the
+  constrained sampler drew from (at temperature 1); a slot without any keeps the full
+  softmax (`logz_rs`)."""
+  valid_rsk = choices_rsk >= 0
+  chosen_rsk = jnp.take_along_axis(logits_rsv, jnp.maximum(choices_rsk, 0), axis=-1)
+  chosen_rsk = jnp.where(valid_rsk, chosen_rsk, -jnp.inf)
+  constrained_rs = jnp.any(valid_rsk, axis=-1)
+  safe_rsk = jnp.where(constrained_rs[..., None], chosen_rsk, 0.0)  # no all -inf row
+  logz_c_rs = jax.nn.logsumexp(safe_rsk, axis=-1)
+  logp_rs = target_logit_rs - jnp.where(constrained_rs, logz_c_rs, logz_rs)
+  if not with_entropy:
+    return logp_rs, None
+  probs_rsv = jnp.exp(logits_rsv - logz_rs[..., None])
+  full_rs = logz_rs - jnp.sum(probs_rsv * logits_rsv, axis=-1)
+  probs_rsk = jnp.where(valid_rsk, jnp.exp(safe_rsk - logz_c_rs[..., None]), 0.0)
+  inner_rs = logz_c_rs - jnp.sum(probs_rsk * jnp.where(valid_rsk, safe_rsk, 0.0), axis=-1)
+  return logp_rs, jnp.where(constrained_rs, inner_rs, full_rs)
 
 
 class Learner:

@@ -68,3 +68,26 @@ def test_cli_reports_and_refuses_bad_input_in_one_line(capsys):
   assert inspect_prompts.main(["--config=configs/alfworld.py:model=tiny",
                                "--config.rollout.nope=1"]) == 2
   assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_choices_count_forced_tokens_and_the_mass_on_the_allowed_ones(capsys):
+  """`--choices` on the tiny model: every played action's tokens are counted once, forced
+  or with a choice (`</action>` is forced), and each
+  choice's probability mass lies in (0, 1]."""
+  model, tokenizer, _ = loading.load_model("tiny")
+  env = env_lib.AlfworldEnv(data_dir=mini.suite_dir("mini_v4"), max_steps=3,
+                            hide_actions="look,inventory,examine")
+  try:
+    steps = list(inspect_prompts.random_play_steps(env, "alfworld", tokenizer,
+                                                   env.task_ids("valid_unseen")[:2],
+                                                   max_steps=3, history_length=2))
+  finally:
+    env.close()
+  stats = inspect_prompts.constraint_choices(model, tokenizer, steps, max_tokens=256)
+  tokens = sum(len(tokenizer.encode(f"<action>{a}</action>")) for *_, a in steps)
+  assert stats.forced + len(stats.mass) == tokens
+  assert stats.forced >= len(steps)  # at least the closing tag's tokens
+  assert stats.mass and all(0.0 < m <= 1.0 + 1e-6 for m in stats.mass)
+  assert inspect_prompts.main([*_MINI_V4, "--tasks", "1", "--choices"]) == 0
+  last = capsys.readouterr().out.splitlines()[-1]
+  assert last.startswith("constraint: ") and " forced (" in last and "p50" in last

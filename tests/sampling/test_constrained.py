@@ -93,3 +93,45 @@ def test_constrained_token_sequences_tokenize_the_whole_response_as_one_string()
   enc = lambda s: vocab[s]
   whole = constrained.constrained_token_sequences(["go"], constrained.ActionConstraint(), enc)
   assert whole == [[10, 20, 30]]
+
+
+def _choices_reference(sequences, response, eos_ids):
+  """The allowed ids at each response token, by brute force over the allowed sequences
+  (no free spans): the next ids of every sequence that starts with the tokens so far, and
+  EOS where the tokens so far are a whole sequence that another one continues."""
+  out = []
+  for j in range(len(response)):
+    prefix = list(response[:j])
+    if j and out[-1] == () and response[j - 1] in eos_ids:
+      out.append(())
+      continue
+    nxt = {s[j] for s in sequences if len(s) > j and list(s[:j]) == prefix}
+    if nxt and any(list(s) == prefix for s in sequences):
+      nxt |= set(eos_ids)
+    out.append(tuple(sorted(nxt)))
+  return out
+
+
+@pytest.mark.parametrize("response", [[1, 2, 3], [1, 2, 4, 5], [1, 2, 9], [7], [1, 2, 4]])
+def test_response_choices_equal_the_brute_force_sets(response):
+  sequences = [[1, 2, 3], [1, 2, 4, 5], [1, 2, 4], [7]]
+  got = constrained.response_choices(sequences, response, eos_ids=(9,))
+  assert got == _choices_reference(sequences, response, (9,))
+
+
+def test_response_choices_spelled_out():
+  """A choice among 1/7, a forced 2, a choice among 3/4, then 5 or EOS ([1, 2, 4] is
+  allowed and [1, 2, 4, 5] continues it); an off-trie token ends the walk."""
+  sequences = [[1, 2, 3], [1, 2, 4, 5], [1, 2, 4], [7]]
+  assert constrained.response_choices(sequences, [1, 2, 4, 5], eos_ids=(9,)) == [
+      (1, 7), (2,), (3, 4), (5, 9)]
+  assert constrained.response_choices(sequences, [1, 2, 4, 9, 3], eos_ids=(9,)) == [
+      (1, 7), (2,), (3, 4), (5, 9), ()]
+
+
+def test_response_choices_leave_free_span_tokens_open():
+  span = constrained.FreeSpan(max_tokens=3, forbidden="]")
+  sequences = [[5, span, 6, 8], [5, span, 6, 9], [4]]
+  # 5, two free tokens (11, 12), then the fixed "]"-text 6, then the choice 8/9
+  got = constrained.response_choices(sequences, [5, 11, 12, 6, 8], eos_ids=(0,))
+  assert got == [(4, 5), (), (), (), (8, 9)]

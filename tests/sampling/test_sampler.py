@@ -15,6 +15,7 @@ from flax import nnx
 
 import fake_devices
 from hgpo_jax.models import config, decoder, sharding
+from hgpo_jax.sampling import constrained
 from hgpo_jax.sampling import engine as engine_lib
 from hgpo_jax.sampling import sampler
 from hgpo_jax.sampling import SamplingParams
@@ -34,6 +35,22 @@ def prompts(tok):
   ids = [tok.encode(p) for p in PROMPTS]
   assert len({len(p) for p in ids}) == 3 and max(len(p) for p in ids) <= 32
   return ids
+
+
+def _teacher_forced_logits(model, prompt_ids, response_ids):
+  """f32[len(response), V] per row: the logits that predict each response token (one
+  no-cache forward over left-padded prompt+response)."""
+  seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+  width = max(len(s) for s in seqs)
+  tokens = np.zeros((len(seqs), width), np.int32)
+  input_mask = np.zeros((len(seqs), width), bool)
+  for b, s in enumerate(seqs):
+    tokens[b, width - len(s):] = s
+    input_mask[b, width - len(s):] = True
+  positions = np.maximum(np.cumsum(input_mask, axis=1) - 1, 0).astype(np.int32)
+  logits, _ = model(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(input_mask))
+  logits = np.asarray(logits)
+  return [logits[b, width - len(r) - 1:width - 1] for b, r in enumerate(response_ids)]
 
 
 def _teacher_forced_logprobs(model, prompt_ids, response_ids):
@@ -261,6 +278,28 @@ def test_constrained_logprobs_are_raw_model_logprobs(smp, model, prompts):
   want = _teacher_forced_logprobs(model, prompts, out.tokens)
   for got, ref in zip(out.logprobs, want):
     np.testing.assert_allclose(got, ref, atol=1e-4)
+
+
+def test_response_choices_are_the_sets_the_sampler_chose_from(smp, model, tok, prompts):
+  """`constrained.response_choices` (host) names the tokens the device step allowed: every
+  sampled token is in its set, and greedy decoding takes the set's most likely token
+  under the teacher-forced logits (the learner's constrained log-softmax runs over it)."""
+  allowed = [["go to cabinet 1", "open fridge 1", "take apple 1 from countertop 1"],
+             ["examine mug 1", "examine mug 10", "look"], ["look", "inventory"]]
+  for constraint in (constrained.ActionConstraint(), constrained.ActionConstraint("", "")):
+    sequences = [constrained.constrained_token_sequences(a, constraint, tok.encode)
+                 for a in allowed]
+    for seed, temperature in ((0, 0.0), (1, 1.0), (2, 1.0)):
+      out = smp.generate(prompts, SamplingParams(temperature=temperature, max_new_tokens=24),
+                         jax.random.key(seed), allowed=allowed, constraint=constraint)
+      logits = _teacher_forced_logits(model, prompts, out.tokens)
+      for row, (seqs, tokens) in enumerate(zip(sequences, out.tokens)):
+        choices = constrained.response_choices(seqs, tokens, tok.eos_ids)
+        assert len(choices) == len(tokens) and all(choices)
+        for j, (token, ids) in enumerate(zip(tokens, choices)):
+          assert token in ids
+          if temperature == 0.0:
+            assert token == ids[int(np.argmax(logits[row][j][list(ids)]))]
 
 
 def test_no_recompilation_within_a_bucket(model, tok, prompts):

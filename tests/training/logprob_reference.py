@@ -43,3 +43,28 @@ def token_logprobs(model: nnx.Module, tokens_bl: jax.Array, positions_bl: jax.Ar
   probs_blv = jnp.exp(logits_blv - logz_bl[..., None])
   entropy_bl = logz_bl - jnp.sum(probs_blv * logits_blv, axis=-1)
   return logp_bl, jnp.pad(entropy_bl, pad)
+
+
+def constrained_token_logprobs(model: nnx.Module, tokens_bl, positions_bl, input_mask_bl,
+                               choices_blk):
+  """`token_logprobs` of the constrained policy, token by token: where column l names the
+  ids the constraint allowed (`choices_blk[b, l]`, -1 padded), the log-softmax and the
+  entropy run over those ids only; elsewhere over the whole vocabulary.
+
+  Returns:
+    (logp_bl, entropy_bl) as float64 numpy arrays; column 0 is 0.
+  """
+  import numpy as np
+  hidden_bld, _ = model.hidden(tokens_bl, positions_bl, input_mask_bl)
+  logits_blv = np.asarray(model.logits(hidden_bld).astype(jnp.float32), np.float64)
+  tokens, choices = np.asarray(tokens_bl), np.asarray(choices_blk)
+  logp, entropy = np.zeros(tokens.shape), np.zeros(tokens.shape)
+  for b in range(tokens.shape[0]):
+    for col in range(1, tokens.shape[1]):
+      logits = logits_blv[b, col - 1]
+      ids = [int(i) for i in choices[b, col] if i >= 0] or list(range(logits.shape[0]))
+      z = np.log(np.sum(np.exp(logits[ids] - logits[ids].max()))) + logits[ids].max()
+      p = np.exp(logits[ids] - z)
+      logp[b, col] = logits[tokens[b, col]] - z
+      entropy[b, col] = -np.sum(p * (logits[ids] - z))
+  return logp, entropy

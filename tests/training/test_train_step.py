@@ -454,3 +454,98 @@ def test_on_policy_update_refuses_more_than_one_step():
   host = _host_batch(32, seed=12)  # two mini-batches: the second starts from new params
   with pytest.raises(ValueError, match="one optimizer step"):
     train_step.train_iteration(learner, state, host, on_policy=True)
+
+
+def _constrained_host_batch(rows=8, seed=0):
+  """`_host_batch` with planted constraint choices: per response token a set holding the
+  token and 0-3 others (a set of one: forced), and some rows decoded freely (None)."""
+  b = _host_batch(rows, seed=seed, row_multiple=rows)
+  rng = np.random.default_rng(seed + 100)
+  tokens, rm = np.asarray(b.tokens), np.asarray(b.response_mask)
+  choices = []
+  for i in range(rows):
+    if i % 4 == 3:
+      choices.append(None)
+      continue
+    row = []
+    for t in tokens[i][rm[i]]:
+      others = rng.choice([v for v in range(1, TINY.vocab_size) if v != t],
+                          size=int(rng.integers(0, 4)), replace=False)
+      row.append(tuple(sorted({int(t), *others.tolist()})))
+    choices.append(row)
+  return b, choices
+
+
+def test_with_choices_keeps_the_choices_and_drops_forced_tokens():
+  b, choices = _constrained_host_batch()
+  c = train_batch.with_choices(b, choices, max_choices=4)
+  rm, kept = np.asarray(b.response_mask), np.asarray(c.response_mask)
+  for i, row in enumerate(choices):
+    cols = np.flatnonzero(rm[i])
+    if row is None:
+      assert kept[i].tolist() == rm[i].tolist() and np.all(c.choices[i] == -1)
+      continue
+    for col, ids in zip(cols, row):
+      assert kept[i, col] == (len(ids) > 1)
+      want = list(ids) + [-1] * (4 - len(ids)) if len(ids) > 1 else [-1] * 4
+      assert c.choices[i, col].tolist() == want
+  assert 0 < kept.sum() < rm.sum()
+  with pytest.raises(ValueError, match="had 4 allowed tokens, more than train.max_choices=3"):
+    train_batch.with_choices(b, [[(1, 2, 3, 4)] + [(1, 2)] * (len(choices[0]) - 1)], 3)
+
+
+@pytest.mark.parametrize("tail", [None, 8])
+def test_constrained_logprobs_equal_the_reference(tail):
+  """With choices the one log-prob function scores the constrained policy (the
+  log-softmax over the allowed ids), the free rows under the full softmax; its gradient is
+  finite; and the learner's log-prob pass gives the same numbers."""
+  model = _model()
+  b, choices = _constrained_host_batch()
+  c = train_batch.with_choices(b, choices, max_choices=4)
+  want_logp, want_ent = logprob_reference.constrained_token_logprobs(
+      model, c.tokens, c.positions, c.input_mask, c.choices)
+  seg = c.segments(tail, 8)
+  logp, ent = train_step.scored_logprobs(model, seg)
+  cols, mask = np.asarray(seg.score_index), np.asarray(seg.score_mask)
+  for got, want in ((logp, want_logp), (ent, want_ent)):
+    np.testing.assert_allclose(np.asarray(got)[mask],
+                               np.take_along_axis(want, cols, axis=1)[mask], rtol=1e-5, atol=1e-6)
+  free, _ = logprob_reference.token_logprobs(model, b.tokens, b.positions, b.input_mask)
+  free = np.take_along_axis(np.asarray(free), cols, axis=1)
+  assert not np.allclose(np.asarray(logp)[mask], free[mask], atol=1e-3)
+  rows_free = np.array([r is None for r in choices])[:, None] & mask
+  np.testing.assert_allclose(np.asarray(logp)[rows_free], free[rows_free], rtol=1e-5, atol=1e-6)
+  params = nnx.state(model, nnx.Param)
+  graphdef = nnx.graphdef(model)
+
+  def total(p):
+    lp, en = train_step.scored_logprobs(nnx.merge(graphdef, p), seg)
+    return jax.numpy.sum(jax.numpy.where(mask, lp + en, 0.0))
+  grads = jax.grad(total)(params)
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+  learner = train_step.Learner(model, _mesh(), _config(mini_batch_rows=8, micro_batch_rows=4,
+                                                       scored_tail=tail))
+  state = learner.init_state(params)
+  filled = train_step.fill_logprobs(learner, state.params, None, c)
+  np.testing.assert_allclose(np.asarray(filled.old_logprobs), np.where(mask, np.asarray(logp), 0.0),
+                             rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["pack", "group"])
+def test_packed_and_grouped_layouts_carry_the_choices(layout):
+  """The packed and length-grouped layouts score the same constrained log-probs as the
+  plain rows (the same values, each once)."""
+  model = _model()
+  b, choices = _constrained_host_batch()
+  c = train_batch.with_choices(b, choices, max_choices=4)
+  seg = c.segments(None, 8)
+  plain, _ = train_step.scored_logprobs(model, seg)
+  plain = np.sort(np.asarray(plain)[np.asarray(seg.score_mask)])
+  parts = ((packing.pack_mini_batch(c, micro_batch_rows=4),) if layout == "pack" else
+           packing.group_mini_batch(c, micro_batch_rows=4, length_multiple=4))
+  got = []
+  for part in parts:
+    assert part.choices is not None
+    logp, _ = train_step.scored_logprobs(model, part)
+    got += np.asarray(logp)[np.asarray(part.score_mask)].tolist()
+  np.testing.assert_allclose(np.sort(got), plain, rtol=1e-5, atol=1e-6)
