@@ -75,14 +75,29 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str,
   return _evaluate(config, workdir, (directory, step))
 
 
-def _evaluate(config, workdir: str, checkpoint: tuple[str, int] | None = None) -> dict[str, float]:
-  """The evaluation of both entries: the config's model, or its params from `checkpoint`
-  (directory, step), on every eval split."""
+def restore_policy(model, directory: str, step: int) -> None:
+  """Puts the policy params of checkpoint `step` in `directory` on `model` (the config's
+  model, as `run.build` loads it), in its own shardings and dtypes; other shapes are
+  another architecture (CheckpointError, one line). A LoRA run saved its adapters only:
+  they go over the loaded (frozen) base."""
   import jax
   from flax import nnx
 
   from hgpo_jax.models import lora as lora_lib
   from hgpo_jax.training import checkpoint as checkpoint_lib
+
+  params = nnx.state(model, nnx.Param)
+  pure = nnx.to_pure_dict(params)
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        lora_lib.trainable_params(pure))
+  restored = checkpoint_lib.read_params(directory, step, target=target)
+  nnx.replace_by_pure_dict(params, lora_lib.with_frozen(restored.params, pure))
+  nnx.update(model, params)
+
+
+def _evaluate(config, workdir: str, checkpoint: tuple[str, int] | None = None) -> dict[str, float]:
+  """The evaluation of both entries: the config's model, or its params from `checkpoint`
+  (directory, step), on every eval split."""
   from hgpo_jax.training import evaluation
   from hgpo_jax.training import metrics as metrics_lib
   from hgpo_jax.training import run as run_lib
@@ -98,16 +113,7 @@ def _evaluate(config, workdir: str, checkpoint: tuple[str, int] | None = None) -
     else:
       directory, step = checkpoint
       iteration, what = step, f"checkpoint step {step}"
-      # The config's model, loaded by `build`, takes the checkpoint's params in its own
-      # shardings and dtypes; other shapes are another architecture (one line). A LoRA
-      # run saved its adapters only: they go over the loaded (frozen) base.
-      params = nnx.state(run.sampler.model, nnx.Param)
-      pure = nnx.to_pure_dict(params)
-      target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            lora_lib.trainable_params(pure))
-      restored = checkpoint_lib.read_params(directory, step, target=target)
-      nnx.replace_by_pure_dict(params, lora_lib.with_frozen(restored.params, pure))
-      nnx.update(run.sampler.model, params)
+      restore_policy(run.sampler.model, directory, step)
     out = evaluation.evaluate_splits(run, iteration, dump_step=step)
     scalars = run.writer.write(step, out)
   finally:

@@ -129,7 +129,8 @@ def _run_model(source: str, name: str, path: str):
   if source == "smollm2-135m" or source.endswith(".gguf"):
     gguf = gguf_file.GGUFFile(loading.smollm2_gguf_path() if source == "smollm2-135m" else source)
     return gguf.model_config(), gguf.tokenizer(), None
-  directory = path or os.environ.get(loading.MODEL_PATH_ENV, "")
+  # a run of an HF directory named as `model.name` (the trainer loads it from there)
+  directory = path or (source if os.path.isdir(source) else os.environ.get(loading.MODEL_PATH_ENV, ""))
   if not os.path.isdir(directory):
     raise ExportError(f"the run's model directory {directory or '(none)'} ({name}) is not on "
                       "this host; pass --model-path=DIR (its config.json and tokenizer)")
