@@ -22,7 +22,6 @@ import json
 import os
 
 import jax
-import numpy as np
 import pytest
 
 import model_fixtures
