@@ -55,21 +55,10 @@ def _teacher_forced_logits(model, prompt_ids, response_ids):
 
 def _teacher_forced_logprobs(model, prompt_ids, response_ids):
   """log p(response token) from one no-cache forward over left-padded prompt+response."""
-  seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
-  width = max(len(s) for s in seqs)
-  tokens = np.zeros((len(seqs), width), np.int32)
-  input_mask = np.zeros((len(seqs), width), bool)
-  for b, s in enumerate(seqs):
-    tokens[b, width - len(s):] = s
-    input_mask[b, width - len(s):] = True
-  positions = np.maximum(np.cumsum(input_mask, axis=1) - 1, 0).astype(np.int32)
-  logits, _ = model(jnp.asarray(tokens), jnp.asarray(positions),
-                    jnp.asarray(input_mask))
-  logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
   out = []
-  for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
-    start = width - len(r)  # response token i sits at column start + i, predicted at column - 1
-    out.append(np.array([logp[b, start + i - 1, t] for i, t in enumerate(r)], np.float32))
+  for logits, r in zip(_teacher_forced_logits(model, prompt_ids, response_ids), response_ids):
+    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1))
+    out.append(np.array([logp[i, t] for i, t in enumerate(r)], np.float32))
   return out
 
 
