@@ -2,6 +2,7 @@
 
   python -m launch.benchmarks.lora [--rank 16] [--iterations 3] [--reps 1] [--sides full,lora]
   python -m launch.benchmarks.lora --flops [--rank 16]     # the analytic FLOPs only, no run
+  python -m launch.benchmarks.lora --update [--reps 3] [--rank 16] [--rows 4] [--prompt 400] [--response 32]
 
 Both sides are the real trainer, `python -m launch.main` with
 `--config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local` (the SmolLM2 job,
@@ -29,6 +30,24 @@ setting) and without: the bound on what a compute-bound update can gain from LoR
 update still takes the input gradients of every frozen matmul, and the attention products
 (QK^T and PV: no weights) cost the same on both sides, so it saves one of the three
 forward-sized terms of the weight matmuls only, and remat's extra forward stays.
+
+`--update` times the compiled update program alone, in one process, on one mini-batch of
+the llm suite's update shape (SmolLM2-135M-Instruct's real weights, float32, `--rows` rows
+of `--prompt` prompt + `--response` response tokens in one micro-batch, one optimizer step,
+query chunks of 256 as the suite runs it; launch/experiments/suites.py, `LLM`; 4 rows by
+default, half the suite's micro-batch, so that the four learners fit in 24 GiB). Four
+sides, alternating call by call after one compile call each, `--reps` timed calls each:
+
+  full+remat  full fine-tuning with remat: the SmolLM2 job's setting (configs/common.py
+              model.remat=True), the memory full fine-tuning needs at the mini suite's size;
+  full        full fine-tuning without remat (like for like with `lora`);
+  lora+remat  LoRA with remat (like for like with `full+remat`);
+  lora        LoRA rank `--rank` (alpha 2 x rank) without remat: the llm suite's setting.
+
+Each prints its median seconds, tokens/s and the compiled program's FLOPs (XLA's count,
+`hgpo_jax.cost.trainer_metrics`). The last line gives full+remat / lora (fine-tuning as the
+SmolLM2 job runs it against LoRA as the llm suite runs it) beside the two like-for-like
+ratios, full / lora and full+remat / lora+remat.
 """
 
 from __future__ import annotations
@@ -88,14 +107,85 @@ def flops_table(rank: int) -> list[str]:
   return lines
 
 
+UPDATE_SIDES = {"full+remat": (0, True), "full": (0, False), "lora+remat": (1, True),
+                "lora": (1, False)}  # name -> (adapters?, remat)
+
+
+def update_sides(rank: int, rows: int, prompt: int, response: int) -> dict:
+  """{side: (call, compiled FLOPs)} for UPDATE_SIDES: each call runs one update of the
+  side's learner on one random mini-batch (the same token ids on every side) and returns
+  its new state, which the next call updates (the update donates its state)."""
+  import numpy as np
+  from flax import nnx
+
+  from hgpo_jax.cost import trainer_metrics
+  from hgpo_jax.models import lora as lora_lib
+  from hgpo_jax.models import loading, sharding
+  from hgpo_jax.training import train_batch, train_step
+
+  cfg = loading.load_model("smollm2-135m")[2]
+  mesh = sharding.make_mesh(1, 1, 1)
+  rng = np.random.default_rng(0)
+  host, _ = train_batch.build_train_batch(
+      [rng.integers(3, cfg.vocab_size, prompt).tolist() for _ in range(rows)],
+      [rng.integers(3, cfg.vocab_size, response).tolist() for _ in range(rows)],
+      rng.normal(size=rows).astype(np.float32), prompt_buckets=[prompt],
+      response_buckets=[response], row_multiple=rows)
+  sides = {}
+  for name, (adapted, remat) in UPDATE_SIDES.items():
+    model = loading.load_model("smollm2-135m")[0]  # as the trainer builds it (training.run)
+    model.cfg = model.cfg.replace(remat=remat, attn_query_chunk=256)
+    if adapted:
+      model = loading.with_lora(model, lora_lib.from_settings(rank, 2.0 * rank, TARGETS, False))
+    learner = train_step.Learner(model, mesh, train_step.UpdateConfig(
+        lr=1e-6, mini_batch_rows=rows, micro_batch_rows=rows))
+    box = {"state": learner.init_state(nnx.state(model, nnx.Param))}
+    del model
+    filled = train_step.fill_logprobs(learner, box["state"].params, None, host)
+    batch = learner.put_batch(filled.replace(ref_logprobs=filled.old_logprobs))
+    flops = trainer_metrics.LearnerFlops(learner).per_call(filled)["update"]
+
+    def call(learner=learner, box=box, batch=batch):
+      box["state"], _ = learner.update(box["state"], batch)
+      return box["state"]
+    sides[name] = (call, flops)
+  return sides
+
+
+def run_update(rank: int, rows: int, prompt: int, response: int, reps: int) -> None:
+  """--update: the four sides' update programs, alternating; prints the ratios last."""
+  import jax
+
+  from launch.benchmarks import harness
+  sides = update_sides(rank, rows, prompt, response)
+  print(f"smollm2-135m update, {rows} rows x ({prompt} + {response}) tokens, float32, one "
+        f"optimizer step; lora rank {rank} alpha {2 * rank}, all seven projections; jax "
+        f"{jax.__version__} on {jax.devices()[0].device_kind}; median of {reps} alternating "
+        "calls after one compile call each", flush=True)
+  med = harness.alternating_medians({n: c for n, (c, _) in sides.items()}, reps, warmup=1)
+  for name, seconds in med.items():
+    flops = sides[name][1]
+    print(f"  {name:10s} {seconds:7.2f} s  {rows * (prompt + response) / seconds:7.1f} tokens/s  "
+          f"{flops / 1e9:8.1f} GFLOP  {flops / seconds / 1e9:6.1f} GFLOP/s", flush=True)
+  print(f"update time, full+remat / lora: {med['full+remat'] / med['lora']:.2f}x (like for like: "
+        f"full / lora {med['full'] / med['lora']:.2f}x, full+remat / lora+remat "
+        f"{med['full+remat'] / med['lora+remat']:.2f}x)")
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="launch.benchmarks.lora",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--rank", type=int, default=16)
   parser.add_argument("--iterations", type=int, default=3)
-  parser.add_argument("--reps", type=int, default=1)
+  parser.add_argument("--reps", type=int, default=None,
+                      help="repetitions per side (default 1; 3 with --update)")
   parser.add_argument("--flops", action="store_true",
                       help="print the analytic update FLOPs of both sides; run nothing")
+  parser.add_argument("--update", action="store_true",
+                      help="time the compiled update program alone, four sides (module doc)")
+  parser.add_argument("--rows", type=int, default=4, help="--update: rows of the mini-batch")
+  parser.add_argument("--prompt", type=int, default=400, help="--update: prompt tokens per row")
+  parser.add_argument("--response", type=int, default=32, help="--update: response tokens per row")
   parser.add_argument("--sides", default="full,lora",
                       help="the sides to run, in this order (full, lora; the ratios need both)")
   args = parser.parse_args(argv)
@@ -103,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.rank < 1:
       parser.error("--rank must be >= 1")
     print("\n".join(flops_table(args.rank)))
+    return 0
+  if args.reps is None:
+    args.reps = 3 if args.update else 1
+  if args.update:
+    if min(args.rank, args.rows, args.prompt, args.response, args.reps) < 1:
+      parser.error("--update: --rank, --rows, --prompt, --response and --reps must be >= 1")
+    run_update(args.rank, args.rows, args.prompt, args.response, args.reps)
     return 0
   chosen = [s.strip() for s in args.sides.split(",") if s.strip()]
   if args.iterations < 2 or args.rank < 1 or args.reps < 1:

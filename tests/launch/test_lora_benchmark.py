@@ -1,4 +1,5 @@
-"""launch.benchmarks.lora --flops: the analytic bound on LoRA's update saving, no run."""
+"""launch.benchmarks.lora: the analytic bound on LoRA's update saving (--flops, no run) and the
+update benchmark's argument checks."""
 
 import re
 
@@ -26,3 +27,11 @@ def test_flops_refuses_a_rank_below_one(capsys):
   with pytest.raises(SystemExit):
     lora_bench.main(["--flops", "--rank", "0"])
   assert "--rank must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--rows", "--prompt", "--response", "--reps"])
+def test_update_refuses_a_size_below_one(capsys, flag):
+  with pytest.raises(SystemExit):
+    lora_bench.main(["--update", flag, "0"])
+  assert "must be >= 1" in capsys.readouterr().err
+
