@@ -119,11 +119,12 @@ def update_sides(rank: int, rows: int, prompt: int, response: int) -> dict:
   from flax import nnx
 
   from hgpo_jax.cost import trainer_metrics
+  from hgpo_jax.models import config as model_config
   from hgpo_jax.models import lora as lora_lib
   from hgpo_jax.models import loading, sharding
   from hgpo_jax.training import train_batch, train_step
 
-  cfg = loading.load_model("smollm2-135m")[2]
+  cfg = model_config.get_preset("smollm2-135m")
   mesh = sharding.make_mesh(1, 1, 1)
   rng = np.random.default_rng(0)
   host, _ = train_batch.build_train_batch(
