@@ -18,7 +18,11 @@ ACCEL_REQS := $(filter-out requirements-cpu.txt,requirements-$(ACCEL).txt)
 # XLA:TPU compile tests, and without a TPU JAX falls back from it to the other platforms.
 CUDA_PLUGINS := jax-cuda12-plugin jax-cuda12-pjrt
 # pytest-xdist workers: 2 cores here; tests are dominated by compilation and subprocesses.
+# Whole files go to a worker (--dist loadfile), so a module-scoped fixture (a trainer run, a
+# compiled learner) is built once rather than once per worker; tests/conftest.py orders the
+# files slowest first (tests/durations.json) so that no long file starts last.
 TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: venv run run-llm table test test-fast test-slow bench docs clean FORCE
 
@@ -70,13 +74,13 @@ table: venv
 # Tests marked `network` query the package index; every tier leaves them out (run them
 # with `-m network` where PyPI is reachable).
 test: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not network and not release" --durations=10 tests
+	$(PYTEST) -m "not network and not release" --durations=10 tests
 
 test-fast: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow and not network and not release" tests
+	$(PYTEST) -m "not slow and not network and not release" tests
 
 test-slow: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "release and not network" --durations=10 tests
+	$(PYTEST) -m "release and not network" --durations=10 tests
 
 bench: venv
 	$(PY) -m launch.benchmarks.advantages

@@ -3,19 +3,25 @@
   python -m pytest -n 2 -m "not network" tests --junitxml=cold.xml   # a fresh compile cache
   python -m pytest -n 2 -m "not network" tests --junitxml=warm.xml   # the same cache again
   python -m launch.test_durations cold.xml warm.xml --labels cold,warm \
-      --out results/test_durations.md [--command "..."] [--top 40]
+      --out results/test_durations.md [--command "..."] [--top 40] \
+      [--order tests/durations.json]
 
 Each report's time of a test is its setup, call and teardown together (pytest's default
 `junit_duration_report`), so a module-scoped fixture's cost lands on the first test that
 builds it. The table gives, per file, the number of tests and the summed seconds of each
 report (largest first in the first report), then the slowest tests of the first report. Test seconds are summed over the pytest-xdist workers, so
 they add to about `workers x wall time`.
+
+`--order FILE` also writes the first report's seconds per file as JSON, slowest first: the
+order in which tests/conftest.py hands files to the pytest-xdist workers (longest first, so
+no long file starts last). Write it from a cold run.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import sys
 import xml.etree.ElementTree as ET
 
@@ -45,6 +51,12 @@ def per_file(times: dict[str, float]) -> dict[str, tuple[float, int]]:
     entry[0] += seconds
     entry[1] += 1
   return {f: (s, n) for f, (s, n) in out.items()}
+
+
+def file_order(times: dict[str, float]) -> dict[str, float]:
+  """file -> summed seconds (one decimal), slowest first (ties by name)."""
+  files = per_file(times)
+  return {f: round(files[f][0], 1) for f in sorted(files, key=lambda f: (-files[f][0], f))}
 
 
 def render(reports: list[dict[str, float]], labels: list[str], command: str, top: int) -> str:
@@ -78,12 +90,19 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--out", default="-", help="markdown file to write (- = stdout)")
   parser.add_argument("--command", default="", help="the command the reports came from")
   parser.add_argument("--top", type=int, default=40)
+  parser.add_argument("--order", default="",
+                      help="also write the first report's seconds per file as JSON (tests/durations.json)")
   args = parser.parse_args(argv)
   labels = [s.strip() for s in args.labels.split(",") if s.strip()] or [
       f"report {i + 1}" for i in range(len(args.reports))]
   if len(labels) != len(args.reports):
     parser.error(f"--labels names {len(labels)} reports, {len(args.reports)} given")
-  text = render([read_report(p) for p in args.reports], labels, args.command, args.top)
+  reports = [read_report(p) for p in args.reports]
+  text = render(reports, labels, args.command, args.top)
+  if args.order:
+    with open(args.order, "w", encoding="utf-8") as f:
+      json.dump(file_order(reports[0]), f, indent=0)
+      f.write("\n")
   if args.out == "-":
     sys.stdout.write(text)
   else:

@@ -4,6 +4,7 @@ The environment variables must be set before JAX initialises its backends, so th
 file sets them at import time (pytest imports conftest before any test module).
 """
 
+import json
 import os
 import time
 
@@ -50,6 +51,38 @@ def _compile_only_tests_skip_the_persistent_cache(request):
   finally:
     jax.config.update("jax_enable_compilation_cache", was)
     compilation_cache.reset_cache()
+
+
+DURATIONS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+"""Seconds per test file from a cold run of the suite ({"tests/x/test_y.py": s}), written by
+`python -m launch.test_durations REPORT.xml --order tests/durations.json`."""
+
+
+def module_order(paths: list[str], seconds: dict[str, float]) -> list[str]:
+  """`paths` (test files, collection order) with the slowest recorded first; files without
+  a record keep their collection order after the recorded ones.
+
+  Why: `make test` hands whole files to its pytest-xdist workers (`--dist loadfile`, so a
+  module-scoped fixture such as a trainer run is built once, not once per worker), and a
+  long file that starts last leaves the other worker idle; longest-first keeps both busy
+  to the end."""
+  recorded = sorted((p for p in paths if p in seconds), key=lambda p: -seconds[p])
+  return recorded + [p for p in paths if p not in seconds]
+
+
+def pytest_collection_modifyitems(session, config, items):
+  """Orders the collected tests file by file as `module_order` does (the same order in every
+  pytest-xdist worker: the file is read, not measured); a file's own tests keep their order."""
+  try:
+    with open(DURATIONS_FILE, encoding="utf-8") as f:
+      seconds = json.load(f)
+  except (OSError, ValueError):
+    return  # no record: pytest's collection order
+  root = str(config.rootpath)
+  by_file: dict[str, list] = {}
+  for item in items:
+    by_file.setdefault(os.path.relpath(str(item.path), root), []).append(item)
+  items[:] = [item for path in module_order(list(by_file), seconds) for item in by_file[path]]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -1,5 +1,9 @@
 """launch.test_durations: per-file and per-test seconds from pytest's JUnit XML reports."""
 
+import json
+import os
+
+import conftest
 import pytest
 
 from launch import test_durations
@@ -50,3 +54,30 @@ def test_bad_reports_and_labels_are_one_line(tmp_path, capsys):
   with pytest.raises(SystemExit):
     test_durations.main([empty, "--labels", "a,b"])
   assert "--labels names 2 reports, 1 given" in capsys.readouterr().err
+
+
+def test_order_file_lists_the_files_slowest_first(tmp_path):
+  cold = _write(tmp_path, "cold.xml", REPORT)
+  order = tmp_path / "durations.json"
+  assert test_durations.main([cold, "--out", str(tmp_path / "t.md"), "--order", str(order)]) == 0
+  recorded = json.loads(order.read_text())
+  assert list(recorded.items()) == [("tests/test_learning.py", 10.2), ("tests/test_train.py", 4.0),
+                                    ("tests/training/test_losses.py", 2.0)]
+
+
+def test_the_suite_hands_out_the_slowest_recorded_files_first():
+  paths = ["tests/a.py", "tests/b.py", "tests/c.py", "tests/d.py"]
+  seconds = {"tests/c.py": 5.0, "tests/a.py": 1.0, "tests/gone.py": 9.0}
+  assert conftest.module_order(paths, seconds) == ["tests/c.py", "tests/a.py", "tests/b.py",
+                                                  "tests/d.py"]
+  assert conftest.module_order(paths, {}) == paths
+
+
+def test_the_committed_order_is_a_cold_run_of_most_of_the_suite():
+  """tests/durations.json names existing test files, slowest first (what --order writes)."""
+  with open(conftest.DURATIONS_FILE, encoding="utf-8") as f:
+    recorded = json.load(f)
+  root = os.path.dirname(os.path.dirname(conftest.DURATIONS_FILE))
+  present = [p for p in recorded if os.path.exists(os.path.join(root, p))]
+  assert len(present) >= 0.9 * len(recorded) and len(present) >= 50, len(present)
+  assert list(recorded.values()) == sorted(recorded.values(), reverse=True)
