@@ -108,6 +108,7 @@ SCRIPTS = {
     ("webshop", "hgpo"): (VERL_AGENT, "recipe/hgpo/run_qwen2.5_1.5b_webshop_train.sh"),
     ("webshop", "ppo"): (VERL_AGENT, "examples/ppo_trainer/run_webshop.sh"),
     ("webshop", "hiper"): (HIPER_AGENT, "example_scripts/HiPER_trainer/run_webshop.sh"),
+    ("search", "gigpo"): (VERL_AGENT, "examples/gigpo_trainer/run_search.sh"),
 }
 """The published run script of each paper setting (environment, algo), as (repository, path).
 HiPER-agent's own ppo_trainer/run_alfworld.sh agrees with verl-agent's on every value below
@@ -142,6 +143,8 @@ SCRIPT_SETTINGS = {
     ("webshop", "hgpo"): _settings(30, 4096, 64, 4, 160, 256),
     ("webshop", "ppo"): _settings(15, 4096, 64, 8, 150, 128, critic_unit=4, drop=13000),
     ("webshop", "hiper"): _settings(50, 2048, 256, 16, 150, 128, critic_unit=16, drop=13000),
+    # one epoch of Search-R1's train set: configs/search.py
+    ("search", "gigpo"): _settings(4, 4096, 512, 16, 662, 512),
 }
 
 

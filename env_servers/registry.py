@@ -15,6 +15,7 @@ ENVS: dict[str, str] = {
     "alfworld": "env_servers.alfworld.env:AlfworldEnv",
     "webshop": "env_servers.webshop.env:WebShopEnv",
     "sokoban": "env_servers.sokoban.env:SokobanEnv",
+    "search": "env_servers.search.env:SearchEnv",
 }
 
 

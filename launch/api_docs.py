@@ -5,7 +5,7 @@
 Every module of `hgpo_jax`, `env_servers`, `configs` and `launch` gets a page. Modules
 are found on disk, so submodules that a package leaves out of its `__all__` and the
 namespace package `hgpo_jax.rollout` are rendered too. The generated protobuf modules
-are left out (`env_servers/protos/env.proto` documents the protocol). pdoc imports each
+are left out (`env_servers/protos/*.proto` document the protocols). pdoc imports each
 module: a module that fails to import stops the build, and anything pdoc warns about (a
 repeated module, a type stub it cannot match) counts as an error too; either makes the
 command exit with status 1 (CI runs it through
@@ -23,7 +23,8 @@ import warnings
 
 PACKAGES = ("hgpo_jax", "env_servers", "configs", "launch")
 """Top-level packages rendered."""
-EXCLUDED = ("env_servers.protos.env_pb2", "env_servers.protos.env_pb2_grpc")
+EXCLUDED = ("env_servers.protos.env_pb2", "env_servers.protos.env_pb2_grpc",
+            "env_servers.protos.retriever_pb2", "env_servers.protos.retriever_pb2_grpc")
 """Generated code (protoc output), not rendered."""
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

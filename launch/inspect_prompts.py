@@ -75,9 +75,9 @@ def random_play_steps(env, env_name: str, tokenizer, task_ids: Sequence[str], *,
       text = prompts.render_prompt(env_name, memory, shown, admissible, history_length)
       action = rng.choice(admissible)
       yield memory.task, rollout_lib.encode_prompt(tokenizer, text, 10**9), admissible, action
-      memory.add(shown, action)
       obs, _, terminated, truncated, info = env.step(action)
       result = StepResult(obs, info.get("anchor_obs", obs), info)
+      memory.add(prompts.memory_observation(env_name, shown, result), action)
       if terminated or truncated:
         break
 

@@ -7,6 +7,7 @@ released code it runs. Each row names the file the value is read from. The sourc
 
   * verl-agent as released with the HGPO recipe, repository zzj1111/alfworldauto:
     examples/{grpo,rloo,gigpo,ppo}_trainer/run_{alfworld,webshop}.sh,
+    examples/gigpo_trainer/run_search.sh (Search: Qwen2.5-7B-Instruct),
     recipe/hgpo/run_qwen2.5_1.5b_{alfworld,webshop}_train.sh,
     verl/trainer/config/ppo_trainer.yaml (the defaults no script overrides; the recipe's
     recipe/hgpo/config/hgpo_trainer.yaml only sets the hgpo block),
@@ -42,6 +43,7 @@ import pytest
 
 from configs import alfworld as alfworld_config
 from configs import common
+from configs import search as search_config
 from configs import webshop as webshop_config
 from hgpo_jax import train
 from hgpo_jax.models import config as model_config
@@ -56,8 +58,11 @@ LORA = {"gigpo-lora": "gigpo"}
 VARIANTS = {"gigpo-dynamic": ("gigpo", "dynamic"), "dapo": ("grpo", "dynamic"),
             "gspo": ("grpo", "gspo")}
 """Columns of the training variants: (the algo whose script it changes, the variant)."""
-ENVS = ("alfworld", "webshop")
-CONFIGS = {"alfworld": alfworld_config, "webshop": webshop_config}
+ENVS = ("alfworld", "webshop", "search")
+CONFIGS = {"alfworld": alfworld_config, "webshop": webshop_config, "search": search_config}
+VARIANT_ENVS = ("alfworld", "webshop")
+"""The environments with LoRA and training-variant scripts (Search has GiGPO's alone)."""
+ENV_LABELS = {"alfworld": "ALFWorld", "webshop": "WebShop", "search": "Search"}
 
 SCRIPTS = {
     ("alfworld", "grpo"): (VERL_AGENT, "examples/grpo_trainer/run_alfworld.sh"),
@@ -72,6 +77,7 @@ SCRIPTS = {
     ("webshop", "hgpo"): (VERL_AGENT, "recipe/hgpo/run_qwen2.5_1.5b_webshop_train.sh"),
     ("webshop", "ppo"): (VERL_AGENT, "examples/ppo_trainer/run_webshop.sh"),
     ("webshop", "hiper"): (HIPER_AGENT, "example_scripts/HiPER_trainer/run_webshop.sh"),
+    ("search", "gigpo"): (VERL_AGENT, "examples/gigpo_trainer/run_search.sh"),
 }
 LORA_SCRIPTS = {
     ("alfworld", "gigpo-lora"): (VERL_AGENT, "examples/gigpo_trainer/run_alfworld_lora.sh"),
@@ -428,9 +434,22 @@ PUBLISHED = {
         "trainer.total_epochs": _v(150), "val_data_size (tasks evaluated)": _v(128),
         # WebshopEnvironmentManagerOptions: `if len(obs) > 13000:`
         "WebShop history drop (chars)": _v(13000, ENV_MANAGER, HIPER_AGENT)},
+    # GiGPO on Search-R1's task with Qwen2.5-7B-Instruct; validation greedy (the yaml's
+    # val_kwargs: temperature 0, do_sample False, which the script leaves)
+    ("search", "gigpo"): {
+        **_common(), "actor_rollout_ref.model.path": _v("Qwen/Qwen2.5-7B-Instruct"),
+        "train_data_size": _v(256), "env.rollout.n (group_size)": _v(5),
+        "env.max_steps": _v(4), "env.history_length": _v(4), "data.max_prompt_length": _v(4096),
+        "data.truncation": _v("left"), "rollout.val_kwargs.temperature": _yaml(0),
+        "actor.ppo_mini_batch_size": _v(512),
+        "actor.ppo_micro_batch_size_per_gpu (loss unit)": _v(16), "actor.entropy_coeff": _v(0),
+        "actor.kl_loss_coef": _v(0.001), "actor.invalid_action_penalty_coef": _v(0.01),
+        "algorithm.gamma": _v(0.95), "algorithm.gigpo.step_advantage_w": _v(1.0),
+        "algorithm.gigpo.mode": _v("mean_std_norm"), "trainer.total_epochs": _v(1),
+        "trainer.test_freq": _v(50), "val_data_size (tasks evaluated)": _v(512)},
 }
 # verl-agent's LoRA scripts: their GiGPO script with Qwen2.5-7B, adapters and no KL loss
-for _env in ENVS:
+for _env in VARIANT_ENVS:
   PUBLISHED[(_env, "gigpo-lora")] = {
       **PUBLISHED[(_env, "gigpo")],
       "actor_rollout_ref.model.path": _v("Qwen/Qwen2.5-7B-Instruct"),
@@ -441,12 +460,13 @@ for _env in ENVS:
 
 # The training options the scripts leave at the yaml's values, and the variants' scripts:
 # each is its algo's script with these lines changed (the rest is line for line the same).
-for _env in ENVS:
+_YAML_OPTIONS = {"actor.policy_loss.loss_mode": _yaml("vanilla"),
+                 "algorithm.filter_groups.enable": _yaml(False),
+                 "algorithm.filter_groups.max_num_gen_batches": _yaml(10)}
+PUBLISHED[("search", "gigpo")].update(_YAML_OPTIONS)
+for _env in VARIANT_ENVS:
   for _algo in ("grpo", "rloo", "gigpo", "gigpo-lora"):
-    PUBLISHED[(_env, _algo)].update({
-        "actor.policy_loss.loss_mode": _yaml("vanilla"),
-        "algorithm.filter_groups.enable": _yaml(False),
-        "algorithm.filter_groups.max_num_gen_batches": _yaml(10)})
+    PUBLISHED[(_env, _algo)].update(_YAML_OPTIONS)
   _dynamic = {"actor.clip_ratio_low": _v(0.2), "actor.clip_ratio_high": _v(0.28),
               "algorithm.filter_groups.enable": _v(True),
               "algorithm.filter_groups.max_num_gen_batches": _v(10)}
@@ -497,6 +517,12 @@ DIFFERENCES = (
         "reproduces a published run's draws.",
         (("*", "hiper", "env.seed"),)),
     Difference(
+        "search-epochs",
+        "Search's script trains one epoch (`trainer.total_epochs=1`) over its train file, "
+        "len(file) // 256 iterations; the config counts iterations: 662 = 169,615 // 256 for "
+        "Search-R1's NQ + HotpotQA train set (set `train.num_iterations` from your file).",
+        (("search", "gigpo", "trainer.total_epochs"),)),
+    Difference(
         "zero-mask-padding-rows",
         "verl's `adjust_batch` pads a batch to a multiple of the mini-batch by duplicating rows "
         "with their masks (they count twice in the loss); the project's padding rows copy a "
@@ -527,7 +553,9 @@ DIFFERENCES = (
         "generated-environments",
         "ALFWorld games are generated ALFWorld-format games on ALFRED rooms and the shop is "
         "the project's own WebShop-compatible catalog (docs/environments.md), not the "
-        "released splits: success rates are not comparable to the papers'."),
+        "released splits: success rates are not comparable to the papers'. Search runs on a "
+        "synthetic question set with BM25 unless given Search-R1's files; verl-agent's runs "
+        "retrieve with Search-R1's E5 dense retriever."),
 )
 
 # Alignments with the published settings that change the CPU mini suite's runs
@@ -552,7 +580,9 @@ def paper_config(env: str, algo: str):
   if algo in VARIANTS:
     return CONFIGS[env].get_config(f"algo={VARIANTS[algo][0]},model=qwen2.5-1.5b,"
                                    f"{VARIANTS[algo][1]}")
-  return CONFIGS[env].get_config(f"algo={algo},model=qwen2.5-1.5b")
+  # Search's only script trains Qwen2.5-7B-Instruct
+  model = "qwen2.5-7b" if env == "search" else "qwen2.5-1.5b"
+  return CONFIGS[env].get_config(f"algo={algo},model={model}")
 
 
 def cells(env: str, algo: str):
@@ -643,7 +673,7 @@ def render() -> str:
     algos = [a for a in ALGOS if (env, a) in PUBLISHED]  # WebShop has no GSPO script
     table = {algo: {p.name: (v, src, got) for p, v, src, got in cells(env, algo)}
              for algo in algos}
-    out.append(f"**{'ALFWorld' if env == 'alfworld' else 'WebShop'}** (`configs/{env}.py`)")
+    out.append(f"**{ENV_LABELS[env]}** (`configs/{env}.py`)")
     out.append("")
     out.append("| parameter (published option) | config field | "
                + " | ".join(_LABEL[a] for a in algos) + " |")

@@ -259,7 +259,8 @@ def test_documented_env_data_overrides_are_accepted():
   with open(os.path.join(ROOT, "docs", "environments.md"), encoding="utf-8") as f:
     text = f.read()
   documented = set(re.findall(r"--config\.env\.args\.(\w+)=", text))
-  assert documented == {"data_dir", "real_data_dir", "hide_actions", "search_actions"}
+  assert documented == {"data_dir", "real_data_dir", "hide_actions", "search_actions", "corpus",
+                        "retriever"}
   alfworld = importlib.import_module("configs.alfworld").get_config("model=tiny")
   webshop = importlib.import_module("configs.webshop").get_config("model=tiny")
   alfworld.update_from_flattened_dict({"env.args.data_dir": "/data/alfworld/json_2.1.1",
@@ -270,6 +271,11 @@ def test_documented_env_data_overrides_are_accepted():
   assert alfworld.env.args.hide_actions == "look,inventory,examine"
   assert (webshop.env.args.data_dir, webshop.env.args.real_data_dir) == ("/d", "/r")
   assert webshop.env.args.search_actions == "goal"
+  search = importlib.import_module("configs.search").get_config("model=tiny")
+  search.update_from_flattened_dict({"env.args.data_dir": "/d", "env.args.corpus": "/c.jsonl",
+                                     "env.args.retriever": "127.0.0.1:8123"})
+  assert (search.env.args.data_dir, search.env.args.corpus, search.env.args.retriever) == (
+      "/d", "/c.jsonl", "127.0.0.1:8123")
   # The defaults select the shipped data: empty strings the env constructors read as unset.
   assert importlib.import_module("configs.alfworld").get_config("").env.args.to_dict() == {
       "data_dir": "", "hide_actions": ""}

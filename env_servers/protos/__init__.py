@@ -1,9 +1,11 @@
-"""The environment protocol (`env.proto`) and its generated gRPC stubs.
+"""The environment protocol (`env.proto`), the retriever's (`retriever.proto`) and their
+generated gRPC stubs.
 
-Import the stubs as `from env_servers.protos import env_pb2, env_pb2_grpc`. They are
-generated from env.proto by `python -m env_servers.protos.build` (run by `make venv`);
-importing this package regenerates them first when they are missing or older than
-env.proto, so a fresh clone works without a build step.
+Import the stubs as `from env_servers.protos import env_pb2, env_pb2_grpc` (and
+`retriever_pb2`, `retriever_pb2_grpc`). They are generated from the .proto files by
+`python -m env_servers.protos.build` (run by `make venv`); importing this package
+regenerates them first when they are missing or older than their .proto, so a fresh clone
+works without a build step.
 """
 
 from env_servers.protos import codegen as _codegen

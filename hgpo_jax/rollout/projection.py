@@ -9,6 +9,10 @@ Follows the published verl-agent projection (docs/algorithms.md §1; verl-agent'
     of the response (normally a no-op such as ALFWorld's "Nothing happens.").
 Admissibility is deliberately *not* part of validity: an admissible-but-wrong or
 inadmissible action is the environment's business; validity only measures format.
+
+The Search environment has its own projection (`project_search_action`, verl-agent's
+agent_system/environments/env_package/search/projection.py): the first
+`<search>...</search>` block, else the first `<answer>...</answer>` block, is the action.
 """
 
 from __future__ import annotations
@@ -56,3 +60,40 @@ def free_query_actions(admissible, max_tokens: int = 8) -> list:
   `("search[", FreeSpan(8, "[]<>"), "]")`; other actions stay strings."""
   span = constrained.FreeSpan(max_tokens, QUERY_FORBIDDEN)
   return [constrained.split_placeholder(a, QUERY_PLACEHOLDER, span) for a in admissible]
+
+
+_SEARCH_BLOCK = re.compile(r"<search>(.*?)</search>", re.IGNORECASE | re.DOTALL)
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+_SEARCH_TAG = re.compile(r"<search>", re.IGNORECASE)
+_ANSWER_TAG = re.compile(r"<answer>", re.IGNORECASE)
+
+
+def project_search_action(response: str) -> tuple[str, bool]:
+  """(action, valid) for one Search response, by verl-agent's rules.
+
+  The response is first cut after its first `</search>` (else its first `</answer>`);
+  the action is its first `<search>q</search>` block, else its first `<answer>a</answer>`
+  block, re-tagged in lower case with the content stripped, else "" (invalid). The
+  response is invalid as well, the action still being sent, when it holds both a
+  `<search>` and an `<answer>` tag or more than one of either. No think tags are required
+  and the text is not lower-cased (queries and answers keep their case).
+  """
+  for close in ("</search>", "</answer>"):
+    at = response.lower().find(close)
+    if at != -1:
+      cut = response[:at + len(close)]
+      break
+  else:
+    cut = response
+  valid = True
+  match = _SEARCH_BLOCK.search(cut)
+  if match:
+    action = f"<search>{match.group(1).strip()}</search>"
+  else:
+    match = _ANSWER_BLOCK.search(cut)
+    action = f"<answer>{match.group(1).strip()}</answer>" if match else ""
+    valid = match is not None
+  searches, answers = len(_SEARCH_TAG.findall(response)), len(_ANSWER_TAG.findall(response))
+  if (searches and answers) or searches > 1 or answers > 1:
+    valid = False
+  return action, valid

@@ -3,8 +3,9 @@
 The step-wise framework (docs/algorithms.md §1) builds a fresh single-turn prompt at every env
 step from the task, the last `H` (observation, action) records, the current
 observation and the admissible actions; the context does not grow with the episode.
-Template wording follows verl-agent's ALFWorld / WebShop prompts so that published
-configurations transfer; `{history}` is rendered by `EpisodeMemory.render`.
+Template wording follows verl-agent's ALFWorld / WebShop / Search prompts so that published
+configurations transfer; `{history}` is rendered by `EpisodeMemory.render` (Search:
+`EpisodeMemory.render_search`, whose records are (retrieved information, action)).
 """
 
 from __future__ import annotations
@@ -69,6 +70,34 @@ GENERIC_STEP = (
     "Your admissible actions of the current situation are: [{actions}].\n\n"
     "Now it's your turn to take an action.\n" + _REASONING + "\n")
 
+# verl-agent's agent_system/environments/prompts/search.py (SEARCH_TEMPLATE_NO_HIS and
+# SEARCH_TEMPLATE), word for word: the question and the interaction history, no current
+# observation and no action list (the actions are free text).
+_SEARCH_INSTRUCTIONS = (
+    "Now it's your turn to respond for the current step.\n"
+    "You should first conduct reasoning process. This process MUST be enclosed within "
+    "<think> </think> tags. \n"
+    "After completing your reasoning, choose only one of the following actions (do not perform "
+    "both):\n"
+    "(1) If you find you lack some knowledge, you can call a search engine to get more external "
+    "information using format: <search> your query </search>.\n"
+    "(2) If you have enough knowledge to answer the question confidently, provide your final "
+    "answer within <answer> </answer> tags, without detailed illustrations. For example, "
+    "<answer>Beijing</answer>.\n")
+SEARCH_FIRST = (
+    "\nYou are an expert agent tasked with answering the given question step-by-step.\n"
+    "Your question: {task}\n\n" + _SEARCH_INSTRUCTIONS)
+SEARCH_STEP = (
+    "\nYou are an expert agent tasked with answering the given question step-by-step.\n"
+    "Your question: {task}\n\n"
+    "Prior to this step, you have already taken {steps_taken} step(s). Below is the interaction "
+    "history where <search> </search> wrapped your past search queries and <information> "
+    "</information> wrapped the corresponding search results returned by the external search "
+    "engine. History:\n{history}\n\n" + _SEARCH_INSTRUCTIONS)
+SEARCH_LISTED = "Your admissible actions of the current situation are: [{actions}].\n"
+"""Appended to the search prompt only when the env lists actions (its CPU-scale `listed`
+variant, not the published setting)."""
+
 _TEMPLATES = {
     "alfworld": (ALFWORLD_FIRST, ALFWORLD_STEP, "\n ".join),
     # every action, the last one too, ends with a comma (the released
@@ -114,12 +143,39 @@ class EpisodeMemory:
              for i, (obs, act) in enumerate(recent)]
     return "\n".join(parts), len(recent)
 
+  def render_search(self, history_length: int) -> str:
+    """The last H records as verl-agent's `SearchMemory.fetch` writes them:
+    `Step n:<action> <information>` plus a newline each, joined by newlines."""
+    recent = self.records[-history_length:] if history_length > 0 else []
+    first = len(self.records) - len(recent) + 1
+    return "\n".join(f"Step {first + i}:{act} {obs}\n" for i, (obs, act) in enumerate(recent))
+
 
 def observation_text(env_name: str, result) -> str:
   """The observation a prompt (and the memory) shows for an env step result: on WebShop
   the page parts after the instruction, each quoted (the released env manager's
   `format_obs`; the server's `anchor_obs`), elsewhere the raw observation."""
   return result.anchor_obs if env_name == "webshop" else result.observation
+
+
+def memory_observation(env_name: str, shown: str, result) -> str:
+  """What the memory records with a step's action: the observation the step was shown, or
+  on Search the information the action retrieved (`result`: the step's result;
+  verl-agent's search env manager stores the next observation)."""
+  return result.observation.strip() if env_name == "search" else shown
+
+
+def render_search_prompt(memory: EpisodeMemory, admissible: list[str],
+                         history_length: int) -> str:
+  """verl-agent's search prompt (the current observation lives in the history)."""
+  if memory.records and history_length > 0:
+    text = SEARCH_STEP.format(task=memory.task, steps_taken=len(memory.records),
+                              history=memory.render_search(history_length))
+  else:
+    text = SEARCH_FIRST.format(task=memory.task)
+  if admissible:
+    text += SEARCH_LISTED.format(actions=", ".join(f"'{a}'" for a in admissible))
+  return text
 
 
 def render_prompt(env_name: str, memory: EpisodeMemory, observation: str,
@@ -133,6 +189,8 @@ def render_prompt(env_name: str, memory: EpisodeMemory, observation: str,
       replaced by the first-step template (no history), as verl-agent's WebShop env
       manager does at 13,000 characters (the HGPO recipe's has that line commented out).
   """
+  if env_name == "search":
+    return render_search_prompt(memory, admissible, history_length)
   first, step, join = _TEMPLATES.get(env_name, _GENERIC)
   actions = join(f"'{a}'" for a in admissible if a != "help")
   without_history = first.format(task=memory.task, observation=observation, actions=actions)

@@ -11,7 +11,8 @@ Strings stay on the host; `advantage_columns` hands the estimator only the step-
 join back to the StepRows by their (traj, step) key (`GroupedRows.rejoin(rows, values)`), and
 `StepRow.dump_record` is the JSONL format of `python -m hgpo_jax.advantages`.
 
-Response formats: "react" (verl-agent's `<think>` + `<action>` prompt and projection) and
+Response formats: "react" (verl-agent's `<think>` + `<action>` prompt and projection; on
+Search its `<search>`/`<answer>` projection, `projection.project_search_action`) and
 "hiper" (HiPER's `<switch>`/`<subgoal>`/`<action>` blocks, `hgpo_jax.rollout.hiper`): its
 rows also carry the parsed switch and subgoal and one span tag per response token, which
 the `hae` estimator reads (`hae_fields_from_dump`), and the parsed subgoal becomes the
@@ -239,6 +240,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
         hiper_fields = dict(switch=parsed.switch, subgoal=parsed.subgoal, token_tags=tags)
         subgoals[i] = parsed.subgoal if parsed.subgoal is not None else hiper.NO_SUBGOAL
         subgoal_ids[i] = hiper.subgoal_content_ids(pieces, out.tokens[j]) if parsed.subgoal else ()
+      elif env_name == "search":
+        action, valid = projection.project_search_action(out.texts[j])
       else:
         action, valid = projection.project_action(out.texts[j], fallback_chars,
                                                   require_think=not constrained)
@@ -263,7 +266,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
       row.reward, row.won = float(res.reward), bool(res.won)
       row.done = bool(res.done) and not truncated
       rows.append(row)
-      memories[i].add(shown[i], row.action)
+      memories[i].add(prompts.memory_observation(env_name, shown[i], res), row.action)
       current[i] = res
       returns[i] += row.reward
       won[i] |= row.won

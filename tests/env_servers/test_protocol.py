@@ -30,7 +30,7 @@ def _copy_package(root: pathlib.Path) -> pathlib.Path:
   dst = root / "env_servers" / "protos"
   dst.mkdir(parents=True)
   shutil.copy(PROTO_DIR.parent / "__init__.py", dst.parent / "__init__.py")
-  for name in ("__init__.py", "codegen.py", "build.py", "env.proto"):
+  for name in ("__init__.py", "codegen.py", "build.py", "env.proto", "retriever.proto"):
     shutil.copy(PROTO_DIR / name, dst / name)
   return dst
 
