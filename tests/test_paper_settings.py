@@ -545,9 +545,9 @@ DIFFERENCES = (
     Difference(
         "gspo-aggregation",
         "The release's `compute_policy_loss_gspo` (verl/trainer/ppo/core_algos.py) aggregates "
-        "the GSPO term `seq-mean-token-mean` whatever `loss_agg_mode` says; the project "
-        "aggregates it with `train.loss_agg` as verl main does (`token-mean` in the GSPO "
-        "setting, whose loss unit of 32 rows needs it). A sequence is one step's response "
+        "the GSPO term `seq-mean-token-mean` whatever `loss_agg_mode` says; verl main's "
+        "does the same; the project aggregates it with `train.loss_agg` (`token-mean` in "
+        "the GSPO setting, whose loss unit of 32 rows needs it). A sequence is one step's response "
         "(§9.2)."),
     Difference(
         "generated-environments",
