@@ -344,9 +344,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.clip_ratio_low = 0.2  # PPO ratio clip 1 - eps_low (verl default)
   c.train.clip_ratio_high = 0.2  # PPO ratio clip 1 + eps_high (verl default)
   c.train.clip_ratio_c = 3.0  # dual-clip constant c > 1 (verl default)
-  c.train.kl_coef = 0.01  # low_var_kl (k3) to the frozen reference (scripts: 0.01)
-  c.train.use_kl_loss = True  # the KL loss (verl actor.use_kl_loss); off with no KL in the
-  #   reward either: no reference policy and no reference pass (the LoRA scripts)
+  c.train.kl_coef = 0.01  # low_var_kl (k3) to the frozen reference (scripts: 0.01); 0: off
+  c.train.use_kl_loss = True  # the KL loss (verl actor.use_kl_loss); off (or at kl_coef 0)
+  #   with no KL in the reward either: no reference policy and no reference pass (the LoRA
+  #   scripts)
   # the frozen reference's parameters: auto (bfloat16 when the compute is, as verl loads its
   # reference; else as the policy's) | "" (as the policy's) | float32 | bfloat16
   c.train.reference_dtype = "auto"

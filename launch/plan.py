@@ -326,8 +326,10 @@ def _search(args, overrides, config, devices, memory, where, show) -> int:
                                    log=lambda s: print(s, flush=True), devices=devices)
   if best is None:
     hint = "bfloat16 (--config.model.dtype=bfloat16), " if config.model.dtype == "float32" else ""
-    if config.train.kl_coef > 0 and config.train.reference_memory == "device":
-      from hgpo_jax.training import train_step
+    from hgpo_jax.training import programs, run_config, train_step
+    # a reference copy kept on the devices (none with LoRA: the base with the adapters off)
+    if (config.train.reference_memory == "device" and not config.model.lora.rank
+        and programs.uses_reference(config, run_config.validate(config).update)):
       compute = plan_lib.shapes_from_config(config, devices=devices).model.dtype
       rounded = train_step.resolve_reference_dtype(config.train.reference_dtype,
                                                    compute) == "bfloat16"

@@ -364,6 +364,31 @@ def test_phases_are_reported_in_order(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_kl_coef_zero_runs_no_reference_pass_and_trains_as_before(reference_run, tmp_path,
+                                                                  monkeypatch):
+  """`train.kl_coef=0`: the trainer keeps no reference copy and runs no reference log-prob
+  pass, and its first iteration is the default run's (KL coefficient 0.01, but a policy
+  that is still its reference: a KL of 0 with a zero gradient) in every deterministic
+  metric but `train/kl` and the log-prob pass's FLOPs."""
+  from hgpo_jax.training import train_step
+  references = []
+  fill = train_step.fill_logprobs
+
+  def recording(learner, params, ref_params, *args, **kwargs):
+    references.append(ref_params)
+    return fill(learner, params, ref_params, *args, **kwargs)
+  monkeypatch.setattr(train_step, "fill_logprobs", recording)
+  train.train_and_evaluate(_sokoban(**{"train.kl_coef": 0.0, "train.num_iterations": 1,
+                                       "eval.at_end": False}), str(tmp_path))
+  assert references == [None]
+  want, got = _deterministic(_metrics(reference_run[0])[0]), _deterministic(_metrics(str(tmp_path))[0])
+  assert want.pop("train/kl") == 0.0 and "train/kl" not in got
+  # one log-prob pass over the batch (the sampler mismatch's) against two, one the reference's
+  assert 2 * got.pop("perf/logprobs_flops") == want.pop("perf/logprobs_flops") > 0
+  assert got == want
+
+
+@pytest.mark.slow
 def test_bf16_reference_trains_with_a_close_kl(reference_run, tmp_path):
   """`train.reference_dtype=bfloat16` (half the reference's bytes): the first rollout is
   the default run's (the reference plays no part in it); the KL to the bf16-rounded

@@ -80,7 +80,7 @@ class LossConfig:
   use_kl_loss: bool = True
   """Add kl_coef * KL(pi || pi_ref) (k3 estimator) to the loss."""
   kl_coef: float = 0.01
-  """Weight of the KL loss."""
+  """Weight of the KL loss; 0 turns it off as `use_kl_loss=False` does (`kl_in_loss`)."""
   loss_agg: str = "token-mean"
   """How token losses are reduced to a scalar: one of LOSS_AGG_MODES."""
   norm_length: Optional[int] = None
@@ -102,6 +102,13 @@ class LossConfig:
   policy-gradient loss."""
   rollout_rs_threshold: float = 2.0
   """Rejection bound t > 1 of `rollout_rs`."""
+
+  @property
+  def kl_in_loss(self) -> bool:
+    """Whether the loss has its KL term (and reads the reference's log-probs):
+    `use_kl_loss` with a nonzero `kl_coef`. At `kl_coef=0` the term would add exact zeros
+    to the loss and its gradient, so it is left out, with the `kl` metric."""
+    return self.use_kl_loss and self.kl_coef != 0
 
   def __post_init__(self):
     if self.loss_agg not in LOSS_AGG_MODES:
@@ -348,7 +355,7 @@ def _combined_actor_loss(logp_bt, entropy_bt, old_logp_bt, ref_logp_bt, adv_bt, 
   if corrected:
     metrics["rollout_is_weight"] = token_mean(weight_bt)
     metrics["rollout_rs_kept"] = token_mean(kept_bt.astype(jnp.float32))
-  if config.use_kl_loss:
+  if config.kl_in_loss:
     kl = agg(kl_penalty(logp_bt, ref_logp_bt, config.kl_estimator))
     loss = loss + config.kl_coef * kl
     metrics["kl"] = kl
@@ -372,7 +379,7 @@ def actor_loss(
     logp_bt: f32[B, T] log pi_theta of the taken tokens.
     entropy_bt: f32[B, T] entropy of pi_theta at the position that predicts the token.
     old_logp_bt: f32[B, T] behaviour log-probs.
-    ref_logp_bt: f32[B, T] reference-policy log-probs (ignored if not config.use_kl_loss).
+    ref_logp_bt: f32[B, T] reference-policy log-probs (read only if config.kl_in_loss).
     adv_bt: f32[B, T] advantages.
     mask_bt: bool[B, T] scored (response) tokens.
     config: LossConfig.
@@ -380,7 +387,8 @@ def actor_loss(
 
   Returns:
     (loss, metrics): f32[] loss and f32[] metrics, each aggregated as token means
-    (`pg_loss`, `entropy`, `kl` use the configured mode, as the loss does;
+    (`pg_loss`, `entropy`, `kl` use the configured mode, as the loss does; `kl` only
+    with `config.kl_in_loss`;
     `pg_clipfrac`, `pg_clipfrac_lower`, `approx_kl` are token means as in verl).
   """
   mode, norm = config.loss_agg, config.norm_length

@@ -165,6 +165,13 @@ def sharded_bytes(tree) -> int:
   return total
 
 
+def uses_reference(config, update: train_step.UpdateConfig) -> bool:
+  """Whether a run keeps the frozen reference policy and runs its log-prob pass: for the
+  loss's KL term (`LossConfig.kl_in_loss`: on, with a nonzero coefficient) or for the KL in
+  the reward (`train.kl_in_reward`), the two readers of the reference's log-probs."""
+  return update.loss.kl_in_loss or bool(config.train.get("kl_in_reward", False))
+
+
 def abstract_train_batch(rows: int, seq: int, sharding) -> train_batch_lib.TrainBatch:
   """ShapeDtypeStructs of a TrainBatch of [rows, seq] placed with `sharding`."""
   sds = lambda dtype: jax.ShapeDtypeStruct((rows, seq), dtype, sharding=sharding)
@@ -319,7 +326,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   # step (UpdateConfig.on_policy); the frozen reference policy is kept for a KL term (loss
   # or reward). With LoRA it is the base with the adapters off: no copy, its own pass.
   on_policy = update.on_policy(capacity)
-  use_reference = update.loss.use_kl_loss or bool(config.train.get("kl_in_reward", False))
+  use_reference = uses_reference(config, update)
   reference = learner.abstract_reference(state.params)
   reference_b = sharded_bytes(reference) if use_reference and not learner.adapters else 0
   # An offloaded reference (train.reference_memory=host) lives in the devices' host memory:
@@ -340,11 +347,11 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
       programs["logprobs_old"] = Program(
           "logprobs_old", learner.compute_logprobs, (state.params, batch), {}, num_mini,
           params_b, note="old log-probs of one mini-batch")
-  elif same_dtype and not on_host:  # old and reference log-probs: one program
+  elif (same_dtype and not on_host) or not use_reference:  # old (and reference): one program
     programs["logprobs"] = Program(
         "logprobs", learner.compute_logprobs, (state.params, batch), {},
         num_mini * (int(not on_policy) + int(use_reference)), params_b,
-        note="old and reference log-probs of one mini-batch")
+        note=f"old{' and reference' if use_reference else ''} log-probs of one mini-batch")
   else:  # the reference in its own dtype or memory: a program of its own
     what = ([f"{learner.reference_dtype} parameters"] if not same_dtype else []) + (
         ["copied from host memory"] if on_host else [])

@@ -154,7 +154,8 @@ class Run:
   learner: train_step.Learner | None = None
   state: train_step.TrainState | None = None
   ref_params: Any = None
-  """The frozen initial policy's parameters (the KL anchor)."""
+  """The frozen initial policy's parameters (the KL anchor; `train_step.ADAPTERS_OFF` with
+  LoRA); None when nothing reads its log-probs (`programs.uses_reference`)."""
   critic: critic_step.CriticLearner | None = None
   """The value model's learner: critic estimators (gae, hae) only."""
   critic_state: train_step.TrainState | None = None
@@ -299,9 +300,10 @@ def _train_state(config, settings: run_config.RunConfig, workdir: str, mesh, mod
   learner = registry.learner
   init_params = nnx.state(model, nnx.Param)
   state = learner.init_state(init_params)
-  # the frozen initial policy (KL anchor); none without a KL term (no reference pass)
-  ref_params = (learner.reference_params(state) if settings.update.loss.use_kl_loss
-                or config.train.kl_in_reward else None)
+  # the frozen initial policy (KL anchor); none without a KL term (no reference pass and no
+  # copy): KL loss off or at coefficient 0, and no KL in the reward
+  ref_params = (learner.reference_params(state)
+                if programs.uses_reference(config, settings.update) else None)
   critic = critic_state = None
   if settings.estimator.needs_critic:
     # A separate value model initialised from the policy's weights (the published PPO and

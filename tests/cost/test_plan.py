@@ -177,6 +177,34 @@ def test_constrained_generate_takes_its_trie_shapes_from_the_config():
   assert free.programs["generate"].static["flags"].constraint_mode == types.NO_CONSTRAINT
 
 
+@pytest.mark.parametrize("memory", ["device", "host"])
+def test_kl_coef_zero_keeps_no_reference_and_lists_no_reference_pass(memory):
+  """`train.kl_coef=0` with no KL in the reward: nothing reads the reference's log-probs,
+  so the registry counts no reference bytes (on the devices or in host memory) and its one
+  log-prob program is the old policy's pass (none here: one optimizer step per iteration
+  computes its own), one pass per mini-batch fewer; the KL in the reward brings the
+  reference back."""
+  from hgpo_jax.models import sharding
+  from hgpo_jax.training import programs
+  mesh = sharding.make_mesh(2, 1, 1, devices=_devices(2))
+  config = _config()
+  config.train.reference_memory = memory
+  base = programs.build(config, mesh)
+  config.train.kl_coef = 0.0
+  free = programs.build(config, mesh)
+  assert base.reference_bytes + base.reference_host_bytes == base.params_bytes
+  assert free.reference_bytes == free.reference_host_bytes == 0
+  assert free.persistent == base.persistent - base.reference_bytes
+  passes = lambda registry: sum(p.calls for name, p in registry.programs.items()
+                                if name.startswith("logprobs"))
+  mini_batches = base.programs["update"].calls // config.train.ppo_epochs
+  assert passes(free) == 0 and passes(base) == mini_batches > 0
+  assert "logprobs_old" not in free.programs
+  assert free.programs["logprobs"].jitted is free.learner.compute_logprobs
+  config.train.kl_in_reward = True
+  assert programs.build(config, mesh).persistent == base.persistent
+
+
 def test_host_reference_leaves_the_persistent_device_bytes_and_has_its_own_program():
   """`train.reference_memory=host`: the registry counts the reference in host memory, not
   in the devices' persistent bytes, and its pass is the "logprobs" program over

@@ -232,7 +232,8 @@ def test_trainer_with_lora_resumes_to_the_uninterrupted_runs_metrics(tmp_path):
 def test_plan_counts_the_frozen_base_the_adapters_and_their_optimizer_state():
   """`programs.build` with LoRA: params are the base (in the compute dtype) + the adapters,
   the optimizer state the adapters' moments only, no reference copy; the reference pass is
-  its own program over the same params (adapters off), and without a KL term there is none."""
+  its own program over the same params (adapters off), and without a KL term (off, or at
+  coefficient 0) there is none."""
   from configs import alfworld
   from hgpo_jax.cost import plan as plan_lib
   from hgpo_jax.training import programs
@@ -258,9 +259,10 @@ def test_plan_counts_the_frozen_base_the_adapters_and_their_optimizer_state():
   plan = plan_lib.compile_plan(config, (2, 1, 1), devices=fake_devices.take(2),
                                phases=["logprobs", "update"])
   assert plan.reference == 0 and plan.opt_state == adapted.opt_bytes
-  config.train.use_kl_loss = False
-  no_kl = programs.build(config, mesh)
-  assert no_kl.programs["logprobs"].calls == 0 and "logprobs_old" not in no_kl.programs
+  for field, value in (("kl_coef", 0.0), ("use_kl_loss", False)):  # each turns the KL off
+    config.train[field] = value
+    no_kl = programs.build(config, mesh)
+    assert no_kl.programs["logprobs"].calls == 0 and "logprobs_old" not in no_kl.programs
 
 
 @pytest.mark.parametrize("overrides,message", [

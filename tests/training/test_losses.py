@@ -143,6 +143,40 @@ def test_actor_loss_combines_terms_and_grads_are_finite():
   np.testing.assert_allclose(loss - no_kl, 0.01 * np.asarray(kl)[m].mean(), rtol=1e-4)
 
 
+@pytest.mark.parametrize("mode", losses.LOSS_AGG_MODES)
+def test_kl_coef_zero_leaves_out_the_kl_term_and_changes_no_bit(mode, monkeypatch):
+  """kl_coef=0 is the KL loss off (`LossConfig.kl_in_loss`): the reference log-probs are
+  not read and there is no `kl` metric; the loss, its gradient and every other metric are
+  bitwise those of the term at weight 0 (the rule before: a term whenever `use_kl_loss`)."""
+  rng = np.random.default_rng(5)
+  shape = (3, 6)
+  logp = jnp.asarray(-rng.random(shape) * 3, jnp.float32)
+  old = logp + jnp.asarray(rng.normal(size=shape) * 0.3, jnp.float32)
+  ref = logp + jnp.asarray(rng.normal(size=shape) * 0.3, jnp.float32)
+  adv = jnp.asarray(rng.normal(size=shape), jnp.float32)
+  ent = jnp.asarray(rng.random(shape), jnp.float32)
+  mask = jnp.asarray(rng.random(shape) < 0.7)
+  cfg = losses.LossConfig(kl_coef=0.0, loss_agg=mode, norm_length=6)
+  assert not cfg.kl_in_loss and losses.LossConfig(kl_coef=1e-3).kl_in_loss
+  assert not losses.LossConfig(use_kl_loss=False, kl_coef=0.5).kl_in_loss
+
+  def loss_and_grad(ref_bt):
+    fn = lambda lp: losses.actor_loss(lp, ent, old, ref_bt, adv, mask, cfg)
+    return jax.jit(jax.value_and_grad(fn, has_aux=True))(logp)
+
+  (loss, metrics), grad = loss_and_grad(ref)
+  (loss_no_ref, _), grad_no_ref = loss_and_grad(jnp.full(shape, jnp.nan))  # not read
+  assert "kl" not in metrics and loss_no_ref == loss
+  np.testing.assert_array_equal(grad_no_ref, grad)
+  with monkeypatch.context() as m:
+    m.setattr(losses.LossConfig, "kl_in_loss", property(lambda self: self.use_kl_loss))
+    (before, before_metrics), before_grad = loss_and_grad(ref)
+  assert before_metrics.pop("kl") > 0
+  assert np.asarray(before).tobytes() == np.asarray(loss).tobytes()
+  assert np.asarray(before_grad).tobytes() == np.asarray(grad).tobytes()
+  assert {k: float(v) for k, v in before_metrics.items()} == {k: float(v) for k, v in metrics.items()}
+
+
 def test_loss_config_rejects_bad_values():
   with pytest.raises(ValueError, match="loss_agg"):
     losses.LossConfig(loss_agg="token-sum")

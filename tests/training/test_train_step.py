@@ -447,6 +447,36 @@ def test_on_policy_update_equals_the_separate_old_logprob_pass():
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=0.05 * cfg.lr)
 
 
+def test_kl_coef_zero_trains_bitwise_as_before_without_the_reference_pass(monkeypatch):
+  """kl_coef=0 (`LossConfig.kl_in_loss` false): iterations with no reference pass give
+  bitwise the params and metrics, all but `kl`, of the rule before (the reference pass and
+  the KL term at weight 0 whenever `use_kl_loss`)."""
+  cfg = _config(ppo_epochs=2, loss=losses.LossConfig(kl_coef=0.0))
+  batches = [_host_batch(32, seed=s) for s in (1, 2)]
+
+  def train(with_reference):
+    model = _model()
+    learner = train_step.Learner(model, _mesh(), cfg)
+    state = learner.init_state(nnx.state(model, nnx.Param))
+    ref = learner.reference_params(state) if with_reference else None
+    history = []
+    for host in batches:
+      filled = train_step.fill_logprobs(learner, state.params, ref, host)
+      state, metrics = train_step.train_iteration(learner, state, filled)
+      history.append({k: float(v) for k, v in metrics.items()})
+    return jax.device_get(state.params), history
+
+  params, history = train(with_reference=False)
+  with monkeypatch.context() as m:
+    m.setattr(losses.LossConfig, "kl_in_loss", property(lambda self: self.use_kl_loss))
+    before_params, before_history = train(with_reference=True)
+  assert before_history[1].pop("kl") > 0 and "kl" in before_history[0].keys()
+  before_history[0].pop("kl")
+  assert history == before_history and history[1]["grad_norm"] > 0
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(before_params)):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
 def test_on_policy_update_refuses_more_than_one_step():
   model = _model()
   learner = train_step.Learner(model, _mesh(), _config(micro_batch_rows=8))
