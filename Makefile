@@ -20,9 +20,11 @@ CUDA_PLUGINS := jax-cuda12-plugin jax-cuda12-pjrt
 # pytest-xdist workers: 2 cores here; tests are dominated by compilation and subprocesses.
 # Whole files go to a worker (--dist loadfile), so a module-scoped fixture (a trainer run, a
 # compiled learner) is built once rather than once per worker; tests/conftest.py orders the
-# files slowest first (tests/durations.json) so that no long file starts last.
+# files slowest first (tests/durations.json) so that no long file starts last, and
+# --no-loadscope-reorder keeps that order (xdist would otherwise hand out the files with the
+# most tests first, and a one-test learning file last).
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: venv run run-llm table test test-fast test-slow bench docs clean FORCE
 
