@@ -418,6 +418,14 @@ def make_grpc_server(core: SlotServer, host: str, port: int, workers: int,
                        interceptors=[TokenInterceptor(token)] if token is not None else None)
   server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(protos.SERVICE_NAME,
                                                                         handlers),))
+  bound, health_servicer = start_serving(server, host, port, tls, protos.SERVICE_NAME)
+  return server, bound, health_servicer
+
+
+def start_serving(server: grpc.Server, host: str, port: int, tls, service_name: str):
+  """Adds the health service to `server`, binds `host:port` (TLS with `tls` = (chain, key)
+  PEM bytes, else plaintext), starts it and marks `service_name` and the server SERVING;
+  returns (bound port, health servicer). The env servers and the retriever share it."""
   health_servicer = health.HealthServicer()
   health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
   if tls is not None:
@@ -428,9 +436,9 @@ def make_grpc_server(core: SlotServer, host: str, port: int, workers: int,
   if bound == 0:
     raise OSError(f"could not bind {host}:{port}; pick another --port (0 = any free port)")
   server.start()
-  for service in ("", protos.SERVICE_NAME):
+  for service in ("", service_name):
     health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-  return server, bound, health_servicer
+  return bound, health_servicer
 
 
 def main(argv: Sequence[str] | None = None) -> int:

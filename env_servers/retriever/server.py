@@ -22,9 +22,6 @@ import threading
 from typing import Sequence
 
 import grpc
-from grpc_health.v1 import health
-from grpc_health.v1 import health_pb2
-from grpc_health.v1 import health_pb2_grpc
 
 from env_servers import protos  # noqa: F401  (generates the stubs when missing)
 from env_servers import serve
@@ -70,18 +67,7 @@ def make_server(retriever, host: str, port: int, *, max_topk: int = 50, workers:
                                 ("grpc.so_reuseport", 0)],
                        interceptors=[serve.TokenInterceptor(token)] if token is not None else None)
   retriever_pb2_grpc.add_RetrieverServicer_to_server(RetrieverServicer(retriever, max_topk), server)
-  health_servicer = health.HealthServicer()
-  health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-  if tls is not None:
-    credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])  # [(key, chain)]
-    bound = server.add_secure_port(f"{host}:{port}", credentials)
-  else:
-    bound = server.add_insecure_port(f"{host}:{port}")
-  if bound == 0:
-    raise OSError(f"could not bind {host}:{port}; pick another --port (0 = any free port)")
-  server.start()
-  for service in ("", SERVICE_NAME):
-    health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+  bound, _ = serve.start_serving(server, host, port, tls, SERVICE_NAME)
   return server, bound
 
 

@@ -10,32 +10,12 @@ least one query term are returned (Lucene returns no zero-score hits), at most
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-
-def _import_bm25s():
-  """Imports bm25s with JAX hidden.
-
-  bm25s imports JAX when it can and runs a JAX op at import time (for an optional top-k
-  backend this module does not use). Env servers must never initialise JAX, which would
-  claim the accelerator, so JAX is hidden from that import and restored afterwards.
-  """
-  saved = sys.modules.get("jax")
-  sys.modules["jax"] = None  # makes `import jax` raise ImportError
-  try:
-    import bm25s
-  finally:
-    if saved is None:
-      del sys.modules["jax"]
-    else:
-      sys.modules["jax"] = saved
-  return bm25s
-
-
-bm25s = _import_bm25s()
+# bm25s imported with JAX hidden (env servers never initialise the accelerator).
+from env_servers.retriever.index import bm25s
 
 SEARCH_RETURN_N = 50
 
