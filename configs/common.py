@@ -301,7 +301,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.response_format = "react"  # "react" (<think>/<action>) | "hiper" (switch/subgoal/action)
   c.rollout.free_query_tokens = 8  # constrained: cap of a free WebShop search query, tokens
   c.rollout.subgoal_tokens = 12  # constrained "hiper": cap of a free subgoal, tokens
-  c.rollout.format_instructions = True  # "hiper": False drops the prompt's format instructions
+  c.rollout.format_instructions = True  # False drops the format instructions (constrained or "hiper")
   c.rollout.history_drop_chars = 0  # >0: WebShop prompts over this many chars lose their history
 
   c.algo = ml_collections.ConfigDict()

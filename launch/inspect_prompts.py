@@ -57,10 +57,11 @@ class PromptStats:
 
 
 def random_play_steps(env, env_name: str, tokenizer, task_ids: Sequence[str], *,
-                      max_steps: int, history_length: int):
+                      max_steps: int, history_length: int, history_drop_chars: int = 0,
+                      format_instructions: bool = True):
   """Plays one uniform-random episode per task (seeded by its id); yields every step as
   (the task sentence, the prompt's ids untruncated, the admissible actions, the action
-  played)."""
+  played). The prompt options are `rollout.history_drop_chars` and `.format_instructions`."""
   from hgpo_jax.rollout import prompts
   from hgpo_jax.rollout import rollout as rollout_lib
 
@@ -72,7 +73,8 @@ def random_play_steps(env, env_name: str, tokenizer, task_ids: Sequence[str], *,
     for _ in range(max_steps):
       admissible = [a for a in result.info["admissible_actions"] if a != "help"]
       shown = prompts.observation_text(env_name, result)
-      text = prompts.render_prompt(env_name, memory, shown, admissible, history_length)
+      text = prompts.render_prompt(env_name, memory, shown, admissible, history_length,
+                                   history_drop_chars, format_instructions)
       action = rng.choice(admissible)
       yield memory.task, rollout_lib.encode_prompt(tokenizer, text, 10**9), admissible, action
       obs, _, terminated, truncated, info = env.step(action)
@@ -84,12 +86,13 @@ def random_play_steps(env, env_name: str, tokenizer, task_ids: Sequence[str], *,
 
 def random_play_prompts(env, env_name: str, tokenizer, task_ids: Sequence[str], *,
                         max_steps: int, history_length: int, max_tokens: int,
-                        keep_longest: int = 0) -> PromptStats:
+                        keep_longest: int = 0, **prompt_options) -> PromptStats:
   """Plays one uniform-random episode per task (seeded by its id) and measures every
   step's prompt as the sampler receives it."""
   lengths, cut, task_lost, action_lost, texts = [], 0, 0, 0, []
   for task, ids, admissible, _ in random_play_steps(
-      env, env_name, tokenizer, task_ids, max_steps=max_steps, history_length=history_length):
+      env, env_name, tokenizer, task_ids, max_steps=max_steps, history_length=history_length,
+      **prompt_options):
     lengths.append(len(ids))
     if len(ids) > max_tokens:
       cut += 1
@@ -196,7 +199,9 @@ def inspect(config, split: str | None, tasks: int, show: int, choices: bool = Fa
       raise BadInput(f"--split {split!r}: the env has splits {env.splits()}")
     ids = env.task_ids(split)[:tasks]
     model, tokenizer, _ = loading.load_model(config.model.name, path=config.model.path or None)
-    play = dict(max_steps=config.env.max_steps, history_length=config.rollout.history_length)
+    play = dict(max_steps=config.env.max_steps, history_length=config.rollout.history_length,
+                history_drop_chars=config.rollout.history_drop_chars,
+                format_instructions=config.rollout.format_instructions)
     stats = random_play_prompts(env, config.env.name, tokenizer, ids, **play,
                                 max_tokens=config.rollout.max_prompt_tokens, keep_longest=show)
     extra = ""

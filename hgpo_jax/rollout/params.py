@@ -93,9 +93,10 @@ class RolloutParams:
   subgoal_tokens: int = 12
   """Cap of a constrained free HiPER subgoal, in tokens."""
   format_instructions: bool = True
-  """HiPER prompt: the released text with its format instructions (True), or only its
-  state parts (False; `hgpo_jax.rollout.hiper.render_prompt`), for small constrained
-  models whose left-truncated prompt would otherwise hold only the instructions."""
+  """The released prompt with its format instructions (True), or without them (False): for
+  constrained decoding, whose constraint writes the response's format, and small models
+  whose left-truncated prompt would otherwise spend its budget on the instructions (react:
+  `prompts.render_prompt`; HiPER: only its state parts, `hiper.render_prompt`)."""
   history_drop_chars: int = 0
   """Prompts (react and HiPER) longer than this many characters are rendered without their
   history (verl-agent's and HiPER-agent's WebShop env managers: 13,000); 0 = never."""
@@ -118,9 +119,9 @@ class RolloutParams:
     if self.response_format not in RESPONSE_FORMATS:
       raise ValueError(f"response_format={self.response_format!r}; use one of "
                        f"{RESPONSE_FORMATS}")
-    if not self.format_instructions and self.response_format != "hiper":
-      raise ValueError("format_instructions=False exists only for response_format='hiper' "
-                       "(its prompt puts the instructions after the state)")
+    if not (self.format_instructions or self.constrained or self.response_format == "hiper"):
+      raise ValueError("format_instructions=False needs constrained=True (the constraint "
+                       "writes the response format) or response_format='hiper'")
     if self.precompile and self.constrained and not self.max_trie_nodes:
       raise ValueError("precompile=True with constrained decoding needs max_trie_nodes > 0 "
                        "(the constrained programs' trie shapes otherwise follow the data)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+_TURN = "Now it's your turn to take an action.\n"
 _REASONING = (
     "You should first reason step-by-step about the current situation. This reasoning "
     "process MUST be enclosed within <think> </think> tags. \n"
@@ -22,7 +23,7 @@ ALFWORLD_FIRST = (
     "\nYou are an expert agent operating in the ALFRED Embodied Environment.\n"
     "Your current observation is: {observation}\n"
     "Your admissible actions of the current situation are: [{actions}].\n\n"
-    "Now it's your turn to take an action.\n" + _REASONING + "\n")
+    + _TURN + _REASONING + "\n")
 
 ALFWORLD_STEP = (
     "\nYou are an expert agent operating in the ALFRED Embodied Environment. "
@@ -31,8 +32,9 @@ ALFWORLD_STEP = (
     "recent {history_length} observations and the corresponding actions you took: {history}\n"
     "You are now at step {current_step} and your current observation is: {observation}\n"
     "Your admissible actions of the current situation are: [{actions}].\n\n"
-    "Now it's your turn to take an action.\n" + _REASONING + "\n")
+    + _TURN + _REASONING + "\n")
 
+_WEBSHOP_TURN = "Now it's your turn to take one action for the current step.\n"
 _WEBSHOP_REASONING = (
     "You should first reason step-by-step about the current situation, then think carefully "
     "which admissible action best advances the shopping goal. This reasoning process MUST be "
@@ -45,7 +47,7 @@ WEBSHOP_FIRST = (
     "Your task is to: {task}.\n"
     "Your current observation is: {observation}.\n"
     "Your admissible actions of the current situation are: \n[\n{actions}\n].\n\n"
-    "Now it's your turn to take one action for the current step.\n" + _WEBSHOP_REASONING + "\n")
+    + _WEBSHOP_TURN + _WEBSHOP_REASONING + "\n")
 
 WEBSHOP_STEP = (
     "\nYou are an expert autonomous agent operating in the WebShop e\u2011commerce environment.\n"
@@ -54,21 +56,21 @@ WEBSHOP_STEP = (
     "recent {history_length} observations and the corresponding actions you took: {history}\n"
     "You are now at step {current_step} and your current observation is: {observation}.\n"
     "Your admissible actions of the current situation are: \n[\n{actions}\n].\n\n"
-    "Now it's your turn to take one action for the current step.\n" + _WEBSHOP_REASONING + "\n")
+    + _WEBSHOP_TURN + _WEBSHOP_REASONING + "\n")
 
 # Generic template for the further environments (Sokoban, ...): same structure.
 GENERIC_FIRST = (
     "\nYou are an expert agent. Your task is to: {task}\n"
     "Your current observation is: {observation}\n"
     "Your admissible actions of the current situation are: [{actions}].\n\n"
-    "Now it's your turn to take an action.\n" + _REASONING + "\n")
+    + _TURN + _REASONING + "\n")
 GENERIC_STEP = (
     "\nYou are an expert agent. Your task is to: {task}\n"
     "Prior to this step, you have already taken {steps_taken} step(s). Below are the most "
     "recent {history_length} observations and the corresponding actions you took: {history}\n"
     "You are now at step {current_step} and your current observation is: {observation}\n"
     "Your admissible actions of the current situation are: [{actions}].\n\n"
-    "Now it's your turn to take an action.\n" + _REASONING + "\n")
+    + _TURN + _REASONING + "\n")
 
 # verl-agent's agent_system/environments/prompts/search.py (SEARCH_TEMPLATE_NO_HIS and
 # SEARCH_TEMPLATE), word for word: the question and the interaction history, no current
@@ -105,6 +107,24 @@ _TEMPLATES = {
     "webshop": (WEBSHOP_FIRST, WEBSHOP_STEP, lambda quoted: "\n".join(q + "," for q in quoted)),
 }
 _GENERIC = (GENERIC_FIRST, GENERIC_STEP, ", ".join)
+
+_INSTRUCTIONS = {"alfworld": _TURN + _REASONING + "\n",
+                 "webshop": _WEBSHOP_TURN + _WEBSHOP_REASONING + "\n",
+                 "search": _SEARCH_INSTRUCTIONS}
+"""The closing format instructions of each template (the generic one ends as ALFWorld's):
+what `format_instructions=False` leaves out."""
+
+
+def instructions(env_name: str) -> str:
+  """The format-instruction paragraph that ends `env_name`'s templates."""
+  return _INSTRUCTIONS.get(env_name, _INSTRUCTIONS["alfworld"])
+
+
+def _without_instructions(text: str, env_name: str) -> str:
+  suffix = instructions(env_name)
+  if not text.endswith(suffix):
+    raise ValueError(f"{env_name} prompt does not end with its format instructions")
+  return text[:-len(suffix)]
 
 TASK_MARKER = "Your task is to: "
 
@@ -166,13 +186,15 @@ def memory_observation(env_name: str, shown: str, result) -> str:
 
 
 def render_search_prompt(memory: EpisodeMemory, admissible: list[str],
-                         history_length: int) -> str:
+                         history_length: int, format_instructions: bool = True) -> str:
   """verl-agent's search prompt (the current observation lives in the history)."""
   if memory.records and history_length > 0:
     text = SEARCH_STEP.format(task=memory.task, steps_taken=len(memory.records),
                               history=memory.render_search(history_length))
   else:
     text = SEARCH_FIRST.format(task=memory.task)
+  if not format_instructions:
+    text = _without_instructions(text, "search")
   if admissible:
     text += SEARCH_LISTED.format(actions=", ".join(f"'{a}'" for a in admissible))
   return text
@@ -180,7 +202,7 @@ def render_search_prompt(memory: EpisodeMemory, admissible: list[str],
 
 def render_prompt(env_name: str, memory: EpisodeMemory, observation: str,
                   admissible: list[str], history_length: int,
-                  history_drop_chars: int = 0) -> str:
+                  history_drop_chars: int = 0, format_instructions: bool = True) -> str:
   """The user-message text for the current step of one trajectory.
 
   Args:
@@ -188,18 +210,21 @@ def render_prompt(env_name: str, memory: EpisodeMemory, observation: str,
     history_drop_chars: if > 0, a prompt with history longer than this many characters is
       replaced by the first-step template (no history), as verl-agent's WebShop env
       manager does at 13,000 characters (the HGPO recipe's has that line commented out).
+    format_instructions: False leaves out the closing format instructions (`instructions`):
+      for constrained decoding, where the constraint writes the response's format, so the
+      instructions only lengthen the prompt (counted after the history drop).
   """
   if env_name == "search":
-    return render_search_prompt(memory, admissible, history_length)
+    return render_search_prompt(memory, admissible, history_length, format_instructions)
   first, step, join = _TEMPLATES.get(env_name, _GENERIC)
   actions = join(f"'{a}'" for a in admissible if a != "help")
-  without_history = first.format(task=memory.task, observation=observation, actions=actions)
-  if not memory.records:
-    return without_history
-  history, shown = memory.render(history_length)
-  text = step.format(task=memory.task, steps_taken=len(memory.records), history_length=shown,
-                     history=history, current_step=len(memory.records) + 1,
-                     observation=observation, actions=actions)
-  if history_drop_chars > 0 and len(text) > history_drop_chars:
-    return without_history
-  return text
+  text = first.format(task=memory.task, observation=observation, actions=actions)
+  if memory.records:
+    history, shown = memory.render(history_length)
+    with_history = step.format(task=memory.task, steps_taken=len(memory.records),
+                               history_length=shown, history=history,
+                               current_step=len(memory.records) + 1,
+                               observation=observation, actions=actions)
+    if not (history_drop_chars > 0 and len(with_history) > history_drop_chars):
+      text = with_history
+  return text if format_instructions else _without_instructions(text, env_name)

@@ -165,7 +165,7 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     response_format: "react" or "hiper".
     free_query_tokens: cap of a constrained free WebShop query.
     subgoal_tokens: cap of a constrained free HiPER subgoal.
-    format_instructions: HiPER prompt with (True) or without its format instructions.
+    format_instructions: the prompt with (True) or without its format instructions.
     history_drop_chars: prompts longer than this lose their history (0: never;
       `prompts.render_prompt`, `hiper.render_prompt`).
     on_step: called as on_step(t, max_steps, active_slots) before each step's generation.
@@ -209,7 +209,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     else:
       shown = {i: prompts.observation_text(env_name, current[i]) for i in slots}
       texts = [prompts.render_prompt(env_name, memories[i], shown[i], current[i].admissible_actions,
-                                     history_length, history_drop_chars) for i in slots]
+                                     history_length, history_drop_chars, format_instructions)
+               for i in slots]
     prompt_ids = [encode_prompt(tokenizer, x, max_prompt_tokens) for x in texts]
     allowed, extra = None, {}
     if constrained:

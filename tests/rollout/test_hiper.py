@@ -134,8 +134,9 @@ def test_left_truncated_released_prompt_is_blind_and_the_state_only_one_is_not()
   assert not any(a in tails[True] for a in ADM1) and OBS1 not in tails[True]
   assert all(a in tails[False] for a in ADM1) and OBS1 in tails[False]
   assert "find the apple" in tails[False]
-  with pytest.raises(ValueError, match="only for response_format='hiper'"):
+  with pytest.raises(ValueError, match="needs constrained=True"):
     rollout_params.RolloutParams(format_instructions=False)
+  rollout_params.RolloutParams(format_instructions=False, constrained=True)
 
 def test_rows_carry_what_hae_reads():
   ro, *_ = _three_turn_episode()

@@ -75,3 +75,29 @@ def test_long_webshop_prompts_drop_their_history_only_when_asked():
   first = prompts.render_prompt("webshop", prompts.EpisodeMemory("a red mug"), "'Search'",
                                 ["click[x]"], 2)
   assert dropped == first and "[Observation" not in dropped
+
+
+def test_prompts_without_format_instructions_end_at_the_admissible_actions():
+  """`format_instructions=False` (constrained decoding) removes exactly the closing
+  instruction paragraph: the state parts stay, the history drop applies as before."""
+  first = prompts.EpisodeMemory("put a cool apple in countertop.")
+  step = prompts.EpisodeMemory("a red mug")
+  step.add("'page'", "click[b01]")
+  search = prompts.EpisodeMemory("who wrote it?")
+  search.add("<information>Doc 1</information>", "<search>it</search>")
+  cases = [("alfworld", first, OBS0, ["go to fridge 1", "look"], {}),
+           ("webshop", step, "'Search'", ["click[x]"], {}),
+           ("webshop", step, "'Search'", ["click[x]"], {"history_drop_chars": 50}),
+           ("sokoban", first, "#..", ["up", "down"], {}),
+           ("search", search, "", [], {})]
+  for env_name, memory, obs, actions, kw in cases:
+    full = prompts.render_prompt(env_name, memory, obs, actions, 2, **kw)
+    short = prompts.render_prompt(env_name, memory, obs, actions, 2, format_instructions=False,
+                                  **kw)
+    assert full == short + prompts.instructions(env_name), env_name
+    assert "<think>" in full and "<think>" not in short and "turn to" not in short, env_name
+  # the listed search variant keeps its action list after the cut
+  listed = prompts.render_prompt("search", search, "", ["<answer>b</answer>"], 2,
+                                 format_instructions=False)
+  assert listed.endswith("[''<answer>b</answer>''].\n".replace("''", "'"))
+  assert "<think>" not in listed
