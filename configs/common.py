@@ -254,6 +254,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.lora.rank = 0  # r; 0: full fine-tuning
   c.model.lora.alpha = 16.0  # the scale's numerator: alpha / r (verl's lora_alpha default)
   c.model.lora.rslora = False  # scale alpha / sqrt(r) instead (PEFT use_rslora)
+  c.model.lora.top_layers = 0  # adapters on the last N layers only, the rest frozen whole
+  #   (PEFT layers_to_transform; the update's backward stops at them); 0: every layer
   c.model.lora.targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # PEFT
   #   module names
   c.model.lora.path = ""  # start from this PEFT adapter directory (its adapter_config.json

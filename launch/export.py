@@ -165,9 +165,10 @@ def _check_architecture(cfg, params: dict, where: str, model_name: str) -> None:
                         "--model-path")
 
 
-def _run_lora(model: dict, params: dict, where: str):
-  """The LoraConfig of a run's `config.model` (JSON): its starting adapter's
-  (`model.lora.path`) or its `model.lora` keys; ExportError when `params` hold no adapters."""
+def _run_lora(model: dict, params: dict, where: str, num_layers: int):
+  """The LoraConfig of a run's `config.model` (JSON) over a `num_layers`-layer base: its
+  starting adapter's (`model.lora.path`) or its `model.lora` keys; ExportError when
+  `params` hold no adapters."""
   from hgpo_jax.models import lora as lora_lib
   if not lora_lib.has_adapters(params):
     raise ExportError(f"--lora-adapter: {where} holds no LoRA adapters (the run trained the "
@@ -175,9 +176,9 @@ def _run_lora(model: dict, params: dict, where: str):
   section = model.get("lora") or {}
   try:
     if section.get("path"):
-      return lora_lib.read_peft_config(section["path"])
+      return lora_lib.read_peft_config(section["path"], num_layers)
     return lora_lib.from_settings(section["rank"], section["alpha"], section["targets"],
-                                  section.get("rslora", False))
+                                  section.get("rslora", False), section.get("top_layers", 0))
   except (ValueError, OSError, KeyError) as e:
     raise ExportError(f"the run's model.lora: {e}") from None
 
@@ -228,7 +229,8 @@ def export(args: argparse.Namespace) -> list[str]:
   policy = host.params
   lora = base = None
   if args.lora_adapter or lora_lib.has_adapters(host.params):
-    lora = _run_lora(model, host.params, f"checkpoint step {step} in {directory}")
+    lora = _run_lora(model, host.params, f"checkpoint step {step} in {directory}",
+                     cfg.num_layers)
     if args.lora_adapter:
       if args.critic:
         raise ExportError("--lora-adapter writes the policy's adapters only; export the "

@@ -107,6 +107,9 @@ LAUNCH_CASES = {
     "negative attention chunk": (
         [_SMOKE, "--config.model.attn_query_chunk=-1"],
         "config.model.attn_query_chunk=-1 must be >= 0 (0: off)"),
+    "adapters on more layers than the model has": (
+        [_SMOKE, "--config.model.lora.rank=4", "--config.model.lora.top_layers=5"],
+        "config.model.lora.top_layers=5 exceeds the model's 2 layers."),
 }
 
 

@@ -93,15 +93,22 @@ class LoraConfig:
     alpha: the scale's numerator (PEFT `lora_alpha`).
     targets: PEFT module names of the adapted projections (`TARGETS`).
     rslora: scale alpha / √r instead of alpha / r (PEFT `use_rslora`).
+    top_layers: adapters on the last `top_layers` decoder layers only (PEFT
+      `layers_to_transform` = those layers' indices); 0 = on every layer. The layers below
+      them are frozen whole, so the update's backward pass stops at the first adapted layer.
   """
   rank: int = 0
   alpha: float = 16.0
   targets: tuple[str, ...] = TARGETS
   rslora: bool = False
+  top_layers: int = 0
 
   def __post_init__(self):
     if self.rank < 0:
       raise ValueError(f"model.lora.rank={self.rank} must be >= 0 (0: no adapters).")
+    if self.top_layers < 0:
+      raise ValueError(f"model.lora.top_layers={self.top_layers} must be >= 0 (0: every "
+                       "layer).")
     if not self.rank:
       return
     if not self.alpha > 0:
@@ -120,6 +127,11 @@ class LoraConfig:
   def names(self) -> tuple[str, ...]:
     """The adapted `DecoderLayers` weights, in `TARGETS` order."""
     return tuple(DECODER_NAMES[t] for t in TARGETS if t in self.targets) if self.rank else ()
+
+  def first_layer(self, num_layers: int) -> int:
+    """The index of the first adapted layer of a `num_layers`-layer decoder (0 without
+    `top_layers`; its adapters stack over layers [first_layer, num_layers))."""
+    return num_layers - self.top_layers if self.rank and self.top_layers else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +223,9 @@ class ModelConfig:
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"ModelConfig: num_heads={self.num_heads} is not a multiple of "
                        f"num_kv_heads={self.num_kv_heads}.")
+    if self.lora.top_layers > self.num_layers:
+      raise ValueError(f"model.lora.top_layers={self.lora.top_layers} exceeds the model's "
+                       f"{self.num_layers} layers.")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig: head_dim={self.head_dim} must be even for RoPE.")
 

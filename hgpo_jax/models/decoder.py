@@ -84,7 +84,8 @@ class DecoderLayers(nnx.Module):
     self.up = _param(rngs, (n, f, d), d ** -0.5, dt, ("layers", "mlp", "embed"))
     self.down = _param(rngs, (n, d, f), f ** -0.5, dt, ("layers", "embed", "mlp"))
     for name in cfg.lora.names:  # LoRA adapters beside their base weight (`models.lora`)
-      a, b = lora.adapter_params(getattr(self, name), name, cfg.lora.rank, rngs.params())
+      a, b = lora.adapter_params(getattr(self, name), name, cfg.lora.rank, rngs.params(),
+                                 cfg.lora.first_layer(n))
       setattr(self, f"{name}_lora_a", a)
       setattr(self, f"{name}_lora_b", b)
     # the parameters this config made, by name (biases only with cfg.qkv_bias, q/k norms
@@ -436,7 +437,19 @@ class Decoder(nnx.Module):
       def step(x, p):
         x, (k, v) = block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, seq=seq)
         return x, (k, v) if kv_dtype is None else (k.astype(kv_dtype), v.astype(kv_dtype))
-      x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, layer_params)
+      first = cfg.lora.first_layer(cfg.num_layers)
+      if first:
+        # Adapters on the top layers only (`LoraConfig.top_layers`): the frozen layers below
+        # run as a scan of their own, and no gradient flows back into them.
+        adapters = {n for n in layer_params if lora.is_adapter(n)}
+        below = {n: w[:first] for n, w in layer_params.items() if n not in adapters}
+        above = {n: w if n in adapters else w[first:] for n, w in layer_params.items()}
+        x_btd, (k_below, v_below) = jax.lax.scan(step, x_btd, below)
+        x_btd, (k_above, v_above) = jax.lax.scan(step, jax.lax.stop_gradient(x_btd), above)
+        k_lbkth = jnp.concatenate([k_below, k_above])
+        v_lbkth = jnp.concatenate([v_below, v_above])
+      else:
+        x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, layer_params)
       x_btd, k_lbkth, v_lbkth = x_btd[:, :t], k_lbkth[:, :, :, :t], v_lbkth[:, :, :, :t]
       new_cache = None
       if fresh:

@@ -103,6 +103,10 @@ def with_lora(model: Decoder, lora: lora_lib.LoraConfig | None = None, *, seed: 
     if lora is not None and lora.rank and lora.rank != read_cfg.rank:
       raise ValueError(f"model.lora.rank={lora.rank} but the adapter {adapter_dir} has rank "
                        f"{read_cfg.rank}; set model.lora.rank={read_cfg.rank} (or 0).")
+    if lora is not None and lora.rank and lora.top_layers != read_cfg.top_layers:
+      raise ValueError(f"model.lora.top_layers={lora.top_layers} but the adapter {adapter_dir} "
+                       f"adapts the top {read_cfg.top_layers or model.cfg.num_layers} layers; "
+                       f"set model.lora.top_layers={read_cfg.top_layers}.")
     lora = read_cfg
   elif lora is None or not lora.rank:
     return model
@@ -112,7 +116,8 @@ def with_lora(model: Decoder, lora: lora_lib.LoraConfig | None = None, *, seed: 
     for i, name in enumerate(lora.names):
       axes = getattr(model.layers, name).get_metadata().get("logical_axes")
       base = nnx.Param(layers[name], logical_axes=axes)
-      a, b = lora_lib.adapter_params(base, name, lora.rank, jax.random.fold_in(key, i))
+      a, b = lora_lib.adapter_params(base, name, lora.rank, jax.random.fold_in(key, i),
+                                     lora.first_layer(model.cfg.num_layers))
       adapters[f"layers/{name}_lora_a"], adapters[f"layers/{name}_lora_b"] = a[...], b[...]
   cfg = model.cfg.replace(lora=lora)
   flat = {"/".join(str(k) for k in path): x.astype(cfg.weight_dtype)

@@ -8,8 +8,8 @@ dropout 0). A is initialised as PEFT's `reset_lora_parameters` does (torch's Kai
 with a = √5 on lora_A's [r, in] weight: U(-1/√in, 1/√in)) and B with zeros, so a fresh
 adapter leaves the base policy exactly as it was. Adapters are `nnx.LoRAParam`s named
 `<projection>_lora_a` / `_lora_b` beside their base weight, stacked over the layers:
-A [L, in..., r] and B [L, r, out...], whose in / out axes keep the base weight's logical
-axis names (so they shard as its input and output do) and whose rank axis ("lora_rank",
+A [L, in..., r] and B [L, r, out...] (with `top_layers`: over the last layers only), whose
+in / out axes keep the base weight's logical axis names (so they shard as its input and output do) and whose rank axis ("lora_rank",
 no rule) is replicated. Adapters are float32 (PEFT's `autocast_adapter_dtype`); with LoRA
 the frozen base is stored in the compute dtype (`hgpo_jax.training.run_config`).
 
@@ -54,19 +54,22 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 
 
-def from_settings(rank: int, alpha: float, targets: str | tuple, rslora: bool) -> LoraConfig:
+def from_settings(rank: int, alpha: float, targets: str | tuple, rslora: bool,
+                  top_layers: int = 0) -> LoraConfig:
   """A LoraConfig from the command line's values (targets comma-separated)."""
   if isinstance(targets, str):
     targets = tuple(t.strip() for t in targets.split(",") if t.strip())
   return LoraConfig(rank=int(rank), alpha=float(alpha), targets=tuple(targets),
-                    rslora=bool(rslora))
+                    rslora=bool(rslora), top_layers=int(top_layers))
 
 
-def adapter_params(base: nnx.Param, name: str, rank: int, key: jax.Array):
-  """(A, B) `nnx.LoRAParam`s for the stacked base weight `base` [L, out..., in...]:
-  A [L, in..., r] ~ U(-1/√in, 1/√in) (PEFT's Kaiming-uniform, a = √5), B [L, r, out...] = 0,
+def adapter_params(base: nnx.Param, name: str, rank: int, key: jax.Array,
+                   first_layer: int = 0):
+  """(A, B) `nnx.LoRAParam`s for the stacked base weight `base` [L, out..., in...] from
+  layer `first_layer` on (n = L - first_layer layers):
+  A [n, in..., r] ~ U(-1/√in, 1/√in) (PEFT's Kaiming-uniform, a = √5), B [n, r, out...] = 0,
   float32, with the base's logical axes on their in / out axes."""
-  shape = tuple(base.shape)
+  shape = (base.shape[0] - first_layer, *base.shape[1:])
   base_axes = base.get_metadata().get("logical_axes") or (None,) * len(shape)
   n_out = _OUT_AXES[name]
   out_shape, in_shape = shape[1:1 + n_out], shape[1 + n_out:]
@@ -81,12 +84,17 @@ def adapter_params(base: nnx.Param, name: str, rank: int, key: jax.Array):
 
 def merged_weight(w, a, b, scale: float, dtype):
   """W + s · (A B)ᵀ in W's layout, in `dtype`: one stacked base weight w [L, out..., in...]
-  with its adapters a [L, in..., r], b [L, r, out...] (the products summed in float32)."""
+  with its adapters a [n, in..., r], b [n, r, out...] of its last n layers (the products
+  summed in float32; the layers below them cast only)."""
   n, r = a.shape[0], a.shape[-1]
   a_lir = a.reshape(n, -1, r).astype(dtype)
   b_lro = b.reshape(n, r, -1).astype(dtype)
   delta_loi = jnp.einsum("lir,lro->loi", a_lir, b_lro, preferred_element_type=jnp.float32)
-  return (w.astype(jnp.float32) + scale * delta_loi.reshape(w.shape)).astype(dtype)
+  top = w[w.shape[0] - n:]
+  top = (top.astype(jnp.float32) + scale * delta_loi.reshape(top.shape)).astype(dtype)
+  if n == w.shape[0]:
+    return top
+  return jnp.concatenate([w[:w.shape[0] - n].astype(dtype), top])
 
 
 def is_adapter(name: str) -> bool:
@@ -162,26 +170,30 @@ def write_peft_adapter(directory: str, lora: LoraConfig, layers: dict, *, num_la
   from safetensors.numpy import save_file  # noqa: PLC0415  (only the writer needs it)
   os.makedirs(directory, exist_ok=True)
   tensors = {}
+  first = lora.first_layer(num_layers)
   for target in lora.targets:
     name = DECODER_NAMES[target]
     a = np.asarray(layers[f"{name}_lora_a"], np.float32)
     b = np.asarray(layers[f"{name}_lora_b"], np.float32)
-    for i in range(num_layers):
-      tensors[peft_key(target, i, "A")] = np.ascontiguousarray(a[i].reshape(-1, lora.rank).T)
-      tensors[peft_key(target, i, "B")] = np.ascontiguousarray(b[i].reshape(lora.rank, -1).T)
+    for i in range(first, num_layers):
+      j = i - first
+      tensors[peft_key(target, i, "A")] = np.ascontiguousarray(a[j].reshape(-1, lora.rank).T)
+      tensors[peft_key(target, i, "B")] = np.ascontiguousarray(b[j].reshape(lora.rank, -1).T)
   save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
   config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank,
             "lora_alpha": lora.alpha, "use_rslora": lora.rslora, "lora_dropout": 0.0,
             "target_modules": sorted(lora.targets), "bias": "none", "fan_in_fan_out": False,
             "base_model_name_or_path": base_model, "inference_mode": True,
-            "init_lora_weights": True, "modules_to_save": None, "use_dora": False}
+            "init_lora_weights": True, "modules_to_save": None, "use_dora": False,
+            "layers_to_transform": list(range(first, num_layers)) if first else None}
   with open(os.path.join(directory, CONFIG_FILE), "w") as f:
     json.dump(config, f, indent=2)
 
 
-def read_peft_config(directory: str) -> LoraConfig:
-  """The LoraConfig of a PEFT adapter directory; one-line errors for what is not LoRA as
-  implemented here (DoRA, per-module ranks, biases, layer subsets, extra trained modules)."""
+def read_peft_config(directory: str, num_layers: int) -> LoraConfig:
+  """The LoraConfig of a PEFT adapter directory for a `num_layers`-layer base; one-line
+  errors for what is not LoRA as implemented here (DoRA, per-module ranks, biases, layer
+  subsets other than the last layers, extra trained modules)."""
   path = os.path.join(directory, CONFIG_FILE)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} not found: a PEFT adapter directory holds {CONFIG_FILE} "
@@ -190,8 +202,7 @@ def read_peft_config(directory: str) -> LoraConfig:
     hf = json.load(f)
   if hf.get("peft_type", "LORA") != "LORA":
     raise ValueError(f"{path}: peft_type={hf.get('peft_type')!r}; only LORA adapters load.")
-  unsupported = [k for k in ("use_dora", "rank_pattern", "alpha_pattern", "layers_to_transform",
-                             "modules_to_save", "fan_in_fan_out", "lora_bias",
+  unsupported = [k for k in ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save", "fan_in_fan_out", "lora_bias",
                              "trainable_token_indices", "target_parameters") if hf.get(k)]
   if hf.get("bias", "none") != "none":
     unsupported.append("bias")
@@ -201,10 +212,19 @@ def read_peft_config(directory: str) -> LoraConfig:
   if isinstance(targets, str):  # a regex in PEFT
     raise ValueError(f"{path}: target_modules={targets!r} is a pattern; list module names of "
                      f"{','.join(TARGETS)}.")
+  layers = hf.get("layers_to_transform")
+  if isinstance(layers, int):
+    layers = [layers]
+  top = 0
+  if layers:
+    if sorted(layers) != list(range(num_layers - len(layers), num_layers)):
+      raise ValueError(f"{path}: layers_to_transform={layers} is not the last layers of this "
+                       f"{num_layers}-layer model; only a top block of layers is implemented.")
+    top = len(layers) if len(layers) < num_layers else 0
   try:
     return LoraConfig(rank=int(hf["r"]), alpha=float(hf["lora_alpha"]),
                       targets=tuple(t for t in TARGETS if t in targets) or tuple(targets),
-                      rslora=bool(hf.get("use_rslora", False)))
+                      rslora=bool(hf.get("use_rslora", False)), top_layers=top)
   except (KeyError, ValueError) as e:
     raise ValueError(f"{path}: {e}") from None
 
@@ -213,21 +233,22 @@ def read_peft_adapter(directory: str, layers: dict, num_layers: int) -> tuple[Lo
   """(LoraConfig, {"layers/<name>_lora_a": A [L, in..., r], ...}) of a PEFT adapter
   directory, shaped for base weights `layers` (name -> array or ShapeDtypeStruct
   [L, out..., in...]); a shape that disagrees with the base is a one-line ValueError."""
-  lora = read_peft_config(directory)
+  lora = read_peft_config(directory, num_layers)
   path = os.path.join(directory, WEIGHTS_FILE)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{path} not found (peft save_pretrained writes it).")
   st = SafetensorsFile(path)
   out = {}
+  first = lora.first_layer(num_layers)
   for target in lora.targets:
     name = DECODER_NAMES[target]
     shape = tuple(layers[name].shape)
     n_out = _OUT_AXES[name]
     out_shape, in_shape = shape[1:1 + n_out], shape[1 + n_out:]
     want = {"A": (lora.rank, int(np.prod(in_shape))), "B": (int(np.prod(out_shape)), lora.rank)}
-    a = np.empty((num_layers, *in_shape, lora.rank), np.float32)
-    b = np.empty((num_layers, lora.rank, *out_shape), np.float32)
-    for i in range(num_layers):
+    a = np.empty((num_layers - first, *in_shape, lora.rank), np.float32)
+    b = np.empty((num_layers - first, lora.rank, *out_shape), np.float32)
+    for i in range(first, num_layers):
       for which in "AB":
         key = peft_key(target, i, which)
         if key not in st.names:
@@ -239,8 +260,8 @@ def read_peft_adapter(directory: str, layers: dict, num_layers: int) -> tuple[Lo
                            f"{want[which]}: the adapter's base model differs from this one.")
         w = np.asarray(w, np.float32)
         if which == "A":
-          a[i] = w.T.reshape(*in_shape, lora.rank)
+          a[i - first] = w.T.reshape(*in_shape, lora.rank)
         else:
-          b[i] = w.T.reshape(lora.rank, *out_shape)
+          b[i - first] = w.T.reshape(lora.rank, *out_shape)
     out[f"layers/{name}_lora_a"], out[f"layers/{name}_lora_b"] = a, b
   return lora, out

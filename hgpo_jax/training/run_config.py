@@ -252,11 +252,14 @@ def model_settings(config: ml_collections.ConfigDict, cfg: model_config.ModelCon
     impl = attention.resolve_impl(impl, mesh, dtype)
   lora = lora_config(config)
   # with LoRA the frozen base is stored in the compute dtype (the adapters are float32)
-  return cfg.replace(dtype=dtype, lora=lora,
-                     param_dtype=dtype if lora.rank else cfg.param_dtype,
-                     remat=bool(config.model.remat), attn_query_chunk=config.model.attn_query_chunk,
-                     attention_impl=impl,
-                     decode_attention_impl=config.model.decode_attention_impl)
+  try:
+    return cfg.replace(dtype=dtype, lora=lora,
+                       param_dtype=dtype if lora.rank else cfg.param_dtype,
+                       remat=bool(config.model.remat),
+                       attn_query_chunk=config.model.attn_query_chunk, attention_impl=impl,
+                       decode_attention_impl=config.model.decode_attention_impl)
+  except ValueError as e:  # a setting the model cannot take (model.lora.top_layers)
+    raise ConfigError(f"config.{e.args[0]}") from None
 
 
 def lora_config(config: ml_collections.ConfigDict) -> lora_lib.LoraConfig:
@@ -266,7 +269,8 @@ def lora_config(config: ml_collections.ConfigDict) -> lora_lib.LoraConfig:
   if section is None:
     return lora_lib.LoraConfig()
   try:
-    return lora_lib.from_settings(section.rank, section.alpha, section.targets, section.rslora)
+    return lora_lib.from_settings(section.rank, section.alpha, section.targets, section.rslora,
+                                  section.get("top_layers", 0))
   except ValueError as e:
     raise ConfigError(f"config.{e.args[0]}") from None
 

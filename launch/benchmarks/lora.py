@@ -4,6 +4,10 @@
   python -m launch.benchmarks.lora --flops [--rank 16]     # the analytic FLOPs only, no run
   python -m launch.benchmarks.lora --update [--reps 3] [--rank 16] [--rows 4] [--prompt 400] [--response 32]
 
+Every form takes `--top-layers N`: the LoRA sides adapt the last N of SmolLM2's 30 layers
+only (`model.lora.top_layers`, PEFT's `layers_to_transform`; the update's backward stops at
+them); 0, the default, adapts every layer.
+
 Both sides are the real trainer, `python -m launch.main` with
 `--config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local` (the SmolLM2 job,
 `make run-llm`: an ALFWorld server subprocess, 2 groups x 4 trajectories x 2 steps, one
@@ -88,16 +92,20 @@ ROWS, SCORED, LONGEST = 16, 32, 640 + 32  # the job's update: rows, response buc
 TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
-def flops_table(rank: int) -> list[str]:
-  """The analytic update FLOPs of the job's model, full vs LoRA `rank`, per micro-batch
-  length and remat setting, with their ratio."""
+def _where(top_layers: int) -> str:
+  return f"the last {top_layers} layers" if top_layers else "every layer"
+
+
+def flops_table(rank: int, top_layers: int = 0) -> list[str]:
+  """The analytic update FLOPs of the job's model, full vs LoRA `rank` (on the last
+  `top_layers` layers; 0: all), per micro-batch length and remat setting, with their ratio."""
   from hgpo_jax.cost import analytic
   from hgpo_jax.models import config as model_config
   from hgpo_jax.models import lora as lora_lib
   full = model_config.get_preset("smollm2-135m")
-  adapted = full.replace(lora=lora_lib.from_settings(rank, 16.0, TARGETS, False))
+  adapted = full.replace(lora=lora_lib.from_settings(rank, 16.0, TARGETS, False, top_layers))
   lines = [f"analytic update GFLOP of {ROWS} rows, {SCORED} scored tokens each (smollm2-135m, "
-           f"LoRA rank {rank} on all seven projections)"]
+           f"LoRA rank {rank} on all seven projections of {_where(top_layers)})"]
   for seq in (LONGEST // 2, LONGEST):
     for remat in (True, False):
       f, l = (analytic.analytic_update_flops(c, rows=ROWS, seq=seq, scored=SCORED, remat=remat)
@@ -111,7 +119,7 @@ UPDATE_SIDES = {"full+remat": (0, True), "full": (0, False), "lora+remat": (1, T
                 "lora": (1, False)}  # name -> (adapters?, remat)
 
 
-def update_sides(rank: int, rows: int, prompt: int, response: int) -> dict:
+def update_sides(rank: int, rows: int, prompt: int, response: int, top_layers: int = 0) -> dict:
   """{side: (call, compiled FLOPs)} for UPDATE_SIDES: each call runs one update of the
   side's learner on one random mini-batch (the same token ids on every side) and returns
   its new state, which the next call updates (the update donates its state)."""
@@ -137,7 +145,8 @@ def update_sides(rank: int, rows: int, prompt: int, response: int) -> dict:
     model = loading.load_model("smollm2-135m")[0]  # as the trainer builds it (training.run)
     model.cfg = model.cfg.replace(remat=remat, attn_query_chunk=256)
     if adapted:
-      model = loading.with_lora(model, lora_lib.from_settings(rank, 2.0 * rank, TARGETS, False))
+      model = loading.with_lora(model, lora_lib.from_settings(rank, 2.0 * rank, TARGETS, False,
+                                                              top_layers))
     learner = train_step.Learner(model, mesh, train_step.UpdateConfig(
         lr=1e-6, mini_batch_rows=rows, micro_batch_rows=rows))
     box = {"state": learner.init_state(nnx.state(model, nnx.Param))}
@@ -153,14 +162,16 @@ def update_sides(rank: int, rows: int, prompt: int, response: int) -> dict:
   return sides
 
 
-def run_update(rank: int, rows: int, prompt: int, response: int, reps: int) -> None:
+def run_update(rank: int, rows: int, prompt: int, response: int, reps: int,
+               top_layers: int = 0) -> None:
   """--update: the four sides' update programs, alternating; prints the ratios last."""
   import jax
 
   from launch.benchmarks import harness
-  sides = update_sides(rank, rows, prompt, response)
+  sides = update_sides(rank, rows, prompt, response, top_layers)
   print(f"smollm2-135m update, {rows} rows x ({prompt} + {response}) tokens, float32, one "
-        f"optimizer step; lora rank {rank} alpha {2 * rank}, all seven projections; jax "
+        f"optimizer step; lora rank {rank} alpha {2 * rank}, all seven projections of "
+        f"{_where(top_layers)}; jax "
         f"{jax.__version__} on {jax.devices()[0].device_kind}; median of {reps} alternating "
         "calls after one compile call each", flush=True)
   med = harness.alternating_medians({n: c for n, (c, _) in sides.items()}, reps, warmup=1)
@@ -187,27 +198,32 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--rows", type=int, default=4, help="--update: rows of the mini-batch")
   parser.add_argument("--prompt", type=int, default=400, help="--update: prompt tokens per row")
   parser.add_argument("--response", type=int, default=32, help="--update: response tokens per row")
+  parser.add_argument("--top-layers", type=int, default=0,
+                      help="LoRA on the last N layers only (model.lora.top_layers; 0: all)")
   parser.add_argument("--sides", default="full,lora",
                       help="the sides to run, in this order (full, lora; the ratios need both)")
   args = parser.parse_args(argv)
+  if not 0 <= args.top_layers <= 30:
+    parser.error(f"--top-layers {args.top_layers}: SmolLM2-135M has 30 layers (0: all)")
   if args.flops:
     if args.rank < 1:
       parser.error("--rank must be >= 1")
-    print("\n".join(flops_table(args.rank)))
+    print("\n".join(flops_table(args.rank, args.top_layers)))
     return 0
   if args.reps is None:
     args.reps = 3 if args.update else 1
   if args.update:
     if min(args.rank, args.rows, args.prompt, args.response, args.reps) < 1:
       parser.error("--update: --rank, --rows, --prompt, --response and --reps must be >= 1")
-    run_update(args.rank, args.rows, args.prompt, args.response, args.reps)
+    run_update(args.rank, args.rows, args.prompt, args.response, args.reps, args.top_layers)
     return 0
   chosen = [s.strip() for s in args.sides.split(",") if s.strip()]
   if args.iterations < 2 or args.rank < 1 or args.reps < 1:
     parser.error("--iterations must be >= 2 (the first one compiles), --rank and --reps >= 1")
   if not chosen or set(chosen) - {"full", "lora"}:
     parser.error(f"--sides {args.sides!r}: name full and/or lora")
-  every = {"full": [], "lora": [f"--config.model.lora.rank={args.rank}"]}
+  every = {"full": [], "lora": [f"--config.model.lora.rank={args.rank}",
+                                f"--config.model.lora.top_layers={args.top_layers}"]}
   sides = {name: every[name] for name in chosen}
   update = {s: [] for s in sides}
   logprobs = {s: [] for s in sides}
@@ -231,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
   med = {s: (statistics.median(update[s]), statistics.median(logprobs[s]),
              statistics.median(iteration[s]), max(peak[s])) for s in sides}
   print(f"{CONFIG}; median over iterations 2..{args.iterations} x {args.reps} reps; "
-        f"lora: rank {args.rank}, alpha 16, all seven projections")
+        f"lora: rank {args.rank}, alpha 16, all seven projections of "
+        f"{_where(args.top_layers)}")
   for name, (u, lp, it, rss) in med.items():
     print(f"  {name:5s} update {u:.1f} s, log-probs {lp:.1f} s, iteration {it:.1f} s, "
           f"peak RSS {rss:.2f} GiB")

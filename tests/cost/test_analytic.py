@@ -1,6 +1,7 @@
 """Analytic parameter counts against transformers, PEFT and the built Decoder; the LoRA
 terms of the analytic FLOP counts against the compiled ones."""
 
+import dataclasses
 import jax
 import numpy as np
 import pytest
@@ -90,14 +91,16 @@ def test_sampler_flops_of_a_lora_config_are_its_merged_base_ones():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("remat", [False, True])
-def test_compiled_lora_update_flops_equal_the_analytic_count(remat):
+@pytest.mark.parametrize("remat,top_layers", [(False, 0), (True, 0), (False, 2), (True, 2)])
+def test_compiled_lora_update_flops_equal_the_analytic_count(remat, top_layers):
   """A LoRA learner's compiled update: forward with the adapters' products, backward with
-  input gradients of every matmul and weight gradients of the adapters only. Without remat
-  the counts agree exactly (rel 1e-9 = float rounding); with remat the analytic count's
-  extra forward of the layers is an upper bound (XLA keeps some products: within 5%)."""
+  input gradients of every matmul and weight gradients of the adapters only (with
+  `top_layers`: no backward below the adapted layers). Without remat the counts agree
+  exactly (rel 1e-9 = float rounding); with remat the analytic count's extra forward of
+  the layers is an upper bound (XLA keeps some products: within 5%)."""
   cfg = model_config.get_preset("tiny").replace(
-      remat=remat, lora=lora.LoraConfig(rank=4, targets=("q_proj", "v_proj", "down_proj")))
+      num_layers=3, remat=remat, lora=lora.LoraConfig(
+          rank=4, targets=("q_proj", "v_proj", "down_proj"), top_layers=top_layers))
   model = decoder.Decoder(cfg, rngs=nnx.Rngs(0))
   mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
   learner = train_step.Learner(model, mesh, train_step.UpdateConfig(
@@ -113,6 +116,11 @@ def test_compiled_lora_update_flops_equal_the_analytic_count(remat):
   full = analytic.analytic_update_flops(cfg.replace(lora=lora.LoraConfig()), rows=8, seq=seq,
                                         scored=seq - 1, remat=remat)
   assert upd < full
+  if top_layers:
+    every = analytic.analytic_update_flops(
+        cfg.replace(lora=dataclasses.replace(cfg.lora, top_layers=0)), rows=8, seq=seq,
+        scored=seq - 1, remat=remat)
+    assert upd < every
   if remat:
     assert 0.95 * upd <= got <= upd
   else:

@@ -35,3 +35,19 @@ def test_update_refuses_a_size_below_one(capsys, flag):
     lora_bench.main(["--update", flag, "0"])
   assert "must be >= 1" in capsys.readouterr().err
 
+
+
+def test_top_layer_adapters_cut_the_update_below_the_frozen_layers():
+  """With adapters on the last 8 of 30 layers the 22 below have no backward: the analytic
+  update is more than twice cheaper than full fine-tuning's (every-layer LoRA: < 1.5x)."""
+  lines = lora_bench.flops_table(16, top_layers=8)
+  assert "of the last 8 layers" in lines[0]
+  rows = [tuple(float(x) for x in re.findall(r"full\s+([\d.]+)\s+lora\s+([\d.]+)", l)[0])
+          for l in lines[1:]]
+  assert all(2.0 < f / l < 3.0 for f, l in rows), rows
+
+
+def test_top_layers_beyond_the_model_are_refused(capsys):
+  with pytest.raises(SystemExit):
+    lora_bench.main(["--flops", "--top-layers", "31"])
+  assert "SmolLM2-135M has 30 layers" in capsys.readouterr().err

@@ -17,14 +17,17 @@ ALL = list(lora.TARGETS)
 SUBSET = ["q_proj", "o_proj", "up_proj"]
 
 
-def _peft_model(tmp_path, arch, targets, *, rank=4, alpha=8.0, rslora=False, seed=0):
-  """(HF directory, PEFT adapter directory, peft model) with random non-zero A and B."""
+def _peft_model(tmp_path, arch, targets, *, rank=4, alpha=8.0, rslora=False, seed=0,
+                layers=None):
+  """(HF directory, PEFT adapter directory, peft model) with random non-zero A and B
+  (on the layers `layers` only when given: PEFT's `layers_to_transform`)."""
   import peft
   import torch
   hf_dir = str(tmp_path / arch)
   base = model_fixtures.write_hf_dir(hf_dir, arch, seed=seed)
   model = peft.get_peft_model(base, peft.LoraConfig(
-      r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, use_rslora=rslora))
+      r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, use_rslora=rslora,
+      layers_to_transform=layers))
   torch.manual_seed(seed + 1)
   with torch.no_grad():
     for name, p in model.named_parameters():
@@ -40,12 +43,16 @@ def _logits(model, tokens, mask, positions):
   return np.asarray(model(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))[0])
 
 
-@pytest.mark.parametrize("arch,targets,rslora", [("qwen2", ALL, False), ("llama", ALL, True),
-                                                 ("qwen2", SUBSET, False)])
-def test_adapted_forward_equals_peft(tmp_path, arch, targets, rslora):
-  hf_dir, adapter_dir, reference = _peft_model(tmp_path, arch, targets, rslora=rslora)
+@pytest.mark.parametrize("arch,targets,rslora,layers", [
+    ("qwen2", ALL, False, None), ("llama", ALL, True, None), ("qwen2", SUBSET, False, None),
+    ("llama", SUBSET, False, [1])])
+def test_adapted_forward_equals_peft(tmp_path, arch, targets, rslora, layers):
+  hf_dir, adapter_dir, reference = _peft_model(tmp_path, arch, targets, rslora=rslora,
+                                               layers=layers)
   model, _, cfg = loading.load_hf_dir(hf_dir, lora_path=adapter_dir)
   assert cfg.lora.rank == 4 and set(cfg.lora.targets) == set(targets)
+  assert cfg.lora.top_layers == (len(layers) if layers else 0)
+  assert model.layers.q_lora_a[...].shape[0] == (len(layers) if layers else cfg.num_layers)
   assert cfg.lora.scale == (8.0 / 2.0 if rslora else 8.0 / 4)
   tokens, mask, positions = model_fixtures.left_padded_batch()
   want = model_fixtures.torch_logits(reference, tokens, mask, positions)
@@ -57,14 +64,16 @@ def test_adapted_forward_equals_peft(tmp_path, arch, targets, rslora):
   np.testing.assert_allclose(got[mask], want[mask], atol=2e-4, rtol=1e-4)
 
 
-def test_peft_files_round_trip(tmp_path):
+@pytest.mark.parametrize("top_layers", [0, 1])
+def test_peft_files_round_trip(tmp_path, top_layers):
+  import json
   import peft
   import transformers
   hf_dir = str(tmp_path / "hf")
   model_fixtures.write_hf_dir(hf_dir, "qwen2")
   base, _, _ = loading.load_hf_dir(hf_dir)
-  model = loading.with_lora(base, lora.LoraConfig(rank=3, alpha=5.0, targets=tuple(SUBSET)),
-                            seed=1)
+  model = loading.with_lora(base, lora.LoraConfig(rank=3, alpha=5.0, targets=tuple(SUBSET),
+                                                  top_layers=top_layers), seed=1)
   # B = 0 from the init; make them non-zero so the files carry a real update
   state = nnx.state(model, nnx.LoRAParam)
   rng = np.random.default_rng(0)
@@ -75,6 +84,8 @@ def test_peft_files_round_trip(tmp_path):
                           nnx.to_pure_dict(nnx.state(model, nnx.Param))["layers"],
                           num_layers=model.cfg.num_layers, base_model=hf_dir)
   assert sorted(os.listdir(out)) == [lora.CONFIG_FILE, lora.WEIGHTS_FILE]
+  with open(os.path.join(out, lora.CONFIG_FILE)) as f:
+    assert json.load(f)["layers_to_transform"] == ([1] if top_layers else None)
   tokens, mask, positions = model_fixtures.left_padded_batch(seed=3)
   ours = _logits(model, tokens, mask, positions)
   hf = transformers.Qwen2ForCausalLM.from_pretrained(hf_dir).eval()
@@ -135,6 +146,60 @@ def test_bad_settings_are_one_line_errors(kwargs, message):
   assert "\n" not in str(e.value)
 
 
+def test_top_layer_adapters_are_every_layer_adapters_with_the_lower_ones_off():
+  """`top_layers=1` on the 2-layer tiny model equals adapters on both layers whose layer-0
+  B is zero: the same logits, and the same gradient of the top adapters although no
+  gradient flows below them (the split layer scan's stop_gradient)."""
+  cfg = loading.get_preset("tiny")
+  base = decoder.Decoder(cfg, rngs=nnx.Rngs(params=0))
+  every = loading.with_lora(base, lora.LoraConfig(rank=4, alpha=8.0), seed=0)
+  top = loading.with_lora(base, lora.LoraConfig(rank=4, alpha=8.0, top_layers=1), seed=0)
+  assert top.layers.q_lora_a[...].shape[0] == 1 and top.cfg.lora.first_layer(2) == 1
+  rng = np.random.default_rng(3)
+  state = jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype),
+                       nnx.state(every, nnx.LoRAParam))
+  state = jax.tree_util.tree_map_with_path(
+      lambda path, x: x.at[0].set(0.0) if "lora_b" in jax.tree_util.keystr(path) else x, state)
+  nnx.update(every, state)
+  nnx.update(top, jax.tree.map(lambda x: x[1:], state))
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=8)
+  weights = jnp.asarray(rng.normal(size=(*tokens.shape, cfg.vocab_size)), jnp.float32)
+
+  def grads(model):
+    graphdef, adapters, rest = nnx.split(model, nnx.LoRAParam, ...)
+
+    def loss(a):
+      logits = nnx.merge(graphdef, a, rest)(jnp.asarray(tokens), jnp.asarray(positions),
+                                            jnp.asarray(mask))[0]
+      return jnp.sum(jnp.where(jnp.asarray(mask)[..., None], logits * weights, 0.0))
+    return loss(adapters), nnx.to_pure_dict(jax.grad(loss)(adapters))["layers"]
+  (loss_every, g_every), (loss_top, g_top) = grads(every), grads(top)
+  np.testing.assert_allclose(float(loss_top), float(loss_every), rtol=1e-6)
+  for name, g in g_top.items():
+    assert np.any(np.asarray(g) != 0), name
+    np.testing.assert_allclose(np.asarray(g[0]), np.asarray(g_every[name][1]), rtol=2e-4,
+                               atol=1e-5, err_msg=name)
+  merged = top.merged()
+  np.testing.assert_allclose(_logits(merged, tokens, mask, positions)[mask],
+                             _logits(top, tokens, mask, positions)[mask], atol=1e-4)
+
+
+def test_top_layers_that_do_not_fit_are_one_line_errors(tmp_path):
+  base = decoder.Decoder(loading.get_preset("tiny"), rngs=nnx.Rngs(params=0))
+  with pytest.raises(ValueError, match="top_layers=3 exceeds the model's 2 layers"):
+    loading.with_lora(base, lora.LoraConfig(rank=4, top_layers=3))
+  with pytest.raises(ValueError, match="top_layers=-1 must be >= 0"):
+    lora.LoraConfig(rank=4, top_layers=-1)
+  _, adapter_dir, _ = _peft_model(tmp_path, "llama", SUBSET, layers=[0])
+  with pytest.raises(ValueError, match=r"layers_to_transform=\[0\] is not the last layers") as e:
+    lora.read_peft_config(adapter_dir, 2)
+  assert "\n" not in str(e.value)
+  _, top_dir, _ = _peft_model(tmp_path / "top", "llama", SUBSET, layers=[1])
+  hf_base, _, _ = loading.load_hf_dir(str(tmp_path / "top" / "llama"))
+  with pytest.raises(ValueError, match="set model.lora.top_layers=1"):
+    loading.with_lora(hf_base, lora.LoraConfig(rank=4), adapter_dir=top_dir)
+
+
 def test_adapter_of_another_base_is_refused(tmp_path):
   _, adapter_dir, _ = _peft_model(tmp_path, "qwen2", SUBSET)
   other = decoder.Decoder(loading.get_preset("tiny"), rngs=nnx.Rngs(params=0))  # hidden 64,
@@ -143,9 +208,11 @@ def test_adapter_of_another_base_is_refused(tmp_path):
   assert "\n" not in str(e.value)
 
 
-def test_export_of_a_lora_run_as_peft_adapter_and_merged_model(tmp_path):
+@pytest.mark.parametrize("top_layers", [0, 1])
+def test_export_of_a_lora_run_as_peft_adapter_and_merged_model(tmp_path, top_layers):
   """`launch.export` of a LoRA checkpoint: --lora-adapter writes what peft loads onto the HF
-  base with the run's logits (and the project loads back), the default the merged model."""
+  base with the run's logits (and the project loads back), the default the merged model;
+  also with adapters on the top layer only (`top_layers`)."""
   import peft
   import transformers
   from launch import export
@@ -154,7 +221,8 @@ def test_export_of_a_lora_run_as_peft_adapter_and_merged_model(tmp_path):
   hf_dir = str(tmp_path / "hf")
   model_fixtures.write_hf_dir(hf_dir, "qwen2")
   base, _, _ = loading.load_hf_dir(hf_dir)
-  model = loading.with_lora(base, lora.LoraConfig(rank=3, alpha=5.0, targets=tuple(SUBSET)))
+  model = loading.with_lora(base, lora.LoraConfig(rank=3, alpha=5.0, targets=tuple(SUBSET),
+                                                  top_layers=top_layers))
   rng = np.random.default_rng(4)
   nnx.update(model, jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.2, x.shape), x.dtype),
                                  nnx.state(model, nnx.LoRAParam)))
@@ -162,7 +230,8 @@ def test_export_of_a_lora_run_as_peft_adapter_and_merged_model(tmp_path):
                                train_step.UpdateConfig(mini_batch_rows=8, micro_batch_rows=8))
   state = learner.init_state(nnx.state(model, nnx.Param))
   config = {"seed": 0, "model": {"name": "custom", "path": hf_dir, "lora": {
-      "rank": 3, "alpha": 5.0, "targets": ",".join(SUBSET), "rslora": False, "path": ""}}}
+      "rank": 3, "alpha": 5.0, "targets": ",".join(SUBSET), "rslora": False, "path": "",
+      "top_layers": top_layers}}}
   with checkpoint.Checkpointer(str(tmp_path / "run" / "checkpoints"), async_save=False) as ckpt:
     ckpt.save(1, state.to_checkpoint(), cursor={"iteration": 1}, config=config)
   tokens, mask, positions = model_fixtures.left_padded_batch(seed=6)

@@ -18,9 +18,10 @@ TINY = model_config.get_preset("tiny").replace(num_layers=2, vocab_size=64, mlp_
 LORA = lora.LoraConfig(rank=4, alpha=8.0)
 
 
-def _models(mesh=None, targets=lora.TARGETS):
+def _models(mesh=None, targets=lora.TARGETS, top_layers=0):
   base = decoder.Decoder(TINY, rngs=nnx.Rngs(0))
-  adapted = loading.with_lora(base, lora.LoraConfig(rank=4, alpha=8.0, targets=targets),
+  adapted = loading.with_lora(base, lora.LoraConfig(rank=4, alpha=8.0, targets=targets,
+                                                    top_layers=top_layers),
                               seed=3, mesh=mesh)
   return base, adapted
 
@@ -114,13 +115,13 @@ def test_reference_copy_settings_are_refused_with_adapters():
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2)])
-def test_sharded_equals_unsharded(shape):
+@pytest.mark.parametrize("shape,top_layers", [((8, 1, 1), 0), ((2, 2, 2), 0), ((2, 2, 2), 1)])
+def test_sharded_equals_unsharded(shape, top_layers):
   hosts = [_host_batch(32, seed=s) for s in (1, 2)]
   config = _config(lr=1e-3, mini_batch_rows=32)
   params, metrics = {}, {}
   for name, mesh in (("single", _mesh()), ("sharded", _mesh(*shape))):
-    _, adapted = _models(mesh)
+    _, adapted = _models(mesh, top_layers=top_layers)
     learner, state = _learner(adapted, mesh, config)
     p0 = _flat(jax.device_get(state.params))
     state, history = _iterate(learner, state, hosts)
