@@ -177,6 +177,47 @@ def test_server_token(tmp_path):
     _stop(proc)
 
 
+def test_tls_with_a_self_signed_certificate_and_token(tmp_path):
+  """The retriever server over TLS (and a token), as the env servers serve: a client that
+  trusts the certificate gets the in-process hits; a plaintext client and a client that
+  trusts another CA fail at the transport, after their tries, in one line."""
+  import shutil
+
+  from env_servers.retriever import server as server_lib
+  if shutil.which("openssl") is None:
+    pytest.skip("openssl is not installed")
+
+  def certificate(name):
+    key, cert = tmp_path / f"{name}.key", tmp_path / f"{name}.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return cert.read_bytes(), key.read_bytes()
+  cert, key = certificate("server")
+  other, _ = certificate("other")
+  corpus = tmp_path / "corpus.jsonl"
+  _write_corpus(corpus)
+  local = client_lib.LocalRetriever(corpus, save_index=False)
+  server, port = server_lib.make_server(local, "127.0.0.1", 0, token="s3cret", tls=(cert, key))
+  try:
+    address = f"localhost:{port}"
+    good = client_lib.RemoteRetriever(address, token="s3cret", tls_root_cert=cert, timeout_s=5)
+    assert good.search(["red fox", "paint"], 2) == local.search(["red fox", "paint"], 2)
+    good.close()
+    for client in (client_lib.RemoteRetriever(address, token="s3cret", timeout_s=1, tries=2,
+                                              backoff_s=0.01),
+                   client_lib.RemoteRetriever(address, token="s3cret", tls_root_cert=other,
+                                              timeout_s=1, tries=2, backoff_s=0.01)):
+      with pytest.raises(client_lib.RetrieverError, match="did not answer Retrieve after 2 "
+                         r"tries of 1 s \((UNAVAILABLE|DEADLINE_EXCEEDED)") as e:
+        client.search(["fox"], 1)
+      assert "\n" not in str(e.value)
+      client.close()
+  finally:
+    server.stop(None)
+
+
 def test_bad_server_arguments_are_one_line(tmp_path):
   out = subprocess.run([sys.executable, "-m", "env_servers.retriever", "--corpus",
                         str(tmp_path / "missing.jsonl")], capture_output=True, text=True)
