@@ -16,12 +16,13 @@ CPU_ISA = "AVX2"
 # XLA:CPU settings by name; hgpo_jax.runtime.pin_cpu_numerics applies one.
 #   default:    code generation capped at AVX2, and no platform-dependent math
 #               (--xla_cpu_enable_platform_dependent_math=false). With it, an AMD EPYC
-#               (AVX2) and an Intel Xeon (AVX-512, AMX) gave the same bits on every line
+#               (AVX2) and an Intel Xeon (AVX-512, AMX) give the same bits on every line
 #               of launch/cpu_numerics/witness.py, a training iteration's phases included, at 1,
-#               2 and 16 cores; without it they part in matmuls with contractions over 256,
-#               in an RMS norm and in a softmax-attention block.
-#   host_math:  the ISA cap alone: the default until this setting was measured, and the
-#               numerics of the committed results tables' runs (their trainer revisions).
+#               2 and 16 cores (results/reproducibility_records.md); without it they part in
+#               matmuls with contractions over 256, in an RMS norm and in a softmax-attention
+#               block.
+#   host_math:  the ISA cap alone: the numerics of the committed results tables' runs
+#               (the default of the trainer revisions they record).
 #   no_ynnpack: the ISA cap and no YNNPACK fusions (dots in Eigen, reductions in XLA's own
 #               code): a diagnosis setting; Eigen splits long contractions by thread count.
 # What each pins, measured on two machines, and the cost: docs/reproducibility.md.
