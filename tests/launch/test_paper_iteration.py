@@ -127,8 +127,12 @@ def test_tiny_cpu_run_prints_consistent_iteration_lines():
   last = lines[-1]
   median = float(re.match(r"tokens/s per chip: ([\d.]+) \(median of iterations 2..2\)", last)[1])
   assert median == pytest.approx(per_chip[1], abs=0.06)
-  assert last.endswith(f"vs the HiPER authors' 2340 per H100 (ALFWorld log: mean prompt 734, "
-                       f"response 176 tokens): {median / 2340:.2f}x (target >= 4x)")
+  # the ratio is of the unrounded median: compared within the printed digits' rounding
+  # (620.1 / 2340 = 0.26500 prints as 0.26 or 0.27 as the median's hidden digits fall)
+  tail = re.search(r"vs the HiPER authors' 2340 per H100 \(ALFWorld log: mean prompt 734, "
+                   r"response 176 tokens\): ([\d.]+)x \(target >= 4x\)$", last)
+  assert tail, last
+  assert float(tail[1]) == pytest.approx(median / 2340, abs=0.005 + 0.05 / 2340)
 
 
 def test_random_presets_load_without_weights_with_the_bundled_tokenizer(monkeypatch):
