@@ -420,6 +420,12 @@ class Decoder(nnx.Module):
         rope.rope_angles(positions_bt, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
     per_layer = self.layers.unstacked() if mode is Mode.DECODE else None
     layer_params = self.layers.stacked() if per_layer is None else None
+    first = cfg.lora.first_layer(cfg.num_layers)
+    if first and mode is Mode.DECODE and layer_params is not None:
+      # Decode steps of unmerged top-layer adapters (the sampler decodes merged weights,
+      # `for_decoding`): zero adapters below them, so one layer loop reads every layer.
+      layer_params = {n: jnp.concatenate([jnp.zeros((first, *w.shape[1:]), w.dtype), w])
+                      if lora.is_adapter(n) else w for n, w in layer_params.items()}
 
     remat = jax.checkpoint if cfg.remat else (lambda f: f)
     # A prefill's cache holds nothing the new positions may read: they attend to each
@@ -437,7 +443,6 @@ class Decoder(nnx.Module):
       def step(x, p):
         x, (k, v) = block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, seq=seq)
         return x, (k, v) if kv_dtype is None else (k.astype(kv_dtype), v.astype(kv_dtype))
-      first = cfg.lora.first_layer(cfg.num_layers)
       if first:
         # Adapters on the top layers only (`LoraConfig.top_layers`): the frozen layers below
         # run as a scan of their own, and no gradient flows back into them.

@@ -9,8 +9,8 @@ with a = √5 on lora_A's [r, in] weight: U(-1/√in, 1/√in)) and B with zeros
 adapter leaves the base policy exactly as it was. Adapters are `nnx.LoRAParam`s named
 `<projection>_lora_a` / `_lora_b` beside their base weight, stacked over the layers:
 A [L, in..., r] and B [L, r, out...] (with `top_layers`: over the last layers only), whose
-in / out axes keep the base weight's logical axis names (so they shard as its input and output do) and whose rank axis ("lora_rank",
-no rule) is replicated. Adapters are float32 (PEFT's `autocast_adapter_dtype`); with LoRA
+in / out axes keep the base weight's logical axis names (so they shard as its input and
+output do) and whose rank axis ("lora_rank", no rule) is replicated. Adapters are float32 (PEFT's `autocast_adapter_dtype`); with LoRA
 the frozen base is stored in the compute dtype (`hgpo_jax.training.run_config`).
 
 PEFT's files (`save_pretrained`): `adapter_config.json` and `adapter_model.safetensors`
@@ -202,8 +202,9 @@ def read_peft_config(directory: str, num_layers: int) -> LoraConfig:
     hf = json.load(f)
   if hf.get("peft_type", "LORA") != "LORA":
     raise ValueError(f"{path}: peft_type={hf.get('peft_type')!r}; only LORA adapters load.")
-  unsupported = [k for k in ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save", "fan_in_fan_out", "lora_bias",
-                             "trainable_token_indices", "target_parameters") if hf.get(k)]
+  unsupported = [k for k in ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save",
+                             "fan_in_fan_out", "lora_bias", "trainable_token_indices",
+                             "target_parameters") if hf.get(k)]
   if hf.get("bias", "none") != "none":
     unsupported.append("bias")
   if unsupported:

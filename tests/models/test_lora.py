@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import model_fixtures
-from hgpo_jax.models import decoder, loading, lora
+from hgpo_jax.models import decoder, kv_cache, loading, lora
 
 ALL = list(lora.TARGETS)
 SUBSET = ["q_proj", "o_proj", "up_proj"]
@@ -182,6 +182,30 @@ def test_top_layer_adapters_are_every_layer_adapters_with_the_lower_ones_off():
   merged = top.merged()
   np.testing.assert_allclose(_logits(merged, tokens, mask, positions)[mask],
                              _logits(top, tokens, mask, positions)[mask], atol=1e-4)
+
+
+def test_unmerged_top_layer_adapters_decode_over_the_kv_cache_as_the_forward_computes():
+  """Decode steps of an unmerged top-layer model (zero adapters put below the adapted
+  layers for the one layer loop) give the logits of its full forward."""
+  cfg = loading.get_preset("tiny")
+  base = decoder.Decoder(cfg, rngs=nnx.Rngs(params=0))
+  model = loading.with_lora(base, lora.LoraConfig(rank=4, alpha=8.0, top_layers=1), seed=0)
+  rng = np.random.default_rng(5)
+  nnx.update(model, jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype),
+                                 nnx.state(model, nnx.LoRAParam)))
+  tokens, mask, positions = model_fixtures.left_padded_batch(seed=2, length=12, pads=(0, 2, 5))
+  full = _logits(model, tokens, mask, positions)
+  assert np.max(np.abs(full - _logits(base, tokens, mask, positions))[mask]) > 0.1
+  cache = kv_cache.init_cache(cfg, tokens.shape[0], 16)
+  logits, cache = model.decode(jnp.asarray(tokens[:, :6]), jnp.asarray(positions[:, :6]), cache,
+                               jnp.int32(0), jnp.asarray(mask[:, :6]))
+  outs = [np.asarray(logits)]
+  for i in range(6, tokens.shape[1]):
+    logits, cache = model.decode(jnp.asarray(tokens[:, i:i + 1]),
+                                 jnp.asarray(positions[:, i:i + 1]), cache, jnp.int32(i),
+                                 jnp.asarray(mask[:, i:i + 1]))
+    outs.append(np.asarray(logits))
+  np.testing.assert_allclose(np.concatenate(outs, axis=1)[mask], full[mask], atol=1e-4)
 
 
 def test_top_layers_that_do_not_fit_are_one_line_errors(tmp_path):
