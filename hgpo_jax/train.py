@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 from typing import Any, Callable
 
 import jax
@@ -35,6 +34,7 @@ import numpy as np
 import tqdm
 from jax.experimental import multihost_utils
 
+from hgpo_jax import progress
 from hgpo_jax.advantages import dump as dump_lib
 from hgpo_jax.cost import trainer_metrics
 from hgpo_jax.rollout import rollout as rollout_lib
@@ -43,7 +43,6 @@ from hgpo_jax.training import losses
 from hgpo_jax.training import metrics as metrics_lib
 from hgpo_jax.training import packing
 from hgpo_jax.training import processes
-from hgpo_jax.training import progress
 from hgpo_jax.training import run as run_lib
 from hgpo_jax.training import run_config
 from hgpo_jax.training import train_batch as train_batch_lib
@@ -79,22 +78,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     for it in bar:
       reporter.start_iteration()
       profile.before(it)
-      t0 = time.perf_counter()
-      ro = rollout(run, it)
-      t1 = time.perf_counter()
-      reward_metrics = kl_in_reward(run, ro.rows)
-      targets = update_targets.compute_targets(ro.rows, run)
-      targets.token_batch = with_sampler_data(targets.token_batch, ro.rows, config)
-      dump_rollout(run, it, ro, targets)
-      t2 = time.perf_counter()
-      metrics, flop_metrics = update(run, targets, it, flops)
-      if config.eval.every and (it + 1) % config.eval.every == 0:
-        metrics.update(evaluation.evaluate_splits(run, it + 1))
-      metrics.update(rollout_metrics(ro))
-      metrics.update(reward_metrics)
-      metrics.update(targets.metrics)
-      metrics["time/advantages_s"] = t2 - t1
-      metrics["time/iteration_s"] = time.perf_counter() - t0
+      times = progress.PhaseTimes()
+      with times.phase("iteration"):
+        ro = rollout(run, it)
+        with times.phase("advantages"):
+          reward_metrics = kl_in_reward(run, ro.rows)
+          targets = update_targets.compute_targets(ro.rows, run)
+          targets.token_batch = with_sampler_data(targets.token_batch, ro.rows, config)
+          dump_rollout(run, it, ro, targets)
+        metrics, flop_metrics = update(run, targets, it, flops)
+        if config.eval.every and (it + 1) % config.eval.every == 0:
+          metrics.update(evaluation.evaluate_splits(run, it + 1))
+        metrics.update(rollout_metrics(ro))
+        metrics.update(reward_metrics)
+        metrics.update(targets.metrics)
+      metrics.update(times.metrics())
       metrics.update(flop_metrics())  # after the clock stops: it may compile (LearnerFlops)
       last = log(run, it + 1, metrics, bar)
       if (it + 1) % config.checkpoint.every == 0 or it + 1 == num_iterations:
@@ -245,55 +243,55 @@ def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: i
   sampler's params. Returns the `train/*` and `critic/*` metrics with their timings, and
   the function that gives the update's `perf/*` FLOP metrics."""
   config, settings = run.config, run.settings
-  t0 = time.perf_counter()
-  batch = targets.token_batch
-  # verl's trainer.critic_warmup: the first iterations train only the critic
-  actor_updated = run.critic is None or iteration >= config.critic.warmup_iterations
-  # One optimizer step from the rollout's params: the update takes log pi_old from
-  # its own forward pass (UpdateConfig.reuse_on_policy_logprobs)
-  on_policy = settings.update.on_policy(batch.num_rows)
-  # the update's mini-batches (unpacked, packed or length-grouped) and their real token share
-  batches = update_layout(batch, config, run.tokenizer.pad_id)
-  token_fill, update_rows = packing.token_fill(batches), packing.num_rows(batches)
+  times = progress.PhaseTimes()
   metrics: dict[str, float] = {}
   extra_pass = False
-  if actor_updated:
-    progress.phase("log-probs")
-    run.state = run.learner.with_learning_rate(run.state, iteration)
-    # laid out on the mesh with their log-probs, where the update reads them
-    batches = train_step.fill_logprobs(run.learner, run.state.params, run.ref_params, batches,
-                                       old=not on_policy)
-    # the log-probs stay on the mesh (dispatched asynchronously): wait for them, so that
-    # time/logprobs_s (and the log-prob MFU) times the passes, not their dispatch
-    batches = jax.block_until_ready(batches)
-    mismatch, extra_pass = rollout_mismatch(run, batch, batches, on_policy)
-    metrics.update(mismatch)
-  t1 = time.perf_counter()
-  if actor_updated:
-    run.state, actor = train_step.train_iteration(run.learner, run.state, batches,
-                                                  on_policy=on_policy)
-    metrics.update({f"train/{k}": v for k, v in actor.items()})
-    metrics["train/on_policy_logprobs"] = float(on_policy)
-    run.update_sampler()  # the update donated the params: rebind
-  t2 = time.perf_counter()
+  with times.phase("logprobs"):
+    batch = targets.token_batch
+    # verl's trainer.critic_warmup: the first iterations train only the critic
+    actor_updated = run.critic is None or iteration >= config.critic.warmup_iterations
+    # One optimizer step from the rollout's params: the update takes log pi_old from
+    # its own forward pass (UpdateConfig.reuse_on_policy_logprobs)
+    on_policy = settings.update.on_policy(batch.num_rows)
+    # the update's mini-batches (unpacked, packed or length-grouped) and their real token share
+    batches = update_layout(batch, config, run.tokenizer.pad_id)
+    token_fill, update_rows = packing.token_fill(batches), packing.num_rows(batches)
+    if actor_updated:
+      progress.phase("log-probs")
+      run.state = run.learner.with_learning_rate(run.state, iteration)
+      # laid out on the mesh with their log-probs, where the update reads them
+      batches = train_step.fill_logprobs(run.learner, run.state.params, run.ref_params, batches,
+                                         old=not on_policy)
+      # the log-probs stay on the mesh (dispatched asynchronously): wait for them, so that
+      # time/logprobs_s (and the log-prob MFU) times the passes, not their dispatch
+      batches = jax.block_until_ready(batches)
+      mismatch, extra_pass = rollout_mismatch(run, batch, batches, on_policy)
+      metrics.update(mismatch)
+  with times.phase("update"):
+    if actor_updated:
+      run.state, actor = train_step.train_iteration(run.learner, run.state, batches,
+                                                    on_policy=on_policy)
+      metrics.update({f"train/{k}": v for k, v in actor.items()})
+      metrics["train/on_policy_logprobs"] = float(on_policy)
+      run.update_sampler()  # the update donated the params: rebind
   if run.critic is not None:  # independent of the actor's update (same targets)
-    run.critic_state = run.critic.with_learning_rate(run.critic_state, iteration)
-    run.critic_state, critic = train_step.train_iteration(run.critic, run.critic_state,
-                                                          targets.value_batch)
+    with times.phase("critic_update"):
+      run.critic_state = run.critic.with_learning_rate(run.critic_state, iteration)
+      run.critic_state, critic = train_step.train_iteration(run.critic, run.critic_state,
+                                                            targets.value_batch)
     metrics.update({f"critic/{k}": v for k, v in critic.items()})
-    metrics["time/critic_update_s"] = time.perf_counter() - t2
     metrics["train/actor_updated"] = float(actor_updated)
   metrics.update({"train/token_fill": token_fill,
                   "train/update_rows": float(update_rows),  # rows per epoch (fewer when packed)
-                  "time/logprobs_s": t1 - t0, "time/update_s": t2 - t1})
+                  **times.metrics()})
   if not actor_updated:
     return metrics, dict
   passes = int(not on_policy) + int(run.ref_params is not None) + int(extra_pass)
   # perf counts a one-part mini-batch as the one compiled `Learner.update` it runs as
   counted = [parts[0] if len(parts) == 1 else parts for parts in batches]
   return metrics, functools.partial(trainer_metrics.iteration_metrics, flops, counted,
-                                    logprob_passes=passes, logprobs_s=t1 - t0, update_s=t2 - t1,
-                                    dtype=run.compute_dtype)
+                                    logprob_passes=passes, logprobs_s=times.seconds["logprobs"],
+                                    update_s=times.seconds["update"], dtype=run.compute_dtype)
 
 
 def rollout_mismatch(run: run_lib.Run, batch, batches, on_policy: bool

@@ -250,7 +250,7 @@ def test_api_docs_finds_modules_hidden_from_pdocs_walk():
   names = importlib.import_module("launch.api_docs").module_names()
   assert "hgpo_jax.advantages.hgpo" in names  # not in hgpo_jax.advantages.__all__
   assert "hgpo_jax.rollout.rollout" in names  # namespace package (no __init__.py)
-  assert "hgpo_jax.training.progress" in names
+  assert "hgpo_jax.progress" in names
   assert not any(n.startswith(API_EXCLUDED) or n.endswith("__main__") for n in names)
 
 

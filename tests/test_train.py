@@ -350,7 +350,7 @@ def test_alfworld_smoke_with_real_engine(tmp_path):
 @pytest.mark.slow
 def test_phases_are_reported_in_order(tmp_path, monkeypatch):
   """The live progress line gets every phase of an iteration, in the order they run."""
-  from hgpo_jax.training import progress
+  from hgpo_jax import progress
   seen = []
   monkeypatch.setattr(progress, "phase", lambda name, detail="": seen.append((name, detail)))
   train.train_and_evaluate(_sokoban(**{"train.num_iterations": 1}), str(tmp_path / "run"))

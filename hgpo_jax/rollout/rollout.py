@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import time
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
+from hgpo_jax import progress
 from hgpo_jax.advantages import rows as rows_lib
 from hgpo_jax.rollout import hiper
 from hgpo_jax.rollout import projection
@@ -173,14 +173,13 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
   if response_format not in ("react", "hiper"):
     raise ValueError(f"collect: response_format={response_format!r}; use 'react' or 'hiper'")
   is_hiper = response_format == "hiper"
-  t_env = t_gen = 0.0
+  times = progress.PhaseTimes()  # generation and env seconds, summed over the turns
   decoded = row_steps = 0
   num = len(tasks) * group_size
   task_ids = [t.task_id for t in tasks for _ in range(group_size)]
   seeds = [t.seed for t in tasks for _ in range(group_size)]
-  start = time.perf_counter()
-  current = pool.reset(task_ids, seeds, tasks[0].split)
-  t_env += time.perf_counter() - start
+  with times.phase("env"):
+    current = pool.reset(task_ids, seeds, tasks[0].split)
   if len(current) < num:
     raise RuntimeError(f"env pool returned {len(current)} results for {num} slots")
   current = list(current[:num])
@@ -222,10 +221,9 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
                    for a, i in zip(allowed, slots)]
         extra = {"constraint": hiper.RESPONSE_CONSTRAINT}
     constraint = extra.get("constraint", constrained_lib.ActionConstraint())
-    start = time.perf_counter()
-    out = sampler.generate(prompt_ids, sampling, jax.random.fold_in(rng, t), allowed=allowed,
-                           **extra)
-    t_gen += time.perf_counter() - start
+    with times.phase("generation"):
+      out = sampler.generate(prompt_ids, sampling, jax.random.fold_in(rng, t), allowed=allowed,
+                             **extra)
     decoded += out.decoded_tokens
     row_steps += out.decode_row_steps
 
@@ -254,9 +252,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
           response_logprobs=[float(x) for x in out.logprobs[j]],
           response_choices=_choices(allowed[j], constraint, tokenizer, out.tokens[j])
           if allowed else None, **hiper_fields)
-    start = time.perf_counter()
-    results = pool.step(actions)
-    t_env += time.perf_counter() - start
+    with times.phase("env"):
+      results = pool.step(actions)
     for i, row in step_rows.items():
       res = results[i]
       if res is None:
@@ -277,7 +274,8 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
 
   rows.sort(key=lambda r: (r.group, r.traj, r.step))
   return Rollout(rows=rows, won=won, returns=returns.astype(np.float32), lengths=lengths,
-                 task_types=task_types, timings={"generation_s": t_gen, "env_s": t_env},
+                 task_types=task_types,
+                 timings={f"{k}_s": times.seconds.get(k, 0.0) for k in ("generation", "env")},
                  decode_work=(decoded, row_steps))
 
 

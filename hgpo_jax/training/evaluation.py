@@ -9,12 +9,12 @@ import jax
 import ml_collections
 import numpy as np
 
+from hgpo_jax import progress
 from hgpo_jax.advantages import dump as dump_lib
 from hgpo_jax.rollout import rollout as rollout_lib
 from hgpo_jax.sampling import types as sampling_types
 from hgpo_jax.training import metrics as metrics_lib
 from hgpo_jax.training import processes
-from hgpo_jax.training import progress
 from hgpo_jax.training import run as run_lib
 from hgpo_jax.training import run_config
 

@@ -60,13 +60,13 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from hgpo_jax import progress
 from hgpo_jax.models import attention
 from hgpo_jax.models import decoder as decoder_lib
 from hgpo_jax.models import lora as lora_lib
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import losses
-from hgpo_jax.training import progress
 from hgpo_jax.training import train_batch as train_batch_lib
 
 REFERENCE_DTYPES = ("auto", "", "float32", "bfloat16")

@@ -22,12 +22,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from hgpo_jax import progress
 from hgpo_jax.advantages import grouping
 from hgpo_jax.models import critic as critic_lib
 from hgpo_jax.rollout import rollout as rollout_lib
 from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.training import critic_step
-from hgpo_jax.training import progress
 from hgpo_jax.training import run as run_lib
 from hgpo_jax.training import run_config
 from hgpo_jax.training import train_batch as train_batch_lib

@@ -1,7 +1,8 @@
 """What the benchmarks share: median timing, a baseline revision's tree, the FLOP/s line.
 
 * `median_seconds(fn, reps)`: one side, the median wall time of `reps` calls (each call's
-  result waited for: a JAX array's `block_until_ready`, anything else as it returns).
+  result waited for: a JAX array's `block_until_ready`, anything else as it returns),
+  timed by the trainer's phase timer (`hgpo_jax.progress.PhaseTimes`).
 * `alternating_medians(sides, reps)`: several sides, their calls alternating repetition by
   repetition, so that load on a shared machine falls on every side alike.
 * `revision_tree(rev)`: the repository at a named revision, a temporary `git worktree`
@@ -18,9 +19,9 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import time
 from typing import Any, Callable, Iterator
 
+from hgpo_jax import progress
 from hgpo_jax.cost import hardware
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,9 +37,10 @@ def median_seconds(fn: Callable[[], Any], reps: int) -> tuple[float, Any]:
   """(median seconds over `reps` calls of `fn`, the last call's result)."""
   times, result = [], None
   for _ in range(reps):
-    start = time.perf_counter()
-    result = _wait(fn())
-    times.append(time.perf_counter() - start)
+    timer = progress.PhaseTimes()
+    with timer.phase("call"):
+      result = _wait(fn())
+    times.append(timer.seconds["call"])
   return statistics.median(times), result
 
 
@@ -52,10 +54,11 @@ def alternating_medians(sides: dict[str, Callable[[], Any]], reps: int, *, warmu
       _wait(fn())
   times = {name: [] for name in sides}
   for _ in range(reps):
+    timer = progress.PhaseTimes()  # the trainer's timer: one phase per side
     for name, fn in sides.items():
-      start = time.perf_counter()
-      _wait(fn())
-      times[name].append((time.perf_counter() - start) / per_call)
+      with timer.phase(name):
+        _wait(fn())
+      times[name].append(timer.seconds[name] / per_call)
   return {name: statistics.median(t) for name, t in times.items()}
 
 

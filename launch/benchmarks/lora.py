@@ -57,7 +57,6 @@ ratios, full / lora and full+remat / lora+remat.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -65,6 +64,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from hgpo_jax.training import run_records
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = "configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local"  # the SmolLM2 job
@@ -82,8 +83,7 @@ def _run(workdir: str, iterations: int, overrides: list[str]) -> tuple[list[dict
   if os.waitstatus_to_exitcode(status):
     with open(log) as f:
       sys.exit(f"lora: {' '.join(cmd)} failed:\n{f.read()[-3000:]}")
-  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-    lines = [json.loads(line) for line in f]
+  lines = run_records.read_metrics(workdir)
   shutil.rmtree(workdir, ignore_errors=True)
   return lines, usage.ru_maxrss / 2**20  # KiB -> GiB
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -55,6 +54,7 @@ import sys
 import tempfile
 import time
 
+from hgpo_jax.training import run_records
 from launch.benchmarks import harness
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -75,8 +75,7 @@ def _run(tree: str, workdir: str, iterations: int, overrides: list[str]) -> list
   done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
   if done.returncode:
     sys.exit(f"smollm2_iteration: {' '.join(cmd)} failed in {tree}:\n{done.stderr[-3000:]}")
-  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-    lines = [json.loads(line) for line in f]
+  lines = run_records.read_metrics(workdir)
   shutil.rmtree(workdir, ignore_errors=True)
   return lines
 

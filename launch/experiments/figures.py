@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from launch.experiments import report
+from hgpo_jax.training import run_records
 
 # (metrics.jsonl field, label) in the order of an iteration; "other" is computed.
 PHASES = (("time/generation_s", "generation (sampler)"),
@@ -53,7 +53,7 @@ def run_phases(path: str, skip: int) -> dict[str, float] | None:
   """Median seconds per iteration of each phase label and of OTHER (per iteration: its
   time less its named phases) over the training iterations of one run's metrics.jsonl
   after the first `skip`; None without such iterations."""
-  lines = report.read_metrics(path)
+  lines = run_records.read_jsonl(path)
   by_step = {int(l["step"]): l for l in lines if TOTAL in l}
   its = [by_step[s] for s in sorted(by_step)][skip:]
   if not its:
@@ -75,8 +75,8 @@ def collect(root: str, suite: str, skip: int) -> dict[str, dict[str, tuple[int, 
   if not os.path.isdir(base):
     raise FigureError(f"no run directory {base}: pass --root/--suite of a launch.experiments.sweep root")
   runs: dict[str, dict[str, list[dict]]] = {}
-  for env, method, _, run_dir in report.find_runs(base):
-    path = os.path.join(run_dir, "metrics.jsonl")
+  for env, method, _, run_dir in run_records.find_runs(base):
+    path = run_records.metrics_path(run_dir)
     try:
       phases = run_phases(path, skip)
     except (OSError, ValueError, KeyError) as e:

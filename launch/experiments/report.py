@@ -30,14 +30,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import glob
 import importlib.metadata
 import io
-import json
 import math
 import os
 import platform
-import re
 import shlex
 import statistics
 import subprocess
@@ -45,7 +42,7 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import run_records
 from launch.experiments import suites as suites_lib
 
 LAST_K = 3  # training iterations averaged for the final train success
@@ -56,42 +53,6 @@ NOISE_MARK = "≈"
 NO_SPREAD = 1e-9  # a std of paired differences at or below this is 0 (rounding of equal ones)
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-collections",
             "textworld", "alfworld", "matplotlib")
-
-
-def read_metrics(path: str) -> list[dict]:
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def find_runs(base: str, env: str = "*", method: str = "*") -> list[tuple[str, str, int, str]]:
-  """(env, method, seed, run directory) of each run with a metrics.jsonl under a suite's
-  directory `base` (`<base>/<env>/<method>/seed_<n>`, `suites.run_dir`'s layout), sorted;
-  `env` and `method` narrow the walk (glob patterns). Every reader of run directories
-  (the tables here, `figures`, `studies.long_runs`) finds its runs through this."""
-  out = []
-  for path in glob.glob(os.path.join(base, env, method, "seed_*")):
-    match = re.fullmatch(r"seed_(\d+)", os.path.basename(path))
-    if match and os.path.isfile(os.path.join(path, "metrics.jsonl")):
-      method_dir = os.path.dirname(path)
-      out.append((os.path.basename(os.path.dirname(method_dir)), os.path.basename(method_dir),
-                  int(match.group(1)), path))
-  return sorted(out)
-
-
-def _is_final_eval(line: dict) -> bool:
-  return (any(k.startswith("eval/") for k in line)
-          and not any(k.startswith("rollout/") for k in line))
-
-
-def is_finished(run_dir: str) -> bool:
-  """True when the run's metrics.jsonl holds its final evaluation."""
-  path = os.path.join(run_dir, "metrics.jsonl")
-  if not os.path.isfile(path):
-    return False
-  try:
-    return any(_is_final_eval(l) for l in read_metrics(path))
-  except (OSError, ValueError):
-    return False  # a line cut by a kill: not finished
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,12 +84,12 @@ def summarize_run(lines: Sequence[dict], seed: int, heldout: str) -> SeedResult:
   """Per-seed numbers from a finished run's metrics lines."""
   train = sorted((l for l in lines if "rollout/success" in l), key=lambda l: l["step"])
   success = [float(l["rollout/success"]) for l in train]
-  finals = [l for l in lines if _is_final_eval(l)]
+  finals = [l for l in lines if run_records.is_final_eval(l)]
   final = finals[-1] if finals else {}
   key = f"eval/{heldout}/success"
   # The final evaluation (step num_iterations + 1) evaluates the weights after the last
   # iteration: its iteration is step - 1 (0 for an evaluation-only run).
-  evals = [(float(l[key]), int(l["step"]) - (1 if train and _is_final_eval(l) else 0))
+  evals = [(float(l[key]), int(l["step"]) - (1 if train and run_records.is_final_eval(l) else 0))
            for l in lines if key in l]
   best = max(evals, key=lambda e: (e[0], -e[1])) if evals else (None, None)  # earliest peak
   reached = [int(l["step"]) for l in train if float(l["rollout/success"]) >= THRESHOLD]
@@ -155,8 +116,8 @@ def collect(root: str, suite: suites_lib.Suite, env: suites_lib.Environment,
   results, unfinished = [], 0
   for seed in suite.seeds_of(env):
     rd = suites_lib.run_dir(root, suite, env.name, method.name, seed)
-    if is_finished(rd):
-      result = summarize_run(read_metrics(os.path.join(rd, "metrics.jsonl")), seed,
+    if run_records.is_finished(rd):
+      result = summarize_run(run_records.read_metrics(rd), seed,
                              env.heldout_split)
       results.append(dataclasses.replace(result, eval_games=final_games(rd, env.heldout_split)))
     elif os.path.isdir(rd):
@@ -168,7 +129,7 @@ def final_games(run_dir: str, split: str) -> tuple[bool, ...] | None:
   """Per game (eval-set order), whether the run's last evaluation on `split` won it: the
   records of its last evaluated step in eval_tasks.jsonl (`metrics.write_task_results`);
   None when the run has none."""
-  records = metrics_lib.read_task_results(run_dir)
+  records = run_records.read_task_results(run_dir)
   steps = [step for step, s in records if s == split]
   if not steps:
     return None
@@ -608,7 +569,7 @@ def plot(cells: Sequence[Cell], suite: suites_lib.Suite, path: str) -> None:
 
 
 # What the repository keeps of a finished run (results/runs): the table is rendered from these.
-RECORD_FILES = ("metrics.jsonl", "log.txt", metrics_lib.TASK_RESULTS_JSONL_NAME)
+RECORD_FILES = (run_records.METRICS, "log.txt", run_records.TASK_RESULTS)
 REQUIRED_RECORD_FILES = RECORD_FILES[:2]  # runs from before per-game records have these only
 REVISION_PREFIX = "# trainer revision: "  # the line launch.experiments.sweep writes into each run's log.txt
 COMMAND_PREFIX = "$ "  # and the line after it: the run's command
@@ -652,7 +613,7 @@ def revision_counts(root: str, suite: suites_lib.Suite,
     for method in suite.methods:
       for seed in suite.seeds_of(env):
         workdir = suites_lib.run_dir(root, suite, env.name, method.name, seed)
-        if not is_finished(workdir):
+        if not run_records.is_finished(workdir):
           continue
         # the last start of the run counts (a resumed run may move on)
         revision = (read_run_log(workdir).revisions or ["not recorded"])[-1]
@@ -744,7 +705,7 @@ def stale_runs(root: str, suite: suites_lib.Suite) -> list[tuple[str, str]]:
     for method in suite.methods:
       for seed in suite.seeds_of(env):
         workdir = suites_lib.run_dir(root, suite, env.name, method.name, seed)
-        if not is_finished(workdir):
+        if not run_records.is_finished(workdir):
           continue
         reason = stale_reason(workdir, suites_lib.command(root, suite, env, method, seed))
         if reason:

@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.metadata
-import json
 import os
 import shlex
 import statistics
@@ -64,6 +63,7 @@ import sys
 import time
 from typing import Callable
 
+from hgpo_jax.training import run_records
 from launch.experiments import report
 from launch.experiments import suites as suites_lib
 
@@ -99,11 +99,6 @@ def run(args) -> int:
   return 0
 
 
-def read_metrics(path: str) -> list[dict]:
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
 def _fmt(values: list[float]) -> str:
   if not values:
     return "n/a"
@@ -116,12 +111,8 @@ def _fmt(values: list[float]) -> str:
 def table(args) -> str:
   """Markdown: one row per variant, columns = final and best eval success per split."""
   runs = collections.defaultdict(list)
-  for variant in sorted(os.listdir(args.root)):
-    vdir = os.path.join(args.root, variant)
-    for seed_dir in sorted(os.listdir(vdir)):
-      path = os.path.join(vdir, seed_dir, "metrics.jsonl")
-      if os.path.exists(path):
-        runs[variant].append(read_metrics(path))
+  for variant, _, run_dir in run_records.find_grid_runs(args.root):
+    runs[variant].append(run_records.read_metrics(run_dir))
   if not runs:
     raise SystemExit(f"no metrics.jsonl under {args.root}")
   keys = sorted({k for rs in runs.values() for r in rs for line in r for k in line
@@ -244,7 +235,7 @@ def plan_suite(suite: suites_lib.Suite, root: str, envs=None, methods=None, seed
         elif stale:
           status, why = "stale", f"{stale}; move {workdir} away to rerun it"
         else:
-          status, why = ("done" if report.is_finished(workdir) else "todo"), ""
+          status, why = ("done" if run_records.is_finished(workdir) else "todo"), ""
         out.append({"env": env.name, "method": method.name, "seed": seed, "workdir": workdir,
                     "status": status, "reason": why, "command": cmd})
   return out
@@ -270,7 +261,7 @@ def run_suite(suite: suites_lib.Suite, root: str, envs=None, methods=None, seeds
     log(f"[sweep] run      {tag}: {shlex.join(entry['command'])}")
     t0 = time.perf_counter()
     rc = runner(entry["command"], entry["workdir"])
-    if rc != 0 or not report.is_finished(entry["workdir"]):
+    if rc != 0 or not run_records.is_finished(entry["workdir"]):
       failures += 1
       log(f"[sweep] FAILED   {tag} (exit code {rc}); see {entry['workdir']}/log.txt")
     else:

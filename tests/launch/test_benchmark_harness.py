@@ -3,6 +3,7 @@ sides, a baseline revision as a required argument, and its one-line refusals."""
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -22,7 +23,7 @@ class _Clock:
 
 def test_alternating_medians_alternate_and_take_the_median(monkeypatch):
   clock = _Clock()
-  monkeypatch.setattr(harness.time, "perf_counter", clock)
+  monkeypatch.setattr(time, "perf_counter", clock)  # the phase timer's clock
   cost = {"a": iter([1.0, 9.0, 2.0, 7.0]), "b": iter([4.0, 4.0, 40.0, 6.0])}
 
   def side(name):

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from configs import sokoban as sokoban_config
+from hgpo_jax.training import run_records
 from launch import evaluate
 from launch.experiments import report
 
@@ -30,7 +31,7 @@ def test_untrained_evaluation_writes_a_final_eval_line(tmp_path):
   assert not any(k.startswith("rollout/") for k in lines[0])
   assert lines[0]["eval/test/success"] == scalars["eval/test/success"]
   # the sweep counts it as a finished run and the table reads its held-out success
-  assert report.is_finished(workdir)
+  assert run_records.is_finished(workdir)
   r = report.summarize_run(lines, 3, "test")
   assert r.eval_final == lines[0]["eval/test/success"] and r.train_final is None
   assert r.eval_best_step == 0

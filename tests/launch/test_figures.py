@@ -94,21 +94,3 @@ def test_cli_writes_the_figure_and_errors_in_one_line(runs, tmp_path):
                           env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr
-
-
-def test_find_runs_walks_the_suite_layout_and_skips_what_is_not_a_run(tmp_path):
-  """`report.find_runs`, the one reader of run directories: `<env>/<method>/seed_<n>` with a
-  metrics.jsonl, sorted; a seed directory without metrics and a stray directory are not
-  runs; env and method narrow the walk."""
-  from launch.experiments import report
-  for rel, metrics in (("sokoban/grpo/seed_1", True), ("sokoban/grpo/seed_0", True),
-                       ("alfworld_mini/ppo/seed_2", True), ("sokoban/rloo/seed_3", False),
-                       ("sokoban/grpo/notes", True)):
-    os.makedirs(tmp_path / rel)
-    if metrics:
-      (tmp_path / rel / "metrics.jsonl").write_text("{}\n")
-  runs = report.find_runs(str(tmp_path))
-  assert [(e, m, s) for e, m, s, _ in runs] == [
-      ("alfworld_mini", "ppo", 2), ("sokoban", "grpo", 0), ("sokoban", "grpo", 1)]
-  assert runs[0][3] == str(tmp_path / "alfworld_mini/ppo/seed_2")
-  assert [s for _, _, s, _ in report.find_runs(str(tmp_path), "sokoban", "grpo")] == [0, 1]

@@ -20,6 +20,7 @@ import pytest
 from env_servers.webshop.dataset import Shop
 from env_servers.webshop.env import goal_query
 from hgpo_jax.models.tokenizer import tiny_tokenizer
+from hgpo_jax.training import run_records
 from launch.experiments import report
 from launch.experiments import suites
 from launch.experiments import sweep
@@ -353,14 +354,14 @@ def test_plot_is_written(runs, tmp_path):
 
 def test_is_finished(tmp_path):
   rd = str(tmp_path / "r")
-  assert not report.is_finished(rd)
+  assert not run_records.is_finished(rd)
   os.makedirs(rd)
   with open(os.path.join(rd, "metrics.jsonl"), "w", encoding="utf-8") as f:
     f.write(json.dumps({"step": 1, "rollout/success": 0.1, "eval/x/success": 0.2}) + "\n")
-  assert not report.is_finished(rd)  # a periodic evaluation is not the final one
+  assert not run_records.is_finished(rd)  # a periodic evaluation is not the final one
   with open(os.path.join(rd, "metrics.jsonl"), "a", encoding="utf-8") as f:
     f.write('{"step": 2, "eval/x/succ')  # cut by a kill
-  assert not report.is_finished(rd)
+  assert not run_records.is_finished(rd)
 
 
 class FakeRunner:
@@ -711,7 +712,7 @@ def test_committed_run_records_are_finished_runs_of_the_current_suite():
     assert set(report.REQUIRED_RECORD_FILES) <= names <= set(report.RECORD_FILES), (
         f"{run_dir}: holds {sorted(names)}")
     workdir = os.path.join(suites.REPO_ROOT, run_dir)
-    assert report.is_finished(workdir), f"{run_dir}: not finished"
+    assert run_records.is_finished(workdir), f"{run_dir}: not finished"
     suite, env, method, seed = cells[run_dir]
     log = report.read_run_log(workdir)
     assert len(set(log.revisions)) == 1 and log.commands, f"{run_dir}: {log.revisions}"

@@ -20,7 +20,6 @@ import collections
 import csv
 import glob
 import io
-import json
 import os
 import platform
 import sys
@@ -28,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from hgpo_jax.training import run_records
 from launch.experiments import report
 
 COLUMNS = ("rollout/success", "rollout/invalid_rate", "rollout/episode_length",
@@ -41,19 +41,12 @@ LABELS = {"hiper": "HiPER", "ppo": "PPO (critic)"}
 
 def run_dirs(root: str, env: str, method: str) -> list[tuple[int, str]]:
   """(seed, run directory) of every run of `method` on `env` under the sweep root."""
-  return [(seed, path) for _, _, seed, path in report.find_runs(os.path.join(root, "mini"),
+  return [(seed, path) for _, _, seed, path in run_records.find_runs(os.path.join(root, "mini"),
                                                                   env, method)]
 
 
-def training_lines(run_dir: str) -> list[dict]:
-  """The run's per-iteration metric lines (those with rollout metrics), by iteration."""
-  lines = report.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-  by_step = {int(l["step"]): l for l in lines if "rollout/success" in l}
-  return [by_step[s] for s in sorted(by_step)]
-
-
 def final_eval(run_dir: str, heldout: str = "valid_unseen") -> float | None:
-  lines = report.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+  lines = run_records.read_metrics(run_dir)
   key = f"eval/{heldout}/success"
   found = [float(l[key]) for l in lines if key in l]
   return found[-1] if found else None
@@ -76,8 +69,7 @@ def advantage_by_segment_position(dump_files: Sequence[str], max_position: int =
   |advantage|) of the row advantages in the dumps."""
   acc: dict[int, list[float]] = collections.defaultdict(list)
   for path in dump_files:
-    with open(path) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
+    rows = run_records.read_jsonl(path)
     pos = segment_positions(rows)
     for r in rows:
       acc[min(pos[(r["traj"], r["step"])], max_position)].append(float(r["advantage"]))
@@ -242,7 +234,7 @@ def main(argv=None) -> int:
     if not runs:
       print(f"error: no runs of {method} on {args.env} under {args.root}", file=sys.stderr)
       return 2
-    data[method] = [(seed, training_lines(d)) for seed, d in runs]
+    data[method] = [(seed, run_records.training_lines(d)) for seed, d in runs]
     data_dirs[method] = [d for _, d in runs]
   reading = open(args.reading).read() if args.reading else None
   shown = report.display_root(args.root)

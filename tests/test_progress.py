@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from hgpo_jax.training import progress
+from hgpo_jax import progress
 
 
 class FakeClock:
@@ -99,3 +99,27 @@ def test_explicit_enabled_overrides_terminal_detection(enabled):
   assert bool(stream.getvalue()) == enabled
   if enabled:
     assert re.search(r"update mini-batch 1/1 \| phase \d+\.\d s", stream.getvalue())
+
+
+def test_phase_times_sum_each_phase_and_name_it_on_the_live_line():
+  clock, stream = FakeClock(), Terminal()
+  times = progress.PhaseTimes(clock=clock)
+  with progress.PhaseReporter(stream=stream, clock=clock, refresh_s=0) as reporter:
+    for step in range(2):  # a phase entered twice sums its seconds
+      with times.phase("generation", name="rollout", detail=f"step {step}"):
+        clock.now += 1.5
+      with times.phase("env"):  # no name: the live line keeps the rollout phase
+        clock.now += 0.25
+    assert reporter.line().startswith("rollout step 1 | ")
+  assert times.seconds == {"generation": 3.0, "env": 0.5}
+  assert times.metrics() == {"time/generation_s": 3.0, "time/env_s": 0.5}
+
+
+def test_phase_times_count_a_block_that_raises():
+  clock = FakeClock()
+  times = progress.PhaseTimes(clock=clock)
+  with pytest.raises(RuntimeError):
+    with times.phase("update"):
+      clock.now += 2.0
+      raise RuntimeError("dead env server")
+  assert times.seconds == {"update": 2.0}

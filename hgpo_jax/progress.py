@@ -1,7 +1,15 @@
-"""A second, live progress line naming the phase a training iteration is in.
+"""The phases of a training iteration: their live console line and their timer.
 
-The iteration bar of the trainer moves once per iteration, which on a small machine can
-take minutes; this line shows what is running meanwhile, with elapsed times, e.g.
+`PhaseTimes` is the one timer of the trainer, the rollout and the benchmarks: a block
+timed as `with times.phase("update", name="update"):` names its phase on the live line
+(when `name` is given) and adds its wall seconds to `times.seconds["update"]`, which the
+trainer writes as `time/update_s` (verl's `marked_timer(name, timing_raw)`). A phase
+entered several times in an iteration (the rollout's generation and env steps, turn after
+turn) sums its seconds.
+
+The live line: the iteration bar of the trainer moves once per iteration, which on a small
+machine can take minutes; a second line shows what is running meanwhile, with elapsed
+times, e.g.
 
     iterations:  0%|          | 0/2 [00:41<?, ?it/s]
     rollout step 3/50 (12 slots active) | phase 38.2 s | iteration 41.0 s
@@ -30,10 +38,11 @@ elapsed time keeps moving during a long update.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
-from typing import Callable, Optional, TextIO
+from typing import Callable, Iterator, Optional, TextIO
 
 import tqdm
 
@@ -50,6 +59,35 @@ def phase(name: str, detail: str = "") -> None:
   reporter = _ACTIVE
   if reporter is not None:
     reporter.phase(name, detail)
+
+
+class PhaseTimes:
+  """Wall seconds per phase, summed over the blocks that name it.
+
+  Args:
+    clock: seconds (injectable for tests; default `time.perf_counter`, looked up at each
+      call).
+  """
+
+  def __init__(self, clock: Optional[Callable[[], float]] = None):
+    self.seconds: dict[str, float] = {}
+    self._clock = clock or (lambda: time.perf_counter())
+
+  @contextlib.contextmanager
+  def phase(self, key: str, name: Optional[str] = None, detail: str = "") -> Iterator[None]:
+    """Times the block as phase `key`; with `name`, first enters console phase `name`
+    (`phase(name, detail)`). The seconds are added even when the block raises."""
+    if name is not None:
+      phase(name, detail)
+    start = self._clock()
+    try:
+      yield
+    finally:
+      self.seconds[key] = self.seconds.get(key, 0.0) + self._clock() - start
+
+  def metrics(self) -> dict[str, float]:
+    """The seconds as metrics: `time/<key>_s`."""
+    return {f"time/{key}_s": value for key, value in self.seconds.items()}
 
 
 def active() -> Optional["PhaseReporter"]:
