@@ -424,6 +424,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.keep_period = 50  # steps kept forever (0: none)
   c.checkpoint.resume_from = ""  # explicit checkpoint directory (after the workdir's own)
 
+  # Where each iteration's scalars go (hgpo_jax/training/metrics.py WRITERS); metrics.jsonl,
+  # the run record, is always written. launch.evaluate writes metrics.jsonl only.
+  c.metrics = ml_collections.ConfigDict()
+  c.metrics.writers = ("tensorboard",)  # besides jsonl: tensorboard (<workdir>/tensorboard) |
+  #   wandb (Weights & Biases, verl's trainer.logger; pip install wandb), e.g.
+  #   --config.metrics.writers="('tensorboard','wandb')"
+  c.metrics.wandb_project = ""  # W&B project; "" = wandb's default (WANDB_PROJECT)
+  c.metrics.wandb_mode = "offline"  # online | offline (<workdir>/wandb; `wandb sync` uploads)
+  #   | disabled
+
   c.profile = ml_collections.ConfigDict()
   c.profile.iterations = 0  # > 0: jax.profiler trace of this many iterations -> <workdir>/profile
   c.profile.skip = 1  # iterations of this run before the trace starts (the first compiles)

@@ -36,11 +36,12 @@ from jax.experimental import multihost_utils
 
 from hgpo_jax import progress
 from hgpo_jax.advantages import dump as dump_lib
-from hgpo_jax.cost import trainer_metrics
+from hgpo_jax.compiled import trainer_metrics
 from hgpo_jax.rollout import rollout as rollout_lib
 from hgpo_jax.training import evaluation
 from hgpo_jax.training import losses
 from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import run_records
 from hgpo_jax.training import packing
 from hgpo_jax.training import processes
 from hgpo_jax.training import run as run_lib
@@ -368,7 +369,7 @@ def skipped_steps_warning(step: int, learner: str, scalars: dict[str, float]) ->
 
 def summary(config: ml_collections.ConfigDict, workdir: str, final: dict[str, float]) -> str:
   """The closing report: training curve endpoints, final evaluation, where things are."""
-  lines = metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME))
+  lines = run_records.read_metrics(workdir)
   train_lines = [l for l in lines if "rollout/success" in l]
   out = [f"== {config.env.name} / {config.algo.name} / {config.model.name}: "
          f"{len(train_lines)} iterations =="]

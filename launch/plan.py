@@ -69,7 +69,7 @@ from configs import common
 from hgpo_jax.cost.hardware import GiB
 
 if TYPE_CHECKING:
-  from hgpo_jax.cost.plan import Plan
+  from hgpo_jax.compiled.plan import Plan
 
 
 def parse_args(argv):
@@ -180,7 +180,7 @@ def _setup(args, topology: str):
     os.environ["JAX_PLATFORMS"] = "cpu"
   import jax
   from hgpo_jax import runtime
-  from hgpo_jax.cost import plan as plan_lib
+  from hgpo_jax.compiled import plan as plan_lib
   if topology:
     devices = targets.devices(target)
     label = f"{target.name} ({target.topology}, {len(devices)} chips, " \
@@ -228,7 +228,7 @@ def _micro_batch(config, mesh, devices, requested: int) -> int | None:
 
 def plan_main(args, overrides) -> int:
   target, devices, label, memory = _setup(args, args.topology)
-  from hgpo_jax.cost import plan as plan_lib
+  from hgpo_jax.compiled import plan as plan_lib
   from hgpo_jax.training import run_config
   from hgpo_jax.cost import targets
 
@@ -318,7 +318,7 @@ def _lower_only(args, config, mesh, micro, devices, where) -> int:
 def _search(args, overrides, config, devices, memory, where, show) -> int:
   """Searches meshes and micro-batches where every program fits; prints the winner's plan,
   its command lines and its verdict (or why none fits). 0 iff a candidate fits."""
-  from hgpo_jax.cost import plan as plan_lib
+  from hgpo_jax.compiled import plan as plan_lib
   print("searching candidate meshes and micro-batches (every learner's update first, then "
         "the other programs on the mesh that fits):", flush=True)
   t0 = time.perf_counter()
@@ -421,7 +421,7 @@ def decode_step_lines(plan: Plan, seconds: Optional[dict[str, float]] = None) ->
   the step's necessary bytes (`decode_traffic`), XLA:TPU's estimated time of the step
   when `seconds` (from `plan_lib.estimated_seconds`) has it, and on GPUs the kernels the step
   launches (`hgpo_jax.cost.hlo.hlo_launches`: a one-row step is bound by them, docs/performance.md)."""
-  from hgpo_jax.cost import plan as plan_lib
+  from hgpo_jax.compiled import plan as plan_lib
   need = plan.decode_necessary
   lines = []
   for p in plan.phases.values():
@@ -540,7 +540,7 @@ def table_main(args) -> int:
     raise PlanError(f"--table-targets: {args.table_targets} mixes TPU and GPU targets; one "
                     "table run compiles with one compiler (run the GPU targets separately)")
   _setup(args, names[0])
-  from hgpo_jax.cost import plan as plan_lib
+  from hgpo_jax.compiled import plan as plan_lib
   # Rows of earlier runs stay unless this run recompiles their (model, target): one row can
   # be (re)compiled at a time with --table-models / --table-targets.
   try:

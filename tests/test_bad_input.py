@@ -79,6 +79,13 @@ LAUNCH_CASES = {
         "'hgpo', 'rloo']"),
     "unknown estimator override": (
         [_SMOKE, "--config.algo.name=ppo"], "unknown advantage estimator 'ppo'"),
+    "unknown policy loss": (
+        [_SMOKE, "--config.train.policy_loss=dpo"],
+        "config.train: policy_loss='dpo': unknown policy loss 'dpo'; registered: ['gspo', 'ppo']"),
+    "unknown metric writer": (
+        [_SMOKE, "--config.metrics.writers=('tensorboard','mlflow')"],
+        "config.metrics.writers: unknown metric writer 'mlflow'; registered: ['jsonl', "
+        "'tensorboard', 'wandb']"),
     "missing config file": (
         ["--config=configs/sokobann.py:smoke"],
         "config file could not be loaded (No such file or directory: 'configs/sokobann.py'); "

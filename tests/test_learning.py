@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import random
 
 import numpy as np
@@ -27,7 +26,7 @@ from configs import alfworld as alfworld_config
 from env_servers.alfworld import games
 from env_servers.alfworld import generator
 from hgpo_jax import train
-from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import run_records
 
 TASK_TYPE = "pick_and_place_simple"
 # (ALFRED floor plan, source receptacle class, goal receptacle class, object class).
@@ -130,7 +129,7 @@ def test_success_rises_on_small_alfworld_rooms(tmp_path):
   config = learning_config(data_dir)
   workdir = str(tmp_path / "run")
   train.train_and_evaluate(config, workdir)
-  lines = metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME))
+  lines = run_records.read_metrics(workdir)
   assert [l["step"] for l in lines] == list(range(1, config.train.num_iterations + 1))
   for line in lines:
     for key in ("train/loss", "train/pg_loss", "train/grad_norm"):

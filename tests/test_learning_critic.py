@@ -19,14 +19,13 @@ PPO with gamma = lambda = 1 credits every turn with the return minus a baseline.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
 
 import test_learning as base
 from hgpo_jax import train
-from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import run_records
 
 
 def critic_learning_config(data_dir: str, algo: str, **overrides):
@@ -48,7 +47,7 @@ def _run(tmp_path, algo):
   config = critic_learning_config(data_dir, algo)
   workdir = str(tmp_path / "run")
   train.train_and_evaluate(config, workdir)
-  lines = metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME))
+  lines = run_records.read_metrics(workdir)
   assert [l["step"] for l in lines] == list(range(1, config.train.num_iterations + 1))
   for line in lines:
     for key in ("train/loss", "train/pg_loss", "critic/value_loss", "critic/grad_norm"):

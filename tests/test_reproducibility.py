@@ -24,7 +24,7 @@ import pytest
 
 from hgpo_jax import runtime
 from hgpo_jax.models import tokenizer
-from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import run_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = [sys.executable, "-m", "launch.main", "--config=configs/sokoban.py:algo=hgpo,k=2,smoke",
@@ -45,7 +45,7 @@ def _launch(workdir, cache_dir, hash_seed, num_servers=1):
   proc = subprocess.run([*RUN, f"--config.env.num_servers={num_servers}", f"--workdir={workdir}"],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  lines = metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME))
+  lines = run_records.read_metrics(workdir)
   return [_deterministic(l) for l in lines]
 
 

@@ -20,6 +20,7 @@ from configs import sokoban as sokoban_config
 from configs import webshop as webshop_config
 from hgpo_jax import train
 from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import run_records
 
 
 def _sokoban(**overrides):
@@ -31,7 +32,7 @@ def _sokoban(**overrides):
 
 
 def _metrics(workdir):
-  return metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME))
+  return run_records.read_metrics(workdir)
 
 
 def _deterministic(record):

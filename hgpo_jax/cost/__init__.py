@@ -7,13 +7,9 @@
   analytic         textbook matmul FLOPs and parameter counts of the decoder
   targets          compile targets: a TPU slice's or GPU's devices on a host without them,
                    their usable HBM and seconds per XLA:TPU cycle
-  decode_traffic   one decode step's traffic against the bytes it must move (the decode
-                   kernels declare what they read: `models.decode_kernels.CACHE_READS_BLOCK`)
-  plan             compiled plans of a config's programs on a mesh: memory, FLOPs, time;
-                   recommendations and searches over meshes, micro-batches, rollout rows
-  trainer_metrics  the trainer's `perf/*` FLOP metrics per iteration and its profiler window
 
-The first four import nothing from the rest of hgpo_jax (the program registry uses the
-targets); `plan` and `trainer_metrics` compile the training programs
-(tests/test_import_graph.py: FLOORS). Command-line formatting is in launch/plan.py.
+The package imports nothing from the rest of hgpo_jax (the bottom floor: the program
+registry uses the targets; tests/test_import_graph.py: FLOORS). Its users above: one
+decode step's traffic (`hgpo_jax.sampling.decode_traffic`), the compiled plans and the
+trainer's FLOP metrics (`hgpo_jax.compiled`).
 """

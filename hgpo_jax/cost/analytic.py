@@ -6,7 +6,7 @@ with remat). With LoRA adapters (`hgpo_jax.models.lora`) the learner's forward a
 multiplies each token by the adapters' A and B, and its backward skips the frozen base's
 weight gradients; the sampler multiplies by the merged weights (`Decoder.merged`), so its
 count is the base's. It cross-checks the compiled count (`hgpo_jax.cost.hlo.compiled_flops`,
-tests/cost/test_flops.py) and sizes the benchmarks' expectations.
+tests/compiled/test_flops.py) and sizes the benchmarks' expectations.
 """
 
 from __future__ import annotations

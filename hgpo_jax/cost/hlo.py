@@ -3,7 +3,7 @@ device ops (launches), XLA:TPU's cost-model cycles and memory.
 
 * `compiled_flops(compiled)`: FLOPs of one call of a compiled executable. XLA's own
   `compiled.cost_analysis()["flops"]` counts the body of every `while` loop once (a
-  `lax.scan` over 10 matmuls reports one matmul; see tests/cost/test_flops.py), and the
+  `lax.scan` over 10 matmuls reports one matmul; see tests/compiled/test_flops.py), and the
   decoder scans its layers, the update scans micro-batches and the sampler loops over
   tokens. So the matmul FLOPs (`dot`, `convolution`: 2 x output elements x contracted
   size, the convention of XLA's HloCostAnalysis) are summed per HLO computation (cuBLAS
@@ -14,7 +14,7 @@ device ops (launches), XLA:TPU's cost-model cycles and memory.
 * `hlo_memory_traffic(hlo_text)`: the device-memory bytes one run of a compiled module
   reads and writes, loops weighted by trip count the same way (XLA's "bytes accessed"
   counts a loop body once too); `loop_iteration` takes one iteration of the outermost
-  data-dependent loop (a decode step: `hgpo_jax.cost.decode_traffic`).
+  data-dependent loop (a decode step: `hgpo_jax.sampling.decode_traffic`).
 * `hlo_launches`, `hlo_estimated_cycles`: device ops and XLA:TPU's cycles, weighted alike.
 * `memory_bytes(compiled)`: the executable's per-device argument, output, temporary and
   peak bytes.

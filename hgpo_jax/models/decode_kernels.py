@@ -631,7 +631,7 @@ attention.register_decode_kernel("pallas_tpu", decode_attention_tpu)
 # call in the compiled HLO): of each stacked [L, B, Hkv, S, Dh] cache operand, one layer's
 # valid slots of each row, copied whole in blocks of `block(S)` slots (1: masked loads of
 # exactly the valid slots); every other operand (queries, bounds, layer index) whole. Cost
-# accounting (`hgpo_jax.cost.decode_traffic.kernel_reads`) credits these kernels with
+# accounting (`hgpo_jax.sampling.decode_traffic.kernel_reads`) credits these kernels with
 # these reads instead of their whole operands.
 CACHE_READS_BLOCK = {
     "decode_attention_gpu": lambda length: 1,

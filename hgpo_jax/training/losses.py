@@ -29,6 +29,11 @@ Options beyond verl-agent's defaults (docs/algorithms.md §9.2-§9.5), each verl
     [1/t, t] (verl `rollout_corr_helper`); they multiply the policy-gradient token losses.
 A row of the loss is always one segment: the trainer refuses the sequence-level options
 with packed rows.
+
+The policy losses (`POLICY_LOSSES`), KL estimators (`KL_ESTIMATORS`) and rollout
+correction levels (`ROLLOUT_CORRECTIONS`) are registries (`hgpo_jax.registry`), filled
+below where their functions are defined: `LossConfig` validates its names with them and
+the loss dispatches through them.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hgpo_jax import registry
+
 LOSS_AGG_MODES = (
     "token-mean",
     "seq-mean-token-sum",
@@ -49,14 +56,19 @@ LOSS_AGG_MODES = (
 )
 KL_CLAMP = 10.0
 """|k3 KL| is clamped to this per token (verl `kl_penalty(..., "low_var_kl")`)."""
-KL_ESTIMATORS = {"k1": "k1", "kl": "k1", "abs": "abs", "k2": "k2", "mse": "k2", "k3": "k3",
-                 "low_var_kl": "k3", "full": "full"}
-"""verl `kl_penalty` names -> the estimator they compute ("kl", "mse", "low_var_kl" are
-verl's aliases)."""
-POLICY_LOSSES = ("ppo", "gspo")
-"""Values of `LossConfig.policy_loss`: PPO-clip with dual clip (verl "vanilla"), GSPO."""
-ROLLOUT_CORRECTIONS = ("none", "token", "sequence")
-"""Levels of the rollout importance weights (`rollout_is`) and rejection (`rollout_rs`)."""
+KL_ESTIMATORS = registry.Registry("KL estimator")
+"""verl `kl_penalty` names -> `fn(logp_bt, ref_logp_bt) -> f32[B, T]` per-token KL
+estimate ("kl", "mse", "low_var_kl" are verl's aliases of k1, k2, k3; verl's "full" is
+not one: it needs the reference's whole distribution). Filled below `kl_penalty`."""
+POLICY_LOSSES = registry.Registry("policy loss")
+"""Values of `LossConfig.policy_loss` -> `fn(logp_bt, old_logp_bt, adv_bt, mask_bt,
+config: LossConfig) -> (loss_bt, clipped_bt, dual_clipped_bt)` (as
+`ppo_clip_token_losses` returns them): "ppo", PPO-clip with dual clip (verl "vanilla"),
+and "gspo". Filled below `gspo_token_losses`; a new loss is one function registered here."""
+ROLLOUT_CORRECTIONS = registry.Registry("rollout correction")
+"""Levels of the rollout importance weights (`rollout_is`) and rejection (`rollout_rs`)
+-> `fn(log_ratio_bt, mask_bt) -> f32[B, T]`, the log-ratio each token is weighted by
+from the masked per-token ones; "none" -> None (off). Filled below `rollout_log_ratio`."""
 LOG_RATIO_CLAMP = 20.0
 """Every log-ratio is clamped to +-this before exp, as verl does: the PPO ratio's
 (`compute_policy_loss`), the k3 KL's (`kl_penalty`) and the rollout correction's
@@ -87,10 +99,11 @@ class LossConfig:
   """Divisor of `seq-mean-token-sum-norm` (the max response length); None: the token
   axis length T of the batch, which is constant only if the bucket is."""
   policy_loss: str = "ppo"
-  """One of POLICY_LOSSES: "ppo" (token ratios, dual clip) or "gspo" (one ratio per row,
+  """A name of POLICY_LOSSES: "ppo" (token ratios, dual clip) or "gspo" (one ratio per row,
   the geometric mean of its token ratios; no dual clip)."""
   kl_estimator: str = "k3"
-  """The KL loss's per-token estimator, a key of KL_ESTIMATORS (verl `kl_loss_type`)."""
+  """The KL loss's per-token estimator, a name or alias of KL_ESTIMATORS (verl
+  `kl_loss_type`)."""
   rollout_is: str = "none"
   """One of ROLLOUT_CORRECTIONS: importance weights pi_old / pi_rollout per token, or per
   row (the product of its token ratios), truncated at `rollout_is_threshold`."""
@@ -113,19 +126,16 @@ class LossConfig:
   def __post_init__(self):
     if self.loss_agg not in LOSS_AGG_MODES:
       raise ValueError(f"loss_agg={self.loss_agg!r} is unknown; use one of {LOSS_AGG_MODES}.")
-    if self.policy_loss not in POLICY_LOSSES:
-      raise ValueError(f"policy_loss={self.policy_loss!r} is unknown; use one of {POLICY_LOSSES}.")
-    if self.kl_estimator not in KL_ESTIMATORS:
-      raise ValueError(f"kl_estimator={self.kl_estimator!r} is unknown; use one of "
-                       f"{tuple(KL_ESTIMATORS)}.")
-    if KL_ESTIMATORS[self.kl_estimator] == "full":
+    if self.kl_estimator == "full":
       raise ValueError("kl_estimator='full' needs the reference's whole distribution at every "
                        "token, which the reference pass does not keep (verl's kl_penalty raises "
-                       "NotImplementedError for it too); use k1, abs, k2 or k3.")
-    for name in ("rollout_is", "rollout_rs"):
-      if getattr(self, name) not in ROLLOUT_CORRECTIONS:
-        raise ValueError(f"{name}={getattr(self, name)!r} is unknown; use one of "
-                         f"{ROLLOUT_CORRECTIONS}.")
+                       f"NotImplementedError for it too); use one of {KL_ESTIMATORS.names()}.")
+    for name, names in (("policy_loss", POLICY_LOSSES), ("kl_estimator", KL_ESTIMATORS),
+                        ("rollout_is", ROLLOUT_CORRECTIONS), ("rollout_rs", ROLLOUT_CORRECTIONS)):
+      try:
+        names.get(getattr(self, name))
+      except KeyError as e:
+        raise ValueError(f"{name}={getattr(self, name)!r}: {e.args[0]}") from None
     if not self.rollout_is_threshold > 0:
       raise ValueError(f"rollout_is_threshold={self.rollout_is_threshold} must be > 0.")
     if not self.rollout_rs_threshold > 1:
@@ -228,22 +238,33 @@ def kl_penalty(logp_bt: jax.Array, ref_logp_bt: jax.Array, estimator: str) -> ja
 
   Args:
     logp_bt, ref_logp_bt: f32[B, T] log pi_theta and log pi_ref of the taken tokens.
-    estimator: a key of KL_ESTIMATORS.
+    estimator: a name or alias of KL_ESTIMATORS (KeyError naming them otherwise).
 
   Returns:
     f32[B, T].
   """
-  name = KL_ESTIMATORS[estimator]
-  if name == "k3":
-    return low_var_kl(logp_bt, ref_logp_bt)
-  diff_bt = logp_bt - ref_logp_bt
-  if name == "k1":
-    return diff_bt
-  if name == "abs":
-    return jnp.abs(diff_bt)
-  if name == "k2":
-    return 0.5 * jnp.square(diff_bt)
-  raise ValueError(f"kl_estimator={estimator!r} has no per-token form; use k1, abs, k2 or k3.")
+  return KL_ESTIMATORS.get(estimator)(logp_bt, ref_logp_bt)
+
+
+def k1_kl(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
+  """k1 = logp - ref per token (verl "kl")."""
+  return logp_bt - ref_logp_bt
+
+
+def abs_kl(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
+  """|logp - ref| per token (verl "abs")."""
+  return jnp.abs(logp_bt - ref_logp_bt)
+
+
+def k2_kl(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
+  """k2 = (logp - ref)^2 / 2 per token (verl "mse")."""
+  return 0.5 * jnp.square(logp_bt - ref_logp_bt)
+
+
+KL_ESTIMATORS.register("k1", k1_kl, aliases=("kl",))
+KL_ESTIMATORS.register("abs", abs_kl)
+KL_ESTIMATORS.register("k2", k2_kl, aliases=("mse",))
+KL_ESTIMATORS.register("k3", low_var_kl, aliases=("low_var_kl",))
 
 
 def row_mean(x_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
@@ -271,15 +292,44 @@ def gspo_token_losses(logp_bt: jax.Array, old_logp_bt: jax.Array, adv_bt: jax.Ar
   return jnp.maximum(l1_bt, l2_bt), l2_bt > l1_bt, jnp.zeros_like(mask_bt)
 
 
+def _ppo_policy_loss(logp_bt, old_logp_bt, adv_bt, mask_bt, config: "LossConfig"):
+  del mask_bt  # token ratios: every token stands alone
+  return ppo_clip_token_losses(logp_bt, old_logp_bt, adv_bt, config.clip_ratio_low,
+                               config.clip_ratio_high, config.clip_ratio_c)
+
+
+def _gspo_policy_loss(logp_bt, old_logp_bt, adv_bt, mask_bt, config: "LossConfig"):
+  return gspo_token_losses(logp_bt, old_logp_bt, adv_bt, mask_bt, config.clip_ratio_low,
+                           config.clip_ratio_high)
+
+
+POLICY_LOSSES.register("ppo", _ppo_policy_loss)
+POLICY_LOSSES.register("gspo", _gspo_policy_loss)
+
+
 def rollout_log_ratio(old_logp_bt: jax.Array, rollout_logp_bt: jax.Array, mask_bt: jax.Array,
                       level: str) -> jax.Array:
   """f32[B, T] log(pi_old / pi_rollout), clamped to +-LOG_RATIO_CLAMP, per token ("token")
-  or the row's sum over its scored tokens on each of them ("sequence")."""
+  or the row's sum over its scored tokens on each of them ("sequence"); `level` a name of
+  ROLLOUT_CORRECTIONS other than "none"."""
   log_ratio_bt = jnp.where(mask_bt, old_logp_bt - rollout_logp_bt, 0.0)
-  if level == "sequence":
-    log_ratio_bt = jnp.broadcast_to(jnp.sum(log_ratio_bt, axis=-1, keepdims=True),
-                                    log_ratio_bt.shape)
+  log_ratio_bt = ROLLOUT_CORRECTIONS.get(level)(log_ratio_bt, mask_bt)
   return jnp.clip(log_ratio_bt, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _token_log_ratio(log_ratio_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
+  del mask_bt  # already zero off the scored tokens
+  return log_ratio_bt
+
+
+def _sequence_log_ratio(log_ratio_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
+  del mask_bt  # already zero off the scored tokens
+  return jnp.broadcast_to(jnp.sum(log_ratio_bt, axis=-1, keepdims=True), log_ratio_bt.shape)
+
+
+ROLLOUT_CORRECTIONS.register("none", None)
+ROLLOUT_CORRECTIONS.register("token", _token_log_ratio)
+ROLLOUT_CORRECTIONS.register("sequence", _sequence_log_ratio)
 
 
 def rollout_correction(old_logp_bt: jax.Array, rollout_logp_bt: jax.Array, mask_bt: jax.Array,
@@ -330,13 +380,8 @@ def _combined_actor_loss(logp_bt, entropy_bt, old_logp_bt, ref_logp_bt, adv_bt, 
   metrics' (verl: token means); `mask_bt` the scored tokens (GSPO's and the sequence
   weights' rows); `rollout_logp_bt` the sampler's log-probs (read with `rollout_is` or
   `rollout_rs` only)."""
-  if config.policy_loss == "gspo":
-    tok_loss_bt, clipped_bt, dual_bt = gspo_token_losses(
-        logp_bt, old_logp_bt, adv_bt, mask_bt, config.clip_ratio_low, config.clip_ratio_high)
-  else:
-    tok_loss_bt, clipped_bt, dual_bt = ppo_clip_token_losses(
-        logp_bt, old_logp_bt, adv_bt, config.clip_ratio_low, config.clip_ratio_high,
-        config.clip_ratio_c)
+  tok_loss_bt, clipped_bt, dual_bt = POLICY_LOSSES.get(config.policy_loss)(
+      logp_bt, old_logp_bt, adv_bt, mask_bt, config)
   corrected = config.rollout_is != "none" or config.rollout_rs != "none"
   if corrected:
     weight_bt, kept_bt = rollout_correction(old_logp_bt, rollout_logp_bt, mask_bt, config)

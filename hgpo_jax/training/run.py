@@ -227,6 +227,20 @@ def _task_samplers(config: ml_collections.ConfigDict, pool: pool_lib.EnvPool, wo
           for s in splits}
 
 
+def metrics_writer(config: ml_collections.ConfigDict, settings: run_config.RunConfig,
+                   workdir: str, *, train: bool
+                   ) -> metrics_lib.MetricsWriter | metrics_lib.NullWriter:
+  """The run's metrics writer: on process 0, `metrics.jsonl` and, when training, the
+  writers of `config.metrics.writers` (evaluation writes its record only); elsewhere
+  nothing."""
+  if jax.process_index() != 0:
+    return metrics_lib.NullWriter()
+  writer_settings = dataclasses.replace(settings.writer_settings,
+                                        run_config=json.loads(config.to_json()))
+  return metrics_lib.MetricsWriter(workdir, settings.metric_writers if train else (),
+                                   writer_settings)
+
+
 def build(config: ml_collections.ConfigDict, workdir: str, *, train: bool = True) -> Run:
   """The run of `config` in `workdir`: validated settings, mesh, model, programs, train
   state (resumed: workdir > `checkpoint.resume_from` > scratch), checkpointer, metrics
@@ -241,7 +255,6 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, train: bool = True
     logging.warning("%s", line)
   os.makedirs(workdir, exist_ok=True)
   rng = streams(config.seed)
-  pid = jax.process_index()
   # Evaluation plays every slot on every process (its tasks are dealt round-robin).
   groups = run_config.groups_per_process(config) if train else config.rollout.num_groups
   # The first collective, while the processes are still in step: on CPU, gloo gives a new
@@ -256,8 +269,7 @@ def build(config: ml_collections.ConfigDict, workdir: str, *, train: bool = True
     sampler = sampler_lib.Sampler.from_settings(model, tokenizer, settings.rollout, mesh)
     fields = dict(sampler=sampler, compute_dtype=model.cfg.dtype)
   del model
-  writer = (metrics_lib.MetricsWriter(workdir, tensorboard=train) if pid == 0
-            else metrics_lib.NullWriter())
+  writer = metrics_writer(config, settings, workdir, train=train)
   pool = make_pool(config, groups * config.rollout.group_size)  # this process's env slots
   try:
     splits = ((config.env.train_split,) if train else ()) + tuple(config.env.eval_splits)

@@ -61,6 +61,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from hgpo_jax import progress
+from hgpo_jax import registry
 from hgpo_jax.models import attention
 from hgpo_jax.models import decoder as decoder_lib
 from hgpo_jax.models import lora as lora_lib
@@ -86,8 +87,11 @@ def resolve_reference_dtype(name: str, compute_dtype: str) -> str:
   return name
 REFERENCE_MEMORIES = ("device", "host")
 """Values of `UpdateConfig.reference_memory`."""
-LR_SCHEDULES = ("constant", "cosine")
-"""Values of `UpdateConfig.lr_schedule` (verl `optim.warmup_style`)."""
+LR_SCHEDULES = registry.Registry("learning rate schedule")
+"""Values of `UpdateConfig.lr_schedule` (verl `optim.warmup_style`) -> `fn(config:
+UpdateConfig, iteration: int) -> float`, the learning rate of a 0-based iteration, warmup
+included (`iteration_learning_rate`). Filled below `iteration_learning_rate`; every
+schedule but "constant" reads `total_iterations`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +101,7 @@ class UpdateConfig:
   lr: float = 1e-6
   """Peak (and, with the constant schedule after warmup, constant) learning rate of AdamW."""
   lr_schedule: str = "constant"
-  """One of LR_SCHEDULES: the learning rate per iteration (`iteration_learning_rate`)."""
+  """A name of LR_SCHEDULES: the learning rate per iteration (`iteration_learning_rate`)."""
   warmup_steps: int = -1
   """Iterations of linear warmup (verl `lr_warmup_steps`, one scheduler step per
   iteration); < 0: `warmup_ratio` of `total_iterations`."""
@@ -192,15 +196,17 @@ class UpdateConfig:
                        f"{self.loss.loss_agg!r}")
     if not self.lr > 0 or self.weight_decay < 0 or not self.grad_clip > 0:
       raise ValueError(f"lr={self.lr} and grad_clip={self.grad_clip} must be > 0, weight_decay={self.weight_decay} >= 0.")
-    if self.lr_schedule not in LR_SCHEDULES:
-      raise ValueError(f"lr_schedule={self.lr_schedule!r} is unknown; use one of {LR_SCHEDULES}")
+    try:
+      LR_SCHEDULES.get(self.lr_schedule)
+    except KeyError as e:
+      raise ValueError(f"lr_schedule={self.lr_schedule!r}: {e.args[0]}") from None
     if not 0.0 <= self.warmup_ratio < 1.0 or not 0.0 <= self.min_lr_ratio <= 1.0:
       raise ValueError(f"warmup_ratio={self.warmup_ratio} must be in [0, 1) and min_lr_ratio="
                        f"{self.min_lr_ratio} in [0, 1]")
     if self.warmup_steps >= 0 and self.warmup_ratio > 0:
       raise ValueError(f"warmup_steps={self.warmup_steps} and warmup_ratio={self.warmup_ratio}: "
                        f"set one of them (warmup_steps=-1 reads warmup_ratio)")
-    if (self.lr_schedule == "cosine" or self.warmup_ratio > 0) and self.total_iterations < 1:
+    if (self.lr_schedule != "constant" or self.warmup_ratio > 0) and self.total_iterations < 1:
       raise ValueError(f"lr_schedule={self.lr_schedule!r} / warmup_ratio={self.warmup_ratio} "
                        f"need total_iterations >= 1, got {self.total_iterations}")
 
@@ -267,14 +273,29 @@ def iteration_learning_rate(config: UpdateConfig, iteration: int) -> float:
               lr * max(m, (1 + m)/2 + (1 - m)/2 cos(pi p)),  p = (i - W) / max(1, N - W)
                                                           (`get_cosine_schedule_with_warmup`,
                                                            num_cycles 0.5)
+
+  Each schedule is a function of LR_SCHEDULES.
   """
+  return LR_SCHEDULES.get(config.lr_schedule)(config, iteration)
+
+
+def constant_learning_rate(config: UpdateConfig, iteration: int) -> float:
+  """lr after a linear warmup from 0 (verl `get_constant_schedule_with_warmup`)."""
+  return config.lr * min(1.0, iteration / max(1, config.warmup_iterations))
+
+
+def cosine_learning_rate(config: UpdateConfig, iteration: int) -> float:
+  """A half cosine from lr down to min_lr_ratio * lr after a linear warmup from
+  min_lr_ratio * lr (verl `get_cosine_schedule_with_warmup`, num_cycles 0.5)."""
   w, n, m = config.warmup_iterations, config.total_iterations, config.min_lr_ratio
-  if config.lr_schedule == "constant":
-    return config.lr * min(1.0, iteration / max(1, w))
   if iteration < w:
     return config.lr * (m + (1.0 - m) * iteration / max(1, w))
   progress_frac = (iteration - w) / max(1, n - w)
   return config.lr * max(m, 0.5 * (1.0 + m) + 0.5 * (1.0 - m) * math.cos(math.pi * progress_frac))
+
+
+LR_SCHEDULES.register("constant", constant_learning_rate)
+LR_SCHEDULES.register("cosine", cosine_learning_rate)
 
 
 @flax.struct.dataclass

@@ -49,7 +49,7 @@ sides, alternating call by call after one compile call each, `--reps` timed call
   lora        LoRA rank `--rank` (alpha 2 x rank) without remat: the llm suite's setting.
 
 Each prints its median seconds, tokens/s and the compiled program's FLOPs (XLA's count,
-`hgpo_jax.cost.trainer_metrics`). The last line gives full+remat / lora (fine-tuning as the
+`hgpo_jax.compiled.trainer_metrics`). The last line gives full+remat / lora (fine-tuning as the
 SmolLM2 job runs it against LoRA as the llm suite runs it) beside the two like-for-like
 ratios, full / lora and full+remat / lora+remat.
 """
@@ -126,7 +126,7 @@ def update_sides(rank: int, rows: int, prompt: int, response: int, top_layers: i
   import numpy as np
   from flax import nnx
 
-  from hgpo_jax.cost import trainer_metrics
+  from hgpo_jax.compiled import trainer_metrics
   from hgpo_jax.models import config as model_config
   from hgpo_jax.models import lora as lora_lib
   from hgpo_jax.models import loading, sharding

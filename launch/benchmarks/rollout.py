@@ -134,7 +134,7 @@ def time_decode(sampler, params, rows: int, prompt: int, reps: int, bandwidth: f
   numbers: call and per-step times, tokens/s, roofline bytes and fractions."""
   import jax
 
-  from hgpo_jax.cost import decode_traffic
+  from hgpo_jax.sampling import decode_traffic
 
   n = params.max_new_tokens
   if n < 2:

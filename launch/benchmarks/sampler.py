@@ -209,7 +209,7 @@ def main():
     print(f"{'smollm2-135m':14s} {b:5d} {b * n / t_ours:11.1f} {b * n / t_hf:9.1f} {ratios[b]:6.2f}",
           flush=True)
     # FLOPs of one generate call: prefill + n decode steps over the dense cache bucket
-    # (analytic.analytic_sampler_flops equals the compiled programs' count: tests/cost/test_plan.py).
+    # (analytic.analytic_sampler_flops equals the compiled programs' count: tests/compiled/test_plan.py).
     fl = analytic.analytic_sampler_flops(cfg, batch=b, prompt=bucket, new_tokens=n)
     print("  " + harness.flops_line(f"ours batch {b} (prefill + {n} decode steps)",
                                   fl["prefill"] + n * fl["decode_step"], t_ours, peak), flush=True)

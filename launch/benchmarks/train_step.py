@@ -95,7 +95,7 @@ def time_update(model, cfg, mesh, model_name: str, s: dict, devices: int, steps:
     times.append(time.perf_counter() - t0)
   med = statistics.median(times)
   from hgpo_jax.cost import hardware
-  from hgpo_jax.cost import trainer_metrics
+  from hgpo_jax.compiled import trainer_metrics
   from launch.benchmarks import harness
   # Per-device FLOPs x devices: the fake devices share one CPU, whose peak is the reference.
   flops = trainer_metrics.LearnerFlops(learner).per_call(host)["update"] * devices

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from hgpo_jax.cost import analytic
-from hgpo_jax.cost import trainer_metrics
+from hgpo_jax.compiled import trainer_metrics
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import decoder
 from hgpo_jax.models import lora

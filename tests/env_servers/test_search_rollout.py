@@ -3,7 +3,6 @@ memory of (retrieved information, action), the config, and (slow) two iterations
 `configs/search.py:smoke` over real env servers."""
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -102,12 +101,12 @@ def test_config_variants():
 @pytest.mark.slow
 def test_search_smoke_trains_over_env_servers(tmp_path):
   from hgpo_jax import train
-  from hgpo_jax.training import metrics as metrics_lib
+  from hgpo_jax.training import run_records
   c = search_config.get_config("smoke")
   with c.unlocked():
     c.mesh.data = 1
   out = train.train_and_evaluate(c, str(tmp_path))
-  lines = metrics_lib.read_jsonl(os.path.join(tmp_path, metrics_lib.JSONL_NAME))
+  lines = run_records.read_metrics(str(tmp_path))
   assert [l["step"] for l in lines][:2] == [1, 2]
   assert all(math.isfinite(l["train/loss"]) for l in lines[:2])
   # constrained to listed actions: every response is a well-formed search or answer

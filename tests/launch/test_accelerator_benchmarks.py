@@ -35,7 +35,7 @@ def test_time_update_of_a_random_init_preset_reports_tokens_and_flops():
   assert r["loss"] == r["loss"]  # not NaN
   # The printed numbers, read back from the line, against an independent count: the
   # textbook matmul FLOPs of forward + backward on 2 rows x 32 tokens (31 scored), which
-  # with remat bound the compiled count from above, within 5 % (tests/cost/test_flops.py
+  # with remat bound the compiled count from above, within 5 % (tests/compiled/test_flops.py
   # test_remat_adds_at_most_one_forward_of_the_layers: XLA keeps the attention products);
   # then the rate and the MFU are that count over the median step time and the peak.
   m = re.fullmatch(r"tiny devices=1 update: ([0-9.]+) GFLOP per call, ([0-9.]+) GFLOP/s, "

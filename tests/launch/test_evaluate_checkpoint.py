@@ -23,7 +23,7 @@ from hgpo_jax import train
 from hgpo_jax.advantages import dump
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import evaluation
-from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import run_records
 from launch import evaluate
 from launch import export
 
@@ -45,7 +45,7 @@ def _responses(workdir: str, step: int) -> list[list[int]]:
 
 
 def _eval_line(workdir: str) -> dict:
-  (line,) = metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME))
+  (line,) = run_records.read_metrics(workdir)
   return line
 
 
@@ -81,8 +81,8 @@ def test_checkpoint_evaluation_is_the_trainers_final_evaluation(trained, tmp_pat
   assert _responses(eval_dir, 2) == _responses(run, 2)
   # and the same per-task outcomes, which add up to the aggregate (the records the paired
   # intervals over games of launch.experiments.report read)
-  trainer_tasks = metrics_lib.read_task_results(run)[(2, "test")]
-  assert metrics_lib.read_task_results(eval_dir) == {(2, "test"): trainer_tasks}
+  trainer_tasks = run_records.read_task_results(run)[(2, "test")]
+  assert run_records.read_task_results(eval_dir) == {(2, "test"): trainer_tasks}
   assert [r["index"] for r in trainer_tasks] == [0, 1]
   assert np.mean([r["won"] for r in trainer_tasks]) == final["eval/test/success"]
   assert np.mean([r["length"] for r in trainer_tasks]) == final["eval/test/episode_length"]

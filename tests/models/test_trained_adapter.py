@@ -32,7 +32,7 @@ from hgpo_jax import train
 from hgpo_jax.sampling import SamplingParams
 from hgpo_jax.sampling import constrained
 from hgpo_jax.training import checkpoint
-from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import run_records
 from hgpo_jax.training import run as run_lib
 from launch import evaluate
 from launch import export
@@ -163,5 +163,5 @@ def test_checkpoint_evaluation_repeats_the_runs_final_evaluation(lora_run, tmp_p
               "eval/valid_unseen/num_tasks"):
     assert again[key] == final[key], key
   games = lambda d: [{k: r[k] for k in ("split", "index", "task_id", "won", "return", "length")}
-                     for records in metrics_lib.read_task_results(d).values() for r in records]
+                     for records in run_records.read_task_results(d).values() for r in records]
   assert len(games(workdir)) == 4 and games(str(tmp_path)) == games(workdir)

@@ -17,7 +17,7 @@ import pytest
 from configs import alfworld
 from hgpo_jax.models import config as config_lib
 from hgpo_jax.models import sharding
-from hgpo_jax.cost import plan as plan_lib
+from hgpo_jax.compiled import plan as plan_lib
 from hgpo_jax.training import programs
 from hgpo_jax.cost import targets
 

@@ -207,9 +207,8 @@ def _sokoban(workdir, **overrides):
 
 
 def _deterministic_lines(workdir):
-  import os
-  from hgpo_jax.training import metrics as metrics_lib
-  lines = metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME))
+  from hgpo_jax.training import run_records
+  lines = run_records.read_metrics(workdir)
   return [{k: v for k, v in line.items() if not k.startswith(("time/", "env/"))
            and not k.endswith(("_flop_per_s", "_mfu"))} for line in lines]
 
@@ -236,7 +235,7 @@ def test_plan_counts_the_frozen_base_the_adapters_and_their_optimizer_state():
   its own program over the same params (adapters off), and without a KL term (off, or at
   coefficient 0) there is none."""
   from configs import alfworld
-  from hgpo_jax.cost import plan as plan_lib
+  from hgpo_jax.compiled import plan as plan_lib
   from hgpo_jax.training import programs
   config = alfworld.get_config("algo=hgpo,model=tiny,smoke")
   config.rollout.max_prompt_tokens, config.rollout.max_new_tokens = 64, 32
@@ -287,7 +286,7 @@ def test_length_grouped_update_and_its_flop_count_with_adapters():
   """A mini-batch of length-grouped parts (`Learner.update_mini_batch`: gradient programs
   over the adapters' gradient sum, then the step) equals the one-part update of the same
   rows, and `LearnerFlops` compiles those programs (the trainer's perf metrics)."""
-  from hgpo_jax.cost import trainer_metrics
+  from hgpo_jax.compiled import trainer_metrics
   from hgpo_jax.training import packing
   _, adapted = _models()
   config = _config(ppo_epochs=1, micro_batch_rows=4, mini_batch_rows=16)

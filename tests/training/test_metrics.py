@@ -1,12 +1,15 @@
-"""Metrics writer: JSONL content and order, TensorBoard events, console line."""
+"""Metrics writers: JSONL content and order, TensorBoard events, Weights & Biases (offline),
+the writer registry and `config.metrics`, console line."""
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
 
 from hgpo_jax.training import metrics
+from hgpo_jax.training import run_records
 
 
 def test_jsonl_sorted_deterministic_and_tensorboard(tmp_path):
@@ -20,7 +23,7 @@ def test_jsonl_sorted_deterministic_and_tensorboard(tmp_path):
   lines = a.splitlines()
   assert lines[0] == lines[1].replace('"step": 2', '"step": 1')
   assert list(json.loads(lines[0])) == ["step", "count", "env/success", "kl", "loss"]
-  recs = metrics.read_jsonl(str(tmp_path / "a" / metrics.JSONL_NAME))
+  recs = run_records.read_metrics(str(tmp_path / "a"))
   assert recs[1]["env/success"] == 0.75 and recs[0]["count"] == 3
   events = os.listdir(tmp_path / "a" / metrics.TENSORBOARD_DIR)
   assert any(e.startswith("events.out.tfevents") for e in events)
@@ -35,3 +38,146 @@ def test_format_summary():
 def test_non_scalar_metric_is_rejected():
   with pytest.raises(ValueError, match="log scalars only"):
     metrics.to_scalars({"x": np.zeros(3)})
+
+
+# ------------------------------------------------------------------ the writers
+def test_the_registered_writers():
+  assert metrics.WRITERS.names() == ["jsonl", "tensorboard", "wandb"]
+  with pytest.raises(KeyError) as info:
+    metrics.WRITERS.get("mlflow")
+  assert info.value.args[0] == ("unknown metric writer 'mlflow'; registered: "
+                                "['jsonl', 'tensorboard', 'wandb']")
+
+
+def test_jsonl_is_always_written_and_the_same_whatever_else_is(tmp_path):
+  m = {"loss": np.float32(0.5), "env": {"success": np.array(0.75)}}
+  for run, writers in (("default", None), ("plain", ()), ("listed", ("jsonl", "tensorboard"))):
+    kwargs = {} if writers is None else {"writers": writers}
+    with metrics.MetricsWriter(str(tmp_path / run), **kwargs) as w:
+      assert w.write(3, m) == {"env/success": 0.75, "loss": 0.5}
+  text = (tmp_path / "default" / metrics.JSONL_NAME).read_text()
+  assert text == '{"step": 3, "env/success": 0.75, "loss": 0.5}\n'
+  for run in ("plain", "listed"):
+    assert (tmp_path / run / metrics.JSONL_NAME).read_text() == text
+  assert sorted(os.listdir(tmp_path / "plain")) == [metrics.JSONL_NAME]
+  assert (tmp_path / "listed" / metrics.TENSORBOARD_DIR).is_dir()
+
+
+def test_an_unknown_writer_opens_no_file(tmp_path):
+  with pytest.raises(KeyError, match=r"unknown metric writer 'mlflow'; registered: \["):
+    metrics.MetricsWriter(str(tmp_path), ("tensorboard", "mlflow"))
+  assert os.listdir(tmp_path) == []
+
+
+def _wandb_records(path: str) -> list:
+  """The records of a `.wandb` file: a LevelDB-style log (a 7-byte `:W&B` header, then 32 KiB
+  blocks of chunks, each `crc32 u32, length u16, type u8` + data; type 1 a whole record,
+  2/3/4 its first/middle/last part), each record a `wandb_internal_pb2.Record`."""
+  import struct
+
+  from wandb.proto import wandb_internal_pb2
+  with open(path, "rb") as f:
+    data = f.read()
+  assert data[:4] == b":W&B"
+  block, pos, records, part = 32768, 7, [], b""
+  while pos + 7 <= len(data):
+    if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+      pos += block - pos % block
+      continue
+    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    part += data[pos + 7:pos + 7 + length]
+    pos += 7 + length
+    if kind in (1, 4):
+      records.append(wandb_internal_pb2.Record.FromString(part))
+      part = b""
+  return records
+
+
+def _history(records) -> dict[int, dict]:
+  out = {}
+  for r in records:
+    if r.WhichOneof("record_type") == "history":
+      items = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
+               for item in r.history.item}
+      out[r.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+  return out
+
+
+def test_the_wandb_writer_records_every_scalar_offline(tmp_path, monkeypatch):
+  pytest.importorskip("wandb")
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  (tmp_path / "wandb_dir").mkdir()
+  settings = metrics.WriterSettings(wandb_project="hgpo", run_config={"seed": 3})
+  with metrics.MetricsWriter(str(tmp_path / "run7"), ("wandb",), settings) as w:
+    w.write(1, {"loss": 0.5, "env": {"success": 0.25}})
+    w.write(2, {"loss": 0.125, "env": {"success": 1.0}})
+  runs = list((tmp_path / "wandb_dir" / "wandb").glob("offline-run-*/run-*.wandb"))
+  assert len(runs) == 1
+  records = _wandb_records(str(runs[0]))
+  run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+  assert run.project == "hgpo" and run.display_name == "run7"
+  config = {u.key: json.loads(u.value_json) for u in run.config.update}
+  assert config["seed"] == 3
+  assert _history(records) == {1: {"loss": 0.5, "env/success": 0.25},
+                               2: {"loss": 0.125, "env/success": 1.0}}
+  # without WANDB_DIR the W&B run lives in the run directory, beside metrics.jsonl
+  monkeypatch.delenv("WANDB_DIR")
+  with metrics.MetricsWriter(str(tmp_path / "run8"), ("wandb",), settings) as w:
+    w.write(1, {"loss": 0.5})
+  assert list((tmp_path / "run8" / "wandb").glob("offline-run-*/run-*.wandb"))
+  assert (tmp_path / "run8" / metrics.JSONL_NAME).exists()
+
+
+def test_wandb_missing_is_one_line_naming_pip_install(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+  message = ("metric writer 'wandb' needs the wandb package, which is not installed: "
+             "pip install wandb (or leave 'wandb' out of config.metrics.writers)")
+  assert metrics.missing_package("wandb") == message
+  assert metrics.missing_package("tensorboard") is None and metrics.missing_package("jsonl") is None
+  with pytest.raises(ImportError) as info:
+    metrics.MetricsWriter(str(tmp_path), ("wandb",))
+  assert str(info.value) == message
+  from hgpo_jax import train
+  with pytest.raises(train.ConfigError) as info:
+    train.validate(_config(**{"metrics.writers": ("tensorboard", "wandb")}))
+  assert str(info.value) == f"config.metrics.writers: {message}"
+
+
+# ------------------------------------------------------------------ config.metrics
+def _config(**overrides):
+  from configs import sokoban
+  c = sokoban.get_config("algo=grpo,smoke")
+  with c.unlocked():
+    c.update_from_flattened_dict(overrides)
+  return c
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"metrics.writers": ("tensorboard", "mlflow")},
+     "config.metrics.writers: unknown metric writer 'mlflow'; registered: "
+     "['jsonl', 'tensorboard', 'wandb']"),
+    ({"metrics.wandb_mode": "cloud"},
+     "config.metrics: wandb_mode='cloud': use one of ('online', 'offline', 'disabled')"),
+])
+def test_bad_metrics_settings_end_in_one_line(overrides, message):
+  from hgpo_jax import train
+  with pytest.raises(train.ConfigError) as info:
+    train.validate(_config(**overrides))
+  assert str(info.value) == message
+
+
+def test_the_trainer_writes_tensorboard_by_default_and_evaluation_its_record_only(tmp_path):
+  from hgpo_jax import train
+  from hgpo_jax.training import run as run_lib
+  config = _config()
+  settings = train.validate(config)
+  assert settings.metric_writers == ("tensorboard",)
+  assert settings.writer_settings == metrics.WriterSettings()
+  for name, is_train in (("train", True), ("eval", False)):
+    writer = run_lib.metrics_writer(config, settings, str(tmp_path / name), train=is_train)
+    writer.write(1, {"loss": 0.5})
+    writer.close()
+  assert sorted(os.listdir(tmp_path / "train")) == [metrics.JSONL_NAME, metrics.TENSORBOARD_DIR]
+  assert os.listdir(tmp_path / "eval") == [metrics.JSONL_NAME]

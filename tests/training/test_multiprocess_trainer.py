@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import checkpoint_arrays
-from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import run_records
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiprocess_trainer_worker.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -144,8 +144,8 @@ def test_two_process_trainer_equals_one_process(tmp_path):
   _run(two, 2, 4, tmp_path)
   _run(one, 1, 8, tmp_path)
 
-  a = metrics_lib.read_jsonl(os.path.join(one, metrics_lib.JSONL_NAME))
-  b = metrics_lib.read_jsonl(os.path.join(two, metrics_lib.JSONL_NAME))
+  a = run_records.read_metrics(one)
+  b = run_records.read_metrics(two)
   assert [l["step"] for l in a] == [l["step"] for l in b] == [1, 2]  # process 0 wrote once
   for x, y in zip(a, b):
     assert sorted(x) == sorted(y)
@@ -183,7 +183,7 @@ def test_two_process_trainer_equals_one_process(tmp_path):
        kill_when=lambda: os.path.isdir(os.path.join(killed, "checkpoints", "1")))
   assert not os.path.isdir(os.path.join(killed, "checkpoints", "2"))
   _run(killed, 2, 4, tmp_path, name="_resumed")
-  c = metrics_lib.read_jsonl(os.path.join(killed, metrics_lib.JSONL_NAME))
+  c = run_records.read_metrics(killed)
   assert [l["step"] for l in c] == [1, 2]  # none lost, none duplicated
   for x, y in zip(b, c):
     assert sorted(x) == sorted(y)

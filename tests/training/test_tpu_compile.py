@@ -10,7 +10,7 @@ import pytest
 from configs import alfworld
 from configs import webshop
 from hgpo_jax.cost import analytic
-from hgpo_jax.cost import plan as plan_lib
+from hgpo_jax.compiled import plan as plan_lib
 from hgpo_jax.cost import targets
 from hgpo_jax.cost.hardware import GiB
 from hgpo_jax.models import sharding
@@ -101,7 +101,7 @@ def test_generate_compiles_on_one_host_of_a_multi_host_slice():
 
 def test_tpu_flops_of_the_tiny_update_and_logprobs_equal_the_analytic_count():
   """The matmul FLOPs read from XLA:TPU's HLO (convolutions, loop bounds from conditions)
-  equal 2 x params x tokens + the attention term, as on CPU (tests/cost/test_flops.py), + the
+  equal 2 x params x tokens + the attention term, as on CPU (tests/compiled/test_flops.py), + the
   RoPE rotation's product on TPU. Remat off: the backward pass then has exactly 2 forward
   passes' matmuls."""
   config = alfworld.get_config("algo=hgpo,smoke")
@@ -244,7 +244,7 @@ def test_qwen2_5_1_5b_paper_decode_step_traffic_on_a_v5e_8(impl, dtype, ratio_ma
                                                            ratio, kernel_mb, ms):
   """Release tier (`make test-slow`): `make test` proves the traffic accounting (the
   kernels credited with their valid blocks, the rest from the HLO) on a small XLA:TPU
-  compile, tests/cost/test_decode_traffic.py
+  compile, tests/sampling/test_decode_traffic.py
   `test_a_tpu_compiled_generate_with_the_kernel_is_credited_with_its_valid_blocks`; this
   re-proves docs/performance.md's paper-scale figures.
 
@@ -290,7 +290,7 @@ def test_qwen2_5_1_5b_paper_decode_step_traffic_on_a_v5e_8(impl, dtype, ratio_ma
 @pytest.mark.release
 def test_qwen2_5_1_5b_paper_rollout_estimate_on_a_v5e_8_is_half_the_first():
   """Release tier (`make test-slow`): `make test` proves the estimate's arithmetic
-  (tests/cost/test_decode_traffic.py `test_a_plan_adds_the_kernels_reads_at_the_chips_bandwidth`)
+  (tests/sampling/test_decode_traffic.py `test_a_plan_adds_the_kernels_reads_at_the_chips_bandwidth`)
   and XLA:TPU compiles of every program (the smoke configs); this re-proves the paper-scale
   figure of docs/performance.md.
 

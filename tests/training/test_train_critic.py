@@ -18,7 +18,7 @@ from configs import alfworld as alfworld_config
 from configs import webshop as webshop_config
 from hgpo_jax import train
 from hgpo_jax.advantages import hae
-from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import run_records
 
 CRITIC_KEYS = ("critic/value_loss", "critic/value_clipfrac", "critic/explained_variance",
                "critic/grad_norm")
@@ -33,7 +33,7 @@ def _config(algo, **overrides):
 
 
 def _metrics(workdir):
-  return metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME))
+  return run_records.read_metrics(workdir)
 
 
 def _deterministic(record):
@@ -180,7 +180,7 @@ def test_hiper_dump_recomputes_the_trainers_advantages(hiper_run):
   workdir, _ = hiper_run
   c = _config("hiper")
   for name in ("iter_000000.jsonl", "iter_000001.jsonl"):
-    rows = metrics_lib.read_jsonl(os.path.join(workdir, "rollouts", name))
+    rows = run_records.read_jsonl(os.path.join(workdir, "rollouts", name))
     assert all(r["switch"] in ("KEEP", "SWITCH", None) for r in rows)
     assert all(len(r["token_tags"]) >= 1 and set(r["values"]) == set(hae.HEADS) for r in rows)
     est = registry.get("hae")

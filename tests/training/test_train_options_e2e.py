@@ -5,14 +5,13 @@ controller and a cosine learning rate; and a run stopped after its first iterati
 resumed equals it."""
 
 import math
-import os
 
 import numpy as np
 import pytest
 
 from configs import sokoban as sokoban_config
 from hgpo_jax import train
-from hgpo_jax.training import metrics as metrics_lib
+from hgpo_jax.training import run_records
 from hgpo_jax.training import update_targets
 
 # planted episode returns per generation batch (2 groups x 2 trajectories): batch 0 keeps
@@ -61,7 +60,7 @@ def _run(workdir, stop_at=None):
       train.train_and_evaluate(_config(), workdir)
     except Stop:
       pass
-  return metrics_lib.read_jsonl(os.path.join(workdir, metrics_lib.JSONL_NAME)), played, trained
+  return run_records.read_metrics(workdir), played, trained
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 
 from configs import alfworld
 from hgpo_jax.cost import analytic
-from hgpo_jax.cost import plan as plan_lib
+from hgpo_jax.compiled import plan as plan_lib
 from hgpo_jax.cost.hardware import GiB
 from launch import plan as plan_cli
 

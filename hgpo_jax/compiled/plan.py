@@ -31,13 +31,13 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from hgpo_jax.cost import decode_traffic
 from hgpo_jax.cost import hardware
 from hgpo_jax.cost import hlo
 from hgpo_jax.cost import targets as targets_lib
 from hgpo_jax.cost.hardware import GiB
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import sharding as sharding_lib
+from hgpo_jax.sampling import decode_traffic
 from hgpo_jax.training import programs as programs_lib
 from hgpo_jax.training import run_config
 

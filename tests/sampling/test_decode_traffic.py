@@ -7,8 +7,8 @@ the whole cache once per layer (`decode_traffic.kernel_reads`)."""
 import pytest
 
 from configs import alfworld
-from hgpo_jax.cost import decode_traffic
-from hgpo_jax.cost import plan as plan_lib
+from hgpo_jax.sampling import decode_traffic
+from hgpo_jax.compiled import plan as plan_lib
 from hgpo_jax.cost import targets
 from launch import plan as plan_cli
 
