@@ -47,7 +47,9 @@ def get_config(arg: str | None = None):
   c.env.args = common.ml_collections.ConfigDict({
       "data_dir": "",  # "" = the shipped synthetic set; else Search-R1's question files
       "corpus": "",  # "" = data_dir/corpus.jsonl; Search-R1's wiki-18.jsonl
-      "retriever": "",  # "" = BM25 inside each env server; host:port of env_servers.retriever
+      # "" = BM25 inside each env server; "local" = one env_servers.retriever process the
+      # trainer starts beside its env servers (restarted if it dies); host:port = a running one
+      "retriever": "",
       "topk": 3,  # passages per search (verl-agent SearchToolGroup topk=3; Search-R1 topk 3)
       "actions": "listed" if listed else "free",  # free text is the published setting
   })

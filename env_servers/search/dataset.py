@@ -47,6 +47,12 @@ class Question:
   source: str = ""
 
 
+def corpus_path(data_dir: str = "", corpus: str = "") -> str:
+  """The corpus a search env reads: `corpus`, else `data_dir`'s corpus.jsonl, else the
+  synthetic set's (the env's `data_dir` / `corpus` arguments)."""
+  return corpus or f"{data_dir or SYNTHETIC_DIR}/{CORPUS_FILE}"
+
+
 def passage_from_contents(pid: str, contents: str) -> Passage:
   title, _, text = contents.partition("\n")
   return Passage(str(pid), title.strip(), text.strip())

@@ -123,9 +123,9 @@ class SearchEnv(gym.Env):
     if actions not in ACTIONS:
       raise ValueError(f"SearchEnv: actions must be one of {ACTIONS}, got {actions!r}")
     self.actions = actions
+    corpus = dataset.corpus_path(data_dir, corpus)
     data_dir = data_dir or str(dataset.SYNTHETIC_DIR)
     self._files = dataset.question_files(data_dir)
-    corpus = corpus or f"{data_dir}/{dataset.CORPUS_FILE}"
     self._questions = {split: _questions(str(path)) for split, path in self._files.items()}
     self._by_id = {q.id: q for qs in self._questions.values() for q in qs}
     self.retriever = client_lib.make_retriever(

@@ -52,6 +52,9 @@ class LocalServers:
     host: bind address of the servers.
     startup_timeout_s: how long one server may take to print its port and serve.
     log_level: the servers' logging level.
+    retriever_corpus: a corpus file: the pool also starts one `env_servers.retriever` over
+      it, passes its endpoint to every env server as `env_args["retriever"]`, restarts it
+      on the same port if it dies, and stops it with the env servers; "": none.
   """
   env: str
   num_servers: int = 1
@@ -59,19 +62,37 @@ class LocalServers:
   host: str = "127.0.0.1"
   startup_timeout_s: float = 120.0
   log_level: str = "WARNING"
+  retriever_corpus: str = ""
 
 
 class ServerProcess:
-  """One env server child process (started by `start`, ready after `wait_ready`)."""
+  """One env server child process (started by `start`, ready after `wait_ready`), or with
+  `retriever`, one `env_servers.retriever` process: both print their port and serve gRPC
+  health."""
 
   def __init__(self, env: str, slots: int, env_args: Mapping[str, Any] | None = None,
                host: str = "127.0.0.1", log_level: str = "WARNING", port: int = 0):
-    self.env, self.slots, self.host = env, slots, host
     cmd = [sys.executable, "-m", "env_servers.serve", "--env", env, "--port", str(port),
            "--host", host, "--slots", str(slots), "--parent-pid", str(os.getpid()),
            "--log-level", log_level]
     for key, value in (env_args or {}).items():
       cmd += ["--env-arg", f"{key}={_arg_text(value)}"]
+    self._spawn(f"env server {env!r}", cmd, host)
+    self.env, self.slots = env, slots
+
+  @classmethod
+  def retriever(cls, corpus: str, host: str = "127.0.0.1", log_level: str = "WARNING",
+                port: int = 0) -> "ServerProcess":
+    """An `env_servers.retriever` process over `corpus` (not yet ready: `wait_ready`)."""
+    proc = cls.__new__(cls)
+    proc._spawn("retriever", [sys.executable, "-m", "env_servers.retriever", "--corpus", corpus,
+                              "--port", str(port), "--host", host, "--parent-pid",
+                              str(os.getpid()), "--log-level", log_level], host)
+    proc.env, proc.slots = "retriever", 0
+    return proc
+
+  def _spawn(self, name: str, cmd: list[str], host: str) -> None:
+    self.name, self.host = name, host
     child_env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     child_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (_CODE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
@@ -121,7 +142,7 @@ class ServerProcess:
     for reader in self._readers:  # the last stderr lines are the useful ones
       reader.join(timeout=2.0)
     tail = self.stderr_tail() or "(no stderr output)"
-    return RuntimeError(f"env server {self.env!r} (pid {self.pid}, exit code "
+    return RuntimeError(f"{self.name} (pid {self.pid}, exit code "
                         f"{self.popen.returncode}) {what}; its stderr ends with:\n{tail}")
 
   def wait_ready(self, timeout_s: float = 120.0) -> str:
@@ -201,6 +222,23 @@ def start_servers(env: str, slots_per_server: Sequence[int],
       proc.stop()
     raise
   return procs
+
+
+def start_retriever(corpus: str, host: str = "127.0.0.1", startup_timeout_s: float = 120.0,
+                    log_level: str = "WARNING", port: int = 0) -> ServerProcess:
+  """Starts one `env_servers.retriever` over `corpus` and waits until it serves.
+
+  Raises:
+    RuntimeError: it did not come up (a missing or malformed corpus: the message carries
+      its stderr tail).
+  """
+  proc = ServerProcess.retriever(corpus, host, log_level, port)
+  try:
+    proc.wait_ready(startup_timeout_s)
+  except BaseException:
+    proc.stop()
+    raise
+  return proc
 
 
 @atexit.register

@@ -18,7 +18,11 @@ per server) with a per-call deadline, and hides server failures:
 * the pending call is executed again, so the caller sees neither lost nor duplicated
   steps. Restarts, replays and failed calls are counted in `metrics()`;
 * when recovery fails `max_retries` times the call raises `EnvPoolError`; a batch is
-  never returned partially.
+  never returned partially;
+* a retriever the pool owns (`LocalServers.retriever_corpus`: the search env's passages
+  from one `env_servers.retriever` process) that has died is restarted on its port; the
+  steps it failed (the env servers report a `RetrieverError` for them) are re-run: their
+  servers' unfinished episodes are replayed to before the step, which is then sent again.
 
 Usage:
 
@@ -176,8 +180,15 @@ class EnvPool:
         lambda: collections.deque(maxlen=1000))
     self._episodes: list[_Episode | None] = [None] * num_slots
     self._servers: list[_Server] = []
+    self._retriever: launcher.ServerProcess | None = None
     self._closed = False
     try:
+      if self._local and self._local.retriever_corpus:
+        self._retriever = launcher.start_retriever(
+            self._local.retriever_corpus, self._local.host, self._local.startup_timeout_s,
+            self._local.log_level)
+        self._local = dataclasses.replace(
+            self._local, env_args={**self._local.env_args, "retriever": self._retriever.endpoint})
       if self._local:
         procs = launcher.start_servers(self._local.env, sizes, self._local.env_args,
                                        self._local.host, self._local.startup_timeout_s,
@@ -244,6 +255,9 @@ class EnvPool:
 
     try:
       replies = self._map(call, busy)
+      if self._retriever is not None and not self._retriever.alive():
+        replies = [self._step_again(server, pairs, call)
+                   for server, pairs in zip(busy, replies)]
     except BaseException:
       # Other servers may have stepped: the episodes are no longer consistent.
       self._episodes = [None] * self.num_slots
@@ -287,6 +301,11 @@ class EnvPool:
     """Pids of the server processes the pool owns (empty for endpoints)."""
     return [s.process.pid for s in self._servers if s.process is not None]
 
+  @property
+  def retriever_pid(self) -> int | None:
+    """Pid of the retriever process the pool owns (None: it owns none)."""
+    return self._retriever.pid if self._retriever is not None else None
+
   def close(self) -> None:
     """Releases the slots, closes channels and stops owned servers (idempotent)."""
     if self._closed:
@@ -300,6 +319,8 @@ class EnvPool:
       server.close_channel()
       if server.process is not None:
         server.process.stop()
+    if self._retriever is not None:
+      self._retriever.stop()
     if hasattr(self, "_executor"):
       self._executor.shutdown(wait=False)
 
@@ -398,8 +419,35 @@ class EnvPool:
         f"with {error.code().name}: {error.details()}; check that the server is running "
         "(for endpoints you start yourself) or raise deadline_s if it is just slow") from None
 
+  def _restart_retriever(self) -> None:
+    """Starts the owned retriever again on its port (the env servers keep its endpoint)."""
+    dead, local = self._retriever, self._local
+    dead.kill()
+    try:
+      self._retriever = launcher.start_retriever(local.retriever_corpus, local.host,
+                                                 local.startup_timeout_s, local.log_level,
+                                                 port=dead.port)
+    except RuntimeError as e:
+      raise EnvPoolError(f"restarting the dead retriever failed: {e}") from None
+    self._count("restarts")
+
+  def _step_again(self, server: _Server, pairs: list[tuple[int, base.StepResult]],
+                  call: Callable[[_Server], list[tuple[int, base.StepResult]]]
+                  ) -> list[tuple[int, base.StepResult]]:
+    """`server`'s step results, taken again after a restart of the dead retriever when the
+    env raised in one of its slots: its unfinished episodes replayed to before the step
+    (`_replay`; the step's results are not yet recorded), then the step sent again."""
+    if not any(base.ERROR in r.info for _, r in pairs):
+      return pairs
+    if not self._retriever.alive():
+      self._restart_retriever()
+    self._replay(server)
+    return call(server)
+
   def _recover(self, server: _Server, attempt: int, replay: bool) -> None:
     """Makes `server` usable again (restart or wait), then replays its episodes."""
+    if self._retriever is not None and not self._retriever.alive():
+      self._restart_retriever()  # the replay below searches again
     if server.process is not None:
       server.process.kill()
       server.close_channel()

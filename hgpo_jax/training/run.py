@@ -72,6 +72,11 @@ def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
   return sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
 
 
+LOCAL_RETRIEVER = "local"
+"""`env.args.retriever` value for a retriever process that the env pool starts beside its
+env servers (the search env; `launcher.LocalServers.retriever_corpus`)."""
+
+
 def make_pool(config: ml_collections.ConfigDict, num_slots: int) -> pool_lib.EnvPool:
   """This process's env pool: the config's endpoints, or local env servers it starts."""
   if config.env.endpoints:
@@ -79,9 +84,14 @@ def make_pool(config: ml_collections.ConfigDict, num_slots: int) -> pool_lib.Env
   else:
     args = dict(config.env.args.to_dict())
     args.setdefault("max_steps", config.env.max_steps)
+    retriever_corpus = ""
+    if args.get("retriever") == LOCAL_RETRIEVER:  # one retriever process the pool owns
+      from env_servers.search import dataset as search_data
+      retriever_corpus = search_data.corpus_path(args.get("data_dir", ""), args.get("corpus", ""))
+      del args["retriever"]  # the pool passes its endpoint
     servers = launcher.LocalServers(env=config.env.name,
                                     num_servers=min(config.env.num_servers, num_slots),
-                                    env_args=args)
+                                    env_args=args, retriever_corpus=retriever_corpus)
   token = tls_root_cert = None
   if config.env.endpoints and config.env.get("token_file"):
     with open(config.env.token_file, encoding="utf-8") as f:

@@ -179,6 +179,10 @@ def validate(config: ml_collections.ConfigDict) -> RunConfig:
                       f"(a PEFT adapter: adapter_config.json + adapter_model.safetensors)")
   if not config.env.endpoints and config.env.num_servers < 1:
     raise ConfigError("config.env.num_servers must be >= 1 when no env.endpoints are given")
+  if config.env.args.get("retriever") == "local" and config.env.endpoints:
+    raise ConfigError("config.env.args.retriever='local' starts a retriever beside env servers "
+                      "this trainer starts; with env.endpoints give the retriever's host:port "
+                      "to those servers instead")
   for name in ("pack_rows", "group_by_length"):
     if config.train[name] and est.needs_critic:
       raise ConfigError(f"config.train.{name} lays out the actor update of critic-free estimators; "
