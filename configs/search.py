@@ -19,8 +19,9 @@ below with its source. On a pod, with Search-R1's files (docs/environments.md, S
       --workdir=/tmp/search_gigpo
 Published (verl-agent README, Search-QA average exact match over seven QA sets, with an E5
 dense retriever over wiki-18): GiGPO 42.1 (Qwen2.5-3B-Instruct), 47.2 (Qwen2.5-7B-Instruct).
-Retrieval here is BM25, and without Search-R1's files the questions are the synthetic set:
-numbers are not comparable.
+Retrieval is BM25 unless `env.args.retriever_model` names an encoder directory (Search-R1's
+E5 for its setting: dense retrieval, docs/environments.md), and without Search-R1's files
+the questions are the synthetic set: numbers are then not comparable.
 
 CPU smoke run (tiny random policy, listed actions, 2 iterations):
   python -m launch.main --config=configs/search.py:smoke --workdir=/tmp/search_smoke
@@ -50,6 +51,9 @@ def get_config(arg: str | None = None):
       # "" = BM25 inside each env server; "local" = one env_servers.retriever process the
       # trainer starts beside its env servers (restarted if it dies); host:port = a running one
       "retriever": "",
+      # an encoder directory (E5: intfloat/e5-base-v2, Search-R1's retriever): dense
+      # retrieval with faiss instead of BM25, in process or in the "local" retriever
+      "retriever_model": "",
       "topk": 3,  # passages per search (verl-agent SearchToolGroup topk=3; Search-R1 topk 3)
       "actions": "listed" if listed else "free",  # free text is the published setting
   })

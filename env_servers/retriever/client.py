@@ -16,10 +16,13 @@ import functools
 import os
 import pathlib
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from env_servers.retriever import index as index_lib
 from env_servers.search import dataset
+
+if TYPE_CHECKING:  # torch, transformers and faiss load only when a dense index is asked for
+  from env_servers.retriever import dense as dense_lib
 
 RETRYABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 
@@ -36,11 +39,13 @@ class Retrieved:
 
 
 class LocalRetriever:
-  """BM25 over a corpus loaded into this process (shared by every env of the process)."""
+  """BM25 (or, given an encoder, dense retrieval: `dense.DenseIndex`) over a corpus loaded
+  into this process (shared by every env of the process)."""
 
-  def __init__(self, corpus_path: str | os.PathLike, save_index: bool = True):
+  def __init__(self, corpus_path: str | os.PathLike, save_index: bool = True,
+               dense: "dense_lib.EncoderSpec | None" = None):
     self.corpus_path = str(corpus_path)
-    self.passages, self.index = _load(str(pathlib.Path(corpus_path).resolve()), save_index)
+    self.passages, self.index = _load(str(pathlib.Path(corpus_path).resolve()), save_index, dense)
 
   def search(self, queries: Sequence[str], topk: int) -> list[list[Retrieved]]:
     return [[Retrieved(self.passages[h.index], h.score, h.index) for h in hits]
@@ -48,8 +53,12 @@ class LocalRetriever:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(corpus_path: str, save_index: bool):
+def _load(corpus_path: str, save_index: bool, dense: "dense_lib.EncoderSpec | None" = None):
   passages = dataset.load_corpus(corpus_path)
+  if dense is not None:
+    from env_servers.retriever import dense as dense_lib  # torch, transformers, faiss
+    return passages, dense_lib.DenseIndex.for_corpus(corpus_path, passages, dense,
+                                                     save=save_index)
   return passages, index_lib.BM25Index.for_corpus(corpus_path, passages, save=save_index)
 
 
@@ -118,10 +127,20 @@ class RemoteRetriever:
 
 
 def make_retriever(address: str, corpus_path: str, *, token_file: str = "",
-                   tls_cert: str = "", timeout_s: float = 10.0, tries: int = 3):
-  """`RemoteRetriever(address)` when an address is given, else `LocalRetriever(corpus)`."""
+                   tls_cert: str = "", timeout_s: float = 10.0, tries: int = 3,
+                   dense_model: str = ""):
+  """`RemoteRetriever(address)` when an address is given, else `LocalRetriever(corpus)`
+  (dense over the encoder directory `dense_model`, E5's settings, when given; a server's
+  encoder is its own `--dense-model`)."""
   if not address:
-    return LocalRetriever(corpus_path)
+    dense = None
+    if dense_model:
+      from env_servers.retriever import dense as dense_lib
+      dense = dense_lib.EncoderSpec(dense_model)
+    return LocalRetriever(corpus_path, dense=dense)
+  if dense_model:
+    raise ValueError(f"retriever_model={dense_model!r} embeds in this process; the retriever "
+                     f"server at {address} embeds with its own --dense-model")
   token = None
   if token_file:
     token = pathlib.Path(token_file).read_text(encoding="utf-8").strip() or None

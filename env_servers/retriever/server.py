@@ -1,9 +1,11 @@
-"""The retriever server: BM25 top-k over a corpus, behind `retriever.proto`.
+"""The retriever server: BM25 (or dense) top-k over a corpus, behind `retriever.proto`.
 
   python -m env_servers.retriever --corpus PATH/corpus.jsonl --port 0 [--host 127.0.0.1]
       [--max-topk 50] [--parent-pid PID] [--token-file FILE] [--tls-cert C --tls-key K]
+      [--dense-model ENCODER_DIR [--pooling mean] [--max-length 256]]
 
-Loads the corpus, loads or builds its index (saved beside the corpus: `index.BM25Index`),
+Loads the corpus, loads or builds its index (saved beside the corpus: `index.BM25Index`,
+or with `--dense-model` a faiss index of the encoder's embeddings, `dense.DenseIndex`),
 prints `PORT <n>` once it serves and stops on SIGTERM/SIGINT, as the env servers do (same
 loopback default, token and TLS options: `env_servers.serve`). A request's queries are
 answered in one call; topk outside 1..--max-topk is INVALID_ARGUMENT. Like the env
@@ -72,7 +74,7 @@ def make_server(retriever, host: str, port: int, *, max_topk: int = 50, workers:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description="Serve BM25 top-k passages over gRPC.")
+  parser = argparse.ArgumentParser(description="Serve BM25 (or dense) top-k passages over gRPC.")
   parser.add_argument("--corpus", default=str(dataset.SYNTHETIC_DIR / dataset.CORPUS_FILE),
                       help="corpus jsonl ({'id', 'contents': 'title\\ntext'}); default: the "
                       "synthetic corpus")
@@ -82,6 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--workers", type=int, default=4)
   parser.add_argument("--no-save-index", action="store_true",
                       help="build the index in memory only (read-only corpus directory)")
+  parser.add_argument("--dense-model", default="",
+                      help="a transformers encoder directory (E5: intfloat/e5-base-v2): dense "
+                      "retrieval with faiss instead of BM25 (pip install torch transformers "
+                      "faiss-cpu)")
+  parser.add_argument("--pooling", default="mean", help="dense: mean | cls | pooler")
+  parser.add_argument("--max-length", type=int, default=256, help="dense: tokens per text")
   parser.add_argument("--parent-pid", type=int, default=0)
   parser.add_argument("--token-file", default="")
   parser.add_argument("--tls-cert", default="")
@@ -97,7 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.tls_cert:
       with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
         tls = (cert.read(), key.read())
-    retriever = client_lib.LocalRetriever(args.corpus, save_index=not args.no_save_index)
+    dense = None
+    if args.dense_model:
+      from env_servers.retriever import dense as dense_lib
+      dense = dense_lib.EncoderSpec(args.dense_model, args.pooling, args.max_length)
+    retriever = client_lib.LocalRetriever(args.corpus, save_index=not args.no_save_index,
+                                          dense=dense)
     server, port = make_server(retriever, args.host, args.port, max_topk=args.max_topk,
                                workers=args.workers, token=serve.read_token(args.token_file),
                                tls=tls)

@@ -109,7 +109,7 @@ class SearchEnv(gym.Env):
   def __init__(self, data_dir: str = "", corpus: str = "", retriever: str = "",
                retriever_token_file: str = "", retriever_tls_cert: str = "",
                retriever_timeout_s: float | str = 10.0, retriever_tries: int | str = 3,
-               topk: int | str = 3, max_steps: int | str = 4, passage_words: int | str = 200,
+               retriever_model: str = "", topk: int | str = 3, max_steps: int | str = 4, passage_words: int | str = 200,
                actions: str = "free", max_candidates: int | str = 12):
     try:
       self.topk, self.max_steps = int(topk), int(max_steps)
@@ -130,7 +130,8 @@ class SearchEnv(gym.Env):
     self._by_id = {q.id: q for qs in self._questions.values() for q in qs}
     self.retriever = client_lib.make_retriever(
         retriever, corpus, token_file=retriever_token_file, tls_cert=retriever_tls_cert,
-        timeout_s=float(retriever_timeout_s), tries=int(retriever_tries))
+        timeout_s=float(retriever_timeout_s), tries=int(retriever_tries),
+        dense_model=retriever_model)
     self.question: dataset.Question | None = None
 
   def splits(self) -> list[str]:

@@ -55,6 +55,7 @@ class LocalServers:
     retriever_corpus: a corpus file: the pool also starts one `env_servers.retriever` over
       it, passes its endpoint to every env server as `env_args["retriever"]`, restarts it
       on the same port if it dies, and stops it with the env servers; "": none.
+    retriever_model: that retriever's `--dense-model` (an encoder directory); "": BM25.
   """
   env: str
   num_servers: int = 1
@@ -63,6 +64,7 @@ class LocalServers:
   startup_timeout_s: float = 120.0
   log_level: str = "WARNING"
   retriever_corpus: str = ""
+  retriever_model: str = ""
 
 
 class ServerProcess:
@@ -82,12 +84,14 @@ class ServerProcess:
 
   @classmethod
   def retriever(cls, corpus: str, host: str = "127.0.0.1", log_level: str = "WARNING",
-                port: int = 0) -> "ServerProcess":
-    """An `env_servers.retriever` process over `corpus` (not yet ready: `wait_ready`)."""
+                port: int = 0, dense_model: str = "") -> "ServerProcess":
+    """An `env_servers.retriever` process over `corpus` (dense with the encoder directory
+    `dense_model`, else BM25), not yet ready (`wait_ready`)."""
     proc = cls.__new__(cls)
+    dense = ["--dense-model", dense_model] if dense_model else []
     proc._spawn("retriever", [sys.executable, "-m", "env_servers.retriever", "--corpus", corpus,
                               "--port", str(port), "--host", host, "--parent-pid",
-                              str(os.getpid()), "--log-level", log_level], host)
+                              str(os.getpid()), "--log-level", log_level, *dense], host)
     proc.env, proc.slots = "retriever", 0
     return proc
 
@@ -225,14 +229,16 @@ def start_servers(env: str, slots_per_server: Sequence[int],
 
 
 def start_retriever(corpus: str, host: str = "127.0.0.1", startup_timeout_s: float = 120.0,
-                    log_level: str = "WARNING", port: int = 0) -> ServerProcess:
-  """Starts one `env_servers.retriever` over `corpus` and waits until it serves.
+                    log_level: str = "WARNING", port: int = 0,
+                    dense_model: str = "") -> ServerProcess:
+  """Starts one `env_servers.retriever` over `corpus` (dense with the encoder directory
+  `dense_model`, else BM25) and waits until it serves.
 
   Raises:
     RuntimeError: it did not come up (a missing or malformed corpus: the message carries
       its stderr tail).
   """
-  proc = ServerProcess.retriever(corpus, host, log_level, port)
+  proc = ServerProcess.retriever(corpus, host, log_level, port, dense_model)
   try:
     proc.wait_ready(startup_timeout_s)
   except BaseException:

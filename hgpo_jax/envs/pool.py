@@ -186,7 +186,7 @@ class EnvPool:
       if self._local and self._local.retriever_corpus:
         self._retriever = launcher.start_retriever(
             self._local.retriever_corpus, self._local.host, self._local.startup_timeout_s,
-            self._local.log_level)
+            self._local.log_level, dense_model=self._local.retriever_model)
         self._local = dataclasses.replace(
             self._local, env_args={**self._local.env_args, "retriever": self._retriever.endpoint})
       if self._local:
@@ -426,7 +426,7 @@ class EnvPool:
     try:
       self._retriever = launcher.start_retriever(local.retriever_corpus, local.host,
                                                  local.startup_timeout_s, local.log_level,
-                                                 port=dead.port)
+                                                 port=dead.port, dense_model=local.retriever_model)
     except RuntimeError as e:
       raise EnvPoolError(f"restarting the dead retriever failed: {e}") from None
     self._count("restarts")

@@ -84,14 +84,16 @@ def make_pool(config: ml_collections.ConfigDict, num_slots: int) -> pool_lib.Env
   else:
     args = dict(config.env.args.to_dict())
     args.setdefault("max_steps", config.env.max_steps)
-    retriever_corpus = ""
+    retriever_corpus = retriever_model = ""
     if args.get("retriever") == LOCAL_RETRIEVER:  # one retriever process the pool owns
       from env_servers.search import dataset as search_data
       retriever_corpus = search_data.corpus_path(args.get("data_dir", ""), args.get("corpus", ""))
       del args["retriever"]  # the pool passes its endpoint
+      retriever_model = args.pop("retriever_model", "")  # the retriever process embeds
     servers = launcher.LocalServers(env=config.env.name,
                                     num_servers=min(config.env.num_servers, num_slots),
-                                    env_args=args, retriever_corpus=retriever_corpus)
+                                    env_args=args, retriever_corpus=retriever_corpus,
+                                    retriever_model=retriever_model)
   token = tls_root_cert = None
   if config.env.endpoints and config.env.get("token_file"):
     with open(config.env.token_file, encoding="utf-8") as f:
