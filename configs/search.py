@@ -56,6 +56,7 @@ def get_config(arg: str | None = None):
       "retriever_model": "",
       "topk": 3,  # passages per search (verl-agent SearchToolGroup topk=3; Search-R1 topk 3)
       "actions": "listed" if listed else "free",  # free text is the published setting
+      "max_candidates": 12,  # listed actions: at most this many searches and answers each
   })
   c.env.max_steps = 4  # run_search.sh env.max_steps=4 (also the env's own turn limit)
   c.env.train_split = "train"

@@ -44,6 +44,14 @@ learns can separate from it within that budget:
     60.4 % (`python -m env_servers.webshop.env --random-play 20 --data-dir
     env_servers/webshop/data/mini_v6 --search-actions goal --split train`, and `--split
     test`).
+  * Search (env_servers/search): the shipped synthetic multi-hop questions (384 train, 48
+    of the 96 test questions held out), Search-R1's task with its 4 turns, and the
+    CPU-scale variant's listed actions cut to 4 searches and 4 answers
+    (`env.args.max_candidates=4`), so the column measures searching and answering among
+    few candidates; uniform-random play wins 5.5 % (train) / 6.5 % (test) of 4 x 384 / 4 x
+    96 episodes (`SearchEnv(actions="listed", max_steps=4, max_candidates=4)`, a random
+    admissible action per turn, `random.Random(0)`; 2.3 / 2.1 % with the default 12). It
+    runs GRPO, GiGPO, HGPO K=2 and the prompted SmolLM2 with the first 3 seeds.
 Earlier suite versions made results/mini_v2.md (ALFWorld-mini and Sokoban 6x6) and
 results/mini_webshop_mini.md (the WebShop-mini column on the mini_v3 shop). The
 calibration runs behind each column's design, with their commands, are records in
@@ -258,6 +266,24 @@ MINI = Suite(
                        "train.mini_batch_rows": 240, "train.micro_batch_rows": 80,
                        "eval.num_tasks": 48},
             seeds=_SECOND_SEEDS),
+        Environment(
+            name="search_mini", label="Search (synthetic multi-hop QA, listed actions, h=4)",
+            config="configs/search.py", args="listed", heldout_split="test",
+            num_trajectories=16, group_size=8,
+            overrides={**_COMMON, **_TINY_RL,
+                       "env.max_steps": 4,  # run_search.sh env.max_steps
+                       # 4 listed searches and 4 listed answers: uniform-random play wins
+                       # 5.5 % (train) / 6.5 % (test); 12 (the env's default): 2.3 / 2.1 %
+                       "env.args.max_candidates": 4,
+                       # `<action><search>Two Names</search></action>` is ~30 tokens of the
+                       # tiny tokenizer (configs/search.py local)
+                       "rollout.max_new_tokens": 64,
+                       "rollout.max_prompt_tokens": 256,
+                       "train.num_iterations": 14,
+                       # 16 trajectories x 4 turns: at most 64 rows
+                       "train.mini_batch_rows": 64, "train.micro_batch_rows": 32,
+                       "eval.num_tasks": 48},
+            seeds=_SECOND_SEEDS, methods=("grpo", "gigpo", "hgpo_k2", "smollm2_prompted")),
     ),
     methods=(
         Method("grpo", "GRPO", "algo=grpo,k=2,model=tiny"),

@@ -622,6 +622,23 @@ def test_webshop_mini_cells_use_the_mini_shop_with_a_listed_search():
                                      "goals.json.gz"))
 
 
+def test_search_mini_cells_play_the_synthetic_questions_with_listed_actions():
+  """Search (suite mini_v6 on): the shipped synthetic multi-hop questions with the listed
+  searches and answers (constrained decoding), 4 turns, 48 held-out test questions, three
+  critic-free methods and the prompted SmolLM2; the others are outside the column."""
+  env = suites.MINI.env("search_mini")
+  assert env.seeds == (123, 456, 789)
+  assert env.methods == ("grpo", "gigpo", "hgpo_k2", "smollm2_prompted")
+  for name in env.methods:
+    c = suites.build_config(env, suites.MINI.method(name), 123)
+    assert (c.env.name, c.env.args.actions, c.env.args.data_dir) == ("search", "listed", "")
+    assert c.env.max_steps == 4 and c.eval.num_tasks == 48 and tuple(c.env.eval_splits) == ("test",)
+    assert c.rollout.constrained and c.rollout.max_new_tokens == 64
+    assert c.env.args.max_candidates == 4
+    assert suites.pending_reason(env, suites.MINI.method(name)) is None
+  assert "outside this column's budget" in suites.pending_reason(env, suites.MINI.method("ppo"))
+
+
 def test_plan_counts_iterations_and_evaluations(capsys, tmp_path):
   entry = {"env": "alfworld_mini", "method": "gigpo"}
   assert sweep._iterations(suites.MINI, entry) == 14
@@ -664,7 +681,7 @@ def test_unknown_selection_is_one_line_error(capsys, tmp_path):
   err = capsys.readouterr().err
   # one line that names the flag to change
   assert err == ("launch.experiments.sweep: error: --envs: suite 'mini' has no environment 'alfworld'; "
-                 "choose from ['alfworld_mini', 'sokoban', 'webshop_mini']\n")
+                 "choose from ['alfworld_mini', 'sokoban', 'webshop_mini', 'search_mini']\n")
 
 
 def test_render_of_one_column_writes_its_own_files(runs, tmp_path, monkeypatch, capsys):
