@@ -16,6 +16,13 @@ gives the same hits on every run and machine.
 `meta.json` matches the corpus (size, modification time, passages, parameters) and
 otherwise builds it once and saves it there, atomically (`save=False`, or a directory it
 cannot write, keeps it in memory only).
+
+The build streams: passages are tokenised a chunk at a time into (term id, count) pairs
+held as numpy arrays (12 bytes a pair) instead of bm25s's lists of token strings, and the
+score matrix is assembled from them in bm25s's own layout (`build_bm25s`: the same
+vocabulary order, scores and column-compressed arrays as `bm25s.BM25.index`, which the
+tests check), so the peak memory of a build is a few times the index's, not the
+tokenised corpus's.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import pathlib
 import re
@@ -38,6 +46,7 @@ from env_servers.search import dataset
 log = logging.getLogger("env_servers.retriever")
 K1, B = 0.9, 0.4  # pyserini's LuceneSearcher defaults (Search-R1's BM25 retriever)
 INDEX_VERSION = 1  # bump when tokenisation or the saved layout changes
+BUILD_CHUNK = 8192  # passages tokenised per step of the streamed build
 _TOKEN = re.compile(r"[a-z0-9]+")
 # Lucene's EnglishAnalyzer stop set (ENGLISH_STOP_WORDS_SET).
 STOPWORDS = frozenset(
@@ -103,6 +112,59 @@ def passage_text(p: dataset.Passage) -> str:
   return f"{p.title}\n{p.text}"
 
 
+def build_bm25s(passages: Sequence[dataset.Passage], k1: float = K1, b: float = B,
+                chunk: int = BUILD_CHUNK):
+  """The `bm25s.BM25` (method "lucene") that `index([tokenize(passage_text(p)) ...])`
+  builds, built a chunk of passages at a time (module docstring).
+
+  bm25s's score of term t in document d: idf(t) * tf / (k1 (1 - b + b |d| / avgdl) + tf),
+  idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5)) as a float32, the product computed in
+  float64 and stored as float32, as bm25s computes them (`bm25s.scoring`).
+  """
+  vocab: dict[str, int] = {}
+  n = len(passages)
+  doc_len = np.empty(n, dtype=np.int64)
+  terms, counts, docs = [], [], []  # per chunk: int32, float32, int32 arrays of its pairs
+  for start in range(0, n, chunk):
+    t_chunk, c_chunk, d_chunk = [], [], []
+    for d in range(start, min(n, start + chunk)):
+      ids = [vocab.setdefault(t, len(vocab)) for t in tokenize(passage_text(passages[d]))]
+      doc_len[d] = len(ids)
+      tf: dict[int, int] = {}
+      for i in ids:
+        tf[i] = tf.get(i, 0) + 1
+      t_chunk.extend(tf)
+      c_chunk.extend(tf.values())
+      d_chunk.extend([d] * len(tf))
+    terms.append(np.asarray(t_chunk, dtype=np.int32))
+    counts.append(np.asarray(c_chunk, dtype=np.float32))
+    docs.append(np.asarray(d_chunk, dtype=np.int32))
+  num_terms = len(vocab)
+  df = np.zeros(num_terms, dtype=np.int64)
+  for t in terms:
+    df += np.bincount(t, minlength=num_terms)
+  idf = np.array([math.log(1 + (n - x + 0.5) / (x + 0.5)) for x in df.tolist()], dtype=np.float32)
+  avg_len = doc_len.mean()
+  scores = []
+  for t, c, d in zip(terms, counts, docs):  # chunk by chunk: float64 only for one chunk
+    tf64 = c.astype(np.float64)
+    tfc = tf64 / (k1 * ((1 - b) + b * doc_len[d] / avg_len) + tf64)
+    scores.append((idf[t].astype(np.float64) * tfc).astype(np.float32))
+  del counts
+  terms, docs, scores = np.concatenate(terms), np.concatenate(docs), np.concatenate(scores)
+  order = np.argsort(terms, kind="stable")  # by term, documents ascending within a term
+  indptr = np.zeros(num_terms + 1, dtype=np.int64)
+  np.cumsum(df, out=indptr[1:])
+  model = bm25s.BM25(k1=k1, b=b, method="lucene")
+  model.scores = {"data": scores[order], "indices": docs[order],
+                  "indptr": indptr,
+                  "num_docs": n}
+  model.vocab_dict = {**vocab, "": num_terms}  # bm25s's empty token, after the terms
+  model.unique_token_ids_set = set(model.vocab_dict.values())
+  model.nonoccurrence_array = None
+  return model
+
+
 @dataclasses.dataclass(frozen=True)
 class Hit:
   index: int  # position in the corpus
@@ -119,9 +181,7 @@ class BM25Index:
   def build(cls, passages: Sequence[dataset.Passage], k1: float = K1, b: float = B) -> "BM25Index":
     if not passages:
       raise ValueError("cannot build a BM25 index over an empty corpus")
-    model = bm25s.BM25(k1=k1, b=b, method="lucene")
-    model.index([tokenize(passage_text(p)) for p in passages], show_progress=False)
-    return cls(model, len(passages))
+    return cls(build_bm25s(passages, k1, b), len(passages))
 
   @classmethod
   def for_corpus(cls, corpus_path: str | os.PathLike, passages: Sequence[dataset.Passage],
