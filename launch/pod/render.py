@@ -85,6 +85,55 @@ def render_commands(**kw) -> str:
 # Kubernetes
 # ---------------------------------------------------------------------------------------
 
+def _env_server_set(env_name: str, image: str, env: str, env_servers: int, env_slots: int,
+                    token_file: str, labels: dict, token_mount: dict, token_volume: dict) -> dict:
+  """The env servers' StatefulSet: `env_servers` pods of `env_servers.serve` with the token."""
+  return {
+      "apiVersion": "apps/v1", "kind": "StatefulSet",
+      "metadata": {"name": env_name, "labels": labels},
+      "spec": {
+          "serviceName": env_name, "replicas": env_servers, "podManagementPolicy": "Parallel",
+          "selector": {"matchLabels": labels},
+          "template": {
+              "metadata": {"labels": labels},
+              "spec": {
+                  "containers": [{
+                      "name": "env-server", "image": image,
+                      "command": ["python", "-m", "env_servers.serve", "--env", env, "--host", "0.0.0.0",
+                                  "--port", str(ENV_PORT), "--slots", str(env_slots),
+                                  "--token-file", token_file],
+                      "ports": [{"name": "grpc", "containerPort": ENV_PORT}],
+                      # TCP, not the gRPC health probe: health checks need the token too.
+                      "readinessProbe": {"tcpSocket": {"port": ENV_PORT}, "periodSeconds": 10},
+                      "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
+                      "volumeMounts": [token_mount]}],
+                  "volumes": [token_volume]}}}}
+
+
+def _trainer_job(trainer: str, image: str, num_hosts: int, acc: dict, shell: str, port: int,
+                 labels: dict, token_mount: dict, token_volume: dict) -> dict:
+  """The trainer's Indexed Job: one pod per host on the accelerator's nodes, running `shell`."""
+  return {
+      "apiVersion": "batch/v1", "kind": "Job",
+      "metadata": {"name": trainer, "labels": labels},
+      "spec": {
+          "completionMode": "Indexed", "completions": num_hosts, "parallelism": num_hosts,
+          "backoffLimit": 0,
+          "template": {
+              "metadata": {"labels": labels},
+              "spec": {
+                  "subdomain": trainer, "restartPolicy": "Never",
+                  "nodeSelector": dict(acc["selectors"]),
+                  "containers": [{
+                      "name": "trainer", "image": image,
+                      "command": ["bash", "-c", shell],
+                      "ports": [{"name": "coordinator", "containerPort": port}],
+                      "resources": {"limits": {acc["resource"]: acc["count"]},
+                                    "requests": {acc["resource"]: acc["count"]}},
+                      "volumeMounts": [token_mount]}],
+                  "volumes": [token_volume]}}}}
+
+
 def k8s_manifests(*, name: str, image: str, num_hosts: int, env_servers: int, env: str,
                   env_slots: int, accelerator: str, config: str, workdir: str,
                   extra: Sequence[str] = (), token: Optional[str] = None,
@@ -114,26 +163,8 @@ def k8s_manifests(*, name: str, image: str, num_hosts: int, env_servers: int, en
       "metadata": {"name": env_name, "labels": labels("env")},
       "spec": {"clusterIP": "None", "selector": labels("env"),
                "ports": [{"name": "grpc", "port": ENV_PORT, "targetPort": ENV_PORT}]}}
-  env_set = {
-      "apiVersion": "apps/v1", "kind": "StatefulSet",
-      "metadata": {"name": env_name, "labels": labels("env")},
-      "spec": {
-          "serviceName": env_name, "replicas": env_servers, "podManagementPolicy": "Parallel",
-          "selector": {"matchLabels": labels("env")},
-          "template": {
-              "metadata": {"labels": labels("env")},
-              "spec": {
-                  "containers": [{
-                      "name": "env-server", "image": image,
-                      "command": ["python", "-m", "env_servers.serve", "--env", env, "--host", "0.0.0.0",
-                                  "--port", str(ENV_PORT), "--slots", str(env_slots),
-                                  "--token-file", token_file],
-                      "ports": [{"name": "grpc", "containerPort": ENV_PORT}],
-                      # TCP, not the gRPC health probe: health checks need the token too.
-                      "readinessProbe": {"tcpSocket": {"port": ENV_PORT}, "periodSeconds": 10},
-                      "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
-                      "volumeMounts": [token_mount]}],
-                  "volumes": [token_volume]}}}}
+  env_set = _env_server_set(env_name, image, env, env_servers, env_slots, token_file,
+                            labels("env"), token_mount, token_volume)
   trainer_service = {
       "apiVersion": "v1", "kind": "Service",
       "metadata": {"name": trainer, "labels": labels("trainer")},
@@ -155,25 +186,8 @@ def k8s_manifests(*, name: str, image: str, num_hosts: int, env_servers: int, en
   if extra:
     argv += ["--"] + list(extra)
   shell = f"make venv ACCEL={acc['accel']} && exec " + " ".join(a if a == "${JOB_COMPLETION_INDEX}" else shlex.quote(a) for a in argv)
-  job = {
-      "apiVersion": "batch/v1", "kind": "Job",
-      "metadata": {"name": trainer, "labels": labels("trainer")},
-      "spec": {
-          "completionMode": "Indexed", "completions": num_hosts, "parallelism": num_hosts,
-          "backoffLimit": 0,
-          "template": {
-              "metadata": {"labels": labels("trainer")},
-              "spec": {
-                  "subdomain": trainer, "restartPolicy": "Never",
-                  "nodeSelector": dict(acc["selectors"]),
-                  "containers": [{
-                      "name": "trainer", "image": image,
-                      "command": ["bash", "-c", shell],
-                      "ports": [{"name": "coordinator", "containerPort": port}],
-                      "resources": {"limits": {acc["resource"]: acc["count"]},
-                                    "requests": {acc["resource"]: acc["count"]}},
-                      "volumeMounts": [token_mount]}],
-                  "volumes": [token_volume]}}}}
+  job = _trainer_job(trainer, image, num_hosts, acc, shell, port, labels("trainer"),
+                     token_mount, token_volume)
   return [secret_doc, env_service, env_set, trainer_service, job]
 
 
