@@ -260,7 +260,7 @@ def test_documented_env_data_overrides_are_accepted():
     text = f.read()
   documented = set(re.findall(r"--config\.env\.args\.(\w+)=", text))
   assert documented == {"data_dir", "real_data_dir", "hide_actions", "search_actions", "corpus",
-                        "retriever"}
+                        "retriever", "retriever_model"}
   alfworld = importlib.import_module("configs.alfworld").get_config("model=tiny")
   webshop = importlib.import_module("configs.webshop").get_config("model=tiny")
   alfworld.update_from_flattened_dict({"env.args.data_dir": "/data/alfworld/json_2.1.1",
@@ -273,9 +273,11 @@ def test_documented_env_data_overrides_are_accepted():
   assert webshop.env.args.search_actions == "goal"
   search = importlib.import_module("configs.search").get_config("model=tiny")
   search.update_from_flattened_dict({"env.args.data_dir": "/d", "env.args.corpus": "/c.jsonl",
-                                     "env.args.retriever": "127.0.0.1:8123"})
+                                     "env.args.retriever": "127.0.0.1:8123",
+                                     "env.args.retriever_model": "/models/e5-base-v2"})
   assert (search.env.args.data_dir, search.env.args.corpus, search.env.args.retriever) == (
       "/d", "/c.jsonl", "127.0.0.1:8123")
+  assert search.env.args.retriever_model == "/models/e5-base-v2"
   # The defaults select the shipped data: empty strings the env constructors read as unset.
   assert importlib.import_module("configs.alfworld").get_config("").env.args.to_dict() == {
       "data_dir": "", "hide_actions": ""}

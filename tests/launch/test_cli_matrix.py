@@ -194,7 +194,7 @@ def test_sweep_plan_errors_are_one_line_naming_the_flag(argv, flag, capsys, tmp_
 def test_sweep_plan_validates_every_run_config(capsys, tmp_path):
   assert sweep.main(["plan", "--suite", "mini", "--root", str(tmp_path)]) == 0
   out = capsys.readouterr().out.strip().splitlines()
-  assert out[-1].startswith("88 runs: {'todo': 88}")
+  assert out[-1].startswith("112 runs: {'pending': 12, 'todo': 100}")
 
 
 def test_plan_table_renders_from_its_csv(tmp_path):
