@@ -33,8 +33,6 @@ import json
 import logging
 import os
 import pathlib
-import shutil
-import tempfile
 from typing import Sequence
 
 import numpy as np
@@ -172,11 +170,12 @@ class DenseIndex:
     meta = {"version": INDEX_VERSION, "corpus_bytes": stat.st_size,
             "corpus_mtime_ns": stat.st_mtime_ns, "num_passages": len(passages),
             "encoder": fingerprint}
-    if _saved_meta(index_dir) == meta:
+    if index_lib.saved_meta(index_dir) == meta:
       return cls(encoder, faiss.read_index(str(index_dir / "index.faiss")), len(passages))
     index = cls.build(passages, encoder, batch_size)
     if save:
-      _save(faiss, index._index, index_dir, meta)
+      index_lib.save_index_dir(lambda d: faiss.write_index(index._index, str(d / "index.faiss")),
+                               index_dir, meta, "dense")
     return index
 
   def search(self, queries: Sequence[str], topk: int) -> list[list[index_lib.Hit]]:
@@ -190,31 +189,3 @@ class DenseIndex:
     return [[index_lib.Hit(int(i), float(s))
              for s, i in sorted(zip(row_s, row_i), key=lambda si: (-si[0], si[1])) if i >= 0]
             for row_s, row_i in zip(scores, ids)]
-
-
-def _saved_meta(index_dir: pathlib.Path) -> dict | None:
-  try:
-    return json.loads((index_dir / "meta.json").read_text())
-  except (OSError, json.JSONDecodeError):
-    return None
-
-
-def _save(faiss, index, index_dir: pathlib.Path, meta: dict) -> None:
-  """Writes into a private directory and renames it into place (as the BM25 index)."""
-  try:
-    tmp = pathlib.Path(tempfile.mkdtemp(dir=index_dir.parent, prefix=f".{index_dir.name}-"))
-  except OSError as e:
-    log.warning("dense index not saved beside the corpus (%s); it is rebuilt at every start", e)
-    return
-  try:
-    faiss.write_index(index, str(tmp / "index.faiss"))
-    (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True))
-    if _saved_meta(index_dir) == meta:
-      return
-    if index_dir.exists():
-      shutil.rmtree(index_dir)
-    os.rename(tmp, index_dir)
-  except OSError as e:
-    log.warning("dense index not saved to %s (%s)", index_dir, e)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)

@@ -37,7 +37,7 @@ import re
 import shutil
 import sys
 import tempfile
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -72,32 +72,36 @@ def _import_bm25s():
 bm25s = _import_bm25s()
 
 
-def _saved_meta(index_dir: pathlib.Path) -> dict | None:
+def saved_meta(index_dir: pathlib.Path) -> dict | None:
+  """The `meta.json` of an index saved in `index_dir` (None: none, or unreadable)."""
   try:
     return json.loads((index_dir / "meta.json").read_text())
   except (OSError, json.JSONDecodeError):
     return None
 
 
-def _save(model, index_dir: pathlib.Path, meta: dict) -> None:
-  """Writes the index into a private directory, then renames it into place, so env servers
-  starting together never read a half-written index; a directory that cannot be written
-  (a read-only corpus location) leaves the index in memory only."""
+def save_index_dir(write: Callable[[pathlib.Path], None], index_dir: pathlib.Path, meta: dict,
+                   what: str) -> None:
+  """Writes an index with `write(directory)` into a private directory, then renames it into
+  place with its `meta.json`, so servers starting together never read a half-written index; a
+  directory that cannot be written (a read-only corpus location) leaves the index in memory
+  only (`what`, e.g. "BM25", names it in the warning). The BM25 and dense indexes both save
+  through it."""
   try:
     tmp = pathlib.Path(tempfile.mkdtemp(dir=index_dir.parent, prefix=f".{index_dir.name}-"))
   except OSError as e:
-    log.warning("BM25 index not saved beside the corpus (%s); it is rebuilt at every start", e)
+    log.warning("%s index not saved beside the corpus (%s); it is rebuilt at every start", what, e)
     return
   try:
-    model.save(str(tmp), show_progress=False)
+    write(tmp)
     (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True))
-    if _saved_meta(index_dir) == meta:  # another process saved the same index first
+    if saved_meta(index_dir) == meta:  # another process saved the same index first
       return
     if index_dir.exists():
       shutil.rmtree(index_dir)  # the index of an older corpus file
     os.rename(tmp, index_dir)
   except OSError as e:
-    log.warning("BM25 index not saved to %s (%s)", index_dir, e)
+    log.warning("%s index not saved to %s (%s)", what, index_dir, e)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -193,12 +197,13 @@ class BM25Index:
     stat = corpus_path.stat()
     meta = {"version": INDEX_VERSION, "corpus_bytes": stat.st_size,
             "corpus_mtime_ns": stat.st_mtime_ns, "num_passages": len(passages), "k1": K1, "b": B}
-    if _saved_meta(index_dir) == meta:
+    if saved_meta(index_dir) == meta:
       model = bm25s.BM25.load(str(index_dir), show_progress=False)
       return cls(model, len(passages))
     index = cls.build(passages)
     if save:
-      _save(index._model, index_dir, meta)
+      save_index_dir(lambda d: index._model.save(str(d), show_progress=False), index_dir, meta,
+                     "BM25")
     return index
 
   def scores(self, query: str) -> np.ndarray:
