@@ -153,13 +153,89 @@ def decode_step_bytes(cfg, batch: int, cache_len: int) -> int:
   return 4 * analytic.param_count(cfg) + kv
 
 
-def main():
+def _parser() -> argparse.ArgumentParser:
+  """The command line of `python -m launch.benchmarks.sampler`."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
   parser.add_argument("--new_tokens", type=int, default=64, help="tokens generated per prompt")
   parser.add_argument("--reps", type=int, default=3, help="timed repetitions per point (median)")
   parser.add_argument("--skip_hf", action="store_true", help="ours only (no transformers)")
-  args = parser.parse_args()
+  return parser
+
+
+def _checked_hf(model, cfg, tok, smp, chats, params, n: int):
+  """The Hugging Face twin of `model`, after printing how many greedy tokens of two prompts
+  both sides agree on (up to EOS)."""
+  import torch
+  torch.set_num_threads(os.cpu_count())
+  hf = hf_llama_from_decoder(model, cfg)
+  # The check stops at EOS on both sides: HF's min_new_tokens masks EOS while
+  # ignore_eos samples it and goes on, so their continuations past EOS differ by design.
+  check = dataclasses.replace(params, ignore_eos=False)
+  for prompt in (chats[0], chats[2]):  # short answers: HF is slow at batch 1
+    ours = smp.generate([prompt], check, jax.random.key(0)).tokens[0]
+    theirs = hf_generate(hf, [prompt], tok.pad_id, n, tok.eos_ids)[0].tolist()[:len(ours)]
+    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+    print(f"greedy check: {same}/{len(ours)} tokens identical (to EOS or {n}); "
+          f"ours: {tok.decode(ours)[:60]!r}")
+  return hf
+
+
+def _time_generate(smp, hf, tok, prompts, params, n: int, reps: int) -> tuple[float, float]:
+  """(ours, HF) median seconds of one generate call on `prompts` after a warm-up call each,
+  the two interleaved rep by rep; HF's is nan without `hf`."""
+  run_ours = lambda: smp.generate(prompts, params, jax.random.key(0))
+  run_ours()  # compile
+  if hf is None:
+    return _median_time(run_ours, reps), float("nan")
+  run_hf = lambda: hf_generate(hf, prompts, tok.pad_id, n)
+  run_hf()  # warm-up
+  pairs = [(_median_time(run_ours, 1), _median_time(run_hf, 1)) for _ in range(reps)]
+  return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+
+
+def _print_call_split(smp, cfg, prompts, params, b: int, bucket: int, t_ours: float, reps: int,
+                      peak, bandwidth: float) -> None:
+  """Prints our generate call's FLOPs against the peak, then its prefill / decode split (a
+  second timing with one new token) and the decode step against the compute and memory
+  rooflines."""
+  n = params.max_new_tokens
+  # FLOPs of one generate call: prefill + n decode steps over the dense cache bucket
+  # (analytic.analytic_sampler_flops equals the compiled programs' count: tests/compiled/test_plan.py).
+  fl = analytic.analytic_sampler_flops(cfg, batch=b, prompt=bucket, new_tokens=n)
+  print("  " + harness.flops_line(f"ours batch {b} (prefill + {n} decode steps)",
+                                fl["prefill"] + n * fl["decode_step"], t_ours, peak), flush=True)
+  one = dataclasses.replace(params, max_new_tokens=1)
+  run_one = lambda: smp.generate(prompts, one, jax.random.key(0))
+  run_one()  # compile
+  t_prefill = _median_time(run_one, reps)  # prefill + 1 decode step
+  step = (t_ours - t_prefill) / (n - 1) if n > 1 else float("nan")
+  step_bytes = decode_step_bytes(cfg, b, bucket + n - 1)
+  print(f"  ours batch {b}: prefill {1000 * (t_prefill - step):.0f} ms, decode "
+        f"{1000 * step:.1f} ms/step; decode step vs rooflines: compute "
+        f"{1000 * fl['decode_step'] / peak.flops_per_s:.1f} ms "
+        f"({fl['decode_step'] / peak.flops_per_s / step:.0%} reached), memory "
+        f"{step_bytes / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s = "
+        f"{1000 * step_bytes / bandwidth:.1f} ms ({step_bytes / bandwidth / step:.0%} reached)",
+        flush=True)
+
+
+def _print_tiny(batches: list[int], bucket: int, params, reps: int) -> None:
+  """Prints the tiny preset's throughput (ours only) at each batch size."""
+  n = params.max_new_tokens
+  tiny, tiny_tok, _ = loading.load_model("tiny")
+  tiny_prompts = [tiny_tok.encode(q) for q in QUESTIONS]
+  tiny_smp = sampler_lib.Sampler(tiny, tiny_tok, prompt_buckets=(bucket,), batch_buckets=tuple(batches))
+  for b in batches:
+    prompts = [tiny_prompts[i % len(tiny_prompts)] for i in range(b)]
+    run = lambda: tiny_smp.generate(prompts, params, jax.random.key(0))
+    run()
+    t = _median_time(run, reps)
+    print(f"{'tiny':14s} {b:5d} {b * n / t:11.1f}")
+
+
+def main():
+  args = _parser().parse_args()
   batches = [int(b) for b in args.batches.split(",")]
   n = args.new_tokens
   params = SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
@@ -177,65 +253,18 @@ def main():
   smp = sampler_lib.Sampler(model, tok, prompt_buckets=(bucket,), batch_buckets=tuple(batches))
   rows = lambda b: [chats[i % len(chats)] for i in range(b)]
   ratios = {}
-
-  hf = None
-  if not args.skip_hf:
-    import torch
-    torch.set_num_threads(os.cpu_count())
-    hf = hf_llama_from_decoder(model, cfg)
-    # The check stops at EOS on both sides: HF's min_new_tokens masks EOS while
-    # ignore_eos samples it and goes on, so their continuations past EOS differ by design.
-    check = dataclasses.replace(params, ignore_eos=False)
-    for prompt in (chats[0], chats[2]):  # short answers: HF is slow at batch 1
-      ours = smp.generate([prompt], check, jax.random.key(0)).tokens[0]
-      theirs = hf_generate(hf, [prompt], tok.pad_id, n, tok.eos_ids)[0].tolist()[:len(ours)]
-      same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
-      print(f"greedy check: {same}/{len(ours)} tokens identical (to EOS or {n}); "
-            f"ours: {tok.decode(ours)[:60]!r}")
+  hf = None if args.skip_hf else _checked_hf(model, cfg, tok, smp, chats, params, n)
 
   print(f"{'model':14s} {'batch':>5s} {'ours tok/s':>11s} {'HF tok/s':>9s} {'ratio':>6s}")
   for b in batches:
     prompts = rows(b)
-    run_ours = lambda: smp.generate(prompts, params, jax.random.key(0))
-    run_ours()  # compile
-    if hf is None:
-      t_ours, t_hf = _median_time(run_ours, args.reps), float("nan")
-    else:
-      run_hf = lambda: hf_generate(hf, prompts, tok.pad_id, n)
-      run_hf()  # warm-up
-      pairs = [(_median_time(run_ours, 1), _median_time(run_hf, 1)) for _ in range(args.reps)]
-      t_ours, t_hf = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    t_ours, t_hf = _time_generate(smp, hf, tok, prompts, params, n, args.reps)
     ratios[b] = t_hf / t_ours
     print(f"{'smollm2-135m':14s} {b:5d} {b * n / t_ours:11.1f} {b * n / t_hf:9.1f} {ratios[b]:6.2f}",
           flush=True)
-    # FLOPs of one generate call: prefill + n decode steps over the dense cache bucket
-    # (analytic.analytic_sampler_flops equals the compiled programs' count: tests/compiled/test_plan.py).
-    fl = analytic.analytic_sampler_flops(cfg, batch=b, prompt=bucket, new_tokens=n)
-    print("  " + harness.flops_line(f"ours batch {b} (prefill + {n} decode steps)",
-                                  fl["prefill"] + n * fl["decode_step"], t_ours, peak), flush=True)
-    one = dataclasses.replace(params, max_new_tokens=1)
-    run_one = lambda: smp.generate(prompts, one, jax.random.key(0))
-    run_one()  # compile
-    t_prefill = _median_time(run_one, args.reps)  # prefill + 1 decode step
-    step = (t_ours - t_prefill) / (n - 1) if n > 1 else float("nan")
-    step_bytes = decode_step_bytes(cfg, b, bucket + n - 1)
-    print(f"  ours batch {b}: prefill {1000 * (t_prefill - step):.0f} ms, decode "
-          f"{1000 * step:.1f} ms/step; decode step vs rooflines: compute "
-          f"{1000 * fl['decode_step'] / peak.flops_per_s:.1f} ms "
-          f"({fl['decode_step'] / peak.flops_per_s / step:.0%} reached), memory "
-          f"{step_bytes / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s = "
-          f"{1000 * step_bytes / bandwidth:.1f} ms ({step_bytes / bandwidth / step:.0%} reached)",
-          flush=True)
+    _print_call_split(smp, cfg, prompts, params, b, bucket, t_ours, args.reps, peak, bandwidth)
 
-  tiny, tiny_tok, _ = loading.load_model("tiny")
-  tiny_prompts = [tiny_tok.encode(q) for q in QUESTIONS]
-  tiny_smp = sampler_lib.Sampler(tiny, tiny_tok, prompt_buckets=(bucket,), batch_buckets=tuple(batches))
-  for b in batches:
-    prompts = [tiny_prompts[i % len(tiny_prompts)] for i in range(b)]
-    run = lambda: tiny_smp.generate(prompts, params, jax.random.key(0))
-    run()
-    t = _median_time(run, args.reps)
-    print(f"{'tiny':14s} {b:5d} {b * n / t:11.1f}")
+  _print_tiny(batches, bucket, params, args.reps)
   if hf is not None:
     print(f"sampler/hf tok/s ratio (batch {batches[-1]}): {ratios[batches[-1]]:.2f}")
 

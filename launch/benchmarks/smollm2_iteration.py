@@ -122,7 +122,8 @@ def bf16_step_quantization(step: float = 1e-5) -> str:
           f"the step on average (rms {np.sqrt(np.mean((after - before) ** 2)) / step:.1f}x)")
 
 
-def main():
+def _parser() -> argparse.ArgumentParser:
+  """The command line of `python -m launch.benchmarks.smollm2_iteration`."""
   parser = argparse.ArgumentParser(prog="python -m launch.benchmarks.smollm2_iteration",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--baseline-rev", default="",
@@ -134,10 +135,12 @@ def main():
                            "current and at least one other)")
   parser.add_argument("--quantization-only", action="store_true",
                       help="only print what bf16 compute does to a 1e-5 step of the weights")
-  args = parser.parse_args()
-  if args.quantization_only:
-    print(bf16_step_quantization())
-    return
+  return parser
+
+
+def _chosen_sides(parser: argparse.ArgumentParser, args) -> list[str]:
+  """The keys of `--sides` in order, after checking them and `--iterations` (exits on an
+  error)."""
   if args.iterations < 2:
     sys.exit("smollm2_iteration: --iterations must be >= 2 (the first one compiles)")
   chosen = [s.strip() for s in args.sides.split(",") if s.strip()]
@@ -147,12 +150,13 @@ def main():
              f"current and at least one other")
   if "baseline" in chosen and not args.baseline_rev:
     parser.error("--sides includes baseline: name its revision with --baseline-rev REV")
-  reference = "baseline" if "baseline" in chosen else next(k for k in chosen if k != "current")
-  trees = contextlib.ExitStack()
-  baseline_tree = (trees.enter_context(harness.revision_tree(args.baseline_rev,
-                                                             "smollm2_iteration"))
-                   if "baseline" in chosen else None)
-  every = {"baseline": (f"baseline ({args.baseline_rev})", baseline_tree, []),
+  return chosen
+
+
+def _side_table(chosen: list[str], baseline_rev: str, baseline_tree: str | None
+                ) -> tuple[dict[str, tuple[str, list[str]]], dict[str, str]]:
+  """({label: (tree, overrides)} of the `chosen` sides in their order, {key: label})."""
+  every = {"baseline": (f"baseline ({baseline_rev})", baseline_tree, []),
            "current": ("current (float32)", REPO_ROOT, []),
            "bf16": ("bf16 compute (opt-in)", REPO_ROOT, ["--config.model.compute_dtype=bfloat16"]),
            "packed": ("rows packed (opt-in)", REPO_ROOT, ["--config.train.pack_rows=true"]),
@@ -160,27 +164,41 @@ def main():
            "coarse": ("lengths rounded to 128", REPO_ROOT, ["--config.train.length_multiple=128"])}
   sides = {every[k][0]: every[k][1:] for k in chosen}
   label = {k: every[k][0] for k in chosen}
+  return sides, label
+
+
+def _measure(sides: dict[str, tuple[str, list[str]]], iterations: int, reps: int
+             ) -> tuple[dict, dict, dict, dict]:
+  """Trains every side `reps` times in turn; returns, per side label, (iteration seconds,
+  {phase: seconds}, {pass: MFU}) of the timed iterations (all but the first, compiling one)
+  and the metrics lines of its last rep."""
   times = {name: [] for name in sides}
   phases = {name: {p: [] for p in PHASES} for name in sides}
   mfu = {name: {m: [] for m in MFU} for name in sides}
   lines = {}
   scratch = tempfile.mkdtemp(prefix="iteration_runs_")
   try:
-    for rep in range(args.reps):
+    for rep in range(reps):
       for i, (name, (tree, overrides)) in enumerate(sides.items()):
         start = time.perf_counter()
-        lines[name] = _run(tree, os.path.join(scratch, f"rep{rep}_side{i}"), args.iterations, overrides)
+        lines[name] = _run(tree, os.path.join(scratch, f"rep{rep}_side{i}"), iterations, overrides)
         timed = [l for l in lines[name] if "time/iteration_s" in l][1:]
         times[name] += [l["time/iteration_s"] for l in timed]
         for p in PHASES:
           phases[name][p] += [l[f"time/{p}"] for l in timed]
         for m in MFU:
           mfu[name][m] += [l[f"perf/{m}"] for l in timed if f"perf/{m}" in l]
-        print(f"  rep {rep + 1}/{args.reps} {name}: {time.perf_counter() - start:.0f} s wall",
+        print(f"  rep {rep + 1}/{reps} {name}: {time.perf_counter() - start:.0f} s wall",
               flush=True)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
-    trees.close()
+  return times, phases, mfu, lines
+
+
+def _print_report(args, chosen: list[str], reference: str, label: dict[str, str], times: dict,
+                  phases: dict, mfu: dict, lines: dict) -> None:
+  """Prints the header (jax, CPU), each side's median times, the metric comparisons against
+  the reference (and the layout-only sides against current) and the time ratios."""
   import jax
   from hgpo_jax.cost import hardware
   cpu = hardware.describe_cpu()
@@ -188,7 +206,7 @@ def main():
         f"{cpu['f32_lanes'] * 32}-bit vectors, bf16 dot products: "
         f"{'yes' if cpu['bf16_dot'] or cpu['amx'] else 'no'}; {CONFIG}; median over "
         f"{args.reps} x {args.iterations - 1} timed iterations")
-  for name in sides:
+  for name in times:
     print(f"  {name:26s} {statistics.median(times[name]):7.1f} s per iteration "
           f"({_detail(phases[name], mfu[name])})")
   for key in chosen:
@@ -209,6 +227,26 @@ def main():
   what = f"SmolLM2 job, {args.baseline_rev} vs now" if reference == "baseline" else "SmolLM2 job"
   print(f"iteration time {'; '.join(others + [''])}{reference}/current "
         f"({what}): {median[reference] / median['current']:.2f}")
+
+
+def main():
+  parser = _parser()
+  args = parser.parse_args()
+  if args.quantization_only:
+    print(bf16_step_quantization())
+    return
+  chosen = _chosen_sides(parser, args)
+  reference = "baseline" if "baseline" in chosen else next(k for k in chosen if k != "current")
+  trees = contextlib.ExitStack()
+  baseline_tree = (trees.enter_context(harness.revision_tree(args.baseline_rev,
+                                                             "smollm2_iteration"))
+                   if "baseline" in chosen else None)
+  sides, label = _side_table(chosen, args.baseline_rev, baseline_tree)
+  try:
+    times, phases, mfu, lines = _measure(sides, args.iterations, args.reps)
+  finally:
+    trees.close()
+  _print_report(args, chosen, reference, label, times, phases, mfu, lines)
 
 if __name__ == "__main__":
   main()

@@ -265,258 +265,347 @@ def _fmt_pm(m, se):
   return f"{m:+.4f} ± {se:.4f}"
 
 
-def write_report(res: Results, plan: Plan, out_dir: str, elapsed: float, quick: bool) -> str:
-  settings = plan.settings
-  main = [s for s in settings if not _is_control(s)]
-  n0 = plan.main_n
-  nmax = max(plan.sizes)
-  lines = []
+def _table_head(first: str, columns) -> list[str]:
+  """The two header lines of a Markdown table: `first` then `columns`."""
+  columns = list(columns)
+  return [f"| {first} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+
+
+def _table_row(first: str, cells) -> str:
+  """One Markdown table row: `first` then `cells`."""
+  return f"| {first} | " + " | ".join(cells) + " |"
+
+
+def _keep(m, se, wins=0, losses=0) -> str:
+  """What an option does in the verdict's words, from a paired difference `m` ± `se` (and the
+  count of settings where it wins / loses by > 3 SE)."""
+  if m > 3 * se and losses == 0:
+    return "help"
+  if m < -3 * se and wins == 0:
+    return "hurt"
+  if wins or losses:
+    return (f"give a mixed result (better by > 3 SE in {wins} settings, worse in {losses}), "
+            "i.e. no consistent gain")
+  return "make no measurable difference"
+
+
+def _extremes(main: list[Setting]) -> tuple[dict, dict]:
+  """({family: its main setting of the strongest beta}, {family: its Markov control, the
+  weakest beta}) for the families revisit and cue."""
   strongest = {f: max((s for s in main if s.family == f), key=lambda s: s.beta)
                for f in ("revisit", "cue")}
   markov = {f: min((s for s in main if s.family == f), key=lambda s: s.beta)
             for f in ("revisit", "cue")}
+  return strongest, markov
 
-  # ---- verdict numbers ------------------------------------------------------------
-  ci_strong = {f: res.ci(s.name, n0)[0] for f, s in strongest.items()}
-  ci_markov = {f: res.ci(s.name, n0)[0] for f, s in markov.items()}
-  b_step = {f: res.mean_metric(s.name, n0, STEP0, "bias2") for f, s in strongest.items()}
-  b_k4 = {f: res.mean_metric(s.name, n0, "HGPO K=4 mean", "bias2") for f, s in strongest.items()}
-  gain = {f: res.paired(s.name, nmax, "HGPO K=4 mean", STEP0) for f, s in strongest.items()}
-  gain0 = {f: res.paired(s.name, nmax, "HGPO K=4 mean", STEP0) for f, s in markov.items()}
+
+_VERDICT = (
+    "**Verdict.** Context inconsistency is real and measured exactly: the level-0 "
+    "(anchor-state) index CI_0 rises from {ci_markov_revisit:.3f} / {ci_markov_cue:.3f} "
+    "(Markov control, revisit / cue) to {ci_strong_revisit:.3f} / {ci_strong_cue:.3f} at "
+    "beta = {beta_cue:g}, and falls to {ci_top_revisit:.3f} / {ci_top_cue:.3f} at level "
+    "{max_k}. HGPO's hierarchy (K=4, mean-only) changes the per-step bias^2 of GiGPO's step "
+    "term from {b_step_revisit:.3f} to {b_k4_revisit:.3f} (revisit) and from "
+    "{b_step_cue:.3f} to {b_k4_cue:.3f} (cue) (units of Var(A*), N={n0}), but what matters "
+    "for learning moves little: the paired batch-gradient cosine gain of K=4 over K=0 at "
+    "N={nmax} is {gain_revisit} (revisit, beta {beta_revisit:g}) and {gain_cue} (cue, beta "
+    "{beta_cue:g}), against {gain0_revisit} / {gain0_cue} for the Markov control. A naive "
+    "HGPO-vs-GiGPO comparison is {dominated} by GiGPO's episode term: HGPO K=2 (mean) minus "
+    "GiGPO (mean) is {episode_revisit} (revisit) and {episode_cue} (cue) in cosine at beta "
+    "{beta_cue:g}, while the hierarchy itself (vs the step term alone) is {hier_revisit} and "
+    "{hier_cue}. Beyond the paper: variance-aware (inverse-variance) level weights {iv_keep} "
+    "(K=4 mean, paired cosine vs the recipe weights, mean over {iv_settings} settings at "
+    "N={n0}: {iv})")
+"""The verdict's main sentences; the fields are `_verdict_fields`'."""
+_VERDICT_BINDING = (
+    "; time-aware keys (remaining-step bucket 4) lower CI_0 under a binding time limit from "
+    "{ci_plain:.3f} to {ci_time:.3f} and change the cosine of GiGPO's step term by {step} and "
+    "of HGPO K=2 by {hgpo} (they {keep} at 3 SE)")
+"""The verdict's clause on the binding-time-limit control (the last such setting)."""
+_VERDICT_NOISY = (
+    "; GiGPO's similarity grouping on per-visit-noisy text observations cuts the share of "
+    "steps without an anchor group from {alone_plain:.2f} to {alone_sim:.2f} and changes the "
+    "cosine by {cos}")
+"""The verdict's clause on the noisy-observation control (the first such setting)."""
+_VERDICT_END = ". All differences are paired over common random numbers; ± is one standard error."
+_QUICK_NOTE = "(`--quick` run: 1 seed, few batches; numbers are noisy.) "
+
+
+def _verdict_fields(res: Results, plan: Plan, main, strongest, markov) -> dict:
+  """The numbers `_VERDICT` names: CI, bias^2 and paired cosine differences of the strongest
+  setting and the Markov control of each family, and the inverse-variance weights' result."""
+  n0, nmax = plan.main_n, max(plan.sizes)
+  fields = dict(max_k=MAX_K, n0=n0, nmax=nmax)
+  for f in ("revisit", "cue"):
+    strong, control = strongest[f].name, markov[f].name
+    ci_strong = res.ci(strong, n0)[0]
+    fields.update({
+        f"beta_{f}": strongest[f].beta,
+        f"ci_markov_{f}": res.ci(control, n0)[0][0],
+        f"ci_strong_{f}": ci_strong[0],
+        f"ci_top_{f}": ci_strong[-1],
+        f"b_step_{f}": res.mean_metric(strong, n0, STEP0, "bias2"),
+        f"b_k4_{f}": res.mean_metric(strong, n0, "HGPO K=4 mean", "bias2"),
+        f"gain_{f}": _fmt_pm(*res.paired(strong, nmax, "HGPO K=4 mean", STEP0)[:2]),
+        f"gain0_{f}": _fmt_pm(*res.paired(control, nmax, "HGPO K=4 mean", STEP0)[:2])})
+  episode_conf = {f: res.paired(s.name, n0, "HGPO K=2 mean", "GiGPO mean")
+                  for f, s in strongest.items()}
+  hier_only = {f: res.paired(s.name, n0, "HGPO K=2 mean", STEP0) for f, s in strongest.items()}
+  dominated = all(abs(episode_conf[f][0]) > 2 * abs(hier_only[f][0]) for f in strongest)
+  fields["dominated"] = "dominated" if dominated else "not dominated"
+  for f in strongest:
+    fields[f"episode_{f}"] = _fmt_pm(*episode_conf[f][:2])
+    fields[f"hier_{f}"] = _fmt_pm(*hier_only[f][:2])
   iv = [res.paired(s.name, n0, "HGPO K=4 mean inv-var", "HGPO K=4 mean") for s in main]
   iv_m = float(np.mean([x[0] for x in iv]))
   iv_se = float(np.sqrt(np.sum([x[1]**2 for x in iv])) / len(iv))
   iv_wins = sum(x[0] > 3 * x[1] for x in iv)
   iv_losses = sum(x[0] < -3 * x[1] for x in iv)
-  binding = [s for s in settings if s.horizon != HORIZON]
-  ta = [res.paired(s.name, n0, "GiGPO step mean, time-aware b=4", STEP0) for s in binding]
-  ta_hg = [res.paired(s.name, n0, "HGPO K=2 mean, time-aware b=4", "HGPO K=2 mean")
-           for s in binding]
-  ta_ci = [(res.ci(s.name, n0)[0][0], res.ci(s.name, n0, "time4")[0][0]) for s in binding]
-  noisy = [s for s in settings if s.obs == "noisy"]
-  sim = [res.paired(s.name, n0, "GiGPO mean, similarity 0.95", "GiGPO mean") for s in noisy]
-  sim_alone = [(res.ci(s.name, n0)[1][0], res.ci(s.name, n0, "sim")[1][0]) for s in noisy]
-  episode_conf = {f: res.paired(s.name, n0, "HGPO K=2 mean", "GiGPO mean")
-                  for f, s in strongest.items()}
-  hier_only = {f: res.paired(s.name, n0, "HGPO K=2 mean", STEP0) for f, s in strongest.items()}
-  dominated = all(abs(episode_conf[f][0]) > 2 * abs(hier_only[f][0]) for f in strongest)
+  fields.update(iv_keep=_keep(iv_m, iv_se, iv_wins, iv_losses), iv_settings=len(iv),
+                iv=_fmt_pm(iv_m, iv_se))
+  return fields
 
-  def keep(m, se, wins=0, losses=0):
-    if m > 3 * se and losses == 0:
-      return "help"
-    if m < -3 * se and wins == 0:
-      return "hurt"
-    if wins or losses:
-      return (f"give a mixed result (better by > 3 SE in {wins} settings, worse in {losses}), "
-              "i.e. no consistent gain")
-    return "make no measurable difference"
 
-  verdict = (
-      f"**Verdict.** Context inconsistency is real and measured exactly: the level-0 "
-      f"(anchor-state) index CI_0 rises from {ci_markov['revisit'][0]:.3f} / "
-      f"{ci_markov['cue'][0]:.3f} (Markov control, revisit / cue) to "
-      f"{ci_strong['revisit'][0]:.3f} / {ci_strong['cue'][0]:.3f} at beta = "
-      f"{strongest['cue'].beta:g}, and falls to {ci_strong['revisit'][-1]:.3f} / "
-      f"{ci_strong['cue'][-1]:.3f} at level {MAX_K}. HGPO's hierarchy (K=4, mean-only) "
-      f"changes the per-step bias^2 of GiGPO's step term from {b_step['revisit']:.3f} to "
-      f"{b_k4['revisit']:.3f} (revisit) and from {b_step['cue']:.3f} to {b_k4['cue']:.3f} (cue) "
-      f"(units of Var(A*), N={n0}), but what matters for learning moves little: the paired "
-      f"batch-gradient cosine gain of K=4 over K=0 at N={nmax} is "
-      f"{_fmt_pm(*gain['revisit'][:2])} (revisit, beta {strongest['revisit'].beta:g}) and "
-      f"{_fmt_pm(*gain['cue'][:2])} (cue, beta {strongest['cue'].beta:g}), against "
-      f"{_fmt_pm(*gain0['revisit'][:2])} / {_fmt_pm(*gain0['cue'][:2])} for the Markov control. "
-      f"A naive HGPO-vs-GiGPO comparison is "
-      f"{'dominated' if dominated else 'not dominated'} by GiGPO's episode term: HGPO K=2 "
-      f"(mean) minus GiGPO (mean) is {_fmt_pm(*episode_conf['revisit'][:2])} (revisit) and "
-      f"{_fmt_pm(*episode_conf['cue'][:2])} (cue) in cosine at beta "
-      f"{strongest['cue'].beta:g}, while the hierarchy itself (vs the step term alone) is "
-      f"{_fmt_pm(*hier_only['revisit'][:2])} and {_fmt_pm(*hier_only['cue'][:2])}. "
-      f"Beyond the paper: variance-aware (inverse-variance) level weights "
-      f"{keep(iv_m, iv_se, iv_wins, iv_losses)} (K=4 mean, paired cosine vs the recipe "
-      f"weights, mean over {len(iv)} settings at N={n0}: {_fmt_pm(iv_m, iv_se)})")
+def _verdict(res: Results, plan: Plan, main, strongest, markov, quick: bool) -> str:
+  """The report's first paragraph: `_VERDICT`, the clauses of the binding-time-limit and
+  noisy-observation controls where the plan has them, and the `--quick` caveat."""
+  n0 = plan.main_n
+  verdict = _VERDICT.format(**_verdict_fields(res, plan, main, strongest, markov))
+  binding = [s for s in plan.settings if s.horizon != HORIZON]
   if binding:
-    verdict += (f"; time-aware keys (remaining-step bucket 4) lower CI_0 under a binding time "
-                f"limit from {ta_ci[-1][0]:.3f} to {ta_ci[-1][1]:.3f} and change the cosine of "
-                f"GiGPO's step term by {_fmt_pm(*ta[-1][:2])} and of HGPO K=2 by "
-                f"{_fmt_pm(*ta_hg[-1][:2])} (they {keep(*ta_hg[-1][:2])} at 3 SE)")
+    s = binding[-1]
+    hgpo = res.paired(s.name, n0, "HGPO K=2 mean, time-aware b=4", "HGPO K=2 mean")[:2]
+    verdict += _VERDICT_BINDING.format(
+        ci_plain=res.ci(s.name, n0)[0][0], ci_time=res.ci(s.name, n0, "time4")[0][0],
+        step=_fmt_pm(*res.paired(s.name, n0, "GiGPO step mean, time-aware b=4", STEP0)[:2]),
+        hgpo=_fmt_pm(*hgpo), keep=_keep(*hgpo))
+  noisy = [s for s in plan.settings if s.obs == "noisy"]
   if noisy:
-    verdict += (f"; GiGPO's similarity grouping on per-visit-noisy text observations cuts the "
-                f"share of steps without an anchor group from {sim_alone[0][0]:.2f} to "
-                f"{sim_alone[0][1]:.2f} and changes the cosine by {_fmt_pm(*sim[0][:2])}")
-  verdict += ". All differences are paired over common random numbers; ± is one standard error."
-  if quick:
-    verdict = "(`--quick` run: 1 seed, few batches; numbers are noisy.) " + verdict
-  lines += ["# Estimator bias study", "", verdict, ""]
-  lines += [f"Command: `python -m launch.experiments.studies.bias{' --quick' if quick else ''}` "
-            f"({elapsed / 60:.1f} min on this machine). Library: `hgpo_jax/analysis/`.", ""]
+    s = noisy[0]
+    verdict += _VERDICT_NOISY.format(
+        alone_plain=res.ci(s.name, n0)[1][0], alone_sim=res.ci(s.name, n0, "sim")[1][0],
+        cos=_fmt_pm(*res.paired(s.name, n0, "GiGPO mean, similarity 0.95", "GiGPO mean")[:2]))
+  verdict += _VERDICT_END
+  return (_QUICK_NOTE + verdict) if quick else verdict
 
-  # ---- setup ---------------------------------------------------------------------
-  lines += ["## Setup", "",
-            f"Deterministic gridworld ({testbed.make_grid().num_cells} open cells, walls make "
-            "moves stay in place, so revisits happen; goal reward 10 ends the episode, traps end "
-            "it with 0; 4 start cells = 4 tasks; gamma 0.95). Policies: logits = goal progress "
-            "(calibrated so that P(success) = 0.5) + fixed per-seed noise + trap attraction + "
-            "beta x history term over the last k_mem (cell, action) pairs: *revisit* (avoid "
-            "cells of the window, keep the last move; habit-like) and *cue* (a cue cell inside "
-            "the window reveals the goal direction; information-like); beta = 0 is the Markov "
-            "control. The oracle solves Q, V and A* = Q - V exactly by a backward pass over "
-            "the layered DAG of reachable (t, window) nodes; the exact gradient is "
-            "sum_t d_t(m) pi(b|m) A*_t(m, b) for context-tabular softmax logits.", "",
-            f"Batches: 4 tasks x N trajectories, {plan.num_batches} batches per setting and "
-            f"seed, N in {list(plan.sizes)} (nested subsets), policy seeds {list(plan.seeds)} "
-            f"(controls: {list(plan.control_seeds)}); common random numbers across settings and "
-            "estimators. Metrics (hgpo_jax/analysis/metrics.py): per-step bias^2 / variance / "
-            "MSE of the least-squares-scaled advantage against A*, in units of Var(A*); sign "
-            "agreement; CI_k = within-group variance of the exact context value V(h_t) inside "
-            "level-k groups / Var(A*); cosine of each batch's policy gradient with the exact "
-            "one.", ""]
-  lines += ["| setting | horizon | obs | contexts | DAG nodes | P(success) | timeout rate | "
-            "E[length] | progress weight |", "|---|---|---|---|---|---|---|---|---|"]
-  for s in settings:
-    lines.append(f"| {s.name} | {s.horizon} | {s.obs} | {res.info(s.name, 'contexts'):.0f} | "
-                 f"{res.info(s.name, 'nodes'):.0f} | {res.info(s.name, 'success'):.3f} | "
-                 f"{res.info(s.name, 'timeout'):.3f} | {res.info(s.name, 'length'):.1f} | "
-                 f"{res.info(s.name, 'progress'):.2f} |")
-  lines.append("")
 
-  # ---- CI -------------------------------------------------------------------------
-  lines += [f"## Context-inconsistency index per level (N={n0}, mean over seeds)", "",
-            "CI_k in units of Var(A*); in brackets the share of steps with no usable level-k "
-            "group (absent or singleton).", "",
-            "| setting | " + " | ".join(f"CI_{k}" for k in range(MAX_K + 1)) + " |",
-            "|---|" + "---|" * (MAX_K + 1)]
-  for s in settings:
-    ci, alone = res.ci(s.name, n0)
-    lines.append(f"| {s.name} | " + " | ".join(f"{c:.3f} [{a:.2f}]" for c, a in zip(ci, alone))
-                 + " |")
-  lines.append("")
-
-  # ---- bias / variance ------------------------------------------------------------
-  show = [STEP0, "HGPO K=1 mean", "HGPO K=2 mean", "HGPO K=4 mean", "HGPO K=4 mean inv-var",
+_COMMAND = ("Command: `python -m launch.experiments.studies.bias{quick}` ({minutes:.1f} min on "
+            "this machine). Library: `hgpo_jax/analysis/`.")
+_SETUP_TESTBED = (
+    "Deterministic gridworld ({num_cells} open cells, walls make moves stay in place, so "
+    "revisits happen; goal reward 10 ends the episode, traps end it with 0; 4 start cells = 4 "
+    "tasks; gamma 0.95). Policies: logits = goal progress (calibrated so that P(success) = 0.5) "
+    "+ fixed per-seed noise + trap attraction + beta x history term over the last k_mem (cell, "
+    "action) pairs: *revisit* (avoid cells of the window, keep the last move; habit-like) and "
+    "*cue* (a cue cell inside the window reveals the goal direction; information-like); beta = "
+    "0 is the Markov control. The oracle solves Q, V and A* = Q - V exactly by a backward pass "
+    "over the layered DAG of reachable (t, window) nodes; the exact gradient is sum_t d_t(m) "
+    "pi(b|m) A*_t(m, b) for context-tabular softmax logits.")
+_SETUP_BATCHES = (
+    "Batches: 4 tasks x N trajectories, {num_batches} batches per setting and seed, N in "
+    "{sizes} (nested subsets), policy seeds {seeds} (controls: {control_seeds}); common random "
+    "numbers across settings and estimators. Metrics (hgpo_jax/analysis/metrics.py): per-step "
+    "bias^2 / variance / MSE of the least-squares-scaled advantage against A*, in units of "
+    "Var(A*); sign agreement; CI_k = within-group variance of the exact context value V(h_t) "
+    "inside level-k groups / Var(A*); cosine of each batch's policy gradient with the exact "
+    "one.")
+_SETUP_COLUMNS = ("horizon", "obs", "contexts", "DAG nodes", "P(success)", "timeout rate",
+                  "E[length]", "progress weight")
+_SHOWN = (STEP0, "HGPO K=1 mean", "HGPO K=2 mean", "HGPO K=4 mean", "HGPO K=4 mean inv-var",
           "GiGPO mean", "GiGPO", "HGPO K=2", "GRPO", "Exact-window groups, mean",
-          "MC: G_t - V(h_t) (noise floor)"]
+          "MC: G_t - V(h_t) (noise floor)")
+"""The estimators of the per-step bias / variance / MSE / sign tables."""
+_PAIRS = (("HGPO K=1 mean", STEP0), ("HGPO K=2 mean", STEP0), ("HGPO K=4 mean", STEP0),
+          ("HGPO K=2 mean inv-var", "HGPO K=2 mean"), ("HGPO K=4 mean inv-var", "HGPO K=4 mean"),
+          ("HGPO K=2 mean", "GiGPO mean"), ("HGPO K=2", "GiGPO"), ("GiGPO mean", "GRPO mean"))
+"""The (a, b) of the paired cosine difference tables, per N."""
+_OPTION_PAIRS = (("HGPO K=4 mean alpha=0", "HGPO K=4 mean"),
+                 ("HGPO K=4 mean alpha=2", "HGPO K=4 mean"),
+                 ("HGPO K=4 mean paper", "HGPO K=4 mean"), ("HGPO K=2 paper", "HGPO K=2"),
+                 ("HGPO K=4 inv-var", "HGPO K=4"), ("HGPO K=2", "HGPO K=0"),
+                 ("GiGPO mean, traj stats", "GiGPO mean"), ("RLOO", "GRPO mean"))
+"""The (a, b) of the weight convention / alpha / normalisation / statistics table (main N)."""
+_PLOT_LINES = ["## Plots", "", "![bias](bias_study_bias.png)", "",
+               "![cosine](bias_study_cosine.png)", "", "![ci](bias_study_ci.png)", ""]
+_READING_LINES = [
+    "## Reading the numbers", "",
+    "* The per-step MSE of every group estimator is dominated by return noise (compare the MC "
+    "noise floor G_t - V(h_t), whose bias is 0 by construction): a mean-centred group "
+    "estimator is about (1 - 1/n) A* + b(h) with b independent of the action, so context "
+    "mixing acts like a per-context baseline error: it adds per-step bias and gradient "
+    "variance but little gradient bias.",
+    "* Standardised (mean_std) estimators are compared after least-squares scaling; their "
+    "per-step 'bias' includes the distortion of dividing by a per-group std, which is present "
+    "even for the Markov control.",
+    "* Exact-window groups (same memory window, the policy's whole input) are the bias-free "
+    "best case only where a group exists: at N <= 16 most windows are seen once per episode "
+    "group, those rows get 0, and the estimator loses most of its signal (see its sign "
+    "agreement).",
+    "* The cosine is measured in the tabular policy's own parameter space (one row of logits "
+    "per memory window), so settings with k_mem = 2 and k_mem = 4 are not comparable in "
+    "absolute cosine even when the policy is the same (beta = 0).",
+    "* The Monte Carlo check of the oracle, the hand-solved cases and the finite-difference "
+    "gradient check are unit tests (tests/analysis).",
+    "* Not done here: learning curves of exact J under each estimator (the prototype's "
+    "criterion (c)); real-rollout inconsistency needs a dump of a trained ALFWorld-mini policy "
+    "(`python -m launch.experiments.studies.consistency DUMP.jsonl`).", ""]
+
+
+def _setup_section(res: Results, plan: Plan) -> list[str]:
+  """The lines of "## Setup": the testbed, the batches and metrics, a table of the settings."""
+  lines = ["## Setup", "", _SETUP_TESTBED.format(num_cells=testbed.make_grid().num_cells), "",
+           _SETUP_BATCHES.format(num_batches=plan.num_batches, sizes=list(plan.sizes),
+                                 seeds=list(plan.seeds), control_seeds=list(plan.control_seeds)),
+           ""]
+  lines += _table_head("setting", _SETUP_COLUMNS)
+  for s in plan.settings:
+    lines.append(_table_row(s.name, [
+        str(s.horizon), s.obs, f"{res.info(s.name, 'contexts'):.0f}",
+        f"{res.info(s.name, 'nodes'):.0f}", f"{res.info(s.name, 'success'):.3f}",
+        f"{res.info(s.name, 'timeout'):.3f}", f"{res.info(s.name, 'length'):.1f}",
+        f"{res.info(s.name, 'progress'):.2f}"]))
+  return lines + [""]
+
+
+def _ci_section(res: Results, plan: Plan) -> list[str]:
+  """The lines of the context-inconsistency table: CI_k [share without a group] per setting."""
+  n0 = plan.main_n
+  lines = [f"## Context-inconsistency index per level (N={n0}, mean over seeds)", "",
+           "CI_k in units of Var(A*); in brackets the share of steps with no usable level-k "
+           "group (absent or singleton).", ""]
+  lines += _table_head("setting", (f"CI_{k}" for k in range(MAX_K + 1)))
+  for s in plan.settings:
+    ci, alone = res.ci(s.name, n0)
+    lines.append(_table_row(s.name, (f"{c:.3f} [{a:.2f}]" for c, a in zip(ci, alone))))
+  return lines + [""]
+
+
+def _metric_table(res: Results, n0: int, main, metric: str) -> list[str]:
+  """The header and rows of a table of `metric` at N=`n0`: `_SHOWN` by the main settings."""
+  lines = _table_head("estimator", (s.name for s in main))
+  for label in _SHOWN:
+    lines.append(_table_row(label, (f"{res.mean_metric(s.name, n0, label, metric):.3f}"
+                                    for s in main)))
+  return lines + [""]
+
+
+def _per_step_sections(res: Results, plan: Plan, main) -> list[str]:
+  """The lines of the per-step bias^2, variance and MSE sections and the sign-agreement table."""
+  n0 = plan.main_n
+  lines = []
   for metric, title in (("bias2", "bias^2"), ("var", "variance"), ("mse", "MSE")):
-    lines += [f"## Per-step {title} vs history strength (N={n0}, units of Var(A*))", "",
-              "| estimator | " + " | ".join(s.name for s in main) + " |",
-              "|---|" + "---|" * len(main)]
-    for label in show:
-      lines.append(f"| {label} | " + " | ".join(
-          f"{res.mean_metric(s.name, n0, label, metric):.3f}" for s in main) + " |")
-    lines.append("")
-  lines += [f"Sign agreement with A* (N={n0}):", "",
-            "| estimator | " + " | ".join(s.name for s in main) + " |",
-            "|---|" + "---|" * len(main)]
-  for label in show:
-    lines.append(f"| {label} | " + " | ".join(
-        f"{res.mean_metric(s.name, n0, label, 'sign'):.3f}" for s in main) + " |")
-  lines.append("")
+    lines += [f"## Per-step {title} vs history strength (N={n0}, units of Var(A*))", ""]
+    lines += _metric_table(res, n0, main, metric)
+  lines += [f"Sign agreement with A* (N={n0}):", ""]
+  return lines + _metric_table(res, n0, main, "sign")
 
-  # ---- cosine vs N ----------------------------------------------------------------
+
+def _cosine_section(res: Results, plan: Plan, strongest, markov) -> list[str]:
+  """The lines of the cosine-vs-N tables (Markov control and strongest setting per family) and
+  of every estimator's cosine at the main N."""
+  n0 = plan.main_n
   every = [e.label for e in ESTIMATORS if e.every_n]
-  lines += ["## Batch-gradient cosine with the exact gradient vs N (mean over seeds and batches)",
-            ""]
+  lines = ["## Batch-gradient cosine with the exact gradient vs N (mean over seeds and batches)",
+           ""]
   for s in [markov["revisit"], strongest["revisit"], markov["cue"], strongest["cue"]]:
-    lines += [f"**{s.name}**", "", "| estimator | " + " | ".join(f"N={n}" for n in plan.sizes)
-              + " |", "|---|" + "---|" * len(plan.sizes)]
+    lines += [f"**{s.name}**", ""] + _table_head("estimator", (f"N={n}" for n in plan.sizes))
     for label in every:
-      lines.append(f"| {label} | " + " | ".join(
-          f"{res.mean_metric(s.name, n, label, 'cos'):.4f}" for n in plan.sizes) + " |")
+      lines.append(_table_row(label, (f"{res.mean_metric(s.name, n, label, 'cos'):.4f}"
+                                      for n in plan.sizes)))
     lines.append("")
-  lines += [f"All estimators at N={n0} (cosine):", "",
-            "| estimator | " + " | ".join(s.name for s in settings) + " |",
-            "|---|" + "---|" * len(settings)]
+  lines += [f"All estimators at N={n0} (cosine):", ""]
+  lines += _table_head("estimator", (s.name for s in plan.settings))
   for e in ESTIMATORS:
-    lines.append(f"| {e.label} | " + " | ".join(
-        f"{res.mean_metric(s.name, n0, e.label, 'cos'):.4f}" for s in settings) + " |")
-  lines.append("")
+    lines.append(_table_row(e.label, (f"{res.mean_metric(s.name, n0, e.label, 'cos'):.4f}"
+                                      for s in plan.settings)))
+  return lines + [""]
 
-  # ---- paired comparisons ---------------------------------------------------------
-  pairs = [("HGPO K=1 mean", STEP0), ("HGPO K=2 mean", STEP0), ("HGPO K=4 mean", STEP0),
-           ("HGPO K=2 mean inv-var", "HGPO K=2 mean"),
-           ("HGPO K=4 mean inv-var", "HGPO K=4 mean"),
-           ("HGPO K=2 mean", "GiGPO mean"), ("HGPO K=2", "GiGPO"),
-           ("GiGPO mean", "GRPO mean")]
-  lines += ["## Paired cosine differences (a - b), mean ± SE, pooled over seeds", "",
-            "Per seed in brackets. The SE is the within-seed standard error of the batch-paired "
-            "difference, combined over seeds; the spread between seeds is visible in the "
-            "brackets.", ""]
+
+def _paired_section(res: Results, plan: Plan, main) -> list[str]:
+  """The lines of the paired cosine differences: `_PAIRS` per N (mean ± SE [per seed]), then
+  `_OPTION_PAIRS` at the main N."""
+  n0 = plan.main_n
+  lines = ["## Paired cosine differences (a - b), mean ± SE, pooled over seeds", "",
+           "Per seed in brackets. The SE is the within-seed standard error of the batch-paired "
+           "difference, combined over seeds; the spread between seeds is visible in the "
+           "brackets.", ""]
   for n in plan.sizes:
-    lines += [f"**N={n}**", "", "| a - b | " + " | ".join(s.name for s in main) + " |",
-              "|---|" + "---|" * len(main)]
-    for a, b in pairs:
+    lines += [f"**N={n}**", ""] + _table_head("a - b", (s.name for s in main))
+    for a, b in _PAIRS:
       if not (LABEL[a].every_n and LABEL[b].every_n) and n != n0:
         continue
       cells = []
       for s in main:
         m, se, per = res.paired(s.name, n, a, b)
         cells.append(f"{_fmt_pm(m, se)} [{', '.join(f'{x:+.3f}' for x in per)}]")
-      lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
+      lines.append(_table_row(f"{a} - {b}", cells))
     lines.append("")
-  alpha_pairs = [("HGPO K=4 mean alpha=0", "HGPO K=4 mean"),
-                 ("HGPO K=4 mean alpha=2", "HGPO K=4 mean"),
-                 ("HGPO K=4 mean paper", "HGPO K=4 mean"), ("HGPO K=2 paper", "HGPO K=2"),
-                 ("HGPO K=4 inv-var", "HGPO K=4"), ("HGPO K=2", "HGPO K=0"),
-                 ("GiGPO mean, traj stats", "GiGPO mean"), ("RLOO", "GRPO mean")]
-  lines += [f"Weight conventions, alpha, normalisation and statistics (N={n0}):", "",
-            "| a - b | " + " | ".join(s.name for s in main) + " |", "|---|" + "---|" * len(main)]
-  for a, b in alpha_pairs:
-    lines.append(f"| {a} - {b} | " + " | ".join(
-        _fmt_pm(*res.paired(s.name, n0, a, b)[:2]) for s in main) + " |")
-  lines.append("")
+  lines += [f"Weight conventions, alpha, normalisation and statistics (N={n0}):", ""]
+  lines += _table_head("a - b", (s.name for s in main))
+  for a, b in _OPTION_PAIRS:
+    lines.append(_table_row(f"{a} - {b}", (_fmt_pm(*res.paired(s.name, n0, a, b)[:2])
+                                           for s in main)))
+  return lines + [""]
 
-  # ---- controls -------------------------------------------------------------------
-  controls = [s for s in settings if _is_control(s)]
-  lines += ["## Controls: binding time limit, observation aliasing, similarity grouping", "",
-            "| setting | comparison (a - b, cosine) | paired difference | CI_0 of a's keys | "
-            "CI_0 of b's keys |", "|---|---|---|---|---|"]
-  for s in controls:
-    comps = [("HGPO K=2 mean", STEP0, "plain", "plain"),
-             ("HGPO K=4 mean", STEP0, "plain", "plain")]
-    if s.horizon != HORIZON:
-      comps += [("GiGPO step mean, time-aware b=1", STEP0, None, "plain"),
-                ("GiGPO step mean, time-aware b=4", STEP0, "time4", "plain"),
-                ("HGPO K=2 mean, time-aware b=4", "HGPO K=2 mean", "time4", "plain")]
-    if s.obs == "noisy":
-      comps += [("GiGPO mean, similarity 0.95", "GiGPO mean", "sim", "plain"),
-                ("HGPO K=2 mean, similarity 0.95", "HGPO K=2 mean", "sim", "plain")]
-    for a, b, ba, bb in comps:
+
+def _control_comparisons(s: Setting) -> list[tuple]:
+  """(a, b, a's build, b's build) compared on control setting `s`; a build of None has no CI."""
+  comps = [("HGPO K=2 mean", STEP0, "plain", "plain"),
+           ("HGPO K=4 mean", STEP0, "plain", "plain")]
+  if s.horizon != HORIZON:
+    comps += [("GiGPO step mean, time-aware b=1", STEP0, None, "plain"),
+              ("GiGPO step mean, time-aware b=4", STEP0, "time4", "plain"),
+              ("HGPO K=2 mean, time-aware b=4", "HGPO K=2 mean", "time4", "plain")]
+  if s.obs == "noisy":
+    comps += [("GiGPO mean, similarity 0.95", "GiGPO mean", "sim", "plain"),
+              ("HGPO K=2 mean, similarity 0.95", "HGPO K=2 mean", "sim", "plain")]
+  return comps
+
+
+def _controls_section(res: Results, plan: Plan) -> list[str]:
+  """The lines of the controls table: paired differences and the CI_0 of both sides' keys."""
+  n0 = plan.main_n
+  lines = ["## Controls: binding time limit, observation aliasing, similarity grouping", ""]
+  lines += _table_head("setting", ("comparison (a - b, cosine)", "paired difference",
+                                   "CI_0 of a's keys", "CI_0 of b's keys"))
+  for s in (s for s in plan.settings if _is_control(s)):
+    for a, b, ba, bb in _control_comparisons(s):
       ca = f"{res.ci(s.name, n0, ba)[0][0]:.3f}" if ba else "-"
       cb = f"{res.ci(s.name, n0, bb)[0][0]:.3f}" if bb else "-"
-      lines.append(f"| {s.name} | {a} - {b} | {_fmt_pm(*res.paired(s.name, n0, a, b)[:2])} | "
-                   f"{ca} | {cb} |")
-  lines.append("")
-  lines += ["## Plots", "", "![bias](bias_study_bias.png)", "",
-            "![cosine](bias_study_cosine.png)", "", "![ci](bias_study_ci.png)", ""]
-  lines += ["## Reading the numbers", "",
-            "* The per-step MSE of every group estimator is dominated by return noise (compare "
-            "the MC noise floor G_t - V(h_t), whose bias is 0 by construction): a mean-centred "
-            "group estimator is about (1 - 1/n) A* + b(h) with b independent of the action, so "
-            "context mixing acts like a per-context baseline error: it adds per-step bias and "
-            "gradient variance but little gradient bias.",
-            "* Standardised (mean_std) estimators are compared after least-squares scaling; "
-            "their per-step 'bias' includes the distortion of dividing by a per-group std, "
-            "which is present even for the Markov control.",
-            "* Exact-window groups (same memory window, the policy's whole input) are the "
-            "bias-free best case only where a group exists: at N <= 16 most windows are seen "
-            "once per episode group, those rows get 0, and the estimator loses most of its "
-            "signal (see its sign agreement).",
-            "* The cosine is measured in the tabular policy's own parameter space (one row of "
-            "logits per memory window), so settings with k_mem = 2 and k_mem = 4 are not "
-            "comparable in absolute cosine even when the policy is the same (beta = 0).",
-            "* The Monte Carlo check of the oracle, the hand-solved cases and the "
-            "finite-difference gradient check are unit tests (tests/analysis).",
-            "* Not done here: learning curves of exact J under each estimator (the prototype's "
-            "criterion (c)); real-rollout inconsistency needs a dump of a trained ALFWorld-mini "
-            "policy (`python -m launch.experiments.studies.consistency DUMP.jsonl`).", ""]
-  text = "\n".join(lines)
+      lines.append(_table_row(s.name, [f"{a} - {b}", _fmt_pm(*res.paired(s.name, n0, a, b)[:2]),
+                                       ca, cb]))
+  return lines + [""]
+
+
+def _save_report(text: str, out_dir: str) -> str:
+  """Writes `text` to out_dir/bias_study.md, keeping the critic-quality section of the file
+  there (written by --critic); returns what it wrote."""
   path = os.path.join(out_dir, "bias_study.md")
-  if os.path.exists(path):  # keep the critic-quality section (written by --critic)
+  if os.path.exists(path):
     old = open(path, encoding="utf-8").read()
     if CRITIC_BEGIN in old and CRITIC_END in old:
       text = splice_critic_section(text, CRITIC_BEGIN + old.split(CRITIC_BEGIN, 1)[1].split(
           CRITIC_END, 1)[0] + CRITIC_END)
   with open(path, "w", encoding="utf-8") as f:
     f.write(text)
+  return text
+
+
+def write_report(res: Results, plan: Plan, out_dir: str, elapsed: float, quick: bool) -> str:
+  """Writes bias_study.md (keeping its critic section) and the plots to `out_dir`; returns the
+  report's text as written."""
+  main = [s for s in plan.settings if not _is_control(s)]
+  strongest, markov = _extremes(main)
+  lines = ["# Estimator bias study", "", _verdict(res, plan, main, strongest, markov, quick), "",
+           _COMMAND.format(quick=" --quick" if quick else "", minutes=elapsed / 60), ""]
+  lines += _setup_section(res, plan)
+  lines += _ci_section(res, plan)
+  lines += _per_step_sections(res, plan, main)
+  lines += _cosine_section(res, plan, strongest, markov)
+  lines += _paired_section(res, plan, main)
+  lines += _controls_section(res, plan)
+  lines += _PLOT_LINES + _READING_LINES
+  text = _save_report("\n".join(lines), out_dir)
   _plots(res, plan, out_dir, main, strongest, markov)
   return text
 
