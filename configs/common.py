@@ -226,7 +226,7 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0  # split into model / sampler / task / env streams (docs/reproducibility.md)
   # run on CPUs what cannot be meant for them (a 1.5B/7B preset with weights, a mesh larger
-  # than the devices, --distributed); else launch.main refuses (run_config.cpu_refusal)
+  # than the devices, --distributed); else launch.main refuses (experiment.cpu_refusal)
   c.allow_cpu = False
 
   c.model = ml_collections.ConfigDict()
@@ -272,6 +272,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.env.train_split = "train"  # task split of the training rollouts
   c.env.eval_splits = ("valid_seen", "valid_unseen")  # splits of the periodic/final evaluation
   c.env.max_steps = 50  # episode horizon T_max, env steps (paper: ALFWorld 50)
+  c.env.step_latency_ms = 0.0  # delay of every Step call of the servers started here (a
+  #   remote env's latency; launch.benchmarks.async_rollout); 0 = none
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.num_groups = 16  # G tasks per iteration, global over processes (paper: 16)
@@ -390,6 +392,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.filter_groups = False
   c.train.filter_groups_metric = "score"
   c.train.max_generation_batches = 10  # verl-agent filter_groups.max_num_gen_batches
+  # rollout ahead of the update (hgpo_jax/training/async_rollout.py, docs/algorithms.md
+  # §9.9): 0 = rollout and update take turns; k > 0 = a thread plays iteration t's batch
+  # with the weights after iteration t - 1 - k while the learner updates (1: verl's
+  # one-step-off-policy); critic-free estimators, one process
+  c.train.max_staleness = 0
 
   # Value model of critic-based estimators (algo=ppo -> gae, algo=hiper -> hae): a
   # separate copy of the policy's backbone with 1 (PPO) or 3 (HiPER) value heads; it

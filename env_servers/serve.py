@@ -112,10 +112,14 @@ class SlotServer:
   serialise them anyway), so concurrent calls never interleave on a slot.
   """
 
-  def __init__(self, env_name: str, num_slots: int, env_args: dict[str, Any] | None = None):
+  def __init__(self, env_name: str, num_slots: int, env_args: dict[str, Any] | None = None,
+               step_latency_s: float = 0.0):
     if num_slots < 1:
       raise ValueError(f"--slots must be >= 1, got {num_slots}")
+    if step_latency_s < 0:
+      raise ValueError(f"--step-latency-ms must be >= 0, got {step_latency_s * 1e3:g}")
     self.env_name = env_name
+    self.step_latency_s = step_latency_s
     self.env_args = dict(env_args or {})
     self._env_cls = registry.env_class(env_name)
     self._slots = [_Slot() for _ in range(num_slots)]
@@ -184,7 +188,10 @@ class SlotServer:
 
   def step(self, slots: Sequence[int], actions: Sequence[bytes],
            is_active: Callable[[], bool] = lambda: True) -> list[base.StepResult]:
-    """Executes one action (UTF-8 bytes) per slot."""
+    """Executes one action (UTF-8 bytes) per slot, after `step_latency_s` (a remote env's
+    round trip, `--step-latency-ms`; outside the lock, so concurrent calls overlap)."""
+    if self.step_latency_s:
+      time.sleep(self.step_latency_s)
     self._check_slots(slots, len(actions), "actions")
     texts = []
     with self._lock:
@@ -461,6 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                            f"${TOKEN_ENV} if set; none by default)")
   parser.add_argument("--tls-cert", default="", help="PEM certificate chain: serve TLS")
   parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+  parser.add_argument("--step-latency-ms", type=float, default=0.0,
+                      help="delay every Step call by this many milliseconds: the latency of a "
+                           "remote env (a web shop, a browser, a sandbox) for benchmarks")
   parser.add_argument("--log-level", default="INFO")
   args = parser.parse_args(argv)
   logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
@@ -475,7 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
         tls = (cert.read(), key.read())
     token = read_token(args.token_file)
-    core = SlotServer(args.env, args.slots, parse_env_args(args.env_arg))
+    core = SlotServer(args.env, args.slots, parse_env_args(args.env_arg),
+                      step_latency_s=args.step_latency_ms / 1e3)
     server, port, health_servicer = make_grpc_server(
         core, args.host, args.port, args.workers, int(args.max_message_mb * 2**20),
         token=token, tls=tls)

@@ -1,9 +1,9 @@
-"""The trainer: `train_and_evaluate(config, workdir)`.
+"""The trainer: `train_and_evaluate(exp, workdir)`.
 
 The loop reads as the iteration it runs (docs/architecture.md "The data flow of one
 iteration"):
 
-  run = build(config, workdir)                  # hgpo_jax/training/run.py
+  run = build(exp, workdir)                     # hgpo_jax/training/run.py
   for each iteration:
     rollout          tasks -> episodes through the env servers and the jit sampler
     compute_targets  rows -> token batch (+ value batch), advantages (update_targets.py)
@@ -12,9 +12,10 @@ iteration"):
     checkpoint, evaluate (evaluation.py) on their schedules
 
 Every jitted program comes from the registry of hgpo_jax/training/programs.py; the typed
-settings and their checks are hgpo_jax/training/run_config.py's.
+settings and their checks are hgpo_jax/training/experiment.py's (`exp`, built once from the
+user's ConfigDict by the launch tools: `experiment.from_config`).
 
-Reproducibility: `config.seed` gives the model-init key, the sampler key (per
+Reproducibility: `seed` gives the model-init key, the sampler key (per
 iteration `fold_in(key, iteration)`), the task-shuffle seed and the env seeds
 (`tasks.group_seed(seed, iteration, group)`); the iteration number is the whole task
 cursor. Same seed and config on the same machine give the same metrics, and resuming
@@ -29,7 +30,6 @@ import os
 from typing import Any, Callable
 
 import jax
-import ml_collections
 import numpy as np
 import tqdm
 from jax.experimental import multihost_utils
@@ -38,21 +38,21 @@ from hgpo_jax import progress
 from hgpo_jax.advantages import dump as dump_lib
 from hgpo_jax.compiled import trainer_metrics
 from hgpo_jax.rollout import rollout as rollout_lib
+from hgpo_jax.training import async_rollout
 from hgpo_jax.training import evaluation
+from hgpo_jax.training import experiment as experiment_lib
 from hgpo_jax.training import losses
 from hgpo_jax.training import metrics as metrics_lib
 from hgpo_jax.training import run_records
 from hgpo_jax.training import packing
 from hgpo_jax.training import processes
 from hgpo_jax.training import run as run_lib
-from hgpo_jax.training import run_config
 from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
 from hgpo_jax.training import update_targets
 
-# The trainer's config check, for its callers (launch/main.py, launch/experiments/suites.py).
-ConfigError = run_config.ConfigError
-validate = run_config.validate
+# The trainer's config error, for its callers (launch/main.py, launch/experiments/suites.py).
+ConfigError = experiment_lib.ConfigError
 
 # The metrics of the console line after each iteration.
 SUMMARY_KEYS = ("rollout/success", "rollout/episode_return", "rollout/invalid_rate",
@@ -60,61 +60,91 @@ SUMMARY_KEYS = ("rollout/success", "rollout/episode_return", "rollout/invalid_ra
                 "time/generation_s", "time/env_s", "time/advantages_s", "time/update_s")
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(exp: experiment_lib.Experiment, workdir: str) -> dict[str, Any]:
   """Trains, evaluates and checkpoints; returns the last iteration's and final eval metrics."""
-  run = run_lib.build(config, workdir)
+  run = run_lib.build(exp, workdir)
   first = jax.process_index() == 0
   # A second live line naming the phase of the iteration (rollout step t/T, log-probs,
   # update mini-batch i/n, checkpoint, evaluation): drawn on a terminal only, so CI logs
   # get nothing extra. Library code reports through `progress.phase(...)`.
   reporter = progress.PhaseReporter(enabled=None if first else False).__enter__()
+  batches = None
   try:
-    start, num_iterations = run.start_iteration, config.train.num_iterations
+    start, num_iterations = run.start_iteration, exp.train.num_iterations
     flops = trainer_metrics.LearnerFlops(run.learner)  # compiled FLOPs per call, per batch shape
-    profile = trainer_metrics.ProfileWindow(workdir, start, config.profile.iterations,
-                                            config.profile.skip)
+    profile = trainer_metrics.ProfileWindow(workdir, start, exp.profile.iterations,
+                                            exp.profile.skip)
     bar = tqdm.tqdm(range(start, num_iterations), initial=start, total=num_iterations,
                     desc="iterations", unit="it", disable=not first, dynamic_ncols=True)
     last: dict[str, float] = {}
+    batches = rollout_source(run, start, num_iterations)
     for it in bar:
       reporter.start_iteration()
       profile.before(it)
       times = progress.PhaseTimes()
       with times.phase("iteration"):
-        ro = rollout(run, it)
+        ro, ahead_metrics = batches.take(it)
         with times.phase("advantages"):
           reward_metrics = kl_in_reward(run, ro.rows)
           targets = update_targets.compute_targets(ro.rows, run)
-          targets.token_batch = with_sampler_data(targets.token_batch, ro.rows, config)
+          targets.token_batch = with_sampler_data(targets.token_batch, ro.rows, exp.train)
           dump_rollout(run, it, ro, targets)
         metrics, flop_metrics = update(run, targets, it, flops)
-        if config.eval.every and (it + 1) % config.eval.every == 0:
-          metrics.update(evaluation.evaluate_splits(run, it + 1))
+        batches.publish(it, run.state.params)  # the update donated the params: rebind
+        if exp.eval.every and (it + 1) % exp.eval.every == 0:
+          with batches.for_evaluation():
+            metrics.update(evaluation.evaluate_splits(run, it + 1))
         metrics.update(rollout_metrics(ro))
+        metrics.update(ahead_metrics)
         metrics.update(reward_metrics)
         metrics.update(targets.metrics)
       metrics.update(times.metrics())
       metrics.update(flop_metrics())  # after the clock stops: it may compile (LearnerFlops)
       last = log(run, it + 1, metrics, bar)
-      if (it + 1) % config.checkpoint.every == 0 or it + 1 == num_iterations:
+      if (it + 1) % exp.checkpoint.every == 0 or it + 1 == num_iterations:
         progress.phase("checkpoint")
-        run.checkpoint(it + 1, last)
+        run.checkpoint(it + 1, last, sampler_versions=batches.pending_versions(it + 1))
       profile.after(it)
     profile.close()
+    batches.close()
 
     final = {}
-    if config.eval.at_end:
-      final = evaluation.evaluate_splits(run, num_iterations)
+    if exp.eval.at_end:
+      with batches.for_evaluation():
+        final = evaluation.evaluate_splits(run, num_iterations)
       run.writer.write(num_iterations + 1, final)
     run.checkpointer.wait()
     reporter.__exit__(None, None, None)  # removes the phase line before the summary
     if first:
-      print(summary(config, workdir, final), flush=True)
+      print(summary(exp, workdir, final), flush=True)
     return {"last": last, "final_eval": final, "resume_source": run.resume_source,
             "start_iteration": start}
   finally:
     reporter.__exit__(None, None, None)  # idempotent
+    if batches is not None:
+      batches.close()  # a rollout thread stops after its batch
     run.close()
+
+
+def rollout_source(run: run_lib.Run, start: int, end: int
+                   ) -> async_rollout.Synchronous | async_rollout.Rollouter:
+  """Where the loop takes each iteration's batch (hgpo_jax/training/async_rollout.py):
+  played when asked with the current weights (`train.max_staleness=0`), or played ahead
+  in a thread with the weights of `max_staleness` versions before."""
+  k = run.experiment.train.max_staleness
+  if k == 0:
+    return async_rollout.Synchronous(lambda it: rollout(run, it), run.update_sampler)
+  if jax.process_count() > 1:
+    raise experiment_lib.ConfigError(
+        f"config.train.max_staleness={k} runs on one process; multi-process runs play "
+        f"their rollouts in step (set it to 0)")
+
+  def play(iteration: int, params) -> rollout_lib.Rollout:
+    run.sampler.model = run.sampler_weights(params)
+    return rollout(run, iteration)
+
+  versions = run.sampler_versions or {start - 1: async_rollout.copy_params(run.state.params)}
+  return async_rollout.Rollouter(play, start, end, k, versions, rebind=run.update_sampler)
 
 
 # ---------------------------------------------------------------------------------------
@@ -130,15 +160,15 @@ def rollout(run: run_lib.Run, iteration: int) -> rollout_lib.Rollout:
   update trains on exactly `rollout.num_groups` of their groups
   (`rollout_lib.dynamic_selection`), and `filter/*` counts them.
   """
-  config = run.config
+  exp = run.experiment
   first = generation_batch(run, iteration, 0)
-  if not config.train.filter_groups:
+  if not exp.train.filter_groups:
     return first
-  size, target = config.rollout.group_size, config.rollout.num_groups
-  metric = config.train.filter_groups_metric
+  size, target = exp.rollout.group_size, exp.rollout.num_groups
+  metric = exp.train.filter_groups_metric
   batches = [first]
   varied = len(rollout_lib.varied_groups(first, size, metric))
-  while varied < target and len(batches) < config.train.max_generation_batches:
+  while varied < target and len(batches) < exp.train.max_generation_batches:
     batches.append(generation_batch(run, iteration, len(batches)))
     varied += len(rollout_lib.varied_groups(batches[-1], size, metric))
   picks, stats = rollout_lib.dynamic_selection(batches, size, target, metric)
@@ -162,30 +192,30 @@ def generation_batch(run: run_lib.Run, iteration: int, index: int) -> rollout_li
   real iteration and independent of the run's length, so no two batches of a run share
   tasks or keys and a resumed or extended run draws the same ones.
   """
-  config = run.config
+  exp = run.experiment
   drawn = iteration if index == 0 else (EXTRA_BATCH_ITERATIONS + iteration *
-                                        (config.train.max_generation_batches - 1) + index - 1)
+                                        (exp.train.max_generation_batches - 1) + index - 1)
   ro = evaluation.collect(
       run.pool, run.sampler, run.tokenizer,
-      run.train_tasks.groups(drawn, run.groups_per_process), config.rollout.group_size,
-      config, run.settings, sampling=run.settings.sampling,
+      run.train_tasks.groups(drawn, run.groups_per_process), exp.rollout.group_size,
+      exp, sampling=exp.sampling.train,
       rng=jax.random.fold_in(run.streams.sampler, drawn),
       on_step=lambda t, T, n: progress.phase(
           "rollout", f"{'' if index == 0 else f'batch {index + 1}, '}step {t + 1}/{T} "
           f"({n} slots active)"))
-  return processes.gather_rollout(ro, run.groups_per_process, config.rollout.group_size)
+  return processes.gather_rollout(ro, run.groups_per_process, exp.rollout.group_size)
 
 
-def with_sampler_data(batch, rows, config: ml_collections.ConfigDict):
+def with_sampler_data(batch, rows, train: experiment_lib.Train):
   """The token batch with what the sampler knew of its rows' responses: its log-probs (the
   rollout correction reads them; the mismatch metrics compare them with the learner's)
   and, with `train.constrained_logprobs`, the ids the constraint allowed at each token
   (`train_batch.with_choices`: the learner scores the constrained policy)."""
   if not any(r.response_logprobs is None for r in rows):
     batch = train_batch_lib.with_rollout_logprobs(batch, [r.response_logprobs for r in rows])
-  if config.train.constrained_logprobs:
+  if train.constrained_logprobs:
     batch = train_batch_lib.with_choices(batch, [r.response_choices for r in rows],
-                                         config.train.max_choices)
+                                         train.max_choices)
   return batch
 
 
@@ -200,17 +230,17 @@ def kl_in_reward(run: run_lib.Run, rows) -> dict[str, float]:
   if ctrl is None:
     return {}
   progress.phase("log-probs", "KL in reward")
-  config = run.config
+  exp = run.experiment
   batch = with_sampler_data(update_targets.token_batch(
-      rows, np.zeros(len(rows), np.float32), config, run.tokenizer.pad_id), rows, config)
+      rows, np.zeros(len(rows), np.float32), exp, run.tokenizer.pad_id), rows, exp.train)
   filled = train_step.fill_logprobs(
       run.learner, run.state.params, run.ref_params,
-      packing.plain_batch(batch, mini_batch_rows=config.train.mini_batch_rows))
+      packing.plain_batch(batch, mini_batch_rows=exp.train.update.mini_batch_rows))
   old, ref, mask = (np.concatenate([host_array(getattr(parts[0], name)) for parts in filled])
                     for name in ("old_logprobs", "ref_logprobs", "score_mask"))
   n = len(rows)  # the real rows (the batch is padded to a multiple of the mini-batch)
   penalty, current = losses.kl_reward_penalty(old[:n], ref[:n], mask[:n],
-                                              config.train.kl_reward_estimator)
+                                              exp.train.kl_reward_estimator)
   beta = ctrl.value
   for row, kl in zip(rows, penalty):
     row.reward -= beta * float(kl)
@@ -243,19 +273,19 @@ def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: i
   the critic's on the value batch; rebinds `run.state`, `run.critic_state` and the
   sampler's params. Returns the `train/*` and `critic/*` metrics with their timings, and
   the function that gives the update's `perf/*` FLOP metrics."""
-  config, settings = run.config, run.settings
+  exp = run.experiment
   times = progress.PhaseTimes()
   metrics: dict[str, float] = {}
   extra_pass = False
   with times.phase("logprobs"):
     batch = targets.token_batch
     # verl's trainer.critic_warmup: the first iterations train only the critic
-    actor_updated = run.critic is None or iteration >= config.critic.warmup_iterations
+    actor_updated = run.critic is None or iteration >= exp.critic.warmup_iterations
     # One optimizer step from the rollout's params: the update takes log pi_old from
     # its own forward pass (UpdateConfig.reuse_on_policy_logprobs)
-    on_policy = settings.update.on_policy(batch.num_rows)
+    on_policy = exp.train.update.on_policy(batch.num_rows)
     # the update's mini-batches (unpacked, packed or length-grouped) and their real token share
-    batches = update_layout(batch, config, run.tokenizer.pad_id)
+    batches = update_layout(batch, exp, run.tokenizer.pad_id)
     token_fill, update_rows = packing.token_fill(batches), packing.num_rows(batches)
     if actor_updated:
       progress.phase("log-probs")
@@ -274,7 +304,6 @@ def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: i
                                                     on_policy=on_policy)
       metrics.update({f"train/{k}": v for k, v in actor.items()})
       metrics["train/on_policy_logprobs"] = float(on_policy)
-      run.update_sampler()  # the update donated the params: rebind
   if run.critic is not None:  # independent of the actor's update (same targets)
     with times.phase("critic_update"):
       run.critic_state = run.critic.with_learning_rate(run.critic_state, iteration)
@@ -301,38 +330,39 @@ def rollout_mismatch(run: run_lib.Run, batch, batches, on_policy: bool
   (`losses.mismatch_metrics`), before the update; and whether it took a log-prob pass of
   its own. The old log-probs are reused when the update's rows are plain and were filled
   (not `on_policy`); otherwise the current policy's are computed on the plain rows."""
-  config = run.config
-  if (not config.train.rollout_mismatch_metrics or batch.rollout_logprobs is None
-      or config.train.constrained_logprobs):  # the sampler's are the unconstrained ones
+  train = run.experiment.train
+  if (not train.rollout_mismatch_metrics or batch.rollout_logprobs is None
+      or train.constrained_logprobs):  # the sampler's are the unconstrained ones
     return {}, False
   learner = run.learner
-  reuse = not on_policy and not (config.train.pack_rows or config.train.group_by_length)
+  reuse = not on_policy and not (train.update.pack_rows or train.update.group_by_length)
   if reuse:
     logp = [parts[0].old_logprobs for parts in batches]
   else:
     progress.phase("log-probs", "sampler mismatch")
     logp = [learner.compute_logprobs(run.state.params, learner.lay_out(learner.put_batch(chunk)))
-            for (chunk,) in packing.plain_batch(batch, mini_batch_rows=config.train.mini_batch_rows)]
+            for (chunk,) in packing.plain_batch(batch, mini_batch_rows=train.update.mini_batch_rows)]
   learner_logp = np.concatenate([host_array(x) for x in logp])
   tail = lambda x: np.asarray(x)[:, -learner_logp.shape[1]:]
   found = losses.mismatch_metrics(learner_logp, tail(batch.rollout_logprobs),
-                                  tail(batch.response_mask), config.train.rollout_is_threshold)
+                                  tail(batch.response_mask), train.update.loss.rollout_is_threshold)
   return {f"rollout_corr/{k}": v for k, v in found.items()}, not reuse
 
 
-def update_layout(batch, config: ml_collections.ConfigDict, pad_id: int) -> list[tuple]:
+def update_layout(batch, exp: experiment_lib.Experiment, pad_id: int) -> list[tuple]:
   """`batch`'s mini-batches as the update takes them (hgpo_jax/training/packing.py): as they
   are, packed into rows (`train.pack_rows`) or as length-grouped micro-batches
   (`train.group_by_length`)."""
-  mini = config.train.mini_batch_rows
-  if not (config.train.pack_rows or config.train.group_by_length):
+  u = exp.train.update
+  mini = u.mini_batch_rows
+  if not (u.pack_rows or u.group_by_length):
     return packing.plain_batch(batch, mini_batch_rows=mini)
-  common = dict(mini_batch_rows=mini, micro_batch_rows=config.train.micro_batch_rows,
-                score_multiple=config.rollout.max_new_tokens, pad_id=pad_id,
-                loss_unit_rows=config.train.loss_unit_rows)
-  if config.train.pack_rows:
+  common = dict(mini_batch_rows=mini, micro_batch_rows=u.micro_batch_rows,
+                score_multiple=exp.rollout.max_new_tokens, pad_id=pad_id,
+                loss_unit_rows=u.loss_unit_rows)
+  if u.pack_rows:
     return packing.pack_batch(batch, **common)
-  return packing.group_batch(batch, length_multiple=config.train.length_multiple, **common)
+  return packing.group_batch(batch, length_multiple=u.length_multiple, **common)
 
 
 def rollout_metrics(ro: rollout_lib.Rollout) -> dict[str, float]:
@@ -367,11 +397,11 @@ def skipped_steps_warning(step: int, learner: str, scalars: dict[str, float]) ->
           f"norm not finite; the params and optimizer state kept their values)")
 
 
-def summary(config: ml_collections.ConfigDict, workdir: str, final: dict[str, float]) -> str:
+def summary(exp: experiment_lib.Experiment, workdir: str, final: dict[str, float]) -> str:
   """The closing report: training curve endpoints, final evaluation, where things are."""
   lines = run_records.read_metrics(workdir)
   train_lines = [l for l in lines if "rollout/success" in l]
-  out = [f"== {config.env.name} / {config.algo.name} / {config.model.name}: "
+  out = [f"== {exp.env.name} / {exp.algo.name} / {exp.model.name}: "
          f"{len(train_lines)} iterations =="]
   if train_lines:
     first, last = train_lines[0], train_lines[-1]
@@ -389,7 +419,7 @@ def summary(config: ml_collections.ConfigDict, workdir: str, final: dict[str, fl
   for key in sorted(k for k in final if k.endswith("/success") and k.count("/") == 2):
     split = key.split("/")[1]
     out.append(f"eval {split:>13}: success {final[key]:.3f} over {int(final[f'eval/{split}/num_tasks'])}"
-               f" tasks (T={config.eval.temperature}), invalid-action rate "
+               f" tasks (T={exp.eval.temperature}), invalid-action rate "
                f"{final[f'eval/{split}/invalid_rate']:.3f}")
   out.append(f"metrics: {os.path.join(workdir, metrics_lib.JSONL_NAME)}   checkpoints: "
              f"{os.path.join(workdir, 'checkpoints')}")

@@ -56,7 +56,8 @@ STEP = flags.DEFINE_integer("step", None, "With --checkpoint: the step to evalua
 
 
 def evaluate_untrained(config, workdir: str) -> dict[str, float]:
-  """Evaluates the config's initial model on `config.env.eval_splits`; writes metrics."""
+  """Evaluates the config's initial model on `config.env.eval_splits`; writes metrics.
+  `config`: a ConfigDict or its `experiment.Experiment`."""
   return _evaluate(config, workdir)
 
 
@@ -99,17 +100,18 @@ def _evaluate(config, workdir: str, checkpoint: tuple[str, int] | None = None) -
   """The evaluation of both entries: the config's model, or its params from `checkpoint`
   (directory, step), on every eval split."""
   from hgpo_jax.training import evaluation
+  from hgpo_jax.training import experiment
   from hgpo_jax.training import metrics as metrics_lib
   from hgpo_jax.training import run as run_lib
-  from hgpo_jax.training import run_config
 
-  if not config.env.eval_splits:
-    raise run_config.ConfigError("config.env.eval_splits is empty: nothing to evaluate")
-  run = run_lib.build(config, workdir, train=False)
+  exp = experiment.from_config(config)
+  if not exp.env.eval_splits:
+    raise experiment.ConfigError("config.env.eval_splits is empty: nothing to evaluate")
+  run = run_lib.build(exp, workdir, train=False)
   try:
     if checkpoint is None:
       # The same key as the trainer's final evaluation (iteration = num_iterations).
-      iteration, step, what = config.train.num_iterations, EVAL_STEP, "no training"
+      iteration, step, what = exp.train.num_iterations, EVAL_STEP, "no training"
     else:
       directory, step = checkpoint
       iteration, what = step, f"checkpoint step {step}"
@@ -118,10 +120,10 @@ def _evaluate(config, workdir: str, checkpoint: tuple[str, int] | None = None) -
     scalars = run.writer.write(step, out)
   finally:
     run.close()
-  for split in config.env.eval_splits:
+  for split in exp.env.eval_splits:
     print(f"eval {split:>13}: success {scalars[f'eval/{split}/success']:.3f} over "
-          f"{int(scalars[f'eval/{split}/num_tasks'])} tasks (T={config.eval.temperature}, "
-          f"{config.model.name}, {what})", flush=True)
+          f"{int(scalars[f'eval/{split}/num_tasks'])} tasks (T={exp.eval.temperature}, "
+          f"{exp.model.name}, {what})", flush=True)
   print(f"metrics: {os.path.join(workdir, metrics_lib.JSONL_NAME)}", flush=True)
   return scalars
 
@@ -138,11 +140,11 @@ def _main(argv):
     print(f"{PROG}: evaluating checkpoint step {checkpoint[1]} of {checkpoint[0]}", flush=True)
   elif STEP.value is not None:
     raise main_lib.BadInput("--step needs --checkpoint=WORKDIR (the run whose step to evaluate)")
-  config = main_lib.start(argv, PROG)
+  exp = main_lib.start(argv, PROG)
   if checkpoint is None:
-    evaluate_untrained(config, main_lib.WORKDIR.value)
+    evaluate_untrained(exp, main_lib.WORKDIR.value)
   else:
-    evaluate_checkpoint(config, main_lib.WORKDIR.value, *checkpoint)
+    evaluate_checkpoint(exp, main_lib.WORKDIR.value, *checkpoint)
 
 
 def main(argv):

@@ -147,14 +147,15 @@ def main(argv):
 
 # Functions that read user input; a ValueError/KeyError/OSError raised under them is a
 # bad-input error (one line, exit 2).
-_INPUT_READERS = frozenset({"validate", "estimator_and_options", "load_model", "resume",
+_INPUT_READERS = frozenset({"from_dict", "load_model", "resume",
                             "make_mesh", "make_pool"})
 
 
 def start(argv, prog: str = "launch.main"):
   """What both entry points do before their work: checks the arguments, the config file
   and the workdir, pins the CPU numerics, starts JAX (multi-process if asked), prints the
-  platform and refuses a CPU run of a config meant for accelerators. Returns the config."""
+  platform and refuses a CPU run of a config meant for accelerators. Returns the run's
+  settings, the config converted once into `hgpo_jax.training.experiment.Experiment`."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   config = loaded_config()
@@ -177,7 +178,7 @@ def start(argv, prog: str = "launch.main"):
                            "--num_processes and --process_id")
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   # The platform first (stdout: stderr is kept for errors), then no silent CPU fallback.
-  from hgpo_jax.training import run_config
+  from hgpo_jax.training import experiment
   from hgpo_jax.models import config as model_config
   from hgpo_jax.models import platform as platform_lib
   platform = jax.devices()[0].platform
@@ -188,18 +189,19 @@ def start(argv, prog: str = "launch.main"):
   print(f"{prog}: platform {platform} ({jax.devices()[0].device_kind}), "
         f"{jax.local_device_count()} local / {jax.device_count()} global devices, process "
         f"{jax.process_index()}/{jax.process_count()}, jax {jax.__version__}{compute}", flush=True)
-  refusal = run_config.cpu_refusal(config, platform=platform, num_devices=jax.device_count(),
+  exp = experiment.from_config(config)  # the typed settings the library reads
+  refusal = experiment.cpu_refusal(exp, platform=platform, num_devices=jax.device_count(),
                                    distributed=_DISTRIBUTED.value != "off")
   if refusal:
     raise BadInput(refusal)
   runtime.enable_compilation_cache()
-  return config
+  return exp
 
 
 def _main(argv):
-  config = start(argv)
+  exp = start(argv)
   from hgpo_jax import train
-  train.train_and_evaluate(config, WORKDIR.value)
+  train.train_and_evaluate(exp, WORKDIR.value)
 
 
 if __name__ == "__main__":

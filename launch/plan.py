@@ -199,14 +199,14 @@ def _setup(args, topology: str):
   return target, devices, label, memory
 
 
-def _micro_batch(config, mesh, devices, requested: int) -> int | None:
+def _micro_batch(exp, mesh, devices, requested: int) -> int | None:
   """The micro-batch of every learner (actor and critic) on `mesh`: `--micro-batch`,
   checked against the mesh and the mini-batch, or the config's, raised to the mesh's
   data-parallel size when it is not a multiple of it (a smoke config on 8 devices)."""
   from hgpo_jax.models import sharding as sharding_lib
   m = sharding_lib.make_mesh(*mesh, devices=devices)
   dp = m.shape["data"] * m.shape["fsdp"]
-  mini = config.train.mini_batch_rows
+  mini = exp.train.update.mini_batch_rows
   where = f"mesh data={m.shape['data']} fsdp={m.shape['fsdp']} tensor={m.shape['tensor']}"
   if requested:
     if requested < 1 or requested % dp or mini % requested:
@@ -214,7 +214,7 @@ def _micro_batch(config, mesh, devices, requested: int) -> int | None:
                       f"{dp} ({where}) that divides the mini-batch of {mini} rows; change "
                       "--micro-batch or --mesh (or --search)")
     return requested
-  micro = config.train.micro_batch_rows
+  micro = exp.train.update.micro_batch_rows
   if micro % dp == 0:
     return None
   if mini % dp:
@@ -229,15 +229,14 @@ def _micro_batch(config, mesh, devices, requested: int) -> int | None:
 def plan_main(args, overrides) -> int:
   target, devices, label, memory = _setup(args, args.topology)
   from hgpo_jax.compiled import plan as plan_lib
-  from hgpo_jax.training import run_config
+  from hgpo_jax.training import experiment
   from hgpo_jax.cost import targets
 
-  config = common.load(args.config, overrides)
-  run_config.validate(config)  # config errors before any compile
+  exp = experiment.from_config(common.load(args.config, overrides))  # errors before compiles
   mesh = (plan_lib.parse_mesh(args.mesh) if args.mesh
-          else (config.mesh.data, config.mesh.fsdp, config.mesh.tensor))
+          else (exp.mesh.data, exp.mesh.fsdp, exp.mesh.tensor))
   # --mesh is the run's --config.mesh.*: the sampler's per-host mesh derives from it too.
-  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
+  exp = plan_lib.with_mesh(exp, mesh)
   where = args.topology or label
 
   def show(plan, t0):
@@ -250,34 +249,34 @@ def plan_main(args, overrides) -> int:
   if args.search and not (args.mesh or args.micro_batch):
     # The search compiles its own candidates; the config's default mesh is not compiled.
     print(f"plan: {args.config} {' '.join(overrides)} on {label}, "
-          f"{memory / GiB:.2f} GiB per device; model {config.model.name}", flush=True)
-    return _search(args, overrides, config, devices, memory, where, show)
-  micro = _micro_batch(config, mesh, devices, args.micro_batch)
+          f"{memory / GiB:.2f} GiB per device; model {exp.model.name}", flush=True)
+    return _search(args, overrides, exp, devices, memory, where, show)
+  micro = _micro_batch(exp, mesh, devices, args.micro_batch)
   if micro:  # every learner's micro-batch, as the run's --config.train.micro_batch_rows
-    config.train.micro_batch_rows = micro
-  shapes = plan_lib.shapes_from_config(config, micro, args.rollout_rows or None, devices)
+    exp = exp.override({"train.micro_batch_rows": micro})
+  shapes = plan_lib.shapes_from_config(exp, micro, args.rollout_rows or None, devices)
   print(f"plan: {args.config} {' '.join(overrides)} on {label}, {memory / GiB:.2f} GiB "
-        f"per device; model {config.model.name} ({shapes.model.dtype})", flush=True)
-  for line in run_config.precision_warnings(config):
+        f"per device; model {exp.model.name} ({shapes.model.dtype})", flush=True)
+  for line in experiment.precision_warnings(exp):
     print(f"warning: {line}", flush=True)
   if args.rollout_programs == "list":  # nothing to compile
-    listed = plan_lib.rollout_programs(config, mesh, rollout_rows=args.rollout_rows or None,
+    listed = plan_lib.rollout_programs(exp, mesh, rollout_rows=args.rollout_rows or None,
                                        devices=devices)
     print("\n".join(f"  {name}" for name, _ in listed))
     print(f"{len(listed)} sampler programs a run can call (per process)", flush=True)
     return 0
   if args.no_compile:
-    return _lower_only(args, config, mesh, micro, devices, where)
+    return _lower_only(args, exp, mesh, micro, devices, where)
   t0 = time.perf_counter()
   plan = plan_lib.compile_plan(
-      config, mesh, micro_batch_rows=micro, rollout_rows=args.rollout_rows or None,
+      exp, mesh, micro_batch_rows=micro, rollout_rows=args.rollout_rows or None,
       phases=[p for p in args.programs.split(",") if p] or None, devices=devices)
   show(plan, t0)
   if args.rollout_programs:
     print(f"sampler programs of a run ({args.rollout_programs}):", flush=True)
     t1 = time.perf_counter()
     listed = plan_lib.rollout_programs(
-        config, mesh, compile_them=args.rollout_programs == "compile",
+        exp, mesh, compile_them=args.rollout_programs == "compile",
         rollout_rows=args.rollout_rows or None, devices=devices,
         log=lambda line: print(line, flush=True))
     if listed:
@@ -288,17 +287,17 @@ def plan_main(args, overrides) -> int:
             f"({worst[0]}); refused by the compiler: {refused or 'none'}", flush=True)
   if args.search:
     print(verdict_line(plan, memory, args.headroom, where), flush=True)
-    return _search(args, overrides, config, devices, memory, where, show)
+    return _search(args, overrides, exp, devices, memory, where, show)
   print(verdict_line(plan, memory, args.headroom, where), flush=True)
   return 0 if plan.fits(memory, args.headroom) else 1
 
 
-def _lower_only(args, config, mesh, micro, devices, where) -> int:
-  """--no-compile: every program of the config built and lowered on the mesh, no XLA."""
+def _lower_only(args, exp, mesh, micro, devices, where) -> int:
+  """--no-compile: every program of the experiment built and lowered on the mesh, no XLA."""
   from hgpo_jax.models import sharding as sharding_lib
   from hgpo_jax.training import programs as programs_lib
   t0 = time.perf_counter()
-  registry = programs_lib.build(config, sharding_lib.make_mesh(*mesh, devices=devices),
+  registry = programs_lib.build(exp, sharding_lib.make_mesh(*mesh, devices=devices),
                                 micro_batch_rows=micro, rollout_rows=args.rollout_rows or None)
   names = [p for p in args.programs.split(",") if p] or list(registry.programs)
   unknown = sorted(set(names) - set(registry.programs))
@@ -315,23 +314,24 @@ def _lower_only(args, config, mesh, micro, devices, where) -> int:
   return 0
 
 
-def _search(args, overrides, config, devices, memory, where, show) -> int:
+def _search(args, overrides, exp, devices, memory, where, show) -> int:
   """Searches meshes and micro-batches where every program fits; prints the winner's plan,
   its command lines and its verdict (or why none fits). 0 iff a candidate fits."""
   from hgpo_jax.compiled import plan as plan_lib
   print("searching candidate meshes and micro-batches (every learner's update first, then "
         "the other programs on the mesh that fits):", flush=True)
   t0 = time.perf_counter()
-  best, tried = plan_lib.recommend(config, len(devices), memory, args.headroom,
+  best, tried = plan_lib.recommend(exp, len(devices), memory, args.headroom,
                                    log=lambda s: print(s, flush=True), devices=devices)
   if best is None:
-    hint = "bfloat16 (--config.model.dtype=bfloat16), " if config.model.dtype == "float32" else ""
-    from hgpo_jax.training import programs, run_config, train_step
+    hint = "bfloat16 (--config.model.dtype=bfloat16), " if exp.model.dtype == "float32" else ""
+    from hgpo_jax.training import programs, train_step
     # a reference copy kept on the devices (none with LoRA: the base with the adapters off)
-    if (config.train.reference_memory == "device" and not config.model.lora.rank
-        and programs.uses_reference(config, run_config.validate(config).update)):
-      compute = plan_lib.shapes_from_config(config, devices=devices).model.dtype
-      rounded = train_step.resolve_reference_dtype(config.train.reference_dtype,
+    update = exp.train.update
+    if (update.reference_memory == "device" and not exp.model.lora.rank
+        and programs.uses_reference(exp.train)):
+      compute = plan_lib.shapes_from_config(exp, devices=devices).model.dtype
+      rounded = train_step.resolve_reference_dtype(update.reference_dtype,
                                                    compute) == "bfloat16"
       hint += ("the reference model in host memory (--config.train.reference_memory=host)"
                + ("" if rounded else " or in bfloat16 (--config.train.reference_dtype=bfloat16)")
@@ -345,7 +345,7 @@ def _search(args, overrides, config, devices, memory, where, show) -> int:
     return 1
   print(f"recommended: {' '.join(run_flags(best))}", flush=True)
   show(best, t0)
-  cfg = plan_lib.plan_config(config, best)
+  cfg = plan_lib.plan_config(exp, best)
   print(f"searching sampler rows per generate call on the recommended mesh {best.mesh} "
         f"(sampler mesh {best.sample_mesh}):", flush=True)
   rows = plan_lib.largest_rollout_rows(cfg, best.mesh, memory, args.headroom,
@@ -520,9 +520,9 @@ def verdict_line(plan: Plan, device_memory: int, headroom: float, target: str) -
           f"{target} ({name}) {head}".rstrip())
 
 
-def table_main(args) -> int:
-  """--table: `--search` for each (model, target); rewrites the Markdown, the CSV and the
-  figure after each row, so an interrupted run keeps the rows it finished."""
+def _table_inputs(args) -> tuple[list[str], list[str], list]:
+  """(--table-targets' names, --table-models' names, the resolved targets), checked: at
+  least one name each, known targets, one platform."""
   names = [t for t in args.table_targets.split(",") if t]
   models = [m for m in args.table_models.split(",") if m]
   if not names or not models:
@@ -539,8 +539,77 @@ def table_main(args) -> int:
   if len(platforms) > 1:
     raise PlanError(f"--table-targets: {args.table_targets} mixes TPU and GPU targets; one "
                     "table run compiles with one compiler (run the GPU targets separately)")
-  _setup(args, names[0])
+  return names, models, resolved
+
+
+def _no_fit_fields(config, devices, tried: list) -> dict:
+  """The table fields of a (model, target) on which no candidate fits: the smallest
+  persistent state of the tried meshes and why the last one failed."""
   from hgpo_jax.compiled import plan as plan_lib
+  persistent = min(plan_lib.persistent_bytes(config, m, devices=devices)
+                   for m, _, _ in tried) if tried else 0
+  last = (f"last tried {plan_lib.mesh_label(tried[-1][0])}"
+          + (f" micro-batch {tried[-1][1]}" if tried[-1][1] else "")
+          + f": {tried[-1][2]}") if tried else "no candidate mesh"
+  return dict(mesh="-", micro_batch_rows="", peak_gib="", peak_program="",
+              verdict="does not fit", est_s_per_iteration="",
+              persistent_gib=round(persistent / GiB, 2), why=last)
+
+
+def _fit_fields(best: Plan, target) -> dict:
+  """The table fields of the plan that fits: its mesh, micro-batch, sampler settings, peak,
+  estimated time (TPU only) and each program's per-device peak."""
+  from hgpo_jax.compiled import plan as plan_lib
+  from hgpo_jax.cost import targets
+  # XLA:GPU writes no cost-model cycles: a GPU row has no estimated time
+  seconds = (plan_lib.estimated_seconds(best, targets.seconds_per_cycle(target))
+             if target.platform == "tpu" else {"iteration": None})
+  d, f, t = best.mesh
+  fields = dict(mesh=f"data={d},fsdp={f},tensor={t}",
+                micro_batch_rows=best.shapes.micro_batch_rows,
+                prefill_chunk_rows=best.prefill_chunk_rows or "",
+                decode_slots=best.decode_slots or "",
+                share_prefill="" if best.share_prefill else "false",
+                peak_gib=round(best.peak() / GiB, 2),
+                peak_program=best.peak_phase(), verdict="fits",
+                est_s_per_iteration=("" if seconds["iteration"] is None
+                                     else round(seconds["iteration"], 1)),
+                persistent_gib=round(best.persistent / GiB, 2))
+  for name, phase in best.phases.items():
+    fields[f"peak_gib_{name}"] = round((best.persistent + phase.transient) / GiB, 2)
+  return fields
+
+
+def _search_row(args, model: str, spec: str, config, target) -> dict:
+  """The table row of `model` (its config `config`, from `spec`) on `target`: `--search`'s
+  winner, or why nothing fits."""
+  from hgpo_jax.compiled import plan as plan_lib
+  from hgpo_jax.cost import targets
+  devices = targets.devices(target)
+  memory = targets.available_hbm(target)
+  print(f"table: {spec} on {target.name} ({memory / GiB:.2f} GiB per chip):",
+        flush=True)
+  t0 = time.perf_counter()
+  best, tried = plan_lib.recommend(config, len(devices), memory, args.headroom,
+                                   log=lambda s: print(s, flush=True), devices=devices)
+  outputs = (args.out, _csv_path(args.out), args.figure)
+  row = {"model": model, "target": target.name, "chips": len(devices),
+         "commit": _commit(outputs),
+         "usable_hbm_gib": round(memory / GiB, 2),
+         "search_s": round(time.perf_counter() - t0)}
+  if best is None:
+    row.update(_no_fit_fields(config, devices, tried))
+  else:
+    row.update(_fit_fields(best, target))
+  return row
+
+
+def table_main(args) -> int:
+  """--table: `--search` for each (model, target); rewrites the Markdown, the CSV and the
+  figure after each row, so an interrupted run keeps the rows it finished."""
+  from hgpo_jax.training import experiment
+  names, models, resolved = _table_inputs(args)
+  _setup(args, names[0])
   # Rows of earlier runs stay unless this run recompiles their (model, target): one row can
   # be (re)compiled at a time with --table-models / --table-targets.
   try:
@@ -557,44 +626,7 @@ def table_main(args) -> int:
       config = common.load(spec)
       if lora:
         config.model.lora.rank = int(rank)
-      devices = targets.devices(target)
-      memory = targets.available_hbm(target)
-      print(f"table: {spec} on {target.name} ({memory / GiB:.2f} GiB per chip):",
-            flush=True)
-      t0 = time.perf_counter()
-      best, tried = plan_lib.recommend(config, len(devices), memory, args.headroom,
-                                       log=lambda s: print(s, flush=True), devices=devices)
-      outputs = (args.out, _csv_path(args.out), args.figure)
-      row = {"model": model, "target": target.name, "chips": len(devices),
-             "commit": _commit(outputs),
-             "usable_hbm_gib": round(memory / GiB, 2),
-             "search_s": round(time.perf_counter() - t0)}
-      if best is None:
-        persistent = min(plan_lib.persistent_bytes(config, m, devices=devices)
-                         for m, _, _ in tried) if tried else 0
-        last = (f"last tried {plan_lib.mesh_label(tried[-1][0])}"
-                + (f" micro-batch {tried[-1][1]}" if tried[-1][1] else "")
-                + f": {tried[-1][2]}") if tried else "no candidate mesh"
-        row.update(mesh="-", micro_batch_rows="", peak_gib="", peak_program="",
-                   verdict="does not fit", est_s_per_iteration="",
-                   persistent_gib=round(persistent / GiB, 2), why=last)
-      else:
-        # XLA:GPU writes no cost-model cycles: a GPU row has no estimated time
-        seconds = (plan_lib.estimated_seconds(best, targets.seconds_per_cycle(target))
-                   if target.platform == "tpu" else {"iteration": None})
-        d, f, t = best.mesh
-        row.update(mesh=f"data={d},fsdp={f},tensor={t}",
-                   micro_batch_rows=best.shapes.micro_batch_rows,
-                   prefill_chunk_rows=best.prefill_chunk_rows or "",
-                   decode_slots=best.decode_slots or "",
-                   share_prefill="" if best.share_prefill else "false",
-                   peak_gib=round(best.peak() / GiB, 2),
-                   peak_program=best.peak_phase(), verdict="fits",
-                   est_s_per_iteration=("" if seconds["iteration"] is None
-                                        else round(seconds["iteration"], 1)),
-                   persistent_gib=round(best.persistent / GiB, 2))
-        for name, phase in best.phases.items():
-          row[f"peak_gib_{name}"] = round((best.persistent + phase.transient) / GiB, 2)
+      row = _search_row(args, model, spec, experiment.from_config(config), target)
       print(f"table row: {row}", flush=True)
       rows = [r for r in rows if (r["model"], r["target"]) != (model, target.name)] + [row]
       rows.sort(key=_table_order)
@@ -659,24 +691,32 @@ def _model_names(rows: list[dict]) -> str:
   return " and ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else "none yet"
 
 
-def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: float) -> None:
-  """The Markdown table, the CSV beside it and the memory figure of `rows`, in table order
-  (`_table_order`: --render of a CSV with appended rows sorts them too)."""
+def _write_csv(rows: list[dict], md_path: str) -> None:
+  """Writes `rows` (TABLE_FIELDS each) to the CSV beside `md_path`, creating its folder."""
   import csv
-  rows = [{k: row.get(k, "") for k in TABLE_FIELDS} for row in sorted(rows, key=_table_order)]
   os.makedirs(os.path.dirname(md_path) or ".", exist_ok=True)
   with open(_csv_path(md_path), "w", newline="", encoding="utf-8") as f:
     w = csv.DictWriter(f, fieldnames=TABLE_FIELDS, lineterminator="\n")
     w.writeheader()
     for row in rows:
       w.writerow({k: row.get(k, "") for k in TABLE_FIELDS})
-  import jax
+
+
+def _libtpu_version() -> str:
+  """The installed libtpu wheel's version, or "?"."""
   try:
     import libtpu
-    libtpu_version = getattr(libtpu, "__version__", "?")
+    return getattr(libtpu, "__version__", "?")
   except ImportError:
-    libtpu_version = "?"
-  lines = [
+    return "?"
+
+
+def _table_head(rows: list[dict], md_path: str, headroom: float) -> list[str]:
+  """The Markdown's lines above the table rows: the title, how each row is made, the
+  compiler versions and the CSV's link, and the table's header."""
+  import jax
+  libtpu_version = _libtpu_version()
+  return [
       "# Compiled plans of the paper settings",
       "",
       "Generated by `python -m launch.plan --table` (do not edit by hand): for each model "
@@ -714,20 +754,29 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
       "per device (of usable) | verdict | est. s per iteration | commit |",
       "|---|---|---|---|---|---|---|---|---|---|",
   ]
-  for r in rows:
-    peak = (f"{r['peak_gib']:.2f} of {r['usable_hbm_gib']:.2f} ({r['peak_program']})"
-            if r["verdict"] == "fits" else
-            f"persistent alone {r['persistent_gib']:.2f} of {r['usable_hbm_gib']:.2f}"
-            + (f"; {r['why']}" if r.get("why") else ""))
-    flags = f"`{r['mesh']}`" if r["verdict"] == "fits" else "none fits"
-    chips = f"{r['chips']} chip" + ("s" if r["chips"] != 1 else "")
-    lines.append(f"| {r['model']} | {r['target']} ({chips}) | {flags} | "
-                 f"{r['micro_batch_rows'] or '-'} | {r.get('prefill_chunk_rows') or '-'}"
-                 f"{', unshared' if r.get('share_prefill') == 'false' else ''} | "
-                 f"{r.get('decode_slots') or '-'} | "
-                 f"{peak} | {r['verdict']} | "
-                 f"{r['est_s_per_iteration'] if r['est_s_per_iteration'] != '' else '-'} | "
-                 f"{r.get('commit') or '?'} |")
+
+
+def _table_line(r: dict) -> str:
+  """The Markdown table's row of one CSV row."""
+  peak = (f"{r['peak_gib']:.2f} of {r['usable_hbm_gib']:.2f} ({r['peak_program']})"
+          if r["verdict"] == "fits" else
+          f"persistent alone {r['persistent_gib']:.2f} of {r['usable_hbm_gib']:.2f}"
+          + (f"; {r['why']}" if r.get("why") else ""))
+  flags = f"`{r['mesh']}`" if r["verdict"] == "fits" else "none fits"
+  chips = f"{r['chips']} chip" + ("s" if r["chips"] != 1 else "")
+  return (f"| {r['model']} | {r['target']} ({chips}) | {flags} | "
+          f"{r['micro_batch_rows'] or '-'} | {r.get('prefill_chunk_rows') or '-'}"
+          f"{', unshared' if r.get('share_prefill') == 'false' else ''} | "
+          f"{r.get('decode_slots') or '-'} | "
+          f"{peak} | {r['verdict']} | "
+          f"{r['est_s_per_iteration'] if r['est_s_per_iteration'] != '' else '-'} | "
+          f"{r.get('commit') or '?'} |")
+
+
+def _table_tail(rows: list[dict], md_path: str, figure_path: str) -> list[str]:
+  """The Markdown's lines below the table: the paper settings not compiled yet, and the
+  figure with its caption."""
+  lines = []
   have = {(r["model"], r["target"]) for r in rows}
   missing = [f"{m} on {t}" for m in ("qwen2.5-1.5b", "qwen2.5-7b")
              for t in ("v5e-8", "v5p-8", "v6e-8") if (m, t) not in have]
@@ -740,6 +789,17 @@ def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: floa
             "the rows that fit, and the persistent state alone (for a row that does not fit: "
             "on its most sharded candidate mesh); the dashed line is the budget (usable HBM less the headroom). "
             "Regenerated with the table by `python -m launch.plan --table`.", ""]
+  return lines
+
+
+def write_table(rows: list[dict], md_path: str, figure_path: str, headroom: float) -> None:
+  """The Markdown table, the CSV beside it and the memory figure of `rows`, in table order
+  (`_table_order`: --render of a CSV with appended rows sorts them too)."""
+  rows = [{k: row.get(k, "") for k in TABLE_FIELDS} for row in sorted(rows, key=_table_order)]
+  _write_csv(rows, md_path)
+  lines = _table_head(rows, md_path, headroom)
+  lines += [_table_line(r) for r in rows]
+  lines += _table_tail(rows, md_path, figure_path)
   with open(md_path, "w", encoding="utf-8") as f:
     f.write("\n".join(lines))
   plot_memory(rows, figure_path, headroom)

@@ -1,9 +1,11 @@
-"""The config -> typed dataclasses step (`train.validate`) and the config helpers.
+"""The config -> typed experiment step (`experiment.from_config`) and the config helpers.
 
-`validate` builds the update, loss, critic and rollout dataclasses once, with the config's
-field names; these tests pin that the values arrive unchanged, that bad values fail with
-one line naming the config key, that the options helper rejects unknown options, and that
-HGPO's depth K and the memory window H cannot be split by an override.
+`from_config` builds the experiment's sections (the update, loss, critic and rollout
+dataclasses among them) once, with the config's field names; these tests pin that the
+values arrive unchanged, that bad values fail with one line naming the config key, that
+the options helper rejects unknown options, and that HGPO's depth K and the memory window
+H cannot be split by an override. tests/training/test_experiment.py tests the tree itself
+(every key of every shipped config reaches its field, the saved form reads back).
 """
 
 import dataclasses
@@ -24,10 +26,10 @@ from hgpo_jax.rollout import params as rollout_params
 from hgpo_jax.sampling import logits as logits_lib
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import evaluation
+from hgpo_jax.training import experiment
 from hgpo_jax.training import losses
 from hgpo_jax.training import programs
 from hgpo_jax.training import run as run_lib
-from hgpo_jax.training import run_config
 from hgpo_jax.training import train_step
 
 
@@ -69,8 +71,8 @@ def test_history_length_and_hgpo_depth_move_together(module, arg):
   assert (c.algo.options.k, c.rollout.history_length) == (3, 3)
   _override(c, "algo.options.k", 1)
   assert (c.algo.options.k, c.rollout.history_length) == (1, 1)
-  run = train.validate(c)
-  assert run.options.k == run.rollout.history_length == 1
+  run = experiment.from_config(c)
+  assert run.algo.options.k == run.rollout.history_length == 1
   assert c.to_dict()["rollout"]["history_length"] == 1  # saved configs hold plain values
 
 
@@ -80,52 +82,62 @@ def test_hand_built_split_of_k_and_history_length_is_rejected():
     c.algo.options = common.estimator_options("hgpo", k=4)  # no shared reference
   with pytest.raises(train.ConfigError, match=r"^config.algo.options.k=4 differs from "
                                               r"config.rollout.history_length=2; .* k=4$"):
-    train.validate(c)
+    experiment.from_config(c)
 
 
 def test_history_length_of_estimators_without_depth_is_free():
   c = alfworld_config.get_config("algo=gigpo,k=2")
   _override(c, "rollout.history_length", 0)
-  assert train.validate(c).rollout.history_length == 0
+  assert experiment.from_config(c).rollout.history_length == 0
 
 
 # ------------------------------------------------------------------ typed configs
-def test_validate_builds_the_dataclasses_with_the_configs_values():
+def test_from_config_builds_the_dataclasses_with_the_configs_values():
   c = alfworld_config.get_config("algo=ppo,k=2")
-  run = train.validate(c)
+  exp = experiment.from_config(c)
   t, r = c.train, c.rollout
   # Every train key but the trainer loop's own is a field of UpdateConfig or LossConfig.
   update_fields = {f.name for f in dataclasses.fields(train_step.UpdateConfig)}
   loss_fields = {f.name for f in dataclasses.fields(losses.LossConfig)}
-  assert set(t.keys()) - update_fields - loss_fields == set(run_config.TRAINER_KEYS)
+  loop_fields = {f.name for f in dataclasses.fields(experiment.Train)} - {"update"}
+  assert set(t.keys()) - update_fields - loss_fields == loop_fields
+  for key in loop_fields:
+    assert getattr(exp.train, key) == t[key], key
   for key in set(t.keys()) & update_fields:
-    assert getattr(run.update, key) == t[key], key
+    assert getattr(exp.train.update, key) == t[key], key
   for key in set(t.keys()) & loss_fields:
-    assert getattr(run.update.loss, key) == t[key], key
-  assert run.update.scored_tail == r.max_new_tokens
+    assert getattr(exp.train.update.loss, key) == t[key], key
+  assert exp.train.update.scored_tail == r.max_new_tokens
+  assert exp.train.update.total_iterations == t.num_iterations
+  critic_update, value_loss = exp.critic_update, exp.critic.value_loss
   # The critic: its own optimizer settings, the actor's batching.
-  assert (run.critic_update.lr, run.critic_update.weight_decay, run.critic_update.grad_clip) == (
+  assert (critic_update.lr, critic_update.weight_decay, critic_update.grad_clip) == (
       c.critic.lr, c.critic.weight_decay, c.critic.grad_clip) == (1e-5, 0.01, 1.0)
-  assert (run.critic_update.mini_batch_rows, run.critic_update.micro_batch_rows) == (256, 16)
+  assert (critic_update.mini_batch_rows, critic_update.micro_batch_rows) == (256, 16)
   # The critic's own loss unit (critic.ppo_micro_batch_size_per_gpu), no 0.5 factor.
-  assert (run.critic_update.loss_unit_rows, run.update.loss_unit_rows) == (16, 16)
-  assert (run.value_loss.cliprange_value, run.value_loss.loss_scale) == (0.5, 1.0)
+  assert (critic_update.loss_unit_rows, exp.train.update.loss_unit_rows) == (16, 16)
+  assert (value_loss.cliprange_value, value_loss.loss_scale) == (0.5, 1.0)
+  # The critic's update takes none of the actor's loss options.
+  assert critic_update.loss == losses.LossConfig() and critic_update.scored_tail is None
   # config.rollout and RolloutParams have the same keys and values.
-  assert dataclasses.asdict(run.rollout) == r.to_dict()
-  assert (run.sampling.temperature, run.eval_sampling.temperature) == (1.0, 0.4)
-  for s in (run.sampling, run.eval_sampling):
+  assert dataclasses.asdict(exp.rollout) == r.to_dict()
+  assert (exp.sampling.train.temperature, exp.sampling.eval.temperature) == (1.0, 0.4)
+  for s in (exp.sampling.train, exp.sampling.eval):
     assert (s.top_p, s.top_k, s.max_new_tokens, s.stop_strings) == (
         r.top_p, r.top_k, r.max_new_tokens, ("</action>",))
-  assert train.validate(sokoban_config.get_config("algo=rloo")).critic_update is None
+  assert experiment.from_config(sokoban_config.get_config("algo=rloo")).critic_update is None
 
 
-def test_validate_consults_the_registry_once(monkeypatch):
+def test_from_config_consults_the_registry_once(monkeypatch):
   c = sokoban_config.get_config("algo=hgpo,k=2,smoke")
   calls = []
   real_get = registry.get
   monkeypatch.setattr(registry, "get", lambda name: calls.append(name) or real_get(name))
-  train.validate(c)
+  exp = experiment.from_config(c)
   assert calls == ["hgpo"]
+  assert (exp.estimator.name, exp.critic_update, programs.uses_reference(exp.train)) == (
+      "hgpo", None, True)
+  assert calls == ["hgpo"]  # the tree holds the estimator: no lookup when it is read
 
 
 def test_training_consults_the_registry_once_before_loading_the_model(monkeypatch, tmp_path):
@@ -144,7 +156,7 @@ def test_training_consults_the_registry_once_before_loading_the_model(monkeypatc
 
   monkeypatch.setattr(run_lib.loading, "load_model", stop)
   with pytest.raises(Stop):
-    train.train_and_evaluate(c, str(tmp_path))
+    train.train_and_evaluate(experiment.from_config(c), str(tmp_path))
   assert calls == ["hgpo"]
 
 
@@ -163,7 +175,7 @@ def test_bad_values_fail_with_one_line_naming_the_config_key(key, value, match):
   c = sokoban_config.get_config("algo=grpo,smoke")
   _override(c, key, value)
   with pytest.raises(train.ConfigError, match=match) as e:
-    train.validate(c)
+    experiment.from_config(c)
   assert "\n" not in str(e.value)
 
 
@@ -171,11 +183,11 @@ def test_bad_critic_values_name_the_critic_section():
   c = alfworld_config.get_config("algo=ppo,k=2,smoke")
   _override(c, "critic.lr", -1.0)
   with pytest.raises(train.ConfigError, match=r"^config.critic: lr=-1.0 and grad_clip=1.0"):
-    train.validate(c)
+    experiment.from_config(c)
   _override(c, "critic.lr", 1e-5)
   _override(c, "critic.cliprange_value", 0.0)
   with pytest.raises(train.ConfigError, match=r"^config.critic: cliprange_value=0.0 must be > 0"):
-    train.validate(c)
+    experiment.from_config(c)
 
 
 def test_rollout_params_fields_are_the_config_rollout_keys():
@@ -190,11 +202,12 @@ def test_rollout_max_candidates_is_a_positive_int(value):
   c = sokoban_config.get_config("algo=grpo,smoke")
   # The default is the sampler's own; an override arrives in RolloutParams unchanged.
   assert c.rollout.max_candidates == logits_lib.DEFAULT_MAX_CANDIDATES == 256
-  assert train.validate(_override(c, "rollout.max_candidates", 64)).rollout.max_candidates == 64
+  assert experiment.from_config(
+      _override(c, "rollout.max_candidates", 64)).rollout.max_candidates == 64
   _override(c, "rollout.max_candidates", value)
   with pytest.raises(train.ConfigError, match=rf"^config.rollout: max_candidates must be an "
                                               rf"int >= 1, got {value}$") as e:
-    train.validate(c)
+    experiment.from_config(c)
   assert "\n" not in str(e.value)
   with pytest.raises(ValueError, match="max_candidates must be an int >= 1, got True"):
     rollout_params.RolloutParams(max_candidates=True)
@@ -206,12 +219,13 @@ def test_the_program_registry_sampler_takes_rollout_max_candidates():
   c = alfworld_config.get_config("algo=grpo,model=tiny,smoke")
   c.rollout.max_candidates = 32
   mesh = sharding_lib.make_mesh(-1, 1, 1, devices=jax.devices()[:1])
-  assert programs.build(c, mesh).sampler.max_candidates == 32
+  assert programs.build(experiment.from_config(c), mesh).sampler.max_candidates == 32
 
 
 def test_training_and_evaluation_rollouts_pass_every_rollout_setting(monkeypatch):
-  """Both call sites go through `evaluation.collect`, which hands collect() the config's values
-  (the free-span caps included, which collect() takes from the config, not from defaults)."""
+  """Both call sites go through `evaluation.collect`, which hands collect() the experiment's
+  rollout section itself (the free-span caps included: no setting re-spelled or defaulted
+  on the way)."""
   seen = {}
   monkeypatch.setattr(evaluation.rollout_lib, "collect",
                       lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs) or "rollout")
@@ -219,17 +233,19 @@ def test_training_and_evaluation_rollouts_pass_every_rollout_setting(monkeypatch
   for key, value in (("rollout.free_query_tokens", 5), ("rollout.subgoal_tokens", 7),
                      ("rollout.history_length", 3), ("rollout.fallback_chars", 11)):
     _override(c, key, value)
-  run = train.validate(c)
+  exp = experiment.from_config(c)
   on_step = lambda t, T, n: None
-  out = evaluation.collect("pool", "sampler", "tok", ["task"], 2, c, run,
-                           sampling=run.eval_sampling, rng="rng", on_step=on_step)
+  out = evaluation.collect("pool", "sampler", "tok", ["task"], 2, exp,
+                           sampling=exp.sampling.eval, rng="rng", on_step=on_step)
   assert out == "rollout"
   assert seen["args"] == ("pool", "sampler", "tok", ["task"], 2)
-  assert seen["kwargs"] == dict(
-      env_name="webshop", max_steps=c.env.max_steps, history_length=3,
-      sampling=run.eval_sampling, rng="rng", max_prompt_tokens=c.rollout.max_prompt_tokens,
-      constrained=True, fallback_chars=11, response_format="react", free_query_tokens=5,
-      subgoal_tokens=7, format_instructions=True, history_drop_chars=13000, on_step=on_step)
+  assert seen["kwargs"] == dict(env_name="webshop", max_steps=c.env.max_steps, params=exp.rollout,
+                                sampling=exp.sampling.eval, rng="rng", on_step=on_step)
+  assert dataclasses.asdict(seen["kwargs"]["params"]) == c.rollout.to_dict()
+  r = seen["kwargs"]["params"]
+  assert (r.history_length, r.constrained, r.fallback_chars, r.response_format,
+          r.free_query_tokens, r.subgoal_tokens, r.format_instructions,
+          r.history_drop_chars) == (3, True, 11, "react", 5, 7, True, 13000)
 
 
 # ------------------------------------------------------------------ removed options
@@ -250,7 +266,7 @@ def test_every_family_has_the_critic_algorithms(module):
   # settings, then smoke, then no env grouping over the smoke sizes.
   for algo, est in (("ppo", "gae"), ("hiper", "hae")):
     c = module.get_config(f"algo={algo},model=tiny,smoke")
-    run = train.validate(c)
+    run = experiment.from_config(c)
     assert (c.algo.name, c.rollout.group_size, c.rollout.num_groups) == (est, 1, 4)
     assert run.critic_update.lr == 1e-5
   hiper = module.get_config("algo=hiper,smoke")
@@ -268,10 +284,11 @@ def test_local_variant_computes_in_float32_with_query_chunks():
   # bf16 products are opt-in (docs/performance.md): slower than float32 on the AVX2
   # reference machine and they change the training numbers; query chunks are exact.
   c = alfworld_config.get_config("algo=hgpo,k=2,model=smollm2-135m,local")
-  cfg = run_config.model_settings(c, model_config.get_preset("tiny").replace(dtype="bfloat16"))
+  model = experiment.from_config(c).model
+  cfg = experiment.model_settings(model, model_config.get_preset("tiny").replace(dtype="bfloat16"))
   assert (cfg.dtype, cfg.attn_query_chunk, cfg.remat) == ("float32", 256, True)
   _override(c, "model.compute_dtype", "bfloat16")
-  assert run_config.model_settings(c, cfg).dtype == "bfloat16"
+  assert experiment.model_settings(experiment.from_config(c).model, cfg).dtype == "bfloat16"
 
 
 @dataclasses.dataclass
@@ -300,10 +317,10 @@ def test_compute_and_reference_dtypes_auto_resolve_by_the_meshs_platform():
   # the configs' defaults, through model_settings for a TPU target and this host's CPUs
   c = alfworld_config.get_config("algo=hgpo,model=qwen2.5-1.5b")
   assert (c.model.compute_dtype, c.train.reference_dtype) == ("auto", "auto")
-  preset = model_config.get_preset("tiny")
-  assert run_config.model_settings(c, preset, [_Device("tpu")]).dtype == "bfloat16"
-  assert run_config.model_settings(c, preset, [_Device("cuda")]).dtype == "bfloat16"
-  assert run_config.model_settings(c, preset).dtype == "float32"
+  preset, model = model_config.get_preset("tiny"), experiment.from_config(c).model
+  assert experiment.model_settings(model, preset, [_Device("tpu")]).dtype == "bfloat16"
+  assert experiment.model_settings(model, preset, [_Device("cuda")]).dtype == "bfloat16"
+  assert experiment.model_settings(model, preset).dtype == "float32"
 
 
 def test_bf16_parameters_at_a_small_learning_rate_are_warned_about():
@@ -312,17 +329,18 @@ def test_bf16_parameters_at_a_small_learning_rate_are_warned_about():
   none. The rounding it warns about, measured: a +-1e-6 step changes few N(0, 0.02) bf16
   weights, a +-1e-6 step on float32 weights changes them all."""
   import numpy as np
+  warnings = lambda c: experiment.precision_warnings(experiment.from_config(c))
   c = alfworld_config.get_config("algo=ppo,model=qwen2.5-1.5b")
-  assert run_config.precision_warnings(c) == []
+  assert warnings(c) == []
   c.model.dtype = "bfloat16"
-  lines = run_config.precision_warnings(c)
+  lines = warnings(c)
   assert [line.split(":")[0] for line in lines] == [
       "model.dtype=bfloat16 with train.lr=1e-06", "model.dtype=bfloat16 with critic.lr=1e-05"]
   g = alfworld_config.get_config("algo=gigpo,model=qwen2.5-1.5b")
   g.model.dtype = "bfloat16"
-  assert len(run_config.precision_warnings(g)) == 1
-  g.train.lr = run_config.BF16_LOST_STEP_LR
-  assert run_config.precision_warnings(g) == []
+  assert len(warnings(g)) == 1
+  g.train.lr = experiment.BF16_LOST_STEP_LR
+  assert warnings(g) == []
   rng = np.random.default_rng(0)
   w = rng.normal(0, 0.02, 100_000).astype(np.float32)
   step = rng.choice([-1e-6, 1e-6], w.size).astype(np.float32)

@@ -26,6 +26,7 @@ from configs import alfworld as alfworld_config
 from env_servers.alfworld import games
 from env_servers.alfworld import generator
 from hgpo_jax import train
+from hgpo_jax.training import experiment
 from hgpo_jax.training import run_records
 
 TASK_TYPE = "pick_and_place_simple"
@@ -128,7 +129,7 @@ def test_success_rises_on_small_alfworld_rooms(tmp_path):
   write_small_games(data_dir)
   config = learning_config(data_dir)
   workdir = str(tmp_path / "run")
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(experiment.from_config(config), workdir)
   lines = run_records.read_metrics(workdir)
   assert [l["step"] for l in lines] == list(range(1, config.train.num_iterations + 1))
   for line in lines:

@@ -25,6 +25,7 @@ import pytest
 
 import test_learning as base
 from hgpo_jax import train
+from hgpo_jax.training import experiment
 from hgpo_jax.training import run_records
 
 
@@ -46,7 +47,7 @@ def _run(tmp_path, algo):
   base.write_small_games(data_dir)
   config = critic_learning_config(data_dir, algo)
   workdir = str(tmp_path / "run")
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(experiment.from_config(config), workdir)
   lines = run_records.read_metrics(workdir)
   assert [l["step"] for l in lines] == list(range(1, config.train.num_iterations + 1))
   for line in lines:

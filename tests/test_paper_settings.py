@@ -45,8 +45,8 @@ from configs import alfworld as alfworld_config
 from configs import common
 from configs import search as search_config
 from configs import webshop as webshop_config
-from hgpo_jax import train
 from hgpo_jax.models import config as model_config
+from hgpo_jax.training import experiment
 from hgpo_jax.training import train_step
 
 VERL_AGENT = "zzj1111/alfworldauto"
@@ -109,7 +109,7 @@ class Parameter:
   Attributes:
     name: the option as the scripts write it (yaml path or script variable).
     field: the config field(s) it sets here (documentation).
-    get: (config, validated RunConfig) -> the value in the published option's terms.
+    get: (config, its Experiment) -> the value in the published option's terms.
     only: the algorithms it applies to (empty: all).
   """
   name: str
@@ -170,7 +170,7 @@ PARAMETERS = (
     Parameter("actor.ppo_mini_batch_size", "train.mini_batch_rows",
               lambda c, r: c.train.mini_batch_rows),
     Parameter("actor.ppo_micro_batch_size_per_gpu (loss unit)", "train.loss_unit_rows",
-              lambda c, r: r.update.loss_unit),
+              lambda c, r: r.train.update.loss_unit),
     Parameter("actor.ppo_epochs", "train.ppo_epochs", lambda c, r: c.train.ppo_epochs),
     Parameter("actor.shuffle", "(mini-batches in row order)", lambda c, r: False),
     Parameter("actor.clip_ratio_low", "train.clip_ratio_low", lambda c, r: c.train.clip_ratio_low),
@@ -180,7 +180,7 @@ PARAMETERS = (
     Parameter("actor.loss_agg_mode", "train.loss_agg", lambda c, r: c.train.loss_agg),
     Parameter("actor.entropy_coeff", "train.entropy_coeff", lambda c, r: c.train.entropy_coeff),
     Parameter("actor.use_kl_loss", "train.use_kl_loss",
-              lambda c, r: r.update.loss.use_kl_loss),
+              lambda c, r: r.train.update.loss.use_kl_loss),
     Parameter("actor.kl_loss_coef", "train.kl_coef", lambda c, r: c.train.kl_coef),
     Parameter("actor.invalid_action_penalty_coef", "rollout.invalid_penalty",
               lambda c, r: c.rollout.invalid_penalty),
@@ -588,13 +588,13 @@ def paper_config(env: str, algo: str):
 def cells(env: str, algo: str):
   """(parameter, published value, source, effective value) of one paper setting."""
   c = paper_config(env, algo)
-  run = train.validate(c)
+  exp = experiment.from_config(c)
   out = []
   for name, entry in PUBLISHED[(env, algo)].items():
     param = _BY_NAME[name]
     assert not param.only or algo in param.only, (env, algo, name)
     value, source = entry
-    out.append((param, value, source or _script(env, algo), param.get(c, run)))
+    out.append((param, value, source or _script(env, algo), param.get(c, exp)))
   return out
 
 

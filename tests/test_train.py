@@ -19,6 +19,7 @@ from configs import alfworld as alfworld_config
 from configs import sokoban as sokoban_config
 from configs import webshop as webshop_config
 from hgpo_jax import train
+from hgpo_jax.training import experiment
 from hgpo_jax.training import metrics as metrics_lib
 from hgpo_jax.training import run_records
 
@@ -47,7 +48,7 @@ def test_config_variants_load_and_are_locked():
   for module, arg in ((alfworld_config, "algo=gigpo,k=4"), (webshop_config, "algo=grpo,horizon=30"),
                       (sokoban_config, "algo=rloo")):
     c = module.get_config(arg)
-    train.validate(c)
+    experiment.from_config(c)
     with pytest.raises(AttributeError):
       c.train.nope = 1  # locked: a typo'd override fails
   c = alfworld_config.get_config("algo=hgpo,k=4")
@@ -78,19 +79,20 @@ def test_bad_variant_arguments(arg, match):
 def test_validation_errors_before_any_work(key, value, match):
   c = _sokoban(**{key: value})
   with pytest.raises(train.ConfigError, match=match):
-    train.validate(c)
+    experiment.from_config(c)
 
 
 @pytest.mark.parametrize("layout", ["pack_rows", "group_by_length"])
 def test_row_layouts_are_refused_where_the_weighted_loss_is_not_defined(layout):
   with pytest.raises(train.ConfigError, match="loss_agg='token-mean'"):
-    train.validate(_sokoban(**{f"train.{layout}": True, "train.loss_agg": "seq-mean-token-mean"}))
+    experiment.from_config(_sokoban(**{f"train.{layout}": True,
+                                       "train.loss_agg": "seq-mean-token-mean"}))
   c = sokoban_config.get_config("algo=ppo,smoke")
   with c.unlocked():
     c.train[layout] = True
   with pytest.raises(train.ConfigError, match="trains a critic on the unpacked rows"):
-    train.validate(c)
-  train.validate(_sokoban(**{f"train.{layout}": True}))
+    experiment.from_config(c)
+  experiment.from_config(_sokoban(**{f"train.{layout}": True}))
 
 
 @pytest.mark.parametrize("overrides,match", [
@@ -100,13 +102,13 @@ def test_row_layouts_are_refused_where_the_weighted_loss_is_not_defined(layout):
 ])
 def test_constrained_logprobs_refuse_what_they_cannot_score(overrides, match):
   with pytest.raises(train.ConfigError, match=match):
-    train.validate(_sokoban(**{"train.constrained_logprobs": True, **overrides}))
-  train.validate(_sokoban(**{"train.constrained_logprobs": True}))
+    experiment.from_config(_sokoban(**{"train.constrained_logprobs": True, **overrides}))
+  experiment.from_config(_sokoban(**{"train.constrained_logprobs": True}))
 
 
 def test_row_packing_and_length_grouping_are_exclusive():
   with pytest.raises(train.ConfigError, match="two layouts"):
-    train.validate(_sokoban(**{"train.pack_rows": True, "train.group_by_length": True}))
+    experiment.from_config(_sokoban(**{"train.pack_rows": True, "train.group_by_length": True}))
 
 
 def test_unknown_estimator_option_is_rejected():
@@ -114,7 +116,7 @@ def test_unknown_estimator_option_is_rejected():
   with c.unlocked():
     c.algo.options.temperature = 3.0
   with pytest.raises(train.ConfigError, match="no option"):
-    train.validate(c)
+    experiment.from_config(c)
 
 
 def test_skipped_steps_are_said_on_the_console():
@@ -129,7 +131,7 @@ def test_skipped_steps_are_said_on_the_console():
 def reference_run(tmp_path_factory):
   """Two iterations of HGPO on text Sokoban with the tiny model (the baseline run)."""
   workdir = str(tmp_path_factory.mktemp("run_a"))
-  out = train.train_and_evaluate(_sokoban(), workdir)
+  out = train.train_and_evaluate(experiment.from_config(_sokoban()), workdir)
   return workdir, out
 
 
@@ -187,7 +189,7 @@ def test_reference_run_equals_pinned_metrics(reference_run):
 @pytest.mark.slow
 def test_same_seed_gives_identical_metrics(reference_run, tmp_path):
   workdir, _ = reference_run
-  train.train_and_evaluate(_sokoban(), str(tmp_path))
+  train.train_and_evaluate(experiment.from_config(_sokoban()), str(tmp_path))
   a = [_deterministic(l) for l in _metrics(workdir)]
   b = [_deterministic(l) for l in _metrics(str(tmp_path))]
   assert a == b
@@ -196,10 +198,11 @@ def test_same_seed_gives_identical_metrics(reference_run, tmp_path):
 @pytest.mark.slow
 def test_resume_after_iteration_one_equals_uninterrupted(reference_run, tmp_path):
   workdir, _ = reference_run
-  first = train.train_and_evaluate(_sokoban(**{"train.num_iterations": 1, "eval.at_end": False}),
-                                   str(tmp_path))
+  first = train.train_and_evaluate(
+      experiment.from_config(_sokoban(**{"train.num_iterations": 1, "eval.at_end": False})),
+      str(tmp_path))
   assert first["start_iteration"] == 0
-  second = train.train_and_evaluate(_sokoban(), str(tmp_path))
+  second = train.train_and_evaluate(experiment.from_config(_sokoban()), str(tmp_path))
   assert second["resume_source"] == "workdir" and second["start_iteration"] == 1
   a = [_deterministic(l) for l in _metrics(workdir)]
   b = [_deterministic(l) for l in _metrics(str(tmp_path))]
@@ -213,7 +216,7 @@ def test_metric_lines_without_a_checkpoint_are_dropped_on_restart(reference_run,
   # step 1 would appear twice (seen in the chaos run).
   workdir, _ = reference_run
   shutil.copy(os.path.join(workdir, metrics_lib.JSONL_NAME), str(tmp_path))
-  out = train.train_and_evaluate(_sokoban(), str(tmp_path))
+  out = train.train_and_evaluate(experiment.from_config(_sokoban()), str(tmp_path))
   assert out["resume_source"] == "scratch"
   a = [_deterministic(l) for l in _metrics(workdir)]
   b = [_deterministic(l) for l in _metrics(str(tmp_path))]
@@ -232,7 +235,7 @@ def test_corrupt_latest_checkpoint_falls_back(reference_run, tmp_path):
     for f in files:
       if f != "_METADATA":
         os.remove(os.path.join(root, f))
-  out = train.train_and_evaluate(_sokoban(), copy)
+  out = train.train_and_evaluate(experiment.from_config(_sokoban()), copy)
   assert out["start_iteration"] == 1
   a = [_deterministic(l) for l in _metrics(workdir)]
   b = [_deterministic(l) for l in _metrics(copy)]
@@ -254,9 +257,10 @@ SHARDED_REL = float(np.finfo(np.float32).eps) * 74 * 128
 @pytest.mark.slow
 def test_sharded_equals_unsharded(tmp_path):
   greedy = {"rollout.temperature": 0.0, "eval.at_end": False}
-  train.train_and_evaluate(_sokoban(**greedy), str(tmp_path / "one"))
-  train.train_and_evaluate(
-      _sokoban(**greedy, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}), str(tmp_path / "eight"))
+  train.train_and_evaluate(experiment.from_config(_sokoban(**greedy)), str(tmp_path / "one"))
+  train.train_and_evaluate(experiment.from_config(
+      _sokoban(**greedy, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})),
+      str(tmp_path / "eight"))
   a, b = _metrics(str(tmp_path / "one")), _metrics(str(tmp_path / "eight"))
   assert len(a) == len(b) == 2
   assert a[0]["train/grad_norm"] > 0 and a[1]["train/kl"] > 0  # not compared at 0 only
@@ -275,8 +279,9 @@ def test_packed_rows_train_like_unpacked_rows(tmp_path, layout):
   the same update, on fewer rows (iteration 1 has 4 steps, which the unpacked batch pads to
   the 8-row mini-batch with copies, and both layouts drop)."""
   greedy = {"rollout.temperature": 0.0, "eval.at_end": False}
-  train.train_and_evaluate(_sokoban(**greedy), str(tmp_path / "rows"))
-  train.train_and_evaluate(_sokoban(**greedy, **{f"train.{layout}": True}), str(tmp_path / "packed"))
+  train.train_and_evaluate(experiment.from_config(_sokoban(**greedy)), str(tmp_path / "rows"))
+  train.train_and_evaluate(experiment.from_config(_sokoban(**greedy, **{f"train.{layout}": True})),
+                           str(tmp_path / "packed"))
   a, b = _metrics(str(tmp_path / "rows")), _metrics(str(tmp_path / "packed"))
   assert len(a) == len(b) == 2
   assert b[0]["perf/update_flops"] < a[0]["perf/update_flops"]
@@ -298,8 +303,9 @@ def test_constrained_logprobs_score_the_policy_that_acted(reference_run, tmp_pat
   moves; the rest of `<action>...</action>` is forced), under the log-softmax over the
   allowed ids: an entropy of at most log 4 against ~6.2 nats of the full softmax. The
   sampler-mismatch metrics (they compare unconstrained log-probs) are left out."""
-  train.train_and_evaluate(_sokoban(**{"train.constrained_logprobs": True,
-                                       "eval.at_end": False}), str(tmp_path))
+  train.train_and_evaluate(experiment.from_config(_sokoban(**{"train.constrained_logprobs": True,
+                                                              "eval.at_end": False})),
+                           str(tmp_path))
   a, b = _metrics(reference_run[0])[0], _metrics(str(tmp_path))[0]
   for key in a:
     if key.startswith(("rollout/", "advantage/")):
@@ -317,7 +323,7 @@ def test_alfworld_smoke_with_real_engine(tmp_path):
   with c.unlocked():
     c.mesh.data = 1
     c.rollout.dump = True
-  out = train.train_and_evaluate(c, str(tmp_path))
+  out = train.train_and_evaluate(experiment.from_config(c), str(tmp_path))
   lines = _metrics(str(tmp_path))
   assert [l["step"] for l in lines] == [1, 2, 3]
   assert all(math.isfinite(l["train/loss"]) for l in lines[:2])
@@ -354,7 +360,8 @@ def test_phases_are_reported_in_order(tmp_path, monkeypatch):
   from hgpo_jax import progress
   seen = []
   monkeypatch.setattr(progress, "phase", lambda name, detail="": seen.append((name, detail)))
-  train.train_and_evaluate(_sokoban(**{"train.num_iterations": 1}), str(tmp_path / "run"))
+  train.train_and_evaluate(experiment.from_config(_sokoban(**{"train.num_iterations": 1})),
+                           str(tmp_path / "run"))
   names = [n for i, (n, _) in enumerate(seen) if i == 0 or seen[i - 1][0] != n]
   assert names == ["rollout", "advantages", "log-probs", "update", "checkpoint", "evaluation"]
   rollout = [d for n, d in seen if n == "rollout"]
@@ -379,8 +386,10 @@ def test_kl_coef_zero_runs_no_reference_pass_and_trains_as_before(reference_run,
     references.append(ref_params)
     return fill(learner, params, ref_params, *args, **kwargs)
   monkeypatch.setattr(train_step, "fill_logprobs", recording)
-  train.train_and_evaluate(_sokoban(**{"train.kl_coef": 0.0, "train.num_iterations": 1,
-                                       "eval.at_end": False}), str(tmp_path))
+  train.train_and_evaluate(experiment.from_config(_sokoban(**{"train.kl_coef": 0.0,
+                                                              "train.num_iterations": 1,
+                                                              "eval.at_end": False})),
+                           str(tmp_path))
   assert references == [None]
   want, got = _deterministic(_metrics(reference_run[0])[0]), _deterministic(_metrics(str(tmp_path))[0])
   assert want.pop("train/kl") == 0.0 and "train/kl" not in got
@@ -396,7 +405,8 @@ def test_bf16_reference_trains_with_a_close_kl(reference_run, tmp_path):
   reference is the rounding's alone in iteration 1 and of the f32 reference's size after
   one update."""
   workdir, _ = reference_run
-  train.train_and_evaluate(_sokoban(**{"train.reference_dtype": "bfloat16"}), str(tmp_path))
+  train.train_and_evaluate(experiment.from_config(_sokoban(**{"train.reference_dtype": "bfloat16"})),
+                           str(tmp_path))
   want, got = _metrics(workdir), _metrics(str(tmp_path))
   assert {k: v for k, v in got[0].items() if k.startswith("rollout/")} == {
       k: v for k, v in want[0].items() if k.startswith("rollout/")}
@@ -423,7 +433,8 @@ def test_reference_in_host_memory_repeats_the_default_run(reference_run, tmp_pat
   """`train.reference_memory=host` (the reference in pinned host memory, copied onto the
   device per pass): every deterministic metric, KL included, equals the default run's."""
   workdir, _ = reference_run
-  train.train_and_evaluate(_sokoban(**{"train.reference_memory": "host"}), str(tmp_path))
+  train.train_and_evaluate(experiment.from_config(_sokoban(**{"train.reference_memory": "host"})),
+                           str(tmp_path))
   want, got = _metrics(workdir), _metrics(str(tmp_path))
   assert any("train/kl" in m for m in got)
   assert [_deterministic(m) for m in got] == [_deterministic(m) for m in want]

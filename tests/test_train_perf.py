@@ -8,6 +8,7 @@ import pytest
 from configs import sokoban as sokoban_config
 from hgpo_jax.cost import hardware
 from hgpo_jax import train
+from hgpo_jax.training import experiment
 from hgpo_jax.training import run_records
 
 
@@ -19,7 +20,7 @@ def test_iterations_report_flops_mfu_and_write_a_profile(tmp_path):
     c.eval.at_end = False
     c.profile.iterations = 1  # trace the second iteration (skip=1: the first compiles)
   workdir = str(tmp_path / "run")
-  train.train_and_evaluate(c, workdir)
+  train.train_and_evaluate(experiment.from_config(c), workdir)
   lines = [l for l in run_records.read_metrics(workdir)
            if "perf/update_flops" in l]
   assert len(lines) == c.train.num_iterations

@@ -1,6 +1,6 @@
 """Compiled plans: per-device memory, FLOPs and time of the real programs on a mesh, no weights.
 
-`compile_plan(config, mesh_shape, devices=...)` builds the config's programs with the
+`compile_plan(exp, mesh_shape, devices=...)` builds the experiment's programs with the
 program registry (`hgpo_jax.training.programs`: the trainer's own jitted update, log-prob,
 critic and sampler programs, abstract arguments with their shardings), lowers and compiles
 each for the mesh's devices, and reads `memory_analysis()` (argument / output / aliased /
@@ -39,7 +39,7 @@ from hgpo_jax.models import config as model_config
 from hgpo_jax.models import sharding as sharding_lib
 from hgpo_jax.sampling import decode_traffic
 from hgpo_jax.training import programs as programs_lib
-from hgpo_jax.training import run_config
+from hgpo_jax.training import experiment as experiment_lib
 
 TRAIN_PHASES = ("update", "logprobs")
 
@@ -71,7 +71,7 @@ def parse_mesh(text: str) -> tuple[int, int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class Shapes:
-  """What the programs are compiled for, read from an experiment config."""
+  """What the programs are compiled for, read from an experiment."""
   model: model_config.ModelConfig
   mini_batch_rows: int
   micro_batch_rows: int
@@ -84,7 +84,7 @@ class Shapes:
     return self.prompt + self.response
 
 
-def shapes_from_config(config, micro_batch_rows: Optional[int] = None,
+def shapes_from_config(exp, micro_batch_rows: Optional[int] = None,
                        rollout_rows: Optional[int] = None, devices=None) -> Shapes:
   """Model architecture (preset, dtype, remat) and batch shapes of a trainer config, with
   the numerics of `devices` (default: this process's JAX devices; "auto" settings resolve
@@ -94,13 +94,14 @@ def shapes_from_config(config, micro_batch_rows: Optional[int] = None,
   rollout.max_new_tokens] (the largest prompt bucket); the sampler sees all
   num_groups x group_size slots of a process at once, as the rollout does.
   """
-  cfg = run_config.model_settings(
-      config, model_config.get_preset(config.model.name).replace(param_dtype=config.model.dtype),
+  cfg = experiment_lib.model_settings(
+      exp.model, model_config.get_preset(exp.model.name).replace(param_dtype=exp.model.dtype),
       devices)
-  return Shapes(model=cfg, mini_batch_rows=config.train.mini_batch_rows,
-                micro_batch_rows=micro_batch_rows or config.train.micro_batch_rows,
-                prompt=config.rollout.max_prompt_tokens, response=config.rollout.max_new_tokens,
-                rollout_rows=rollout_rows or config.rollout.num_groups * config.rollout.group_size)
+  u = exp.train.update
+  return Shapes(model=cfg, mini_batch_rows=u.mini_batch_rows,
+                micro_batch_rows=micro_batch_rows or u.micro_batch_rows,
+                prompt=exp.rollout.max_prompt_tokens, response=exp.rollout.max_new_tokens,
+                rollout_rows=rollout_rows or exp.rollout.num_groups * exp.rollout.group_size)
 
 
 @dataclasses.dataclass
@@ -199,24 +200,24 @@ def _phase(program: programs_lib.Program, valid_slots: Optional[float] = None) -
                      if program.name.startswith("generate") else None))
 
 
-def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optional[int] = None,
+def compile_plan(exp, mesh_shape: Sequence[int], *, micro_batch_rows: Optional[int] = None,
                  rollout_rows: Optional[int] = None, phases: Optional[Sequence[str]] = None,
                  devices=None) -> Plan:
   """Compiles the config's registry programs on a (data, fsdp, tensor) mesh of `devices`
   (default: this process's JAX devices); see module doc.
 
   Args:
-    config: an experiment ConfigDict (configs/*.py).
+    exp: the run's settings (`experiment.from_config` of a configs/*.py ConfigDict).
     mesh_shape: (data, fsdp, tensor); data=-1 takes the remaining devices.
-    micro_batch_rows: override of config.train.micro_batch_rows.
+    micro_batch_rows: override of train.micro_batch_rows.
     rollout_rows: override of the sampler's rows per call on one process.
     phases: which registry programs to compile (default: all of the config's).
     devices: devices of the mesh: fake CPU devices, or TPU topology devices
       (`targets.devices`) to compile with XLA:TPU.
   """
-  shapes = shapes_from_config(config, micro_batch_rows, rollout_rows, devices)
+  shapes = shapes_from_config(exp, micro_batch_rows, rollout_rows, devices)
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
-  registry = programs_lib.build(config, mesh, micro_batch_rows=shapes.micro_batch_rows,
+  registry = programs_lib.build(exp, mesh, micro_batch_rows=shapes.micro_batch_rows,
                                 rollout_rows=rollout_rows)
   names = list(registry.programs) if phases is None else list(phases)
   unknown = set(names) - set(registry.programs)
@@ -239,15 +240,15 @@ def compile_plan(config, mesh_shape: Sequence[int], *, micro_batch_rows: Optiona
               decode_necessary=necessary)
 
 
-def rollout_programs(config, mesh_shape: Sequence[int], *, compile_them: bool = False,
+def rollout_programs(exp, mesh_shape: Sequence[int], *, compile_them: bool = False,
                      rollout_rows: Optional[int] = None, devices=None,
                      log=lambda line: None) -> list[tuple[str, Optional[Phase]]]:
-  """Every generate program a run of `config` can call on one process
+  """Every generate program a run of `exp` can call on one process
   (`programs.Registry.rollout_programs`: each batch and prompt bucket, shared and unshared
   prefill, training and evaluation sampling), each compiled for the mesh's devices when
   `compile_them` (else its Phase is None). `log` gets a line per compiled program."""
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
-  registry = programs_lib.build(config, mesh, rollout_rows=rollout_rows)
+  registry = programs_lib.build(exp, mesh, rollout_rows=rollout_rows)
   out = []
   for program in registry.rollout_programs():
     phase = None
@@ -283,32 +284,32 @@ def candidate_meshes(num_devices: int, cfg: model_config.ModelConfig,
   return out
 
 
-def persistent_bytes(config, mesh_shape, devices=None) -> int:
+def persistent_bytes(exp, mesh_shape, devices=None) -> int:
   """Bytes per device that live through the iteration (actor params + AdamW moments +
   reference, + the critic's params and moments), from the shardings, without compiling."""
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
   dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
-  return programs_lib.build(config, mesh, micro_batch_rows=dp).persistent
+  return programs_lib.build(exp, mesh, micro_batch_rows=dp).persistent
 
 
-def micro_batch_candidates(config, data_parallel: int) -> list[int]:
+def micro_batch_candidates(exp, data_parallel: int) -> list[int]:
   """Micro-batches to try, smallest first: the data-parallel size (one row per device),
   then doublings up to the config's micro-batch (each dividing the mini-batch). A config
   written for fewer devices (a smoke variant's 4 rows on 8 devices) gets the data-parallel
   size alone; a mesh wider than the mini-batch gets none."""
   out = []
   m = data_parallel
-  while m <= max(config.train.micro_batch_rows, data_parallel):
-    if config.train.mini_batch_rows % m == 0:
+  while m <= max(exp.train.update.micro_batch_rows, data_parallel):
+    if exp.train.update.mini_batch_rows % m == 0:
       out.append(m)
     m *= 2
   return out
 
 
-def learner_phases(config) -> tuple[str, ...]:
+def learner_phases(exp) -> tuple[str, ...]:
   """The programs whose temporaries grow with the micro-batch and hold the train step's
   backward residuals: the actor's update, and the critic's when the estimator has one."""
-  critic = run_config.validate(config).estimator.needs_critic
+  critic = exp.estimator.needs_critic
   return ("update", "critic_update") if critic else ("update",)
 
 
@@ -316,15 +317,14 @@ def mesh_label(mesh_shape) -> str:
   return f"mesh data={mesh_shape[0]} fsdp={mesh_shape[1]} tensor={mesh_shape[2]}"
 
 
-def with_mesh(config, mesh_shape):
-  """A copy of `config` whose --config.mesh.* is `mesh_shape`: the sampler's per-host mesh
-  derives from it (`programs.sampling_mesh`), as in a run with that mesh."""
-  out = config.copy_and_resolve_references()
-  out.mesh.data, out.mesh.fsdp, out.mesh.tensor = (int(x) for x in mesh_shape)
-  return out
+def with_mesh(exp: experiment_lib.Experiment, mesh_shape) -> experiment_lib.Experiment:
+  """`exp` whose `mesh` is `mesh_shape`: the sampler's per-host mesh derives from it
+  (`programs.sampling_mesh`), as in a run with that mesh."""
+  data, fsdp, tensor = (int(x) for x in mesh_shape)
+  return dataclasses.replace(exp, mesh=experiment_lib.Mesh(data=data, fsdp=fsdp, tensor=tensor))
 
 
-def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.1,
+def recommend(exp, num_devices: int, device_memory: int, headroom: float = 0.1,
               log=print, devices=None) -> tuple[Optional[Plan], list[tuple[tuple, int, str]]]:
   """The first candidate mesh on which every program of an iteration fits, with the
   largest micro-batch that fits on it.
@@ -352,9 +352,9 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
   and a mesh whose sampler is over the budget by more than that is not compiled again.
   Returns (plan or None, tried: [(mesh, micro_batch or 0, verdict)]).
   """
-  shapes = shapes_from_config(config, devices=devices)
+  shapes = shapes_from_config(exp, devices=devices)
   budget = device_memory * (1.0 - headroom)
-  learners = learner_phases(config)
+  learners = learner_phases(exp)
   tried = []
   per_process = None
   if devices is not None:
@@ -362,7 +362,7 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
     per_process = min(counts.values())
   stuck = []  # (mesh, cfg, micro, plan so far, sampler name, its lowest peak, all-rows plan)
   for mesh_shape in candidate_meshes(num_devices, shapes.model, per_process):
-    cfg = with_mesh(config, mesh_shape)
+    cfg = with_mesh(exp, mesh_shape)
     persistent = persistent_bytes(cfg, mesh_shape, devices=devices)
     if persistent > budget:
       tried.append((mesh_shape, 0, f"persistent {persistent / GiB:.2f} GiB > budget {budget / GiB:.2f} GiB"))
@@ -372,7 +372,7 @@ def recommend(config, num_devices: int, device_memory: int, headroom: float = 0.
     micros = micro_batch_candidates(cfg, mesh_shape[0] * mesh_shape[1])
     if not micros:
       tried.append((mesh_shape, 0, f"no micro-batch: the mini-batch of "
-                    f"{cfg.train.mini_batch_rows} rows is narrower than the mesh"))
+                    f"{cfg.train.update.mini_batch_rows} rows is narrower than the mesh"))
       log(f"  {mesh_label(mesh_shape)}: {tried[-1][2]}")
       continue
     for micro in micros:
@@ -498,39 +498,33 @@ def _merged(plan: Plan, one: Plan) -> Plan:
   return dataclasses.replace(one, phases={**plan.phases, **one.phases})
 
 
-def with_prefill_chunk(config, rows: int):
-  """A copy of `config` whose sampler prefills `rows` rows at a time."""
-  out = config.copy_and_resolve_references()
-  out.rollout.prefill_chunk_rows = int(rows)
-  return out
+def with_prefill_chunk(exp: experiment_lib.Experiment, rows: int) -> experiment_lib.Experiment:
+  """`exp` whose sampler prefills `rows` rows at a time."""
+  return exp.override({"rollout.prefill_chunk_rows": int(rows)})
 
 
-def with_share_prefill(config, shared: bool):
-  """A copy of `config` whose sampler shares (or not) the first turn's prefill of a group."""
-  out = config.copy_and_resolve_references()
-  out.rollout.share_prefill = bool(shared)
-  return out
+def with_share_prefill(exp: experiment_lib.Experiment, shared: bool) -> experiment_lib.Experiment:
+  """`exp` whose sampler shares (or not) the first turn's prefill of a group."""
+  return exp.override({"rollout.share_prefill": bool(shared)})
 
 
-def with_decode_slots(config, slots: int):
-  """A copy of `config` whose sampler decodes a call's rows through `slots` cache rows."""
-  out = config.copy_and_resolve_references()
-  out.rollout.decode_slots = int(slots)
-  return out
+def with_decode_slots(exp: experiment_lib.Experiment, slots: int) -> experiment_lib.Experiment:
+  """`exp` whose sampler decodes a call's rows through `slots` cache rows."""
+  return exp.override({"rollout.decode_slots": int(slots)})
 
 
-def decode_slot_candidates(config, mesh_shape, devices=None) -> list[int]:
+def decode_slot_candidates(exp, mesh_shape, devices=None) -> list[int]:
   """Decode slots to try, most first: the same halvings as `prefill_chunk_candidates` (a
   call of fewer rows than its slots decodes in lockstep, so only fewer are candidates)."""
-  return prefill_chunk_candidates(config, mesh_shape, devices)
+  return prefill_chunk_candidates(exp, mesh_shape, devices)
 
 
-def prefill_chunk_candidates(config, mesh_shape, devices=None) -> list[int]:
+def prefill_chunk_candidates(exp, mesh_shape, devices=None) -> list[int]:
   """Rows per prefill chunk to try, largest first: halvings of the sampler's rows per call
   that stay multiples of its batch-parallel size (the sampler's rule), down to that size."""
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
   dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
-  registry = programs_lib.build(config, mesh, micro_batch_rows=dp)
+  registry = programs_lib.build(exp, mesh, micro_batch_rows=dp)
   step, rows = registry.sampler.batch_parallel, registry.rollout_rows
   out = []
   r = rows // 2
@@ -541,35 +535,35 @@ def prefill_chunk_candidates(config, mesh_shape, devices=None) -> list[int]:
   return out
 
 
-def plan_config(config, plan: Plan):
-  """`config` with what the search chose for `plan`: its mesh (prefill chunk, decode slots)."""
-  out = with_mesh(config, plan.mesh)
+def plan_config(exp: experiment_lib.Experiment, plan: Plan) -> experiment_lib.Experiment:
+  """`exp` with what the search chose for `plan`: its mesh (prefill chunk, decode slots)."""
+  out = with_mesh(exp, plan.mesh)
   out = with_prefill_chunk(out, plan.prefill_chunk_rows) if plan.prefill_chunk_rows else out
   out = with_share_prefill(out, False) if not plan.share_prefill else out
   return with_decode_slots(out, plan.decode_slots) if plan.decode_slots else out
 
 
-def program_names(config, mesh_shape, devices=None) -> list[str]:
+def program_names(exp, mesh_shape, devices=None) -> list[str]:
   """The names of the config's programs on a mesh (no compile)."""
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
   dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
-  return list(programs_lib.build(config, mesh, micro_batch_rows=dp).programs)
+  return list(programs_lib.build(exp, mesh, micro_batch_rows=dp).programs)
 
 
-def largest_rollout_rows(config, mesh_shape, device_memory: int, headroom: float = 0.1, *,
+def largest_rollout_rows(exp, mesh_shape, device_memory: int, headroom: float = 0.1, *,
                          micro_batch_rows: Optional[int] = None, devices=None,
                          log=print) -> int:
   """The most sampler rows per generate call (a batch bucket of the sampler) whose compiled
   program fits next to the persistent state: a bisection over the buckets, each step one
   compile of the sampler's own program; 0 if not even the smallest bucket fits."""
   mesh = sharding_lib.make_mesh(*mesh_shape, devices=devices)
-  registry = programs_lib.build(config, mesh, micro_batch_rows=micro_batch_rows)
+  registry = programs_lib.build(exp, mesh, micro_batch_rows=micro_batch_rows)
   buckets = [b for b in registry.sampler.batch_buckets]
   budget = device_memory * (1.0 - headroom)
   lo, hi, best = 0, len(buckets) - 1, 0
   while lo <= hi:
     mid = (lo + hi) // 2
-    plan = compile_plan(config, mesh_shape, micro_batch_rows=micro_batch_rows,
+    plan = compile_plan(exp, mesh_shape, micro_batch_rows=micro_batch_rows,
                         rollout_rows=buckets[mid], phases=("generate",), devices=devices)
     ok = plan.fits(device_memory, headroom)
     log(f"  sampler {buckets[mid]} rows: "

@@ -56,6 +56,8 @@ class LocalServers:
       it, passes its endpoint to every env server as `env_args["retriever"]`, restarts it
       on the same port if it dies, and stops it with the env servers; "": none.
     retriever_model: that retriever's `--dense-model` (an encoder directory); "": BM25.
+    step_latency_ms: the servers' `--step-latency-ms` (every Step call delayed: a remote
+      env's latency, for benchmarks); 0: none.
   """
   env: str
   num_servers: int = 1
@@ -65,6 +67,7 @@ class LocalServers:
   log_level: str = "WARNING"
   retriever_corpus: str = ""
   retriever_model: str = ""
+  step_latency_ms: float = 0.0
 
 
 class ServerProcess:
@@ -73,10 +76,13 @@ class ServerProcess:
   health."""
 
   def __init__(self, env: str, slots: int, env_args: Mapping[str, Any] | None = None,
-               host: str = "127.0.0.1", log_level: str = "WARNING", port: int = 0):
+               host: str = "127.0.0.1", log_level: str = "WARNING", port: int = 0,
+               step_latency_ms: float = 0.0):
     cmd = [sys.executable, "-m", "env_servers.serve", "--env", env, "--port", str(port),
            "--host", host, "--slots", str(slots), "--parent-pid", str(os.getpid()),
            "--log-level", log_level]
+    if step_latency_ms:
+      cmd += ["--step-latency-ms", f"{step_latency_ms:g}"]
     for key, value in (env_args or {}).items():
       cmd += ["--env-arg", f"{key}={_arg_text(value)}"]
     self._spawn(f"env server {env!r}", cmd, host)
@@ -209,15 +215,16 @@ def _arg_text(value: Any) -> str:
 
 def start_servers(env: str, slots_per_server: Sequence[int],
                   env_args: Mapping[str, Any] | None = None, host: str = "127.0.0.1",
-                  startup_timeout_s: float = 120.0,
-                  log_level: str = "WARNING") -> list[ServerProcess]:
+                  startup_timeout_s: float = 120.0, log_level: str = "WARNING",
+                  step_latency_ms: float = 0.0) -> list[ServerProcess]:
   """Starts one server per entry of `slots_per_server` (in parallel) and waits for all.
 
   Raises:
     RuntimeError: a server did not come up (message carries its stderr tail); the
       servers already started are stopped first.
   """
-  procs = [ServerProcess(env, n, env_args, host, log_level) for n in slots_per_server]
+  procs = [ServerProcess(env, n, env_args, host, log_level, step_latency_ms=step_latency_ms)
+           for n in slots_per_server]
   try:
     for proc in procs:
       proc.wait_ready(startup_timeout_s)

@@ -192,7 +192,7 @@ class EnvPool:
       if self._local:
         procs = launcher.start_servers(self._local.env, sizes, self._local.env_args,
                                        self._local.host, self._local.startup_timeout_s,
-                                       self._local.log_level)
+                                       self._local.log_level, self._local.step_latency_ms)
         for proc, start, size in zip(procs, starts, sizes):
           self._servers.append(_Server(proc.endpoint, range(start, start + size), proc, options))
       else:
@@ -455,7 +455,7 @@ class EnvPool:
       try:
         server.process = launcher.start_servers(local.env, [len(server.slots)], local.env_args,
                                                 local.host, local.startup_timeout_s,
-                                                local.log_level)[0]
+                                                local.log_level, local.step_latency_ms)[0]
       except RuntimeError as e:
         raise EnvPoolError(f"restarting a dead env server failed: {e}") from None
       server.connect(server.process.endpoint)

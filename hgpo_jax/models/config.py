@@ -134,6 +134,20 @@ class LoraConfig:
     return num_layers - self.top_layers if self.rank and self.top_layers else 0
 
 
+def check_attention(attention_impl: str, decode_attention_impl: str, attn_query_chunk: int, *,
+                    owner: str) -> None:
+  """The attention settings' one check (a `ModelConfig`'s, and the experiment's
+  `config.model` section's before any model loads): ValueError naming `owner`'s field."""
+  if attention_impl not in attention_names.CHOICES:
+    raise ValueError(f"{owner}.attention_impl={attention_impl!r}: use one of "
+                     f"{attention_names.CHOICES}")
+  if decode_attention_impl not in attention_names.DECODE_CHOICES:
+    raise ValueError(f"{owner}.decode_attention_impl={decode_attention_impl!r}: "
+                     f"use one of {attention_names.DECODE_CHOICES}")
+  if attn_query_chunk < 0:
+    raise ValueError(f"{owner}.attn_query_chunk={attn_query_chunk} must be >= 0 (0: off)")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Decoder architecture.
@@ -207,14 +221,8 @@ class ModelConfig:
 
   def __post_init__(self):
     check_rope_scaling(self.rope_scaling)
-    if self.attention_impl not in attention_names.CHOICES:
-      raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}: use one of "
-                       f"{attention_names.CHOICES}.")
-    if self.decode_attention_impl not in attention_names.DECODE_CHOICES:
-      raise ValueError(f"ModelConfig.decode_attention_impl={self.decode_attention_impl!r}: "
-                       f"use one of {attention_names.DECODE_CHOICES}.")
-    if self.attn_query_chunk < 0:
-      raise ValueError(f"ModelConfig.attn_query_chunk={self.attn_query_chunk} must be >= 0 (0: off).")
+    check_attention(self.attention_impl, self.decode_attention_impl, self.attn_query_chunk,
+                    owner="ModelConfig")
     if self.rope_layout not in ROPE_LAYOUTS:
       raise ValueError(f"ModelConfig.rope_layout={self.rope_layout!r}: use one of {ROPE_LAYOUTS}.")
     for field in ("dtype", "param_dtype"):

@@ -11,7 +11,7 @@ adapter leaves the base policy exactly as it was. Adapters are `nnx.LoRAParam`s 
 A [L, in..., r] and B [L, r, out...] (with `top_layers`: over the last layers only), whose
 in / out axes keep the base weight's logical axis names (so they shard as its input and
 output do) and whose rank axis ("lora_rank", no rule) is replicated. Adapters are float32 (PEFT's `autocast_adapter_dtype`); with LoRA
-the frozen base is stored in the compute dtype (`hgpo_jax.training.run_config`).
+the frozen base is stored in the compute dtype (`hgpo_jax.training.experiment.model_settings`).
 
 PEFT's files (`save_pretrained`): `adapter_config.json` and `adapter_model.safetensors`
 with `base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight` [r, in] and

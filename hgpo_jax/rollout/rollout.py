@@ -39,6 +39,7 @@ from hgpo_jax.advantages import rows as rows_lib
 from hgpo_jax.rollout import hiper
 from hgpo_jax.rollout import projection
 from hgpo_jax.rollout import prompts
+from hgpo_jax.rollout.params import RolloutParams
 from hgpo_jax.rollout.tasks import Task
 from hgpo_jax.sampling import constrained as constrained_lib
 
@@ -150,10 +151,7 @@ def encode_prompt(tokenizer, text: str, max_tokens: int) -> list[int]:
 
 
 def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *, env_name: str,
-            max_steps: int, history_length: int, sampling, rng: jax.Array,
-            max_prompt_tokens: int, constrained: bool = False, fallback_chars: int = 30,
-            response_format: str = "react", free_query_tokens: int = 8, subgoal_tokens: int = 12,
-            format_instructions: bool = True, history_drop_chars: int = 0,
+            max_steps: int, params: RolloutParams, sampling, rng: jax.Array,
             on_step: Callable[[int, int, int], None] | None = None) -> Rollout:
   """Plays `len(tasks) * group_size` trajectories to the end or `max_steps` steps.
 
@@ -161,17 +159,19 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
   a group are reset with the group's task and env seed (same initial state).
 
   Args (beyond the obvious):
-    constrained: constrained decoding (see the module docstring).
-    response_format: "react" or "hiper".
-    free_query_tokens: cap of a constrained free WebShop query.
-    subgoal_tokens: cap of a constrained free HiPER subgoal.
-    format_instructions: the prompt with (True) or without its format instructions.
-    history_drop_chars: prompts longer than this lose their history (0: never;
-      `prompts.render_prompt`, `hiper.render_prompt`).
+    params: the rollout's settings (`config.rollout`): the prompt's memory window, length
+      and format instructions, constrained decoding (see the module docstring), the
+      response format ("react" or "hiper"), the caps of a constrained free WebShop query
+      and HiPER subgoal, the action projection's fallback, and `history_drop_chars`
+      (prompts longer than this lose their history; `prompts.render_prompt`).
+    sampling: the sampler's parameters (training or evaluation temperature).
     on_step: called as on_step(t, max_steps, active_slots) before each step's generation.
   """
-  if response_format not in ("react", "hiper"):
-    raise ValueError(f"collect: response_format={response_format!r}; use 'react' or 'hiper'")
+  history_length, max_prompt_tokens = params.history_length, params.max_prompt_tokens
+  constrained, fallback_chars = params.constrained, params.fallback_chars
+  response_format, format_instructions = params.response_format, params.format_instructions
+  free_query_tokens, subgoal_tokens = params.free_query_tokens, params.subgoal_tokens
+  history_drop_chars = params.history_drop_chars
   is_hiper = response_format == "hiper"
   times = progress.PhaseTimes()  # generation and env seconds, summed over the turns
   decoded = row_steps = 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import jax
-import ml_collections
 import numpy as np
 
 from hgpo_jax import progress
@@ -16,37 +15,32 @@ from hgpo_jax.sampling import types as sampling_types
 from hgpo_jax.training import metrics as metrics_lib
 from hgpo_jax.training import processes
 from hgpo_jax.training import run as run_lib
-from hgpo_jax.training import run_config
+from hgpo_jax.training import experiment as experiment_lib
 
 
-def collect(pool, sampler, tokenizer, tasks, group_size: int, config: ml_collections.ConfigDict,
-            settings: run_config.RunConfig, *, sampling: sampling_types.SamplingParams,
-            rng: jax.Array, on_step=None) -> rollout_lib.Rollout:
-  """One batched rollout with the config's env and rollout settings: the training rollout
-  (`settings.sampling`) and evaluation (`settings.eval_sampling`) both play through here."""
-  r = settings.rollout
+def collect(pool, sampler, tokenizer, tasks, group_size: int, exp: experiment_lib.Experiment,
+            *, sampling: sampling_types.SamplingParams, rng: jax.Array,
+            on_step=None) -> rollout_lib.Rollout:
+  """One batched rollout with the experiment's env and rollout settings: the training
+  rollout (`sampling.train`) and evaluation (`sampling.eval`) both play through here."""
   return rollout_lib.collect(
-      pool, sampler, tokenizer, tasks, group_size, env_name=config.env.name,
-      max_steps=config.env.max_steps, history_length=r.history_length, sampling=sampling, rng=rng,
-      max_prompt_tokens=r.max_prompt_tokens, constrained=r.constrained,
-      fallback_chars=r.fallback_chars, response_format=r.response_format,
-      free_query_tokens=r.free_query_tokens, subgoal_tokens=r.subgoal_tokens,
-      format_instructions=r.format_instructions, history_drop_chars=r.history_drop_chars,
+      pool, sampler, tokenizer, tasks, group_size, env_name=exp.env.name,
+      max_steps=exp.env.max_steps, params=exp.rollout, sampling=sampling, rng=rng,
       on_step=on_step)
 
 
-def evaluate_splits(run: run_lib.Run, iteration: int, *,
+def evaluate_splits(run: run_lib.EvalRun, iteration: int, *,
                     dump_step: int | None = None) -> dict[str, float]:
   """`eval/<split>/<metric>` on every held-out split of the run, with the evaluation key of
   `iteration` (`fold_in(streams.eval, iteration)`); with `rollout.dump` the steps go to
   `eval_dump_path(..., dump_step)` (default: `iteration`)."""
-  config = run.config
+  exp = run.experiment
   out = {}
   step = iteration if dump_step is None else dump_step
   for split, tasks in run.eval_tasks.items():
-    dump_path = eval_dump_path(run.workdir, split, step) if config.rollout.dump else None
+    dump_path = eval_dump_path(run.workdir, split, step) if exp.rollout.dump else None
     per_task: list[dict] = []
-    m = evaluate(run.pool, run.sampler, run.tokenizer, tasks, config, run.settings,
+    m = evaluate(run.pool, run.sampler, run.tokenizer, tasks, exp,
                  jax.random.fold_in(run.streams.eval, iteration), dump_path=dump_path,
                  per_task=per_task)
     out.update({f"eval/{split}/{k}": v for k, v in m.items()})
@@ -55,10 +49,9 @@ def evaluate_splits(run: run_lib.Run, iteration: int, *,
   return out
 
 
-def evaluate(pool, sampler, tokenizer, task_sampler, config, settings: run_config.RunConfig,
-             rng, dump_path: str | None = None,
+def evaluate(pool, sampler, tokenizer, task_sampler, exp: experiment_lib.Experiment, rng, dump_path: str | None = None,
              per_task: list[dict] | None = None) -> dict[str, float]:
-  """Success on a fixed task set at `config.eval.temperature`, one trajectory per task.
+  """Success on a fixed task set at `eval.temperature`, one trajectory per task.
 
   dump_path: if set, this process's evaluated steps are written there as a rollout dump
   (`hgpo_jax.advantages.dump`; `group` and `traj` = the task's index in the eval set), to
@@ -66,7 +59,7 @@ def evaluate(pool, sampler, tokenizer, task_sampler, config, settings: run_confi
   per_task: if given, one dict per task is appended, in eval-set order (all processes'):
   `index`, `task_id`, `won`, `return`, `length`.
   """
-  eval_tasks = task_sampler.evaluation_tasks(config.eval.num_tasks)
+  eval_tasks = task_sampler.evaluation_tasks(exp.eval.num_tasks)
   # (global task index, won, return, length, type, invalid flags of its rows) per task
   results = []
   dumped = []
@@ -75,7 +68,7 @@ def evaluate(pool, sampler, tokenizer, task_sampler, config, settings: run_confi
     chunk = eval_tasks[start:start + slots]
     padded = chunk + [chunk[-1]] * (slots - len(chunk))  # extra slots play, are not counted
     ro = collect(
-        pool, sampler, tokenizer, padded, 1, config, settings, sampling=settings.eval_sampling,
+        pool, sampler, tokenizer, padded, 1, exp, sampling=exp.sampling.eval,
         rng=jax.random.fold_in(rng, start), on_step=lambda t, T, n: progress.phase(
             "evaluation", f"{task_sampler.split} tasks {start + 1}-{start + len(chunk)}: step {t + 1}/{T}"))
     results += [(task.group_index, ro.won[j], ro.returns[j], ro.lengths[j], ro.task_types[j],

@@ -1,9 +1,9 @@
-"""Program registry: every jitted program of a config, with abstract arguments and shardings.
+"""Program registry: every jitted program of an experiment, with abstract arguments and shardings.
 
-`build(config, mesh)` constructs the objects whose jitted methods the trainer calls — the
+`build(exp, mesh)` constructs the objects whose jitted methods the trainer calls — the
 actor `Learner` (update, log-probs), the `CriticLearner` for critic estimators (values,
 update), the rollout `Sampler` (its own generate program: prefill + decode loop) and the
-registered estimator — from a config and a mesh, with no weights: parameters, optimizer
+registered estimator — from an experiment (`experiment.Experiment`) and a mesh, with no weights: parameters, optimizer
 state and batches are `ShapeDtypeStruct`s carrying their target shardings. Each `Program`
 is one of those jitted objects plus the abstract arguments of the call the trainer makes
 at the config's largest shapes, and how many times one training iteration calls it.
@@ -58,36 +58,38 @@ from hgpo_jax.cost import targets
 from hgpo_jax.sampling import constrained
 from hgpo_jax.sampling import inputs as inputs_lib
 from hgpo_jax.sampling import sampler as sampler_lib
+from hgpo_jax.rollout.params import RolloutParams
 from hgpo_jax.sampling import types
 from hgpo_jax.training import critic_step
-from hgpo_jax.training import run_config
+from hgpo_jax.training import experiment as experiment_lib
 from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import train_step
 
 
 
-def sampling_mesh(config, mesh: jax.sharding.Mesh, local_devices, num_processes: int
-                  ) -> jax.sharding.Mesh:
+def sampling_mesh(m: experiment_lib.Mesh, mesh: jax.sharding.Mesh, local_devices,
+                  num_processes: int) -> jax.sharding.Mesh:
   """The sampler's mesh: the training mesh with one process; with several, a mesh over one
   process's own devices (generation is data parallel and each process samples its own
-  prompts): the config's tensor size, fsdp as far as the local devices allow, data the
+  prompts): `m`'s (`config.mesh`) tensor size, fsdp as far as the local devices allow, data the
   rest. Raises ValueError when the tensor size does not divide a process's devices."""
   if num_processes == 1:
     return mesh
-  tensor = config.mesh.tensor
+  tensor = m.tensor
   if len(local_devices) % tensor:
     raise ValueError(f"config.mesh.tensor={tensor} must divide the {len(local_devices)} devices "
                      "of each process (the sampler runs on each process's own devices)")
-  fsdp = math.gcd(config.mesh.fsdp, len(local_devices) // tensor)
+  fsdp = math.gcd(m.fsdp, len(local_devices) // tensor)
   return sharding_lib.make_mesh(-1, fsdp, tensor, devices=list(local_devices))
 
 
-def rollout_mesh(config, mesh: jax.sharding.Mesh, num_processes: int) -> jax.sharding.Mesh:
+def rollout_mesh(m: experiment_lib.Mesh, mesh: jax.sharding.Mesh, num_processes: int
+                 ) -> jax.sharding.Mesh:
   """Every process's sampling mesh (`sampling_mesh` over `jax.local_devices(process_index=p)`,
   the list each process's own `jax.local_devices()` is) side by side along "data": the
   global mesh onto which the policy is resharded device to device for sampling
   (`run.SamplerWeights`); a process's block of it is its sampling mesh."""
-  blocks = [sampling_mesh(config, mesh, jax.local_devices(process_index=p), num_processes).devices
+  blocks = [sampling_mesh(m, mesh, jax.local_devices(process_index=p), num_processes).devices
             for p in range(num_processes)]
   return jax.sharding.Mesh(np.concatenate(blocks, axis=0), sharding_lib.MESH_AXES,
                            axis_types=(jax.sharding.AxisType.Auto,) * len(sharding_lib.MESH_AXES))
@@ -114,8 +116,8 @@ class Program:
 
 @dataclasses.dataclass
 class Registry:
-  """The programs of one config on one mesh and the persistent bytes per device."""
-  config: Any
+  """The programs of one experiment on one mesh and the persistent bytes per device."""
+  experiment: experiment_lib.Experiment
   mesh: jax.sharding.Mesh
   sample_mesh: jax.sharding.Mesh
   model_cfg: model_config.ModelConfig
@@ -151,7 +153,7 @@ class Registry:
                         args[0].tokens.shape[0], static["flags"].max_new_tokens),
                     steps_per_iteration=sampler.decode_steps_per_iteration(
                         args[0].tokens.shape[0], static["flags"].max_new_tokens))
-            for name, args, static in rollout_calls(self.config, sampler, self.rollout_rows)]
+            for name, args, static in rollout_calls(self.experiment, sampler, self.rollout_rows)]
 
 
 def sharded_bytes(tree) -> int:
@@ -165,11 +167,11 @@ def sharded_bytes(tree) -> int:
   return total
 
 
-def uses_reference(config, update: train_step.UpdateConfig) -> bool:
+def uses_reference(train: experiment_lib.Train) -> bool:
   """Whether a run keeps the frozen reference policy and runs its log-prob pass: for the
   loss's KL term (`LossConfig.kl_in_loss`: on, with a nonzero coefficient) or for the KL in
   the reward (`train.kl_in_reward`), the two readers of the reference's log-probs."""
-  return update.loss.kl_in_loss or bool(config.train.get("kl_in_reward", False))
+  return train.update.loss.kl_in_loss or train.kl_in_reward
 
 
 def abstract_train_batch(rows: int, seq: int, sharding) -> train_batch_lib.TrainBatch:
@@ -223,34 +225,33 @@ def _sampler_args(sampler: sampler_lib.Sampler, rows: int, prompt: int, unique: 
   return (inputs,), dict(flags=flags)
 
 
-def _fixed_tries(config) -> int:
-  """Trie nodes of the constrained calls when the config fixes them, else 0 (free calls;
+def _fixed_tries(rollout: RolloutParams) -> int:
+  """Trie nodes of the constrained calls when the settings fix them, else 0 (free calls;
   a constrained call's trie shapes then follow its data)."""
-  return int(config.rollout.max_trie_nodes) if bool(config.rollout.constrained) else 0
+  return int(rollout.max_trie_nodes) if rollout.constrained else 0
 
 
-def rollout_calls(config, sampler: sampler_lib.Sampler, rows: int
+def rollout_calls(exp: experiment_lib.Experiment, sampler: sampler_lib.Sampler, rows: int
                   ) -> list[tuple[str, tuple, dict]]:
-  """Every generate call a run of `config` can make on one process with at most `rows`
+  """Every generate call a run of `exp` can make on one process with at most `rows`
   rows per call: (name, abstract arguments after the model, static keywords) for each
   batch bucket up to `rows`, each prompt bucket, unshared and (when the sampler shares
   with a fixed row count, `Sampler(share_prefill=G)`) shared prefill, at the training and
   the evaluation temperature. `Sampler.precompile` compiles them; a run whose sampler
   precompiled them traces no program mid-run (`rollout.precompile`).
 
-  Raises ValueError when the set is not fixed by the config: constrained decoding with
+  Raises ValueError when the set is not fixed by the settings: constrained decoding with
   `rollout.max_trie_nodes=0` (trie shapes then follow the data).
   """
-  if bool(config.rollout.constrained) and not int(config.rollout.max_trie_nodes):
+  if exp.rollout.constrained and not exp.rollout.max_trie_nodes:
     raise ValueError("rollout.constrained with rollout.max_trie_nodes=0: the constrained "
                      "programs' trie shapes follow the data, so they cannot be listed ahead "
                      "of time; set rollout.max_trie_nodes (e.g. 512)")
-  settings = run_config.validate(config)
   variants = {}  # training and evaluation share a program when their static flags agree
-  for label, params in (("train", settings.sampling), ("eval", settings.eval_sampling)):
+  for label, params in (("train", exp.sampling.train), ("eval", exp.sampling.eval)):
     variants.setdefault((params.greedy, params.filtered), (label, params))
   largest = sampler_lib.bucket_for(rows, sampler.batch_buckets, "batch size")
-  tries = _fixed_tries(config)
+  tries = _fixed_tries(exp.rollout)
   calls = []
   for label, params in variants.values():
     for b in (b for b in sampler.batch_buckets if b <= largest):
@@ -263,24 +264,24 @@ def rollout_calls(config, sampler: sampler_lib.Sampler, rows: int
   return calls
 
 
-def _share_prefill(config) -> int | bool:
+def _share_prefill(rollout: RolloutParams) -> int | bool:
   """The rollout sampler's `share_prefill`: the group size (a group's trajectories share
   their first turn's prefill, in a fixed number of rows per batch bucket); off for
   groups of one and with `rollout.share_prefill=false`."""
-  size = int(config.rollout.group_size)
-  return size if size >= 2 and bool(config.rollout.share_prefill) else False
+  size = rollout.group_size
+  return size if size >= 2 and rollout.share_prefill else False
 
 
-def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = None,
+def build(exp: experiment_lib.Experiment, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = None,
           rollout_rows: Optional[int] = None, local_devices=None, num_processes: Optional[int] = None,
           tokenizer=None, model_cfg: Optional[model_config.ModelConfig] = None,
           model=None) -> Registry:
-  """The registry of `config` on `mesh` (see module doc).
+  """The registry of `exp` on `mesh` (see module doc).
 
   Args:
-    config: an experiment ConfigDict (configs/*.py).
+    exp: the run's settings (`experiment.from_config` of a configs/*.py ConfigDict).
     mesh: the training mesh (real devices, fake CPU devices or TPU topology devices).
-    micro_batch_rows: override of config.train.micro_batch_rows: the micro-batch of every
+    micro_batch_rows: override of train.micro_batch_rows: the micro-batch of every
       learner (the actor's and the critic's, which a run shares).
     rollout_rows: override of the sampler's rows per call on one process.
     local_devices: one process's devices (default: the mesh's devices of process 0; for TPU
@@ -288,8 +289,8 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
     num_processes: processes of the job (default: the processes of the mesh's devices).
     tokenizer: the model's tokenizer (default: a compile-only stand-in, see
       `_CompileOnlyTokenizer`).
-    model_cfg: the model's architecture (default: `config.model.name`'s preset in
-      `config.model.dtype` with the run's numerics, attention resolved for `mesh`).
+    model_cfg: the model's architecture (default: `model.name`'s preset in
+      `model.dtype` with the run's numerics, attention resolved for `mesh`).
     model: the loaded policy (the trainer's; default: its abstract structure from
       `model_cfg`); only its graph and parameter shardings are read.
   """
@@ -303,10 +304,9 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
       first = devs[0].process_index
       local_devices = [d for d in devs if d.process_index == first]
   if model_cfg is None:
-    preset = model_config.get_preset(config.model.name).replace(param_dtype=config.model.dtype)
-    model_cfg = run_config.model_settings(config, preset, mesh)
-  run = run_config.validate(config)
-  update, critic_update = run.update, run.critic_update
+    preset = model_config.get_preset(exp.model.name).replace(param_dtype=exp.model.dtype)
+    model_cfg = experiment_lib.model_settings(exp.model, preset, mesh)
+  update, critic_update = exp.train.update, exp.critic_update
   if micro_batch_rows:  # every learner's (the critic's micro-batch is the actor's, as in a run)
     update = dataclasses.replace(update, micro_batch_rows=micro_batch_rows)
     if critic_update is not None:
@@ -316,17 +316,17 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
   learner = train_step.Learner(model, mesh, update)
   state = learner.abstract_state()
   params_b, opt_b = sharded_bytes(state.params), sharded_bytes(state.opt_state)
-  seq = config.rollout.max_prompt_tokens + config.rollout.max_new_tokens
+  seq = exp.rollout.max_prompt_tokens + exp.rollout.max_new_tokens
   mini = update.mini_batch_rows
   batch = abstract_train_batch(mini, seq, learner.row_sharding)
-  capacity = config.rollout.num_groups * config.rollout.group_size * config.env.max_steps
+  capacity = exp.rollout.num_groups * exp.rollout.group_size * exp.env.max_steps
   num_mini = -(-capacity // mini)
   updates = update.ppo_epochs * num_mini
   # The trainer computes log pi_old in the update itself when an iteration is one optimizer
   # step (UpdateConfig.on_policy); the frozen reference policy is kept for a KL term (loss
   # or reward). With LoRA it is the base with the adapters off: no copy, its own pass.
   on_policy = update.on_policy(capacity)
-  use_reference = uses_reference(config, update)
+  use_reference = uses_reference(exp.train)
   reference = learner.abstract_reference(state.params)
   reference_b = sharded_bytes(reference) if use_reference and not learner.adapters else 0
   # An offloaded reference (train.reference_memory=host) lives in the devices' host memory:
@@ -366,13 +366,13 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
     programs["update"] = dataclasses.replace(programs["update"], args=(state, batch, True),
                                              static={})
 
-  estimator, options = run.estimator, run.options
+  estimator, options = exp.estimator, exp.algo.options
   critic = None
   critic_b = 0
   if estimator.needs_critic:
-    heads = run_config.CRITIC_HEADS[estimator.name]
+    heads = experiment_lib.CRITIC_HEADS[estimator.name]
     critic = critic_step.CriticLearner(critic_lib.abstract_critic(model_cfg, heads), mesh,
-                                       critic_update, run.value_loss)
+                                       critic_update, exp.critic.value_loss)
     cstate = critic.abstract_state()
     critic_b = sharded_bytes(cstate)
     vbatch = abstract_value_batch(critic.config.mini_batch_rows, seq, heads, critic.row_sharding)
@@ -382,10 +382,10 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
     programs["critic_update"] = Program("critic_update", critic.update, (cstate, vbatch), {},
                                         updates, critic_b)
   else:
-    programs["advantages"] = _estimator_program(estimator, options, capacity, config)
+    programs["advantages"] = _estimator_program(estimator, options, capacity)
 
   # ---- rollout: the sampler on one process's devices --------------------------------
-  sample_mesh = sampling_mesh(config, mesh, local_devices, num_processes)
+  sample_mesh = sampling_mesh(exp.mesh, mesh, local_devices, num_processes)
   local_shardings = jax.tree.map(lambda s: NamedSharding(sample_mesh, s.spec),
                                  learner.param_shardings)
   sample_params = jax.tree.map(
@@ -393,16 +393,18 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
       local_shardings)
   sampler = sampler_lib.Sampler.from_settings(
       nnx.merge(learner.graphdef, sample_params),
-      tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size), run.rollout, sample_mesh,
-      share_prefill=_share_prefill(config))
-  per_process = run_config.groups_per_process(config, num_processes) * config.rollout.group_size
+      tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size), exp.rollout, sample_mesh,
+      share_prefill=_share_prefill(exp.rollout))
+  per_process = (experiment_lib.groups_per_process(exp.rollout, num_processes)
+                 * exp.rollout.group_size)
   rows = sampler_lib.bucket_for(rollout_rows or per_process, sampler.batch_buckets,
                                 "batch size")
-  prompt = config.rollout.max_prompt_tokens
+  prompt = exp.rollout.max_prompt_tokens
   sample_params_b = sharded_bytes(sample_params)
-  decode_steps = int(config.rollout.max_new_tokens)
-  args, static = _sampler_args(sampler, rows, prompt, rows, run.sampling, _fixed_tries(config))
-  turns = int(config.env.max_steps)
+  decode_steps = exp.rollout.max_new_tokens
+  args, static = _sampler_args(sampler, rows, prompt, rows, exp.sampling.train,
+                               _fixed_tries(exp.rollout))
+  turns = exp.env.max_steps
   programs["generate"] = Program(
       "generate", sampler.generate_program, (sampler.model,) + args, static, max(turns - 1, 1),
       sample_params_b, unknown_trip_count=sampler.decode_loop_weights(rows, decode_steps),
@@ -411,14 +413,14 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
            + (f" in {static['flags'].slots} slots" if static["flags"].slots else ""))
   unique = sampler.shared_prefill_rows(rows)
   if unique is not None and unique < rows:
-    args, static = _sampler_args(sampler, rows, prompt, unique, run.sampling,
-                                 _fixed_tries(config))
+    args, static = _sampler_args(sampler, rows, prompt, unique, exp.sampling.train,
+                                 _fixed_tries(exp.rollout))
     programs["generate_shared"] = Program(
         "generate_shared", sampler.generate_program, (sampler.model,) + args, static, 1,
         sample_params_b, unknown_trip_count=sampler.decode_loop_weights(rows, decode_steps),
         steps_per_iteration=sampler.decode_steps_per_iteration(rows, decode_steps),
         note=f"first turn: {unique} prompts prefilled, copied to {rows} rows")
-  return Registry(config=config, mesh=mesh, sample_mesh=sample_mesh, model_cfg=model_cfg,
+  return Registry(experiment=exp, mesh=mesh, sample_mesh=sample_mesh, model_cfg=model_cfg,
                   learner=learner, critic=critic, sampler=sampler, programs=programs,
                   params_bytes=params_b, opt_bytes=opt_b,
                   reference_bytes=reference_b, reference_host_bytes=reference_host_b,
@@ -426,7 +428,7 @@ def build(config, mesh: jax.sharding.Mesh, *, micro_batch_rows: Optional[int] = 
                   num_processes=num_processes, rollout_rows=rows)
 
 
-def _estimator_program(estimator, options, capacity: int, config) -> Program:
+def _estimator_program(estimator, options, capacity: int) -> Program:
   """The estimator on an abstract RowBatch of the iteration's capacity (replicated: the
   trainer runs it on the host's default device, one call per iteration)."""
   levels = getattr(options, "k", 0) + 1

@@ -248,6 +248,17 @@ class UpdateConfig:
             and num_rows <= self.mini_batch_rows)
 
 
+def check_reference_with_adapters(config: UpdateConfig, adapters: bool) -> None:
+  """With LoRA adapters the reference is the frozen base with the adapters off (no copy),
+  so the reference's placement and dtype settings must stay at their defaults (ValueError
+  otherwise)."""
+  if adapters and (config.reference_memory != "device"
+                   or config.reference_dtype not in ("", "auto")):
+    raise ValueError(f"reference_memory={config.reference_memory!r} / reference_dtype="
+                     f"{config.reference_dtype!r} do not apply with LoRA: the reference is "
+                     f"the frozen base with the adapters off (no copy); leave the defaults")
+
+
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
   """clip_by_global_norm(grad_clip) then AdamW: with a constant lr, or (`scheduled`) with
   its learning rate a hyperparameter in the optimizer state, set per iteration."""
@@ -423,11 +434,7 @@ class Learner:
     # only the adapters (and value heads), `lora.trainable_params`: the base is frozen.
     self.adapters = lora_lib.has_adapters(self.param_shardings)
     self.trained_shardings = lora_lib.trainable_params(self.param_shardings)
-    if self.adapters and (config.reference_memory != "device"
-                          or config.reference_dtype not in ("", "auto")):
-      raise ValueError(f"reference_memory={config.reference_memory!r} / reference_dtype="
-                       f"{config.reference_dtype!r} do not apply with LoRA: the reference is "
-                       f"the frozen base with the adapters off (no copy); leave the defaults")
+    check_reference_with_adapters(config, self.adapters)
     if self.adapters:
       self.reference_dtype = ""
     self.tx = make_optimizer(config)
@@ -746,19 +753,21 @@ def mini_batches(learner: Learner, batch: Batches) -> list[tuple]:
 
 
 def fill_logprobs(learner: Learner, params: Any, ref_params: Optional[Any],
-                  batch: Batches, *, old: bool = True) -> Batches:
-  """The iteration's mini-batches laid out on the mesh (SegmentBatch parts) with
-  `old_logprobs` (and `ref_logprobs` if ref_params) filled there: the update reads them
-  on the device, with no trip through the host.
+                  batches: list[tuple], *, old: bool = True) -> list[tuple]:
+  """The iteration's mini-batches (a list of tuples of parts: `training.packing`'s layouts)
+  laid out on the mesh (SegmentBatch parts) with `old_logprobs` (and `ref_logprobs` if
+  ref_params) filled there, in the same structure: the update reads them on the device,
+  with no trip through the host.
 
-  Runs part by part, so every call has a part's compiled shape. A list of mini-batches
-  comes back as a list of the same structure; a batch of rows as one SegmentBatch of the
-  same rows (its mini-batches' layouts end to end, what `Learner.update` takes).
-  old=False leaves `old_logprobs` as they are (an on-policy update computes its own, see
-  `UpdateConfig.on_policy`).
+  Runs part by part, so every call has a part's compiled shape. old=False leaves
+  `old_logprobs` as they are (an on-policy update computes its own, see
+  `UpdateConfig.on_policy`). `fill_rows` takes one batch of rows instead.
   """
+  if not isinstance(batches, list):
+    raise TypeError(f"fill_logprobs takes a list of mini-batches (training.packing); "
+                    f"got {type(batches).__name__}: use fill_rows for one batch of rows")
   filled = []
-  for parts in mini_batches(learner, batch):
+  for parts in batches:
     laid_out = []
     for part in parts:
       x = learner.lay_out(learner.put_batch(part))
@@ -769,8 +778,15 @@ def fill_logprobs(learner: Learner, params: Any, ref_params: Optional[Any],
         x = x.replace(ref_logprobs=learner.compute_reference_logprobs(ref, x))
       laid_out.append(x)
     filled.append(tuple(laid_out))
-  if isinstance(batch, list):
-    return filled
+  return filled
+
+
+def fill_rows(learner: Learner, params: Any, ref_params: Optional[Any], batch: Any, *,
+              old: bool = True):
+  """`fill_logprobs` of one batch of rows (its mini-batches of `mini_batch_rows`): one
+  SegmentBatch of the same rows, its mini-batches' layouts end to end (what
+  `Learner.update` and `train_iteration` take)."""
+  filled = fill_logprobs(learner, params, ref_params, mini_batches(learner, batch), old=old)
   if len(filled) == 1:
     return filled[0][0]
   return jax.tree.map(lambda *xs: jnp.concatenate(xs), *[parts[0] for parts in filled])

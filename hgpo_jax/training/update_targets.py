@@ -29,7 +29,7 @@ from hgpo_jax.rollout import rollout as rollout_lib
 from hgpo_jax.sampling import sampler as sampler_lib
 from hgpo_jax.training import critic_step
 from hgpo_jax.training import run as run_lib
-from hgpo_jax.training import run_config
+from hgpo_jax.training import experiment as experiment_lib
 from hgpo_jax.training import train_batch as train_batch_lib
 from hgpo_jax.training import value_targets
 
@@ -50,37 +50,37 @@ class UpdateTargets:
   critic's value metrics)."""
   dump_fields: list[dict[str, Any]] | None
   """Per row, the fields a rollout dump adds to the row's record (return, advantage, the
-  critic's values); None unless `config.rollout.dump`."""
+  critic's values); None unless `rollout.dump`."""
 
 
 def compute_targets(rows, run: run_lib.Run) -> UpdateTargets:
   """The token batch, value batch, metrics and dump fields of the rollout's `rows`."""
   progress.phase("advantages")
-  config = run.config
+  exp = run.experiment
   # static (no recompilation across iterations); the estimator sees all processes' rows
-  capacity = config.rollout.num_groups * config.rollout.group_size * config.env.max_steps
+  capacity = exp.rollout.num_groups * exp.rollout.group_size * exp.env.max_steps
   pad_id = run.tokenizer.pad_id
-  est, opts = run.settings.estimator, run.settings.options
+  est, opts = exp.estimator, exp.algo.options
   extra = [{} for _ in rows]
   if run.critic is None:
     adv, ret, metrics = compute_advantages(
-        rows, est, opts, gamma=config.algo.gamma,
-        invalid_penalty=config.rollout.invalid_penalty, capacity=capacity)
-    batch, value_batch = token_batch(rows, adv, config, pad_id), None
+        rows, est, opts, gamma=exp.algo.gamma,
+        invalid_penalty=exp.rollout.invalid_penalty, capacity=capacity)
+    batch, value_batch = token_batch(rows, adv, exp, pad_id), None
   else:
     batch, value_batch, targets = critic_advantages(rows, est, opts, run.critic,
-                                                    run.critic_state.params, config, pad_id,
+                                                    run.critic_state.params, exp, pad_id,
                                                     capacity)
     adv = targets.advantage
     ret = targets.grouped.rejoin(rows, np.asarray(targets.grouped.batch.returns))
-    metrics = value_targets.metrics(targets, critic_lib.LEVELS[run_config.CRITIC_HEADS[est.name]])
-    if config.rollout.dump:
+    metrics = value_targets.metrics(targets, critic_lib.LEVELS[experiment_lib.CRITIC_HEADS[est.name]])
+    if exp.rollout.dump:
       extra = [critic_dump_fields(est.name, targets.fields, i) for i in range(len(rows))]
   metrics["advantage/mean"] = float(np.mean(adv))
   metrics["advantage/std"] = float(np.std(adv))
   metrics["advantage/zero_frac"] = float(np.mean(adv == 0))
   dump_fields = None
-  if config.rollout.dump:
+  if exp.rollout.dump:
     dump_fields = [dict(e, **{"return": float(x), "advantage": float(a)})
                    for e, x, a in zip(extra, ret, adv)]
   return UpdateTargets(token_batch=batch, value_batch=value_batch, metrics=metrics,
@@ -117,15 +117,16 @@ def group_statistics(grouped) -> dict[str, float]:
   return out
 
 
-def token_batch(rows, adv: np.ndarray, config, pad_id: int) -> train_batch_lib.TrainBatch:
+def token_batch(rows, adv: np.ndarray, exp: experiment_lib.Experiment,
+                pad_id: int) -> train_batch_lib.TrainBatch:
   """The token batch of all rows with row advantages `adv`, padded to a multiple of the
   mini-batch (identical on every process)."""
-  mini = config.train.mini_batch_rows
-  buckets = sampler_lib.prompt_buckets(config.rollout.max_prompt_tokens)
+  mini = exp.train.update.mini_batch_rows
+  buckets = sampler_lib.prompt_buckets(exp.rollout.max_prompt_tokens)
   prompt_len = train_batch_lib.pick_bucket(max(len(r.prompt_ids) for r in rows), buckets, "prompt")
   batch, _ = train_batch_lib.build_train_batch(
       [r.prompt_ids for r in rows], [r.response_ids for r in rows], adv.astype(np.float32),
-      prompt_buckets=(prompt_len,), response_buckets=(config.rollout.max_new_tokens,),
+      prompt_buckets=(prompt_len,), response_buckets=(exp.rollout.max_new_tokens,),
       row_multiple=mini, pad_id=pad_id, row_buckets=(-(-len(rows) // mini) * mini,))
   return batch
 
@@ -133,25 +134,25 @@ def token_batch(rows, adv: np.ndarray, config, pad_id: int) -> train_batch_lib.T
 # ---------------------------------------------------------------------------------------
 # Critic estimators (needs_critic: gae = PPO, hae = HiPER): token advantages and values
 # ---------------------------------------------------------------------------------------
-def critic_advantages(rows, est, opts, critic: critic_step.CriticLearner, critic_params, config,
-                      pad_id: int, capacity: int):
+def critic_advantages(rows, est, opts, critic: critic_step.CriticLearner, critic_params,
+                      exp: experiment_lib.Experiment, pad_id: int, capacity: int):
   """Critic values -> estimator -> the actor's token batch and the critic's value batch.
 
   Returns:
     (TrainBatch with token advantages and the estimator's loss mask as response_mask,
      ValueBatch, CriticTargets of the rows).
   """
-  num_heads = run_config.CRITIC_HEADS[est.name]
-  batch = token_batch(rows, np.zeros(len(rows), np.float32), config, pad_id)
+  num_heads = experiment_lib.CRITIC_HEADS[est.name]
+  batch = token_batch(rows, np.zeros(len(rows), np.float32), exp, pad_id)
   values = critic_step.compute_values(critic, critic_params,
                                       critic_step.token_layout_batch(batch, num_heads))
   num_rows = batch.num_rows
-  num_tokens = config.rollout.max_new_tokens
+  num_tokens = exp.rollout.max_new_tokens
   p = batch.seq_len - num_tokens
   targets = value_targets.critic_targets(
       rows, rollout_lib.advantage_columns(rows), est, opts, values[:len(rows)],
-      prompt_len=p, num_tokens=num_tokens, gamma=config.algo.gamma,
-      invalid_penalty=config.rollout.invalid_penalty, capacity=capacity)
+      prompt_len=p, num_tokens=num_tokens, gamma=exp.algo.gamma,
+      invalid_penalty=exp.rollout.invalid_penalty, capacity=capacity)
   n, seq = len(rows), batch.seq_len
   adv = np.zeros((num_rows, seq), np.float32)
   loss_mask = np.zeros((num_rows, seq), bool)

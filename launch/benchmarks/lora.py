@@ -151,7 +151,7 @@ def update_sides(rank: int, rows: int, prompt: int, response: int, top_layers: i
         lr=1e-6, mini_batch_rows=rows, micro_batch_rows=rows))
     box = {"state": learner.init_state(nnx.state(model, nnx.Param))}
     del model
-    filled = train_step.fill_logprobs(learner, box["state"].params, None, host)
+    filled = train_step.fill_rows(learner, box["state"].params, None, host)
     batch = learner.put_batch(filled.replace(ref_logprobs=filled.old_logprobs))
     flops = trainer_metrics.LearnerFlops(learner).per_call(filled)["update"]
 

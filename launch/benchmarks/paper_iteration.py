@@ -328,6 +328,7 @@ def _train_counted(args, config, lengths, devices) -> int:
   print an iteration line each; prints the summary lines."""
   import jax
   from hgpo_jax import train
+  from hgpo_jax.training import experiment
   from hgpo_jax.training import run as run_lib
   _install_random_presets(args.tokenizer)
   drawn = _install_fixed_lengths(lengths, args.seed) if lengths.kind != "free" else []
@@ -353,11 +354,11 @@ def _train_counted(args, config, lengths, devices) -> int:
 
   train.rollout, train.log = counted_rollout, reported_log
   if not args.checkpoint:
-    run_lib.Run.checkpoint = lambda self, iteration, scalars: None
+    run_lib.Run.checkpoint = lambda self, iteration, scalars, **saved: None
   workdir = tempfile.mkdtemp(prefix="paper_iteration_")
   start = time.perf_counter()
   try:
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(experiment.from_config(config), workdir)
   finally:
     shutil.rmtree(workdir, ignore_errors=True)
   if drawn:
@@ -396,10 +397,10 @@ def main(argv=None) -> int:
           "make venv ACCEL=cuda12 or ACCEL=tpu); --allow-cpu runs it on the CPUs", file=sys.stderr)
     return 2
   precompile = args.precompile
-  from hgpo_jax import train
+  from hgpo_jax.training import experiment
   try:
     config = paper_config(args, allow_cpu=platform == "cpu", precompile=precompile)
-    train.validate(config)
+    experiment.from_config(config)
   except (ValueError, KeyError) as e:
     print(f"paper_iteration: {e}", file=sys.stderr)
     return 2

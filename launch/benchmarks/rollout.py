@@ -93,7 +93,7 @@ def trainer_sampler(model_name: str, device, prompt: int, new_tokens: int, *, dt
   from configs import alfworld
   from hgpo_jax.models import config as model_config
   from hgpo_jax.models import loading, sharding
-  from hgpo_jax.training import programs, run_config
+  from hgpo_jax.training import experiment, programs
 
   config = alfworld.get_config(f"algo=hgpo,model={model_name}")
   config.model.dtype = dtype
@@ -104,11 +104,12 @@ def trainer_sampler(model_name: str, device, prompt: int, new_tokens: int, *, dt
   config.rollout.decode_chunk_steps = decode_chunk
   mesh = sharding.make_mesh(1, 1, 1, devices=[device])
   vocab = model_config.get_preset(model_name).vocab_size
-  registry = programs.build(config, mesh, local_devices=[device], num_processes=1,
+  exp = experiment.from_config(config)
+  registry = programs.build(exp, mesh, local_devices=[device], num_processes=1,
                             tokenizer=RandomIdsTokenizer(vocab))
   sampler = registry.sampler
   sampler.model = loading.init_model(registry.model_cfg, seed=seed, mesh=mesh)
-  params = dataclasses.replace(run_config.validate(config).sampling, max_new_tokens=new_tokens,
+  params = dataclasses.replace(exp.sampling.train, max_new_tokens=new_tokens,
                                ignore_eos=True, stop_strings=())
   return sampler, params
 
@@ -325,36 +326,23 @@ def format_profile(p: dict) -> list[str]:
 
 
 # -------------------------------------------------------------------------------- main
-def run_accelerator(args, allow_cpu: bool = False) -> None:
-  """--accelerator: every setting on the first device (module doc); `allow_cpu` lets the
-  test suite run the whole command on a CPU with the tiny preset."""
+def _print_header(args, device, bandwidth: float, key, sheet) -> None:
+  """Prints the run's first line: jax, the chip, the settings and both bandwidths."""
   import jax
 
-  device = jax.devices()[0]
-  if device.platform == "cpu" and not allow_cpu:
-    raise SystemExit("--accelerator needs a GPU or TPU (this process's first device is a CPU); "
-                     "the CPU sampler benchmark is `python -m launch.benchmarks.sampler`.")
-  key, sheet = datasheet_bandwidth(device.device_kind)
-  bandwidth = copy_bandwidth(args.copy_mib << 20, device=device)
   print(f"jax {jax.__version__} on {device.device_kind}; {args.model} (random bf16 weights, "
         f"the trainer's sampler from the program registry), prompts of random ids in "
         f"[{args.prompt // 2}, {args.prompt}], {args.new} new tokens at T=1, median of "
         f"{args.reps}; copy bandwidth {bandwidth / 1e9:,.0f} GB/s (jitted x+1 over "
         f"{args.copy_mib} MiB), datasheet "
         + (f"{sheet / 1e9:,.0f} GB/s ({key})" if sheet else "unknown for this chip"), flush=True)
-  sampler, params = trainer_sampler(args.model, device, args.prompt, args.new,
-                                    decode_impl=args.decode_impl,
-                                    decode_chunk=args.decode_chunk)
-  print(f"current: decode attention {args.decode_impl} "
-        f"(cache slots a multiple of {sampler.engine.cache_multiple}), "
-        f"{sampler.engine.decode_chunk} decode steps per device-loop iteration", flush=True)
-  baseline = None
-  if args.baseline:
-    baseline, _ = trainer_sampler(args.model, device, args.prompt, args.new,
-                                  decode_impl="xla", decode_chunk=1)
-  hf_torch_model = None
-  if args.hf:
-    hf_torch_model = hf_model(sampler.cfg, "cuda" if device.platform == "gpu" else "cpu")
+
+
+def _time_settings(args, device, sampler, params, baseline, hf_torch_model, bandwidth: float,
+                   sheet) -> list[dict]:
+  """Times and prints every `--rows` setting (the baseline sampler and transformers beside
+  it where asked); returns the settings' results, a current side that failed beside a
+  baseline that did not as {"rows", "failed": True, "baseline"}."""
   results = []
   for rows in args.rows:
     r = _setting(f"current rows {rows}", lambda: time_decode(
@@ -380,16 +368,27 @@ def run_accelerator(args, allow_cpu: bool = False) -> None:
                    else "cpu")
       print(f"  transformers generate (static cache): {hf['tokens_per_s']:10,.0f} tokens/s; "
             f"sampler / transformers {r['tokens_per_s'] / hf['tokens_per_s']:.2f}x", flush=True)
-  if args.profile:
-    rows = args.rows[-1]
-    prompts = random_prompts(rows, args.prompt, sampler.cfg.vocab_size)
-    sides = [("current", sampler)] + ([("baseline", baseline)] if baseline is not None else [])
-    for name, s in sides:
-      p = _setting(f"profile of the {name} sampler", lambda: profile_call(
-          lambda: s.generate(prompts, params, jax.random.key(0)), args.new))
-      if p is not None:
-        print(f"{name} sampler at {rows} rows:", flush=True)
-        print("\n".join(format_profile(p)), flush=True)
+  return results
+
+
+def _print_profiles(args, sampler, params, baseline) -> None:
+  """--profile: prints the profile of each sampler's N-token call at the largest row count."""
+  import jax
+
+  rows = args.rows[-1]
+  prompts = random_prompts(rows, args.prompt, sampler.cfg.vocab_size)
+  sides = [("current", sampler)] + ([("baseline", baseline)] if baseline is not None else [])
+  for name, s in sides:
+    p = _setting(f"profile of the {name} sampler", lambda: profile_call(
+        lambda: s.generate(prompts, params, jax.random.key(0)), args.new))
+    if p is not None:
+      print(f"{name} sampler at {rows} rows:", flush=True)
+      print("\n".join(format_profile(p)), flush=True)
+
+
+def _print_roofline_fraction(results: list[dict]) -> None:
+  """Prints the last line: the fraction of the measured-bandwidth roofline at the largest
+  row count (the baseline's too where it ran); exits when every setting failed."""
   if not results:
     raise SystemExit("rollout benchmark: every setting failed (the lines above say why)")
   last = results[-1]
@@ -407,6 +406,38 @@ def run_accelerator(args, allow_cpu: bool = False) -> None:
   print(f"fraction of the measured-bandwidth roofline at {last['rows']} rows: "
         f"{last['fraction']:.1%} ({last['step_ms']:.2f} ms per decode step vs "
         f"{last['roofline_ms']:.2f} ms){tail}")
+
+
+def run_accelerator(args, allow_cpu: bool = False) -> None:
+  """--accelerator: every setting on the first device (module doc); `allow_cpu` lets the
+  test suite run the whole command on a CPU with the tiny preset."""
+  import jax
+
+  device = jax.devices()[0]
+  if device.platform == "cpu" and not allow_cpu:
+    raise SystemExit("--accelerator needs a GPU or TPU (this process's first device is a CPU); "
+                     "the CPU sampler benchmark is `python -m launch.benchmarks.sampler`.")
+  key, sheet = datasheet_bandwidth(device.device_kind)
+  bandwidth = copy_bandwidth(args.copy_mib << 20, device=device)
+  _print_header(args, device, bandwidth, key, sheet)
+  sampler, params = trainer_sampler(args.model, device, args.prompt, args.new,
+                                    decode_impl=args.decode_impl,
+                                    decode_chunk=args.decode_chunk)
+  print(f"current: decode attention {args.decode_impl} "
+        f"(cache slots a multiple of {sampler.engine.cache_multiple}), "
+        f"{sampler.engine.decode_chunk} decode steps per device-loop iteration", flush=True)
+  baseline = None
+  if args.baseline:
+    baseline, _ = trainer_sampler(args.model, device, args.prompt, args.new,
+                                  decode_impl="xla", decode_chunk=1)
+  hf_torch_model = None
+  if args.hf:
+    hf_torch_model = hf_model(sampler.cfg, "cuda" if device.platform == "gpu" else "cpu")
+  results = _time_settings(args, device, sampler, params, baseline, hf_torch_model, bandwidth,
+                           sheet)
+  if args.profile:
+    _print_profiles(args, sampler, params, baseline)
+  _print_roofline_fraction(results)
 
 
 def _setting(what: str, fn):

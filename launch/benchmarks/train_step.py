@@ -80,7 +80,7 @@ def time_update(model, cfg, mesh, model_name: str, s: dict, devices: int, steps:
   responses = [rng.integers(3, cfg.vocab_size, half).tolist() for _ in range(s["rows"])]
   host, _ = train_batch.build_train_batch(prompts, responses, rng.normal(size=s["rows"]).astype(np.float32),
                                           prompt_buckets=[half], response_buckets=[half], row_multiple=s["rows"])
-  host = train_step.fill_logprobs(learner, state.params, None, host)
+  host = train_step.fill_rows(learner, state.params, None, host)
   host = host.replace(ref_logprobs=host.old_logprobs)
   batch = learner.put_batch(host)
   t0 = time.perf_counter()

@@ -50,7 +50,7 @@ def child(reps: int) -> dict:
   host, _ = train_batch.build_train_batch(prompts, responses, rng.normal(size=ROWS).astype(np.float32),
                                           prompt_buckets=[PROMPT], response_buckets=[RESPONSE],
                                           row_multiple=ROWS)
-  fill = lambda: train_step.fill_logprobs(learner, state.params, None, host)
+  fill = lambda: train_step.fill_rows(learner, state.params, None, host)
   host = fill()
   host = host.replace(ref_logprobs=host.old_logprobs)
   batch = learner.put_batch(host)
@@ -65,7 +65,7 @@ def child(reps: int) -> dict:
   phases = {
       # fill_logprobs returns device arrays: block, or only the dispatch is timed
       "logprobs": lambda: jax.block_until_ready(
-          train_step.fill_logprobs(learner, held["state"].params, None, host)),
+          train_step.fill_rows(learner, held["state"].params, None, host)),
       "update": update,
       "generate": lambda: smp.generate(prompts[:ROLLOUT_ROWS], params, jax.random.key(0)),
   }

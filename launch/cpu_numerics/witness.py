@@ -163,7 +163,7 @@ def phase_lines() -> list[str]:
   advantages = np.linspace(-1.0, 1.0, len(prompts)).astype(np.float32)
   host, _ = train_batch.build_train_batch(prompts, responses, advantages, prompt_buckets=[bucket],
                                           response_buckets=[24], row_multiple=8)
-  host = train_step.fill_logprobs(learner, state.params, None, host)
+  host = train_step.fill_rows(learner, state.params, None, host)
   lines.append(f"phase learner logprobs             {_digest(host.old_logprobs)}")
   host = host.replace(ref_logprobs=host.old_logprobs)
   batch = learner.put_batch(host)

@@ -445,9 +445,9 @@ def pending_reason(env: Environment, method: Method) -> str | None:
   if env.methods and method.name not in env.methods:
     return f"outside this column's budget (it runs {', '.join(env.methods)})"
   from hgpo_jax import train
+  from hgpo_jax.training import experiment
   try:
-    config = build_config(env, method, 0)
-    train.validate(config)
+    experiment.from_config(build_config(env, method, 0))
   except (train.ConfigError, ValueError, KeyError, TypeError, AttributeError) as e:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
   return None

@@ -193,7 +193,7 @@ def check_configs(entries: list[dict]) -> None:
   arguments and overrides, `--override` included), as the trainer does before any work;
   raises ValueError naming the run and the flag to change."""
   from configs import common
-  from hgpo_jax.training import run_config
+  from hgpo_jax.training import experiment
   seen = set()
   for e in entries:
     if e["status"] in ("pending", "stale"):
@@ -205,7 +205,7 @@ def check_configs(entries: list[dict]) -> None:
     seen.add((spec, overrides))
     tag = f"{e['env']}/{e['method']}"
     try:
-      run_config.validate(common.load(spec, list(overrides)))
+      experiment.from_config(common.load(spec, list(overrides)))
     except (ValueError, KeyError) as err:  # ConfigLoadError (a ValueError) included
       raise ValueError(f"{tag}: {err} (check --override)") from None
 

@@ -7,6 +7,7 @@ from configs import alfworld
 from hgpo_jax.cost import analytic
 from hgpo_jax.compiled import plan as plan_lib
 from hgpo_jax.cost.hardware import GiB
+from hgpo_jax.training import experiment
 from launch import plan as plan_cli
 
 
@@ -40,14 +41,16 @@ def test_parse_bytes_and_mesh():
 
 
 def test_candidate_meshes_prefer_data_then_fsdp_then_tensor():
-  tiny = plan_lib.shapes_from_config(_config()).model  # 2 kv heads: tensor <= 2
+  exp = experiment.from_config(_config())
+  tiny = plan_lib.shapes_from_config(exp).model  # 2 kv heads: tensor <= 2
   assert plan_lib.candidate_meshes(8, tiny) == [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1), (1, 4, 2)]
 
 
 def test_candidate_meshes_keep_tensor_within_one_processs_devices():
   """8 kv heads on 8 chips of 2 hosts (v5e-8: 4 chips each): tensor=8 is not offered, since
   the sampler runs on each process's own devices (`programs.sampling_mesh` refuses it)."""
-  eight_kv = plan_lib.shapes_from_config(_config()).model.replace(num_heads=8, num_kv_heads=8)
+  exp = experiment.from_config(_config())
+  eight_kv = plan_lib.shapes_from_config(exp).model.replace(num_heads=8, num_kv_heads=8)
   assert plan_lib.candidate_meshes(8, eight_kv)[-1] == (1, 1, 8)
   assert plan_lib.candidate_meshes(8, eight_kv, devices_per_process=4)[-2:] == [(1, 4, 2), (1, 2, 4)]
 
@@ -56,11 +59,11 @@ def test_persistent_bytes_fall_as_one_over_fsdp():
   """Parameters + AdamW moments per device at fsdp = 1, 2, 4, 8 are 1/fsdp of the
   unsharded bytes within 5% (only the RMSNorm scales, 0.3% of the tiny model, and the
   step/rng scalars are replicated)."""
-  config = _config()
-  cfg = plan_lib.shapes_from_config(config).model
+  exp = experiment.from_config(_config())
+  cfg = plan_lib.shapes_from_config(exp).model
   full = 4 * analytic.param_count(cfg)  # f32 params
   for fsdp in (1, 2, 4, 8):
-    per_device = plan_lib.persistent_bytes(config, (1, fsdp, 1), devices=_devices(fsdp))
+    per_device = plan_lib.persistent_bytes(exp, (1, fsdp, 1), devices=_devices(fsdp))
     # params + 2 moments + reference params = 4 copies.
     assert per_device == pytest.approx(4 * full / fsdp, rel=0.05), fsdp
     if fsdp == 1:  # exact up to the optimizer's int32 step counters
@@ -72,12 +75,12 @@ def test_compiled_state_bytes_fall_as_one_over_fsdp_and_match_the_shardings():
   """memory_analysis() of the compiled update: its arguments are the state plus the
   batch, and the donated state comes back aliased; the state part is the sharded bytes
   exactly and falls as 1/fsdp (within 5%)."""
-  config = _config()
+  exp = experiment.from_config(_config())
   state_bytes = {}
   for fsdp in (1, 8):
-    plan = plan_lib.compile_plan(config, (1, fsdp, 1), phases=("update",), devices=_devices(fsdp))
+    plan = plan_lib.compile_plan(exp, (1, fsdp, 1), phases=("update",), devices=_devices(fsdp))
     update = plan.phases["update"]
-    rows, seq = config.train.mini_batch_rows, plan.shapes.seq
+    rows, seq = exp.train.update.mini_batch_rows, plan.shapes.seq
     batch_bytes = rows * seq * (4 + 4 + 1 + 1 + 4 + 4 + 4) // fsdp  # TrainBatch fields
     state = update.persistent_args  # params + moments + step + rng
     # jit drops batch fields the program does not read, so the batch is at most its bytes.
@@ -94,10 +97,10 @@ def test_temporaries_shrink_with_the_micro_batch():
   holds one micro-batch's activations): strictly increasing, and at least 2x from 4 to
   16 rows (4x the rows; fixed-size buffers such as the gradient accumulator make it
   less than 4x)."""
-  config = _config(mini=16)
+  exp = experiment.from_config(_config(mini=16))
   temps = {}
   for micro in (4, 8, 16):
-    plan = plan_lib.compile_plan(config, (1, 2, 1), micro_batch_rows=micro, phases=("update",),
+    plan = plan_lib.compile_plan(exp, (1, 2, 1), micro_batch_rows=micro, phases=("update",),
                                  devices=_devices(2))
     temps[micro] = plan.phases["update"].temp
   assert temps[4] < temps[8] < temps[16]
@@ -109,8 +112,8 @@ def test_sampler_program_and_flops_per_device():
   """The registry's generate program (the sampler's own jitted function) compiles with the
   rollout's shapes; its FLOPs per device with the decode loop counted max_new_tokens
   times are 1/8 of the analytic prefill + max_new_tokens decode steps of all rows."""
-  config = _config(prompt=64, response=32, rollout_groups=4)  # 4 x 2 = 8 rows
-  plan = plan_lib.compile_plan(config, (1, 8, 1), phases=("generate",), devices=_devices(8))
+  exp = experiment.from_config(_config(prompt=64, response=32, rollout_groups=4))  # 4 x 2 = 8 rows
+  plan = plan_lib.compile_plan(exp, (1, 8, 1), phases=("generate",), devices=_devices(8))
   cfg = plan.shapes.model
   assert plan.rollout_rows == 8
   counts = analytic.analytic_sampler_flops(cfg, batch=8, prompt=64, new_tokens=32)
@@ -120,7 +123,7 @@ def test_sampler_program_and_flops_per_device():
   single_slot_pv = 2 * 8 * cfg.num_layers * cfg.num_heads * cfg.head_dim
   expected = counts["prefill"] + 32 * (counts["decode_step"] - single_slot_pv)
   assert plan.phases["generate"].flops * 8 == pytest.approx(expected, rel=1e-3)
-  assert plan.phases["generate"].calls == config.env.max_steps - 1
+  assert plan.phases["generate"].calls == exp.env.max_steps - 1
 
 
 @pytest.mark.slow
@@ -163,7 +166,8 @@ def test_constrained_generate_takes_its_trie_shapes_from_the_config():
   from hgpo_jax.training import programs
   config = _config(prompt=64, response=32)
   config.rollout.max_trie_nodes = 64
-  registry = programs.build(config, sharding.make_mesh(8, 1, 1, devices=_devices(8)))
+  registry = programs.build(experiment.from_config(config),
+                            sharding.make_mesh(8, 1, 1, devices=_devices(8)))
   gen = registry.programs["generate"]
   assert gen.static["flags"].constraint_mode == types.WHOLE_CONSTRAINT
   assert registry.sampler.trie_nodes == 64
@@ -173,7 +177,8 @@ def test_constrained_generate_takes_its_trie_shapes_from_the_config():
   assert gen.args[1].stop_table.shape[0] == constrained.automaton_rows(("</action>",))  # stop table
   gen.lower().compile()
   config.rollout.max_trie_nodes = 0  # sized per call: the registry lists free decoding
-  free = programs.build(config, sharding.make_mesh(8, 1, 1, devices=_devices(8)))
+  free = programs.build(experiment.from_config(config),
+                        sharding.make_mesh(8, 1, 1, devices=_devices(8)))
   assert free.programs["generate"].static["flags"].constraint_mode == types.NO_CONSTRAINT
 
 
@@ -189,9 +194,9 @@ def test_kl_coef_zero_keeps_no_reference_and_lists_no_reference_pass(memory):
   mesh = sharding.make_mesh(2, 1, 1, devices=_devices(2))
   config = _config()
   config.train.reference_memory = memory
-  base = programs.build(config, mesh)
+  base = programs.build(experiment.from_config(config), mesh)
   config.train.kl_coef = 0.0
-  free = programs.build(config, mesh)
+  free = programs.build(experiment.from_config(config), mesh)
   assert base.reference_bytes + base.reference_host_bytes == base.params_bytes
   assert free.reference_bytes == free.reference_host_bytes == 0
   assert free.persistent == base.persistent - base.reference_bytes
@@ -202,7 +207,7 @@ def test_kl_coef_zero_keeps_no_reference_and_lists_no_reference_pass(memory):
   assert "logprobs_old" not in free.programs
   assert free.programs["logprobs"].jitted is free.learner.compute_logprobs
   config.train.kl_in_reward = True
-  assert programs.build(config, mesh).persistent == base.persistent
+  assert programs.build(experiment.from_config(config), mesh).persistent == base.persistent
 
 
 def test_host_reference_leaves_the_persistent_device_bytes_and_has_its_own_program():
@@ -212,17 +217,18 @@ def test_host_reference_leaves_the_persistent_device_bytes_and_has_its_own_progr
   from hgpo_jax.models import sharding
   from hgpo_jax.training import programs
   mesh = sharding.make_mesh(2, 1, 1, devices=_devices(2))
-  base = programs.build(_config(), mesh)
+  base = programs.build(experiment.from_config(_config()), mesh)
   config = _config()
   config.train.reference_memory = "host"
-  offloaded = programs.build(config, mesh)
+  exp = experiment.from_config(config)
+  offloaded = programs.build(exp, mesh)
   assert offloaded.reference_bytes == 0 and base.reference_host_bytes == 0
   assert offloaded.reference_host_bytes == base.reference_bytes == base.params_bytes
   assert offloaded.persistent == base.persistent - base.reference_bytes
   program = offloaded.programs["logprobs"]
   assert program.jitted is offloaded.learner.compute_reference_logprobs and program.persistent == 0
   assert {x.sharding.memory_kind for x in jax.tree.leaves(program.args[0])} == {"pinned_host"}
-  plan = plan_lib.compile_plan(config, (2, 1, 1), devices=_devices(2), phases=["logprobs"])
+  plan = plan_lib.compile_plan(exp, (2, 1, 1), devices=_devices(2), phases=["logprobs"])
   assert plan.reference == 0 and plan.reference_host == base.reference_bytes
   assert " GiB in host memory), critic" in plan_cli.format_plan(plan)
 
@@ -234,18 +240,19 @@ def test_bf16_reference_halves_its_persistent_bytes_and_has_its_own_program():
   from hgpo_jax.models import sharding
   from hgpo_jax.training import programs
   mesh = sharding.make_mesh(2, 1, 1, devices=_devices(2))
-  base = programs.build(_config(), mesh)
+  base = programs.build(experiment.from_config(_config()), mesh)
   config = _config()
   config.train.reference_dtype = "bfloat16"
-  half = programs.build(config, mesh)
+  half = programs.build(experiment.from_config(config), mesh)
   assert half.reference_bytes * 2 == base.reference_bytes == base.params_bytes
   ref_args = jax.tree.leaves(half.programs["logprobs"].args[0])
   assert {x.dtype.name for x in ref_args} == {"bfloat16"}
   assert "logprobs_old" not in half.programs  # one optimizer step: pi_old from the update
   config.train.ppo_epochs = 2
-  two = programs.build(config, mesh)
+  exp = experiment.from_config(config)
+  two = programs.build(exp, mesh)
   assert {x.dtype.name for x in jax.tree.leaves(two.programs["logprobs_old"].args[0])} == {"float32"}
-  plan = plan_lib.compile_plan(config, (2, 1, 1), devices=_devices(2),
+  plan = plan_lib.compile_plan(exp, (2, 1, 1), devices=_devices(2),
                                phases=["logprobs", "logprobs_old"])
   assert plan.reference * 2 == plan.params
 
@@ -256,8 +263,8 @@ def test_decode_step_traffic_against_its_necessary_bytes_per_device():
   norms of 64 whole: float32 on CPU) and the device's 4 rows x 1 kv head of keys and
   values at 3/4 of the prompt + (32 + 1) / 2 slots; the compiled step moves at least the
   weights, and the plan prints the ratio."""
-  config = _config(prompt=64, response=32, rollout_groups=4)
-  plan = plan_lib.compile_plan(config, (1, 2, 2), phases=("generate",), devices=_devices(4))
+  exp = experiment.from_config(_config(prompt=64, response=32, rollout_groups=4))
+  plan = plan_lib.compile_plan(exp, (1, 2, 2), phases=("generate",), devices=_devices(4))
   cfg = plan.shapes.model
   need = plan.decode_necessary
   norms = (2 * cfg.num_layers + 1) * cfg.hidden_dim
@@ -280,8 +287,8 @@ def test_a_chunked_decode_counts_steps_not_chunks():
   for chunk in (1, 4):
     config = _config(prompt=64, response=32, rollout_groups=4)
     config.rollout.decode_chunk_steps = chunk
-    plans[chunk] = plan_lib.compile_plan(config, (1, 2, 2), phases=("generate",),
-                                         devices=_devices(4))
+    plans[chunk] = plan_lib.compile_plan(experiment.from_config(config), (1, 2, 2),
+                                         phases=("generate",), devices=_devices(4))
   one, four = plans[1].phases["generate"], plans[4].phases["generate"]
   assert four.flops == pytest.approx(one.flops, rel=0.02)
   assert four.step.traffic == pytest.approx(one.step.traffic, rel=0.15)
@@ -294,19 +301,20 @@ def test_the_micro_batch_override_reaches_the_critic_and_the_search_starts_at_on
   from configs import webshop
   from hgpo_jax.models import sharding
   from hgpo_jax.training import programs
-  config = webshop.get_config("algo=hiper,smoke")
-  registry = programs.build(config, sharding.make_mesh(8, 1, 1, devices=_devices(8)),
+  exp = experiment.from_config(webshop.get_config("algo=hiper,smoke"))
+  registry = programs.build(exp, sharding.make_mesh(8, 1, 1, devices=_devices(8)),
                             micro_batch_rows=8)
   assert registry.learner.config.micro_batch_rows == 8
   assert registry.critic.config.micro_batch_rows == 8
-  assert plan_lib.learner_phases(config) == ("update", "critic_update")
-  assert plan_lib.learner_phases(alfworld.get_config("algo=hgpo,smoke")) == ("update",)
-  assert plan_lib.micro_batch_candidates(config, 8) == [8]
-  assert plan_lib.micro_batch_candidates(config, 2) == [2, 4]
-  assert plan_lib.micro_batch_candidates(config, 16) == []
-  moved = plan_lib.with_mesh(config, (1, 4, 2))
+  assert plan_lib.learner_phases(exp) == ("update", "critic_update")
+  assert plan_lib.learner_phases(
+      experiment.from_config(alfworld.get_config("algo=hgpo,smoke"))) == ("update",)
+  assert plan_lib.micro_batch_candidates(exp, 8) == [8]
+  assert plan_lib.micro_batch_candidates(exp, 2) == [2, 4]
+  assert plan_lib.micro_batch_candidates(exp, 16) == []
+  moved = plan_lib.with_mesh(exp, (1, 4, 2))
   assert (moved.mesh.data, moved.mesh.fsdp, moved.mesh.tensor) == (1, 4, 2)
-  assert (config.mesh.data, config.mesh.fsdp, config.mesh.tensor) == (-1, 1, 1)
+  assert (exp.mesh.data, exp.mesh.fsdp, exp.mesh.tensor) == (-1, 1, 1)
 
 
 @pytest.mark.slow
@@ -316,10 +324,11 @@ def test_the_search_prefills_in_row_chunks_when_one_prefill_does_not_fit():
   largest that fits (16 rows, halvings of the call that stay multiples of the 8
   data-parallel devices), and the run's command line carries the chunk."""
   config = _config(prompt=512, response=16, mini=16, micro=16, rollout_groups=16)
+  exp = experiment.from_config(config)
   devices = _devices(8)
-  assert plan_lib.prefill_chunk_candidates(config, (8, 1, 1), devices) == [16, 8]
-  whole = plan_lib.compile_plan(config, (8, 1, 1), devices=devices)
-  chunked = plan_lib.compile_plan(plan_lib.with_prefill_chunk(config, 16), (8, 1, 1),
+  assert plan_lib.prefill_chunk_candidates(exp, (8, 1, 1), devices) == [16, 8]
+  whole = plan_lib.compile_plan(exp, (8, 1, 1), devices=devices)
+  chunked = plan_lib.compile_plan(plan_lib.with_prefill_chunk(exp, 16), (8, 1, 1),
                                   devices=devices)
   assert whole.rollout_rows == 32
   # the prefill's temporaries shrink with the chunk; the learners' do not move
@@ -329,7 +338,7 @@ def test_the_search_prefills_in_row_chunks_when_one_prefill_does_not_fit():
   budget = (chunked.peak() + whole.peak("generate")) / 2
   assert chunked.peak() < budget < whole.peak("generate")
   lines = []
-  best, tried = plan_lib.recommend(config, 8, int(budget / 0.9), 0.1, log=lines.append,
+  best, tried = plan_lib.recommend(exp, 8, int(budget / 0.9), 0.1, log=lines.append,
                                    devices=devices)
   assert best is not None and best.mesh == (8, 1, 1) and best.prefill_chunk_rows == 16
   said = [l.split(", ", 1)[1] for l in lines if "generate " in l and "prefill" in l]
@@ -341,11 +350,11 @@ def test_the_search_prefills_in_row_chunks_when_one_prefill_does_not_fit():
   assert plan_cli.run_flags(best)[-1] == "--config.rollout.prefill_chunk_rows=16"
   command = plan_cli.run_command("C", ["--config.rollout.prefill_chunk_rows=0"], best)
   assert command.count("prefill_chunk_rows") == 1
-  assert plan_lib.plan_config(config, best).rollout.prefill_chunk_rows == 16
+  assert plan_lib.plan_config(exp, best).rollout.prefill_chunk_rows == 16
   # a config that sets its own chunk keeps it: the search adds no flag of its own
   config.rollout.prefill_chunk_rows = 16
-  best, _ = plan_lib.recommend(config, 8, int(budget / 0.9), 0.1, log=lambda s: None,
-                               devices=devices)
+  best, _ = plan_lib.recommend(experiment.from_config(config), 8, int(budget / 0.9), 0.1,
+                               log=lambda s: None, devices=devices)
   assert best.mesh == (8, 1, 1) and best.prefill_chunk_rows == 0
   assert best.phases["generate"].temp == chunked.phases["generate"].temp
   command = plan_cli.run_command("C", ["--config.rollout.prefill_chunk_rows=16"], best)
@@ -362,14 +371,15 @@ def test_the_search_drops_a_shared_first_turn_prefill_that_does_not_fit():
   config = _config(prompt=512, response=16, mini=16, micro=1, rollout_groups=16)
   config.rollout.group_size = 8
   config.rollout.prefill_chunk_rows = 2
+  exp = experiment.from_config(config)
   devices = _devices(1)
-  both = plan_lib.compile_plan(config, (1, 1, 1), micro_batch_rows=1, devices=devices)
+  both = plan_lib.compile_plan(exp, (1, 1, 1), micro_batch_rows=1, devices=devices)
   assert both.rollout_rows == 128
   assert max(both.peak("update"), both.peak("logprobs")) < both.peak("generate") \
       < both.peak("generate_shared")
   budget = (both.peak("generate") + both.peak("generate_shared")) / 2
   lines = []
-  best, _ = plan_lib.recommend(config, 1, int(budget / 0.9), 0.1, log=lines.append,
+  best, _ = plan_lib.recommend(exp, 1, int(budget / 0.9), 0.1, log=lines.append,
                                devices=devices)
   assert best is not None and best.mesh == (1, 1, 1) and not best.share_prefill
   assert "generate_shared" not in best.phases and best.decode_slots == 0
@@ -377,11 +387,11 @@ def test_the_search_drops_a_shared_first_turn_prefill_that_does_not_fit():
   assert any("generate_shared: temporaries" in l and "rollout.share_prefill=false" in l
              for l in lines)
   assert plan_cli.run_flags(best)[-1] == "--config.rollout.share_prefill=false"
-  unshared = plan_lib.plan_config(config, best)
+  unshared = plan_lib.plan_config(exp, best)
   assert unshared.rollout.share_prefill is False
   assert "generate_shared" not in plan_lib.program_names(unshared, (1, 1, 1), devices)
   # with room for both, the shared prefill stays
-  best, _ = plan_lib.recommend(config, 1, int(both.peak() / 0.9) + 1, 0.1,
+  best, _ = plan_lib.recommend(exp, 1, int(both.peak() / 0.9) + 1, 0.1,
                                log=lambda s: None, devices=devices)
   assert best.share_prefill and "generate_shared" in best.phases
 
@@ -393,11 +403,12 @@ def test_the_search_decodes_in_slots_only_when_no_mesh_fits_every_row_at_once():
   prefill, is what does not fit): after every chunk, the last resort decodes the rows
   through 64 cache rows (`rollout.decode_slots`, the most that fit), and the run's command
   line carries the slots and no chunk."""
-  config = _config(prompt=32, response=1024, mini=16, micro=1, rollout_groups=64)
+  exp = experiment.from_config(
+      _config(prompt=32, response=1024, mini=16, micro=1, rollout_groups=64))
   devices = _devices(1)
-  assert plan_lib.decode_slot_candidates(config, (1, 1, 1), devices) == [64, 32, 16, 8, 4, 2, 1]
-  whole = plan_lib.compile_plan(config, (1, 1, 1), micro_batch_rows=1, devices=devices)
-  slotted = plan_lib.compile_plan(plan_lib.with_decode_slots(config, 64), (1, 1, 1),
+  assert plan_lib.decode_slot_candidates(exp, (1, 1, 1), devices) == [64, 32, 16, 8, 4, 2, 1]
+  whole = plan_lib.compile_plan(exp, (1, 1, 1), micro_batch_rows=1, devices=devices)
+  slotted = plan_lib.compile_plan(plan_lib.with_decode_slots(exp, 64), (1, 1, 1),
                                   micro_batch_rows=1, devices=devices, phases=("generate",))
   assert whole.rollout_rows == 128
   # the cache of every row, as allocated: layers x rows x kv heads x slots x head_dim, K and V
@@ -408,7 +419,7 @@ def test_the_search_decodes_in_slots_only_when_no_mesh_fits_every_row_at_once():
   budget = (max(whole.peak("update"), slotted.peak("generate")) + whole.peak("generate")) / 2
   assert whole.peak("update") < budget and slotted.peak("generate") < budget < whole.peak("generate")
   lines = []
-  best, tried = plan_lib.recommend(config, 1, int(budget / 0.9), 0.1, log=lines.append,
+  best, tried = plan_lib.recommend(exp, 1, int(budget / 0.9), 0.1, log=lines.append,
                                    devices=devices)
   assert best is not None and best.mesh == (1, 1, 1)
   assert best.decode_slots == 64 and best.prefill_chunk_rows == 0
@@ -423,7 +434,7 @@ def test_the_search_decodes_in_slots_only_when_no_mesh_fits_every_row_at_once():
   assert plan_cli.run_flags(best)[-1] == "--config.rollout.decode_slots=64"
   command = plan_cli.run_command("C", ["--config.rollout.decode_slots=0"], best)
   assert command.count("decode_slots") == 1 and "prefill_chunk_rows" not in command
-  assert plan_lib.plan_config(config, best).rollout.decode_slots == 64
+  assert plan_lib.plan_config(exp, best).rollout.decode_slots == 64
   assert tried[-1][2].endswith(": fits")
 
 

@@ -101,11 +101,12 @@ def test_config_variants():
 @pytest.mark.slow
 def test_search_smoke_trains_over_env_servers(tmp_path):
   from hgpo_jax import train
+  from hgpo_jax.training import experiment
   from hgpo_jax.training import run_records
   c = search_config.get_config("smoke")
   with c.unlocked():
     c.mesh.data = 1
-  out = train.train_and_evaluate(c, str(tmp_path))
+  out = train.train_and_evaluate(experiment.from_config(c), str(tmp_path))
   lines = run_records.read_metrics(str(tmp_path))
   assert [l["step"] for l in lines][:2] == [1, 2]
   assert all(math.isfinite(l["train/loss"]) for l in lines[:2])

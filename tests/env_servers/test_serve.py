@@ -248,3 +248,25 @@ def test_env_exception_outside_a_slot_is_internal_and_marked(flaky_path):
       assert len(stub.ListTasks(env_pb2.ListTasksRequest(split="train"), timeout=10).task_ids)
   finally:
     proc.stop()
+
+
+def test_step_latency_delays_every_step_and_nothing_else():
+  """`--step-latency-ms` (a remote env's round trip, for launch.benchmarks.async_rollout):
+  every Step call waits at least that long; the results are those of an undelayed server."""
+  import time
+  plain, slow = serve.SlotServer("sokoban", 2), serve.SlotServer("sokoban", 2,
+                                                                 step_latency_s=0.25)
+  for core in (plain, slow):
+    core.reset([0, 1], ["train-00000"] * 2, [0, 0], "train")
+  start = time.perf_counter()
+  got = slow.step([0, 1], [b"up", b"left"])
+  assert time.perf_counter() - start >= 0.25
+  assert [r.observation for r in got] == [r.observation for r in plain.step([0, 1],
+                                                                            [b"up", b"left"])]
+  with pytest.raises(ValueError, match="--step-latency-ms must be >= 0, got -5"):
+    serve.SlotServer("sokoban", 1, step_latency_s=-0.005)
+  proc = launcher.ServerProcess("sokoban", 1, step_latency_ms=250)
+  try:
+    assert proc.cmd[-2:] == ["--step-latency-ms", "250"]
+  finally:
+    proc.stop()

@@ -143,6 +143,7 @@ def test_tls_with_a_self_signed_certificate_and_token(certificate):
 
 def test_trainer_config_passes_token_and_root_certificate(tmp_path, monkeypatch):
   from configs import sokoban as sokoban_config
+  from hgpo_jax.training import experiment
   from hgpo_jax.training import run as run_lib
   (tmp_path / "token").write_text(TOKEN + "\n")
   (tmp_path / "ca.pem").write_bytes(b"PEM")
@@ -153,6 +154,6 @@ def test_trainer_config_passes_token_and_root_certificate(tmp_path, monkeypatch)
   seen = {}
   monkeypatch.setattr(run_lib.pool_lib, "EnvPool",
                       lambda servers, n, **kw: seen.update(servers=servers, n=n, **kw))
-  run_lib.make_pool(config, 4)
+  run_lib.make_pool(experiment.from_config(config).env, 4)
   assert (seen["servers"], seen["n"], seen["token"], seen["tls_root_cert"]) == (
       ["envhost:50051"], 4, TOKEN, b"PEM")

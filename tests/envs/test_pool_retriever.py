@@ -16,8 +16,8 @@ from env_servers.search import dataset
 from env_servers.search import env as search_env
 from hgpo_jax.envs import launcher
 from hgpo_jax.envs import pool as pool_lib
+from hgpo_jax.training import experiment
 from hgpo_jax.training import run as run_lib
-from hgpo_jax.training import run_config
 
 SEARCH_1 = "<search>Liorkexkuth Works</search>"
 SEARCH_2 = "<search>Zethbaex Quimtirsiox</search>"
@@ -72,12 +72,12 @@ def test_the_trainer_config_starts_a_local_retriever_and_refuses_it_with_endpoin
   c = search_config.get_config("smoke")
   with c.unlocked():
     c.env.args.retriever = "local"
-  pool = run_lib.make_pool(c, 1)
+  pool = run_lib.make_pool(experiment.from_config(c).env, 1)
   try:
     assert pool.retriever_pid is not None and _alive(pool.retriever_pid)
   finally:
     pool.close()
   with c.unlocked():
     c.env.endpoints = ("127.0.0.1:1",)
-  with pytest.raises(run_config.ConfigError, match="retriever='local' starts a retriever"):
-    run_config.validate(c)
+  with pytest.raises(experiment.ConfigError, match="retriever='local' starts a retriever"):
+    experiment.from_config(c)

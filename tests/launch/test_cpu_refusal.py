@@ -1,5 +1,5 @@
 """No silent CPU fallback: `launch.main` prints the platform first and refuses, in one line,
-a config meant for accelerators when JAX found only CPUs (`run_config.cpu_refusal`)."""
+a config meant for accelerators when JAX found only CPUs (`experiment.cpu_refusal`)."""
 
 import os
 import re
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from configs import alfworld, sokoban, webshop
-from hgpo_jax.training import run_config
+from hgpo_jax.training import experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,6 +22,10 @@ def _config(**overrides):
   return c
 
 
+def _experiment(**overrides):
+  return experiment.from_config(_config(**overrides))
+
+
 def test_every_config_family_has_allow_cpu_off():
   for family in (alfworld, sokoban, webshop):
     assert family.get_config("smoke").allow_cpu is False
@@ -30,26 +34,26 @@ def test_every_config_family_has_allow_cpu_off():
 def test_cpu_refusal_names_each_reason_and_the_way_out(tmp_path):
   weights = str(tmp_path)  # an existing directory: the preset's weights would load
   cpu = dict(platform="cpu", num_devices=2, distributed=False)
-  assert run_config.cpu_refusal(_config(), **cpu) is None  # the smoke run is CPU-sized
-  assert run_config.cpu_refusal(_config(**{"mesh.data": 2}), **cpu) is None  # fits 2 devices
-  line = run_config.cpu_refusal(_config(**{"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}),
-                                **cpu)
+  assert experiment.cpu_refusal(_experiment(), **cpu) is None  # the smoke run is CPU-sized
+  assert experiment.cpu_refusal(_experiment(**{"mesh.data": 2}), **cpu) is None  # fits 2 devices
+  line = experiment.cpu_refusal(
+      _experiment(**{"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2}), **cpu)
   assert line == ("config.mesh asks for 8 devices (fsdp 4 x tensor 2), but JAX found "
                   "only CPUs (2 devices): install JAX for the accelerator (make venv "
                   "ACCEL=cuda12 or ACCEL=tpu) or pass --config.allow_cpu=true to run on the CPUs")
-  big = _config(**{"model.name": "qwen2.5-7b", "model.path": weights, "mesh.fsdp": 4})
-  line = run_config.cpu_refusal(big, **dict(cpu, distributed=True, num_devices=1))
+  big = _experiment(**{"model.name": "qwen2.5-7b", "model.path": weights, "mesh.fsdp": 4})
+  line = experiment.cpu_refusal(big, **dict(cpu, distributed=True, num_devices=1))
   assert line.startswith("model qwen2.5-7b is meant for accelerators; config.mesh asks for 4 "
                          "devices (fsdp 4); --distributed starts a multi-host run, but JAX found "
                          "only CPUs (1 device):")
   # A path that does not exist fails on its own line when the model loads.
-  missing = _config(**{"model.name": "qwen2.5-1.5b", "model.path": str(tmp_path / "nope")})
-  assert run_config.cpu_refusal(missing, **cpu) is None
+  missing = _experiment(**{"model.name": "qwen2.5-1.5b", "model.path": str(tmp_path / "nope")})
+  assert experiment.cpu_refusal(missing, **cpu) is None
   # The same configs on accelerators, or with allow_cpu, are not refused.
   for platform in ("gpu", "tpu"):
-    assert run_config.cpu_refusal(big, platform=platform, num_devices=1, distributed=True) is None
-  allowed = _config(**{"model.name": "qwen2.5-7b", "model.path": weights, "allow_cpu": True})
-  assert run_config.cpu_refusal(allowed, **dict(cpu, distributed=True)) is None
+    assert experiment.cpu_refusal(big, platform=platform, num_devices=1, distributed=True) is None
+  allowed = _experiment(**{"model.name": "qwen2.5-7b", "model.path": weights, "allow_cpu": True})
+  assert experiment.cpu_refusal(allowed, **dict(cpu, distributed=True)) is None
 
 
 def _free_port() -> int:

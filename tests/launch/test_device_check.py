@@ -84,7 +84,7 @@ def _check_iteration(argv, monkeypatch, tiny, env="sokoban"):
   full command, and stops it before it builds anything."""
   import jax
 
-  from hgpo_jax import train
+  from hgpo_jax.training import experiment
   from launch.benchmarks import paper_iteration
   seen = {}
   real_config = paper_iteration.paper_config
@@ -99,13 +99,14 @@ def _check_iteration(argv, monkeypatch, tiny, env="sokoban"):
 
   monkeypatch.setattr(paper_iteration, "paper_config", config)
   monkeypatch.setattr(paper_iteration, "_install_random_presets", stop)
-  real_validate = train.validate
+  real_from_config = experiment.from_config
 
-  def validate(c):
-    real_validate(c)
+  def from_config(c):
+    exp = real_from_config(c)
     seen["validated"] = c
+    return exp
 
-  monkeypatch.setattr(train, "validate", validate)
+  monkeypatch.setattr(experiment, "from_config", from_config)
   if not tiny:
     gpu = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(jax, "devices", lambda *a: [gpu])

@@ -23,6 +23,7 @@ from hgpo_jax import train
 from hgpo_jax.advantages import dump
 from hgpo_jax.training import checkpoint
 from hgpo_jax.training import evaluation
+from hgpo_jax.training import experiment
 from hgpo_jax.training import run_records
 from launch import evaluate
 from launch import export
@@ -56,7 +57,7 @@ def _eval_metrics(line: dict) -> dict:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("run"))
-  out = train.train_and_evaluate(_config(), workdir)
+  out = train.train_and_evaluate(experiment.from_config(_config()), workdir)
   return workdir, out["final_eval"]
 
 
@@ -206,7 +207,7 @@ def test_lora_checkpoint_goes_over_the_loaded_base(tmp_path):
   loads and samples the tokens of the run's final evaluation."""
   lora = {"model.lora.rank": 4, "train.lr": 1e-2}
   run = str(tmp_path / "run")
-  final = train.train_and_evaluate(_config(**lora), run)["final_eval"]
+  final = train.train_and_evaluate(experiment.from_config(_config(**lora)), run)["final_eval"]
   saved = checkpoint.read_params(run).params
   assert saved["layers"] and "embed" not in saved  # adapters only
   eval_dir = str(tmp_path / "eval")

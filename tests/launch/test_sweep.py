@@ -564,7 +564,7 @@ def test_llm_suite_cells_train_smollm2_with_lora_on_the_64_game_split():
   """The `llm` suite: SmolLM2-135M with rank-16 adapters, mini_v4's 64 train games, the
   mini suite's 48 held-out games, whole prompts (400 tokens), no reference model; every cell builds and passes the trainer's validation; its quick
   version (`make run-llm`) is the prompted base and HGPO K=2 on the first seed."""
-  from hgpo_jax import train
+  from hgpo_jax.training import experiment
   suite = suites.get_suite("llm")
   env = suite.env("alfworld_mini")
   for method in suite.methods:
@@ -577,7 +577,7 @@ def test_llm_suite_cells_train_smollm2_with_lora_on_the_64_game_split():
     assert c.train.mini_batch_rows == 24 and c.train.lr == 2e-4
     assert not c.train.use_kl_loss and c.train.kl_coef == 0.0
     assert suites.pending_reason(env, method) is None
-    train.validate(c)
+    experiment.from_config(c)
   quick = suites.quick_suite(suite)
   assert [m.name for m in quick.methods] == ["smollm2_prompted", "hgpo_k2"]
   assert quick.seeds == (123,) and suite.reference == "smollm2_prompted"

@@ -32,6 +32,7 @@ from hgpo_jax import train
 from hgpo_jax.sampling import SamplingParams
 from hgpo_jax.sampling import constrained
 from hgpo_jax.training import checkpoint
+from hgpo_jax.training import experiment
 from hgpo_jax.training import run_records
 from hgpo_jax.training import run as run_lib
 from launch import evaluate
@@ -72,7 +73,7 @@ def lora_run(tmp_path_factory):
   root = tmp_path_factory.mktemp("adapter")
   hf_dir = _hf_dir(str(root / "hf"))
   workdir = str(root / "run")
-  out = train.train_and_evaluate(_config(hf_dir), workdir)
+  out = train.train_and_evaluate(experiment.from_config(_config(hf_dir)), workdir)
   return hf_dir, workdir, out
 
 
@@ -122,8 +123,8 @@ def test_exported_adapter_picks_the_samplers_greedy_actions(lora_run, tmp_path):
   base.config._attn_implementation = "eager"
   adapted = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
 
-  config = _config(hf_dir)
-  run = run_lib.build(config, str(tmp_path / "eval"), train=False)
+  exp = experiment.from_config(_config(hf_dir))
+  run = run_lib.build(exp, str(tmp_path / "eval"), train=False)
   try:
     directory, step = checkpoint.resolve_step(os.path.join(workdir, "checkpoints"), None)
     evaluate.restore_policy(run.sampler.model, directory, step)

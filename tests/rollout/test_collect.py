@@ -14,6 +14,7 @@ from hgpo_jax.advantages import gae
 from hgpo_jax.advantages import grouping
 from hgpo_jax.advantages import registry
 from hgpo_jax.rollout import rollout
+from hgpo_jax.rollout.params import RolloutParams
 from hgpo_jax.rollout.tasks import Task
 
 ACT = "<think>go</think><action>go north</action>"
@@ -48,8 +49,9 @@ def collected():
   tok = rollout_fakes.CharTokenizer()
   smp = rollout_fakes.ScriptedSampler(tok, [ACT] * 7)  # 3 + 3 + 1 active slots
   ro = rollout.collect(pool, smp, tok, [Task("t0", "train", 0, 0)], 3, env_name="alfworld",
-                       max_steps=3, history_length=2, sampling=None, rng=jax.random.key(0),
-                       max_prompt_tokens=100_000)
+                       max_steps=3,
+                       params=RolloutParams(history_length=2, max_prompt_tokens=100_000),
+                       sampling=None, rng=jax.random.key(0))
   return ro, pool
 
 

@@ -92,9 +92,11 @@ def _three_turn_episode(**kwargs):
   smp = rollout_fakes.ScriptedSampler(tok, RESPONSES)
   steps = []
   ro = rollout.collect(pool, smp, tok, [Task("t0", "train", 0, 0)], 1, env_name="alfworld",
-                       max_steps=3, history_length=2, sampling=None, rng=jax.random.key(0),
-                       max_prompt_tokens=100_000, response_format="hiper",
-                       on_step=lambda *a: steps.append(a), **kwargs)
+                       max_steps=3,
+                       params=rollout_params.RolloutParams(history_length=2,
+                                                           max_prompt_tokens=100_000,
+                                                           response_format="hiper", **kwargs),
+                       sampling=None, rng=jax.random.key(0), on_step=lambda *a: steps.append(a))
   return ro, smp, pool, steps
 
 
@@ -170,15 +172,19 @@ def test_react_rows_have_no_hiper_fields():
   tok = rollout_fakes.CharTokenizer()
   smp = rollout_fakes.ScriptedSampler(tok, ["<think>x</think><action>go to fridge 1</action>"])
   ro = rollout.collect(pool, smp, tok, [Task("t0", "train", 0, 0)], 1, env_name="alfworld",
-                       max_steps=3, history_length=2, sampling=None, rng=jax.random.key(0),
-                       max_prompt_tokens=100_000)
+                       max_steps=3,
+                       params=rollout_params.RolloutParams(history_length=2,
+                                                           max_prompt_tokens=100_000),
+                       sampling=None, rng=jax.random.key(0))
   (row,) = ro.rows
   assert (row.switch, row.subgoal, row.token_tags) == (None, None, None)
   assert not {"switch", "subgoal", "token_tags"} & set(row.dump_record())
   with pytest.raises(ValueError, match="response_format='options'"):
     rollout.collect(pool, smp, tok, [Task("t0", "train", 0, 0)], 1, env_name="alfworld",
-                    max_steps=3, history_length=2, sampling=None, rng=jax.random.key(0),
-                    max_prompt_tokens=100, response_format="options")
+                    max_steps=3,
+                    params=rollout_params.RolloutParams(history_length=2, max_prompt_tokens=100,
+                                                        response_format="options"),
+                    sampling=None, rng=jax.random.key(0))
 
 
 def test_webshop_prompt_uses_instruction_page_parts_and_released_action_list():
@@ -189,8 +195,10 @@ def test_webshop_prompt_uses_instruction_page_parts_and_released_action_list():
   smp = rollout_fakes.ScriptedSampler(tok, ["<switch>SWITCH</switch><subgoal>find lamp</subgoal>"
                                             "<action>search[red lamp]</action>"])
   rollout.collect(pool, smp, tok, [Task("t0", "train", 0, 0)], 1, env_name="webshop",
-                  max_steps=1, history_length=2, sampling=None, rng=jax.random.key(0),
-                  max_prompt_tokens=100_000, response_format="hiper")
+                  max_steps=1,
+                  params=rollout_params.RolloutParams(history_length=2, max_prompt_tokens=100_000,
+                                                      response_format="hiper"),
+                  sampling=None, rng=jax.random.key(0))
   text = smp.calls[0][0][0]
   assert text.startswith("\nYou are an expert autonomous agent operating in the WebShop "
                          "e\u2011commerce environment. Your task is to: i need a red lamp.\n\n" + INTRO)
@@ -258,8 +266,12 @@ def test_collect_passes_the_history_drop_to_hiper_prompts():
     smp = rollout_fakes.ScriptedSampler(tok, [
         "<switch>SWITCH</switch><subgoal>open b01</subgoal><action>click[b01]</action>"] * 2)
     rollout.collect(pool, smp, tok, [Task("t0", "train", 0, 0)], 1, env_name="webshop",
-                    max_steps=2, history_length=2, sampling=None, rng=jax.random.key(0),
-                    max_prompt_tokens=100_000, response_format="hiper", history_drop_chars=drop)
+                    max_steps=2,
+                    params=rollout_params.RolloutParams(history_length=2,
+                                                        max_prompt_tokens=100_000,
+                                                        response_format="hiper",
+                                                        history_drop_chars=drop),
+                    sampling=None, rng=jax.random.key(0))
     prompts_by_drop[drop] = [texts[0] for texts, _, _ in smp.calls]
   kept, dropped = prompts_by_drop[0][1], prompts_by_drop[13_000][1]
   assert len(kept) > 14_000 and "[Observation 1:" in kept
@@ -394,10 +406,14 @@ def test_constrained_hiper_rollout_on_the_tiny_model():
 
   smp.generate = recording_generate
   ro = rollout.collect(pool, smp, tok, [Task("t0", "train", 0, 0), Task("t1", "train", 1, 1)], 2,
-                       env_name="sokoban", max_steps=4, history_length=2,
+                       env_name="sokoban", max_steps=4,
+                       params=rollout_params.RolloutParams(history_length=2,
+                                                           max_prompt_tokens=2048,
+                                                           constrained=True,
+                                                           response_format="hiper",
+                                                           subgoal_tokens=6),
                        sampling=SamplingParams(temperature=1.0, max_new_tokens=96),
-                       rng=jax.random.key(0), max_prompt_tokens=2048, constrained=True,
-                       response_format="hiper", subgoal_tokens=6)
+                       rng=jax.random.key(0))
   assert len(ro.rows) == 16
   by_traj = {}
   for r in ro.rows:

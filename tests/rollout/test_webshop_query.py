@@ -11,6 +11,7 @@ import rollout_fakes
 from env_servers.webshop.env import WebShopEnv
 from hgpo_jax.models import config, decoder, tokenizer
 from hgpo_jax.rollout import rollout
+from hgpo_jax.rollout.params import RolloutParams
 from hgpo_jax.rollout.tasks import Task
 from hgpo_jax.sampling import sampler
 from hgpo_jax.sampling import SamplingParams
@@ -22,11 +23,11 @@ def _collect(model, tok, pool, *, max_steps, query_tokens, seed=0):
   smp = sampler.Sampler(model, tok, prompt_buckets=(2048,), batch_buckets=(4,))
   tasks = [Task(t, "train", i, i) for i, t in enumerate(TASKS)]
   params = SamplingParams(temperature=1.0, max_new_tokens=64, stop_strings=("</action>",))
+  ro_params = RolloutParams(history_length=2, max_prompt_tokens=2048, constrained=True,
+                            fallback_chars=20,  # configs/webshop.py rollout.fallback_chars
+                            free_query_tokens=query_tokens)
   return rollout.collect(pool, smp, tok, tasks, 2, env_name="webshop", max_steps=max_steps,
-                         history_length=2, sampling=params, rng=jax.random.key(seed),
-                         max_prompt_tokens=2048, constrained=True,
-                         fallback_chars=20,  # configs/webshop.py rollout.fallback_chars
-                         free_query_tokens=query_tokens)
+                         params=ro_params, sampling=params, rng=jax.random.key(seed))
 
 
 def test_random_tiny_policy_writes_free_queries_never_the_template():

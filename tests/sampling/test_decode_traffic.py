@@ -10,6 +10,7 @@ from configs import alfworld
 from hgpo_jax.sampling import decode_traffic
 from hgpo_jax.compiled import plan as plan_lib
 from hgpo_jax.cost import targets
+from hgpo_jax.training import experiment
 from launch import plan as plan_cli
 
 # A decode step (the outer loop, no fixed trip count) over 4 layers (`i < 4`), each one
@@ -114,7 +115,8 @@ def test_a_plan_adds_the_kernels_reads_at_the_chips_bandwidth():
   step = decode_traffic.StepCost(traffic=3e9, cycles=1e6, kernel_bytes=819e6)
   phase = plan_lib.Phase(name="generate", flops=0.0, argument=0, output=0, alias=0, temp=0,
                          persistent_args=0, calls=2, cycles=5e6, step=step)
-  shapes = plan_lib.shapes_from_config(alfworld.get_config("algo=hgpo,model=tiny,smoke"))
+  shapes = plan_lib.shapes_from_config(
+      experiment.from_config(alfworld.get_config("algo=hgpo,model=tiny,smoke")))
   plan = plan_lib.Plan(mesh=(1, 1, 1), shapes=shapes, params=0, opt_state=0, reference=0,
                        phases={"generate": phase}, platform="tpu", device_kind="TPU v5 lite")
   seconds = plan_lib.estimated_seconds(plan, 1e-9)
@@ -141,7 +143,8 @@ def test_a_tpu_compiled_generate_with_the_kernel_is_credited_with_its_valid_bloc
   config.model.decode_attention_impl = "pallas_tpu"
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1
   devices = targets.devices(targets.resolve("v5e-8"))[:1]
-  plan = plan_lib.compile_plan(config, (1, 1, 1), phases=("generate",), devices=devices)
+  plan = plan_lib.compile_plan(experiment.from_config(config), (1, 1, 1), phases=("generate",),
+                               devices=devices)
   cfg, need, step = plan.shapes.model, plan.decode_necessary, plan.phases["generate"].step
   rows, slots = plan.rollout_rows, 4608
   assert rows == 32 and need.valid_slots == 0.75 * 4096 + 513 / 2

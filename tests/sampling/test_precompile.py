@@ -19,7 +19,7 @@ from hgpo_jax.sampling import sampler
 from hgpo_jax.sampling import SamplingParams
 from hgpo_jax.sampling import types
 from hgpo_jax.training import programs
-from hgpo_jax.training import run_config
+from hgpo_jax.training import experiment
 
 PROMPTS = ["go to cabinet 1", "You are in the middle of a room. Looking quickly around you",
            "put a clean apple in the fridge"]
@@ -89,7 +89,7 @@ def _sampler(model, tok, c):
 def test_rollout_calls_are_every_bucket_and_prefill_variant(model, tok):
   c = _config()
   smp = _sampler(model, tok, c)
-  names = [call[0] for call in programs.rollout_calls(c, smp, rows=8)]
+  names = [call[0] for call in programs.rollout_calls(experiment.from_config(c), smp, rows=8)]
   # batch buckets 1, 2, 4, 8 x the one prompt bucket 32, plus the shared prefill where
   # bucket(ceil(Bb / 4)) < Bb: Bb = 2, 4 (1 row) and 8 (2 rows); training (T = 1) and
   # evaluation (T = 0.4) share the flags, so one set
@@ -97,25 +97,29 @@ def test_rollout_calls_are_every_bucket_and_prefill_variant(model, tok):
       "generate[train rows=2 prompt=32 shared=1]", "generate[train rows=4 prompt=32]",
       "generate[train rows=4 prompt=32 shared=1]", "generate[train rows=8 prompt=32]",
       "generate[train rows=8 prompt=32 shared=2]"]
-  greedy_eval = programs.rollout_calls(_config(**{"eval.temperature": 0.0}), smp, rows=8)
+  greedy_eval = programs.rollout_calls(
+      experiment.from_config(_config(**{"eval.temperature": 0.0})), smp, rows=8)
   assert len(greedy_eval) == 14 and greedy_eval[7][0] == "generate[eval rows=1 prompt=32]"
   with pytest.raises(ValueError, match="rollout.max_trie_nodes=0: the constrained"):
-    programs.rollout_calls(_config(**{"rollout.constrained": True}), smp, rows=8)
+    programs.rollout_calls(experiment.from_config(_config(**{"rollout.constrained": True})), smp,
+                           rows=8)
   # continuous batching: the calls with more rows than slots run the slotted program
   slotted = _config(**{"rollout.decode_slots": 2})
-  calls = programs.rollout_calls(slotted, _sampler(model, tok, slotted), rows=8)
+  calls = programs.rollout_calls(experiment.from_config(slotted), _sampler(model, tok, slotted),
+                                 rows=8)
   assert [call[0] for call in calls] == names
   assert [call[2]["flags"].slots for call in calls] == [0, 0, 0, 2, 2, 2, 2]
-  fixed = programs.rollout_calls(
-      _config(**{"rollout.constrained": True, "rollout.max_trie_nodes": 64}), smp, rows=8)
+  fixed = programs.rollout_calls(experiment.from_config(
+      _config(**{"rollout.constrained": True, "rollout.max_trie_nodes": 64})), smp, rows=8)
   assert {call[2]["flags"].constraint_mode for call in fixed} == {types.WHOLE_CONSTRAINT}
 
 
 def test_precompiled_calls_equal_jit_and_trace_nothing(model, tok, prompts):
   c = _config()
   smp, ref = _sampler(model, tok, c), _sampler(model, tok, c)
-  params = run_config.validate(c).sampling  # the rollout's: stop strings, T = 1
-  assert smp.precompile([call[1:] for call in programs.rollout_calls(c, smp, rows=8)]) == 7
+  exp = experiment.from_config(c)
+  params = exp.sampling.train  # the rollout's: stop strings, T = 1
+  assert smp.precompile([call[1:] for call in programs.rollout_calls(exp, smp, rows=8)]) == 7
   traced = smp.num_compilations
   # 8 rows of 2 prompts (shared: 2 rows), 3 rows (bucket 4), 1 row, and 4 rows of 2 prompts
   # (more than bucket(ceil(4 / 4)) = 1: unshared, the second call's program)
@@ -136,9 +140,9 @@ def test_precompiled_calls_equal_jit_and_trace_nothing(model, tok, prompts):
 
 def test_precompile_needs_fixed_tries_when_constrained():
   c = _config(**{"rollout.constrained": True, "rollout.precompile": True})
-  with pytest.raises(run_config.ConfigError, match="precompile=True with constrained decoding "
+  with pytest.raises(experiment.ConfigError, match="precompile=True with constrained decoding "
                                                    "needs max_trie_nodes > 0"):
-    run_config.validate(c)
+    experiment.from_config(c)
 
 
 @pytest.mark.slow
@@ -152,7 +156,7 @@ def test_trainer_rollout_runs_only_precompiled_programs(tmp_path):
   with c.unlocked():
     c.update_from_flattened_dict({"mesh.data": 1, "rollout.precompile": True,
                                   "rollout.max_trie_nodes": 64})
-  run = run_lib.build(c, str(tmp_path))
+  run = run_lib.build(experiment.from_config(c), str(tmp_path))
   try:
     smp = run.sampler
     # 2 groups x 2: batch buckets 1, 2, 4 x prompt buckets 128, 256, 512, and the shared
@@ -188,7 +192,7 @@ def test_trainer_rollout_with_decode_slots_samples_the_lockstep_rollout(tmp_path
     with c.unlocked():
       c.update_from_flattened_dict({"mesh.data": 1, "rollout.precompile": True,
                                     "rollout.max_trie_nodes": 64, "rollout.decode_slots": slots})
-    run = run_lib.build(c, str(tmp_path / f"slots_{slots}"))
+    run = run_lib.build(experiment.from_config(c), str(tmp_path / f"slots_{slots}"))
     try:
       smp = run.sampler
       assert len(smp._compiled) == 15 and smp.decode_slots == slots

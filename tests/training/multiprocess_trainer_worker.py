@@ -23,6 +23,7 @@ import jax  # noqa: E402
 
 from configs import sokoban  # noqa: E402
 from hgpo_jax import train  # noqa: E402
+from hgpo_jax.training import experiment  # noqa: E402
 
 
 def config():
@@ -43,7 +44,7 @@ def main(workdir, num_processes, process_id, port):
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=num_processes,
                                process_id=process_id, initialization_timeout=120)
   assert jax.device_count() == 8, jax.devices()
-  train.train_and_evaluate(config(), workdir)
+  train.train_and_evaluate(experiment.from_config(config()), workdir)
   if num_processes > 1:
     jax.distributed.shutdown()
 

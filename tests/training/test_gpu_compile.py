@@ -18,6 +18,7 @@ from configs import alfworld
 from hgpo_jax.models import config as config_lib
 from hgpo_jax.models import sharding
 from hgpo_jax.compiled import plan as plan_lib
+from hgpo_jax.training import experiment
 from hgpo_jax.training import programs
 from hgpo_jax.cost import targets
 
@@ -42,14 +43,15 @@ def _devices():
 
 
 def _generate(config, rows: int) -> plan_lib.Plan:
-  return plan_lib.compile_plan(config, (1, 1, 1), rollout_rows=rows, micro_batch_rows=1,
-                               phases=("generate",), devices=_devices())
+  return plan_lib.compile_plan(experiment.from_config(config), (1, 1, 1), rollout_rows=rows,
+                               micro_batch_rows=1, phases=("generate",), devices=_devices())
 
 
 def _kernel_calls(config, rows: int) -> dict[str, int]:
   """Pallas calls by kernel name in the compiled generate program's HLO."""
   mesh = sharding.make_mesh(1, 1, 1, devices=_devices())
-  registry = programs.build(config, mesh, micro_batch_rows=1, rollout_rows=rows)
+  registry = programs.build(experiment.from_config(config), mesh, micro_batch_rows=1,
+                            rollout_rows=rows)
   text = registry.programs["generate"].lower().compile().as_text()
   calls = [line for line in text.splitlines() if "custom-call(" in line]
   names = [m.group(1) for line in calls

@@ -12,7 +12,7 @@ from flax import nnx
 import fake_devices
 from hgpo_jax.models import config as model_config
 from hgpo_jax.models import decoder, loading, lora, sharding
-from hgpo_jax.training import checkpoint, train_batch, train_step
+from hgpo_jax.training import checkpoint, experiment, train_batch, train_step
 
 TINY = model_config.get_preset("tiny").replace(num_layers=2, vocab_size=64, mlp_dim=64)
 LORA = lora.LoraConfig(rank=4, alpha=8.0)
@@ -54,7 +54,7 @@ def _iterate(learner, state, hosts):
   ref = learner.reference_params(state)
   history = []
   for host in hosts:
-    filled = train_step.fill_logprobs(learner, state.params, ref, host)
+    filled = train_step.fill_rows(learner, state.params, ref, host)
     state, metrics = train_step.train_iteration(learner, state, filled)
     history.append(metrics)
   return state, history
@@ -99,7 +99,7 @@ def test_update_moves_only_the_adapters_and_the_reference_is_the_base():
       np.testing.assert_array_equal(after[name], value, err_msg=name)  # the base bitwise
   # the reference log-probs (adapters off) are the base model's, bit for bit, after the update
   host = _host_batch(seed=2)
-  filled = train_step.fill_logprobs(learner, state.params, train_step.ADAPTERS_OFF, host)
+  filled = train_step.fill_rows(learner, state.params, train_step.ADAPTERS_OFF, host)
   base_learner, base_state = _learner(base, mesh, config)
   want = base_learner.compute_logprobs(base_state.params,
                                        base_learner.lay_out(base_learner.put_batch(host)))
@@ -217,14 +217,14 @@ def _deterministic_lines(workdir):
 def test_trainer_with_lora_resumes_to_the_uninterrupted_runs_metrics(tmp_path):
   from hgpo_jax import train
   whole = str(tmp_path / "whole")
-  train.train_and_evaluate(_sokoban(whole), whole)
+  train.train_and_evaluate(experiment.from_config(_sokoban(whole)), whole)
   lines = _deterministic_lines(whole)
   assert [line["step"] for line in lines] == [1, 2, 3]
   assert lines[0]["train/kl"] == 0.0 and lines[1]["train/kl"] != 0.0  # reference: adapters off
   parted = str(tmp_path / "parted")
-  train.train_and_evaluate(_sokoban(parted, **{"train.num_iterations": 1, "eval.at_end": False}),
-                           parted)
-  out = train.train_and_evaluate(_sokoban(parted), parted)
+  train.train_and_evaluate(experiment.from_config(
+      _sokoban(parted, **{"train.num_iterations": 1, "eval.at_end": False})), parted)
+  out = train.train_and_evaluate(experiment.from_config(_sokoban(parted)), parted)
   assert out["resume_source"] == "workdir" and out["start_iteration"] == 1
   assert _deterministic_lines(parted) == lines
 
@@ -241,9 +241,9 @@ def test_plan_counts_the_frozen_base_the_adapters_and_their_optimizer_state():
   config.rollout.max_prompt_tokens, config.rollout.max_new_tokens = 64, 32
   config.train.mini_batch_rows = config.train.micro_batch_rows = 16
   mesh = _mesh(2)
-  full = programs.build(config, mesh)
+  full = programs.build(experiment.from_config(config), mesh)
   config.model.lora.rank = 8
-  adapted = programs.build(config, mesh)
+  adapted = programs.build(experiment.from_config(config), mesh)
   tiny = model_config.get_preset("tiny")
   d, h, kv, dh, f, n = (tiny.hidden_dim, tiny.num_heads, tiny.num_kv_heads, tiny.head_dim,
                         tiny.mlp_dim, tiny.num_layers)
@@ -256,12 +256,12 @@ def test_plan_counts_the_frozen_base_the_adapters_and_their_optimizer_state():
   program = adapted.programs["logprobs"]
   assert program.jitted is adapted.learner.compute_reference_logprobs
   assert program.args[0] is adapted.programs["update"].args[0].params
-  plan = plan_lib.compile_plan(config, (2, 1, 1), devices=fake_devices.take(2),
-                               phases=["logprobs", "update"])
+  plan = plan_lib.compile_plan(experiment.from_config(config), (2, 1, 1),
+                               devices=fake_devices.take(2), phases=["logprobs", "update"])
   assert plan.reference == 0 and plan.opt_state == adapted.opt_bytes
   for field, value in (("kl_coef", 0.0), ("use_kl_loss", False)):  # each turns the KL off
     config.train[field] = value
-    no_kl = programs.build(config, mesh)
+    no_kl = programs.build(experiment.from_config(config), mesh)
     assert no_kl.programs["logprobs"].calls == 0 and "logprobs_old" not in no_kl.programs
 
 
@@ -278,7 +278,7 @@ def test_bad_lora_settings_are_one_line_config_errors(overrides, message):
   config = alfworld.get_config("algo=hgpo,model=tiny,smoke")
   config.update_from_flattened_dict(overrides)
   with pytest.raises(train.ConfigError, match=message) as e:
-    train.validate(config)
+    experiment.from_config(config)
   assert "\n" not in str(e.value)
 
 
@@ -295,7 +295,7 @@ def test_length_grouped_update_and_its_flop_count_with_adapters():
   parts = packing.group_mini_batch(host, micro_batch_rows=4, length_multiple=8)
   assert len(parts) == 4
   filled = train_step.fill_logprobs(learner, state.params, train_step.ADAPTERS_OFF, [parts])
-  whole = train_step.fill_logprobs(learner, state.params, train_step.ADAPTERS_OFF, host)
+  whole = train_step.fill_rows(learner, state.params, train_step.ADAPTERS_OFF, host)
   one, m_one = learner.update(learner.init_state(nnx.state(adapted, nnx.Param)), whole)
   grouped, m_grouped = learner.update_mini_batch(state, filled[0])
   np.testing.assert_allclose(float(m_grouped["loss"]), float(m_one["loss"]), rtol=1e-5)

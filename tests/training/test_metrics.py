@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from hgpo_jax.training import experiment
 from hgpo_jax.training import metrics
 from hgpo_jax.training import run_records
 
@@ -112,7 +113,7 @@ def test_wandb_missing_is_one_line_naming_pip_install(tmp_path, monkeypatch):
   assert str(info.value) == message
   from hgpo_jax import train
   with pytest.raises(train.ConfigError) as info:
-    train.validate(_config(**{"metrics.writers": ("tensorboard", "wandb")}))
+    experiment.from_config(_config(**{"metrics.writers": ("tensorboard", "wandb")}))
   assert str(info.value) == f"config.metrics.writers: {message}"
 
 
@@ -135,19 +136,17 @@ def _config(**overrides):
 def test_bad_metrics_settings_end_in_one_line(overrides, message):
   from hgpo_jax import train
   with pytest.raises(train.ConfigError) as info:
-    train.validate(_config(**overrides))
+    experiment.from_config(_config(**overrides))
   assert str(info.value) == message
 
 
 def test_the_trainer_writes_tensorboard_by_default_and_evaluation_its_record_only(tmp_path):
-  from hgpo_jax import train
   from hgpo_jax.training import run as run_lib
-  config = _config()
-  settings = train.validate(config)
-  assert settings.metric_writers == ("tensorboard",)
-  assert settings.writer_settings == metrics.WriterSettings()
+  exp = experiment.from_config(_config())
+  assert exp.metrics.writers == ("tensorboard",)
+  assert exp.metrics.settings() == metrics.WriterSettings()
   for name, is_train in (("train", True), ("eval", False)):
-    writer = run_lib.metrics_writer(config, settings, str(tmp_path / name), train=is_train)
+    writer = run_lib.metrics_writer(exp, str(tmp_path / name), train=is_train)
     writer.write(1, {"loss": 0.5})
     writer.close()
   assert sorted(os.listdir(tmp_path / "train")) == [metrics.JSONL_NAME, metrics.TENSORBOARD_DIR]

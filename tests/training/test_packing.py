@@ -151,7 +151,7 @@ def _packed_vs_unpacked(mesh, on_policy=False, layout="packed"):
   state = learner.init_state(params0)
   ref = jax.tree.map(lambda x: x * 1.01, learner.reference_params(state))  # KL != 0
   host = _host_batch()
-  filled = train_step.fill_logprobs(learner, state.params, ref, host)
+  filled = train_step.fill_rows(learner, state.params, ref, host)
   packed = train_step.fill_logprobs(learner, state.params, ref, _layouts(host)[layout])
   if not on_policy:  # ratio e^1.5 on every token: clipped (A > 0) and dual-clipped (A < 0)
     shift = lambda p: p.replace(old_logprobs=p.old_logprobs - 1.5 * p.score_mask)

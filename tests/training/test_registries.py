@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hgpo_jax.training import experiment
 from hgpo_jax.training import losses
 from hgpo_jax.training import train_step
 
@@ -89,7 +90,7 @@ def test_config_errors_list_the_registry_in_one_line(key, bad, registry):
   from hgpo_jax import train
   algo = "ppo" if key.startswith("critic.") else "grpo"  # a critic's own schedule
   with pytest.raises(train.ConfigError) as info:
-    train.validate(_config(algo, **{key: bad}))
+    experiment.from_config(_config(algo, **{key: bad}))
   message = str(info.value)
   assert message.startswith(f"config.{key.split('.')[0]}: {key.split('.')[1]}={bad!r}: ")
   assert f"registered: {registry.names()}" in message and "\n" not in message
@@ -98,7 +99,8 @@ def test_config_errors_list_the_registry_in_one_line(key, bad, registry):
 def test_the_kl_reward_estimator_error_lists_the_registry():
   from hgpo_jax import train
   with pytest.raises(train.ConfigError) as info:
-    train.validate(_config(**{"train.kl_in_reward": True, "train.kl_reward_estimator": "full"}))
+    experiment.from_config(_config(**{"train.kl_in_reward": True,
+                                      "train.kl_reward_estimator": "full"}))
   assert str(info.value) == (
       "config.train.kl_reward_estimator='full': unknown KL estimator 'full'; registered: "
       "['abs', 'k1', 'k2', 'k3'] (aliases: kl = k1, low_var_kl = k3, mse = k2)")
@@ -201,9 +203,8 @@ def test_an_unregistered_loss_is_refused():
 
 
 def test_a_registered_loss_runs_through_config_loss_and_gradient(toy_loss):
-  from hgpo_jax import train
-  run = train.validate(_config(**{"train.policy_loss": toy_loss}))
-  assert run.update.loss.policy_loss == "toy"
+  exp = experiment.from_config(_config(**{"train.policy_loss": toy_loss}))
+  assert exp.train.update.loss.policy_loss == "toy"
   x = _inputs(4)
   config = losses.LossConfig(policy_loss=toy_loss, entropy_coeff=0.0, use_kl_loss=False)
   (loss, metrics), grad = jax.value_and_grad(lambda lp: _loss(config, x, lp), has_aux=True)(

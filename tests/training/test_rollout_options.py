@@ -19,7 +19,7 @@ from hgpo_jax.models import config, decoder, sharding, tokenizer
 from hgpo_jax.rollout import rollout as rollout_lib
 from hgpo_jax.sampling import SamplingParams
 from hgpo_jax.sampling import sampler as sampler_lib
-from hgpo_jax.training import losses, train_batch, train_step
+from hgpo_jax.training import experiment, losses, train_batch, train_step
 
 PROMPTS = ["go to cabinet 1", "You are in the middle of a room.", "open drawer 2",
            "put a clean apple in the fridge"]
@@ -173,28 +173,27 @@ def _config(algo="grpo", **overrides):
 def test_bad_training_options_end_in_one_line_naming_the_flag(algo, overrides, match):
   from hgpo_jax import train
   with pytest.raises(train.ConfigError, match=match) as info:
-    train.validate(_config(algo, **overrides))
+    experiment.from_config(_config(algo, **overrides))
   assert "\n" not in str(info.value)
 
 
 def test_new_options_default_to_the_old_behaviour():
-  from hgpo_jax import train
-  run = train.validate(_config("hgpo"))
-  assert run.update.loss == dataclasses.replace(run.update.loss, policy_loss="ppo",
-                                                kl_estimator="k3", rollout_is="none",
-                                                rollout_rs="none")
-  assert not run.update.scheduled
+  exp = experiment.from_config(_config("hgpo"))
+  assert exp.train.update.loss == dataclasses.replace(exp.train.update.loss, policy_loss="ppo",
+                                                      kl_estimator="k3", rollout_is="none",
+                                                      rollout_rs="none")
+  assert not exp.train.update.scheduled
   c = _config("hgpo")
   assert not c.train.filter_groups and not c.train.kl_in_reward
 
 
 def test_the_critic_has_its_own_learning_rate_schedule():
-  from hgpo_jax import train
-  run = train.validate(_config("ppo", **{"train.lr_schedule": "cosine"}))
-  assert run.update.scheduled and not run.critic_update.scheduled  # train.* does not leak
-  run = train.validate(_config("ppo", **{"critic.lr_schedule": "cosine",
-                                         "critic.warmup_steps": 1, "train.num_iterations": 5}))
-  assert run.critic_update.scheduled and not run.update.scheduled
-  assert run.critic_update.total_iterations == 5 and run.critic_update.warmup_iterations == 1
-  lrs = [train_step.iteration_learning_rate(run.critic_update, i) for i in range(5)]
-  assert lrs[0] == 0.0 and lrs[1] == run.critic_update.lr and lrs[-1] < lrs[1]
+  exp = experiment.from_config(_config("ppo", **{"train.lr_schedule": "cosine"}))
+  assert exp.train.update.scheduled and not exp.critic_update.scheduled  # train.* does not leak
+  exp = experiment.from_config(_config("ppo", **{"critic.lr_schedule": "cosine",
+                                                 "critic.warmup_steps": 1,
+                                                 "train.num_iterations": 5}))
+  assert exp.critic_update.scheduled and not exp.train.update.scheduled
+  assert exp.critic_update.total_iterations == 5 and exp.critic_update.warmup_iterations == 1
+  lrs = [train_step.iteration_learning_rate(exp.critic_update, i) for i in range(5)]
+  assert lrs[0] == 0.0 and lrs[1] == exp.critic_update.lr and lrs[-1] < lrs[1]

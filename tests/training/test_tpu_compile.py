@@ -14,6 +14,7 @@ from hgpo_jax.compiled import plan as plan_lib
 from hgpo_jax.cost import targets
 from hgpo_jax.cost.hardware import GiB
 from hgpo_jax.models import sharding
+from hgpo_jax.training import experiment
 from hgpo_jax.training import programs
 from launch import plan as plan_cli
 
@@ -64,7 +65,7 @@ def test_every_program_of_the_smoke_configs_compiles_and_fits(config_name, targe
   devices = targets.devices(target)
   config.train.micro_batch_rows = len(devices)  # one row per device of the data mesh
   config.train.mini_batch_rows = max(config.train.mini_batch_rows, len(devices))
-  plan = plan_lib.compile_plan(config, (-1, 1, 1), devices=devices)
+  plan = plan_lib.compile_plan(experiment.from_config(config), (-1, 1, 1), devices=devices)
   expected = {"update", "logprobs", "generate"}
   expected |= {"critic_values", "critic_update"} if config_name.endswith("hiper") else {"advantages"}
   assert expected <= set(plan.phases)
@@ -87,7 +88,7 @@ def test_generate_compiles_on_one_host_of_a_multi_host_slice():
   config.train.micro_batch_rows = config.train.mini_batch_rows = 16
   devices = targets.devices(targets.resolve("v5e-16"))
   mesh = sharding.make_mesh(-1, 1, 1, devices=devices)
-  registry = programs.build(config, mesh)
+  registry = programs.build(experiment.from_config(config), mesh)
   assert registry.num_processes == 4
   assert registry.sample_mesh.devices.size == 4
   assert {d.process_index for d in registry.sample_mesh.devices.flat} == {0}
@@ -112,7 +113,8 @@ def test_tpu_flops_of_the_tiny_update_and_logprobs_equal_the_analytic_count():
   config.rollout.max_prompt_tokens, config.rollout.max_new_tokens = 96, 32
   config.train.mini_batch_rows = config.train.micro_batch_rows = 8
   devices = targets.devices(targets.resolve("v5e-8"))
-  plan = plan_lib.compile_plan(config, (8, 1, 1), phases=("update", "logprobs"), devices=devices)
+  plan = plan_lib.compile_plan(experiment.from_config(config), (8, 1, 1),
+                               phases=("update", "logprobs"), devices=devices)
   cfg = plan.shapes.model
   seq, scored = 96 + 32, 32
   fwd = analytic.analytic_forward_flops(cfg, rows=8, tokens=seq, keys=seq, scored=scored)
@@ -138,7 +140,7 @@ def test_xla_tpu_keeps_the_offloaded_reference_in_host_memory():
     config.train.micro_batch_rows = config.train.mini_batch_rows = 8
     config.train.reference_memory = memory
     mesh = sharding.make_mesh(8, 1, 1, devices=devices)
-    registry = programs.build(config, mesh, micro_batch_rows=8)
+    registry = programs.build(experiment.from_config(config), mesh, micro_batch_rows=8)
     program = registry.programs["logprobs"]
     compiled = program.lower().compile()
     plans[memory] = (registry, compiled.memory_analysis(),
@@ -211,7 +213,7 @@ def test_qwen2_5_1_5b_paper_iteration_fits_a_v5e_8_on_the_plan_tables_mesh():
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 4, 1
   config.rollout.prefill_chunk_rows = 16
   target = targets.resolve("v5e-8")
-  plan = plan_lib.compile_plan(config, (2, 4, 1), micro_batch_rows=16,
+  plan = plan_lib.compile_plan(experiment.from_config(config), (2, 4, 1), micro_batch_rows=16,
                                devices=targets.devices(target))
   assert plan.shapes.model.dtype == "bfloat16"
   memory = targets.available_hbm(target)
@@ -271,8 +273,8 @@ def test_qwen2_5_1_5b_paper_decode_step_traffic_on_a_v5e_8(impl, dtype, ratio_ma
   # as `launch.plan --mesh data=1,fsdp=4,tensor=2` sets it: the sampler's per-host mesh
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 4, 2
   target = targets.resolve("v5e-8")
-  plan = plan_lib.compile_plan(config, (1, 4, 2), micro_batch_rows=8, phases=("generate",),
-                               devices=targets.devices(target))
+  plan = plan_lib.compile_plan(experiment.from_config(config), (1, 4, 2), micro_batch_rows=8,
+                               phases=("generate",), devices=targets.devices(target))
   need, step = plan.decode_necessary, plan.phases["generate"].step
   assert need.weights == pytest.approx(772.0e6, rel=1e-3)
   assert need.kv == pytest.approx(1527.0e6, rel=1e-3)
@@ -305,7 +307,7 @@ def test_qwen2_5_1_5b_paper_rollout_estimate_on_a_v5e_8_is_half_the_first():
   config.model.compute_dtype = "bfloat16"
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 4, 2
   target = targets.resolve("v5e-8")
-  plan = plan_lib.compile_plan(config, (1, 4, 2), micro_batch_rows=8,
+  plan = plan_lib.compile_plan(experiment.from_config(config), (1, 4, 2), micro_batch_rows=8,
                                phases=("generate", "generate_shared"),
                                devices=targets.devices(target))
   seconds = plan_lib.estimated_seconds(plan, targets.seconds_per_cycle(target))

@@ -18,6 +18,7 @@ from configs import alfworld as alfworld_config
 from configs import webshop as webshop_config
 from hgpo_jax import train
 from hgpo_jax.advantages import hae
+from hgpo_jax.training import experiment
 from hgpo_jax.training import run_records
 
 CRITIC_KEYS = ("critic/value_loss", "critic/value_clipfrac", "critic/explained_variance",
@@ -46,7 +47,7 @@ def test_critic_configs_carry_the_published_settings():
     ppo = module.get_config("algo=ppo")
     hiper = module.get_config("algo=hiper")
     for c in (ppo, hiper):
-      train.validate(c)
+      experiment.from_config(c)
       assert (c.rollout.num_groups, c.rollout.group_size) == (128, 1)  # 128 tasks, no grouping
       assert c.critic.lr == 1e-5 and c.critic.cliprange_value == 0.5
     assert ppo.algo.name == "gae" and ppo.rollout.response_format == "react"
@@ -69,14 +70,14 @@ def test_hae_without_the_hiper_format_is_rejected():
     c.algo.name = "hae"
     c.algo.options = alfworld_config.get_config("algo=hiper").algo.options
   with pytest.raises(train.ConfigError, match="response_format='hiper'"):
-    train.validate(c)
+    experiment.from_config(c)
 
 
 # ---------------------------------------------------------------------------- PPO end to end
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("ppo"))
-  out = train.train_and_evaluate(_config("ppo"), workdir)
+  out = train.train_and_evaluate(experiment.from_config(_config("ppo")), workdir)
   return workdir, out
 
 
@@ -104,10 +105,11 @@ def test_ppo_trains_the_critic_and_checkpoints_it(ppo_run):
 @pytest.mark.slow
 def test_ppo_resume_after_iteration_one_equals_uninterrupted(ppo_run, tmp_path):
   workdir, _ = ppo_run
-  first = train.train_and_evaluate(_config("ppo", **{"train.num_iterations": 1, "eval.at_end": False}),
-                                   str(tmp_path))
+  first = train.train_and_evaluate(
+      experiment.from_config(_config("ppo", **{"train.num_iterations": 1, "eval.at_end": False})),
+      str(tmp_path))
   assert first["start_iteration"] == 0
-  second = train.train_and_evaluate(_config("ppo"), str(tmp_path))
+  second = train.train_and_evaluate(experiment.from_config(_config("ppo")), str(tmp_path))
   assert second["resume_source"] == "workdir" and second["start_iteration"] == 1
   a = [_deterministic(l) for l in _metrics(workdir)]
   b = [_deterministic(l) for l in _metrics(str(tmp_path))]
@@ -120,17 +122,18 @@ def test_critic_warmup_needs_a_critic_and_is_not_negative():
   with c.unlocked():
     c.critic.warmup_iterations = 1
   with pytest.raises(train.ConfigError, match="needs an estimator with a critic"):
-    train.validate(c)
+    experiment.from_config(c)
   with pytest.raises(train.ConfigError, match="warmup_iterations must be >= 0"):
-    train.validate(_config("ppo", **{"critic.warmup_iterations": -1}))
+    experiment.from_config(_config("ppo", **{"critic.warmup_iterations": -1}))
 
 
 @pytest.mark.slow
 def test_critic_warmup_updates_only_the_critic_first(tmp_path):
   """verl's trainer.critic_warmup: iteration 1 trains the critic, the actor from 2 on."""
   workdir = str(tmp_path)
-  train.train_and_evaluate(_config("ppo", **{"critic.warmup_iterations": 1, "train.num_iterations": 2,
-                                             "eval.at_end": False}), workdir)
+  train.train_and_evaluate(experiment.from_config(
+      _config("ppo", **{"critic.warmup_iterations": 1, "train.num_iterations": 2,
+                        "eval.at_end": False})), workdir)
   first, second = _metrics(workdir)
   assert first["train/actor_updated"] == 0.0 and second["train/actor_updated"] == 1.0
   assert not any(k.startswith(("train/loss", "perf/update")) for k in first)
@@ -147,7 +150,8 @@ def test_critic_warmup_updates_only_the_critic_first(tmp_path):
 @pytest.fixture(scope="module")
 def hiper_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("hiper"))
-  out = train.train_and_evaluate(_config("hiper", **{"rollout.dump": True}), workdir)
+  out = train.train_and_evaluate(experiment.from_config(_config("hiper", **{"rollout.dump": True})),
+                                 workdir)
   return workdir, out
 
 
@@ -197,10 +201,11 @@ def test_hiper_dump_recomputes_the_trainers_advantages(hiper_run):
 @pytest.mark.slow
 def test_hiper_resume_after_iteration_one_equals_uninterrupted(hiper_run, tmp_path):
   workdir, _ = hiper_run
-  train.train_and_evaluate(
-      _config("hiper", **{"train.num_iterations": 1, "eval.at_end": False, "rollout.dump": True}),
+  train.train_and_evaluate(experiment.from_config(
+      _config("hiper", **{"train.num_iterations": 1, "eval.at_end": False, "rollout.dump": True})),
       str(tmp_path))
-  second = train.train_and_evaluate(_config("hiper", **{"rollout.dump": True}), str(tmp_path))
+  second = train.train_and_evaluate(
+      experiment.from_config(_config("hiper", **{"rollout.dump": True})), str(tmp_path))
   assert second["resume_source"] == "workdir" and second["start_iteration"] == 1
   a = [_deterministic(l) for l in _metrics(workdir)]
   b = [_deterministic(l) for l in _metrics(str(tmp_path))]

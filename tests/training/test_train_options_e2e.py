@@ -11,6 +11,7 @@ import pytest
 
 from configs import sokoban as sokoban_config
 from hgpo_jax import train
+from hgpo_jax.training import experiment
 from hgpo_jax.training import run_records
 from hgpo_jax.training import update_targets
 
@@ -57,7 +58,7 @@ def _run(workdir, stop_at=None):
     mp.setattr(train, "generation_batch", planted_batch)
     mp.setattr(update_targets, "compute_targets", recording_targets)
     try:
-      train.train_and_evaluate(_config(), workdir)
+      train.train_and_evaluate(experiment.from_config(_config()), workdir)
     except Stop:
       pass
   return run_records.read_metrics(workdir), played, trained

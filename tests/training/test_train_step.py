@@ -90,7 +90,7 @@ def test_scored_logprobs_of_a_plain_batch_equal_the_reference(tail):
   learner = train_step.Learner(model, _mesh(), _config(mini_batch_rows=4, micro_batch_rows=4,
                                                        scored_tail=tail))
   state = learner.init_state(nnx.state(model, nnx.Param))
-  filled = train_step.fill_logprobs(learner, state.params, None, b)
+  filled = train_step.fill_rows(learner, state.params, None, b)
   np.testing.assert_allclose(np.asarray(filled.old_logprobs),
                              np.where(mask, np.asarray(logp), 0.0), rtol=1e-5, atol=1e-6)
 
@@ -167,7 +167,7 @@ def _run(mesh, cfg, steps_batches):
   ref = learner.reference_params(state)
   initial = jax.device_get(state.params)
   for host in steps_batches:
-    filled = train_step.fill_logprobs(learner, state.params, ref, host)
+    filled = train_step.fill_rows(learner, state.params, ref, host)
     state, metrics = train_step.train_iteration(learner, state, filled)
   return learner, state, metrics, initial
 
@@ -211,7 +211,7 @@ def test_sharded_one_step_equals_single_device(shape):
     learner = train_step.Learner(model, mesh, cfg)
     state = learner.init_state(nnx.state(model, nnx.Param))
     p0 = jax.device_get(state.params)
-    filled = train_step.fill_logprobs(learner, state.params, learner.reference_params(state), host)
+    filled = train_step.fill_rows(learner, state.params, learner.reference_params(state), host)
     state, metrics[name] = learner.update(state, learner.put_batch(filled))
     updates[name] = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, jax.device_get(state.params), p0)
   scale = max(float(np.max(np.abs(u))) for u in jax.tree.leaves(updates["single"]))
@@ -269,11 +269,11 @@ def test_updates_raise_logprob_of_positive_advantage_tokens():
   state = learner.init_state(nnx.state(model, nnx.Param))
   host = _host_batch(16, seed=7)
   host = host.replace(advantages=np.where(host.response_mask, 1.0, 0.0).astype(np.float32))
-  before = train_step.fill_logprobs(learner, state.params, None, host)
+  before = train_step.fill_rows(learner, state.params, None, host)
   for _ in range(3):
-    filled = train_step.fill_logprobs(learner, state.params, None, host)
+    filled = train_step.fill_rows(learner, state.params, None, host)
     state, _ = train_step.train_iteration(learner, state, filled)
-  after = train_step.fill_logprobs(learner, state.params, None, host)
+  after = train_step.fill_rows(learner, state.params, None, host)
   m = np.asarray(before.score_mask)
   assert m.sum() == host.response_mask.sum()
   assert np.asarray(after.old_logprobs)[m].mean() > np.asarray(before.old_logprobs)[m].mean() + 0.1
@@ -289,7 +289,7 @@ def test_a_non_finite_gradient_skips_the_step_and_is_counted():
   host = _host_batch(16, seed=7)
   adv = np.array(host.advantages)
   adv[:8] = np.where(host.response_mask[:8], np.nan, 0.0)  # the first mini-batch only
-  filled = train_step.fill_logprobs(learner, state.params, state.params, host.replace(advantages=adv))
+  filled = train_step.fill_rows(learner, state.params, state.params, host.replace(advantages=adv))
   before = jax.device_get(state.params)
   chunks = train_step.mini_batches(learner, filled)
   assert len(chunks) == 2
@@ -298,7 +298,7 @@ def test_a_non_finite_gradient_skips_the_step_and_is_counted():
   assert int(state.step) == 0
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), before)
   state = learner.init_state(nnx.state(model, nnx.Param))
-  filled = train_step.fill_logprobs(learner, state.params, state.params, host.replace(advantages=adv))
+  filled = train_step.fill_rows(learner, state.params, state.params, host.replace(advantages=adv))
   state, metrics = train_step.train_iteration(learner, state, filled)
   assert metrics["skipped_steps"] == 1.0 and metrics["num_updates"] == 2.0
   assert metrics["skipped_step"] == 0.5 and int(state.step) == 1
@@ -365,7 +365,7 @@ def test_bf16_reference_holds_half_the_bytes_and_close_logprobs():
 def test_host_reference_lives_in_host_memory_and_gives_the_same_logprobs():
   """`reference_memory="host"`: the reference's params are in the devices' pinned host
   memory with the params' layout; its log-probs (copied onto the devices for the pass) equal
-  the device-resident reference's bit for bit, through `fill_logprobs` on a data x fsdp
+  the device-resident reference's bit for bit, through `fill_rows` on a data x fsdp
   mesh; the policy's own arrays stay on the devices."""
   model = _model()
   mesh = _mesh(2, 2)
@@ -381,8 +381,8 @@ def test_host_reference_lives_in_host_memory_and_gives_the_same_logprobs():
   assert all(a.sharding.memory_kind == "pinned_host"
              for a in jax.tree.leaves(offloaded.abstract_reference(state.params)))
   host = _host_batch(32, seed=4)
-  a = train_step.fill_logprobs(on_device, state.params, ref_dev, host)
-  b = train_step.fill_logprobs(offloaded, state.params, ref_host, host)
+  a = train_step.fill_rows(on_device, state.params, ref_dev, host)
+  b = train_step.fill_rows(offloaded, state.params, ref_host, host)
   assert np.any(np.asarray(a.ref_logprobs) != 0)
   np.testing.assert_array_equal(np.asarray(b.ref_logprobs), np.asarray(a.ref_logprobs))
   np.testing.assert_array_equal(np.asarray(b.old_logprobs), np.asarray(a.old_logprobs))
@@ -410,7 +410,7 @@ def test_padding_rows_do_not_change_the_update():
   for host, mini in ((host8, 8), (host16, 16)):
     learner = train_step.Learner(model, mesh, _config(mini_batch_rows=mini, micro_batch_rows=4))
     state = learner.init_state(params0)
-    filled = train_step.fill_logprobs(learner, state.params, state.params, host)
+    filled = train_step.fill_rows(learner, state.params, state.params, host)
     state, metrics = learner.update(state, learner.put_batch(filled))
     out.append((jax.device_get(state.params), metrics))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8), out[0][0], out[1][0])
@@ -432,7 +432,7 @@ def test_on_policy_update_equals_the_separate_old_logprob_pass():
     model = _model()
     learner = train_step.Learner(model, _mesh(), cfg)
     state = learner.init_state(nnx.state(model, nnx.Param))
-    filled = train_step.fill_logprobs(learner, state.params, learner.reference_params(state), host,
+    filled = train_step.fill_rows(learner, state.params, learner.reference_params(state), host,
                                       old=not on_policy)
     if on_policy:
       assert np.all(np.asarray(filled.old_logprobs) == 0)  # never computed, never read
@@ -461,7 +461,7 @@ def test_kl_coef_zero_trains_bitwise_as_before_without_the_reference_pass(monkey
     ref = learner.reference_params(state) if with_reference else None
     history = []
     for host in batches:
-      filled = train_step.fill_logprobs(learner, state.params, ref, host)
+      filled = train_step.fill_rows(learner, state.params, ref, host)
       state, metrics = train_step.train_iteration(learner, state, filled)
       history.append({k: float(v) for k, v in metrics.items()})
     return jax.device_get(state.params), history
@@ -556,7 +556,7 @@ def test_constrained_logprobs_equal_the_reference(tail):
   learner = train_step.Learner(model, _mesh(), _config(mini_batch_rows=8, micro_batch_rows=4,
                                                        scored_tail=tail))
   state = learner.init_state(params)
-  filled = train_step.fill_logprobs(learner, state.params, None, c)
+  filled = train_step.fill_rows(learner, state.params, None, c)
   np.testing.assert_allclose(np.asarray(filled.old_logprobs), np.where(mask, np.asarray(logp), 0.0),
                              rtol=1e-5, atol=1e-6)
 
