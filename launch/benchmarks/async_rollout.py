@@ -1,7 +1,7 @@
 r"""Benchmark: rollout ahead of the update (`train.max_staleness=1`) against rollout and
 update in turn (`max_staleness=0`), on env servers with a remote env's latency.
 
-  python -m launch.benchmarks.async_rollout [--step-latency-ms 400] [--iterations 6] \
+  python -m launch.benchmarks.async_rollout [--step-latency-ms 150] [--iterations 8] \
       [--reps 3] [--config configs/sokoban.py:algo=hgpo,k=2,smoke] [--override --config.a.b=v]
 
 Both sides are the real trainer (`hgpo_jax.train.train_and_evaluate`, in this process) on
@@ -26,14 +26,15 @@ import tempfile
 
 DEFAULT_CONFIG = "configs/sokoban.py:algo=hgpo,k=2,smoke"
 SKIPPED_ITERATIONS = 2
+ITERATION = "time/iteration_s"
 
 
 def _parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(prog="python -m launch.benchmarks.async_rollout",
                                description=__doc__.splitlines()[0])
   ap.add_argument("--config", default=DEFAULT_CONFIG)
-  ap.add_argument("--step-latency-ms", type=float, default=400.0)
-  ap.add_argument("--iterations", type=int, default=6)
+  ap.add_argument("--step-latency-ms", type=float, default=150.0)
+  ap.add_argument("--iterations", type=int, default=8)
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--override", action="append", default=[], metavar="--config.a.b=v",
                   help="a further config override of both sides")
@@ -41,8 +42,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_side(spec: str, overrides: list[str], staleness: int, latency_ms: float,
-             iterations: int) -> list[float]:
-  """Seconds of the timed iterations of one training run with `max_staleness=staleness`."""
+             iterations: int) -> list[dict]:
+  """The timed iterations' metric lines of one training run with `max_staleness=staleness`."""
   from configs import common
   from hgpo_jax import train
   from hgpo_jax.training import experiment, run_records
@@ -57,7 +58,7 @@ def run_side(spec: str, overrides: list[str], staleness: int, latency_ms: float,
     lines = run_records.training_lines(workdir)
   finally:
     shutil.rmtree(workdir, ignore_errors=True)
-  return [line["time/iteration_s"] for line in lines[SKIPPED_ITERATIONS:]]
+  return lines[SKIPPED_ITERATIONS:]
 
 
 def main(argv=None) -> int:
@@ -73,16 +74,20 @@ def main(argv=None) -> int:
   print(f"async_rollout: {args.config} {' '.join(args.override)}, step latency "
         f"{args.step_latency_ms:g} ms, {args.iterations} iterations x {args.reps} runs per "
         f"side; {jax.devices()[0].device_kind}, jax {jax.__version__}", flush=True)
-  times: dict[int, list[float]] = {0: [], 1: []}
+  lines: dict[int, list[dict]] = {0: [], 1: []}
   for rep in range(args.reps):
     for k in (0, 1):
       got = run_side(args.config, args.override, k, args.step_latency_ms, args.iterations)
-      times[k] += got
+      lines[k] += got
       print(f"run {rep + 1} max_staleness={k}: iterations "
-            f"{' '.join(f'{t:.2f}' for t in got)} s", flush=True)
-  turn, ahead = (statistics.median(times[k]) for k in (0, 1))
+            f"{' '.join(f'{line[ITERATION]:.2f}' for line in got)} s", flush=True)
+  median = lambda k, *keys: statistics.median(sum(line[key] for key in keys) for line in lines[k])
+  print(f"in turn, medians per iteration: env {median(0, 'time/env_s'):.2f} s, generation "
+        f"{median(0, 'time/generation_s'):.2f} s, log-probs + update "
+        f"{median(0, 'time/logprobs_s', 'time/update_s'):.2f} s", flush=True)
+  turn, ahead = median(0, ITERATION), median(1, ITERATION)
   print(f"async_rollout: median iteration {turn:.2f} s in turn (max_staleness=0), {ahead:.2f} s "
-        f"ahead (max_staleness=1) over {len(times[0])} iterations each: {turn / ahead:.2f}x",
+        f"ahead (max_staleness=1) over {len(lines[0])} iterations each: {turn / ahead:.2f}x",
         flush=True)
   return 0
 
