@@ -52,9 +52,11 @@ def test_compare_finds_lost_and_duplicated_steps(tmp_path):
 
 def test_tagged_processes_are_found_through_their_environment():
   tag = "test-" + os.urandom(4).hex()
-  child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+  child = subprocess.Popen([sys.executable, "-c", "import sys, time; print(flush=True); "
+                            "time.sleep(30)"], stdout=subprocess.PIPE,
                            env=dict(os.environ, **{chaos.TAG_ENV: tag}))
   try:
+    child.stdout.readline()  # the child runs Python: its exec (and environment) is done
     assert chaos.tagged_processes(tag) == [child.pid]
     assert chaos.tagged_processes(tag + "x") == []
   finally:
