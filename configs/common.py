@@ -418,6 +418,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.data = -1  # data-parallel devices; -1: all remaining devices
   c.mesh.fsdp = 1  # devices the parameters are sharded over (FSDP)
   c.mesh.tensor = 1  # tensor-parallel devices (attention heads, MLP)
+  # Split placement: the sampler on the last rollout_devices devices of each process, a
+  # mesh of its own (rollout_fsdp x rollout_tensor, data the rest); the training mesh is
+  # the other devices and the weights move to the sampler after each update. 0: the
+  # sampler shares the training devices (docs/scaling.md "Rollout ahead of the update").
+  c.mesh.rollout_devices = 0
+  c.mesh.rollout_fsdp = 1
+  c.mesh.rollout_tensor = 1
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 5  # iterations; 0 disables periodic evaluation

@@ -91,6 +91,8 @@ def train_and_evaluate(exp: experiment_lib.Experiment, workdir: str) -> dict[str
           dump_rollout(run, it, ro, targets)
         metrics, flop_metrics = update(run, targets, it, flops)
         batches.publish(it, run.state.params)  # the update donated the params: rebind
+        if exp.mesh.split:  # the move of the new weights to the sampler's devices
+          metrics["time/weight_transfer_s"] = run.sampler_weights.transfer_s
         if exp.eval.every and (it + 1) % exp.eval.every == 0:
           with batches.for_evaluation():
             metrics.update(evaluation.evaluate_splits(run, it + 1))
@@ -139,12 +141,13 @@ def rollout_source(run: run_lib.Run, start: int, end: int
         f"config.train.max_staleness={k} runs on one process; multi-process runs play "
         f"their rollouts in step (set it to 0)")
 
-  def play(iteration: int, params) -> rollout_lib.Rollout:
-    run.sampler.model = run.sampler_weights(params)
+  def play(iteration: int, placed) -> rollout_lib.Rollout:
+    run.sampler.model = run.sampler_weights.merge(placed)
     return rollout(run, iteration)
 
-  versions = run.sampler_versions or {start - 1: async_rollout.copy_params(run.state.params)}
-  return async_rollout.Rollouter(play, start, end, k, versions, rebind=run.update_sampler)
+  versions = run.sampler_versions or {start - 1: run.state.params}
+  return async_rollout.Rollouter(play, start, end, k, versions, rebind=run.update_sampler,
+                                 place=run.sampler_weights.copy)
 
 
 # ---------------------------------------------------------------------------------------

@@ -233,6 +233,11 @@ def plan_main(args, overrides) -> int:
   from hgpo_jax.cost import targets
 
   exp = experiment.from_config(common.load(args.config, overrides))  # errors before compiles
+  if exp.mesh.split:
+    raise PlanError(f"config.mesh.rollout_devices={exp.mesh.rollout_devices}: the plan "
+                    "compiles the shared placement (the sampler on the training mesh); "
+                    "plan the learner and the sampler with the split's device counts as "
+                    "two shared meshes")
   mesh = (plan_lib.parse_mesh(args.mesh) if args.mesh
           else (exp.mesh.data, exp.mesh.fsdp, exp.mesh.tensor))
   # --mesh is the run's --config.mesh.*: the sampler's per-host mesh derives from it too.

@@ -2,8 +2,9 @@
 
 With k = 0 the trainer plays iteration t's rollout with the weights after iteration t - 1,
 then updates: rollout and update take turns. With k > 0 a rollout thread (`Rollouter`)
-plays the batches of later iterations while the learner updates, on the same devices,
-so env latency and host work hide behind the update:
+plays the batches of later iterations while the learner updates, on the same devices or
+on devices of its own (`mesh.rollout_devices`), so env latency and host work (and with
+split devices the sampler's compute) hide behind the update:
 
   batch t is sampled with the weights after iteration t - 1 - k
   (the initial weights for t <= k),
@@ -14,7 +15,9 @@ iteration t - 2 (verl's one-step-off-policy; tests/training/test_async_rollout.p
 group of a batch is sampled by one policy version; each row is trained exactly
 min(t, k) versions after the weights that sampled it (`async/staleness`). The learner
 publishes a copy of its parameters after each update (the update donates its buffers);
-the thread keeps the versions it still needs. The sampler and the env pool are the
+the thread keeps the versions it still needs (split placement, `mesh.rollout_devices`:
+on the sampler's own devices, where the thread plays while the learner computes on the
+others: `place`). The sampler and the env pool are the
 thread's while it plays a batch: the held-out evaluation takes them between batches
 (`paused`), as tunix's rollout lock does during weight sync.
 
@@ -84,15 +87,22 @@ class Rollouter:
     versions: {version: params} the first batches need (the initial weights at version
       `start - 1`, or a checkpoint's saved versions, `restored_versions`).
     rebind: points the sampler at the learner's current weights (for evaluation).
+    place: the params as the sampler keeps a version of them: a copy that an update
+      donating the learner's buffers leaves intact, on the sampler's devices (default
+      `copy_params`: shared placement; split placement moves them to the sampler's mesh,
+      `run.SamplerWeights.copy`). Applied to `versions` and to every published version;
+      `play` receives placed params.
   """
 
   def __init__(self, play: Callable[[int, Any], Any], start: int, end: int,
-               max_staleness: int, versions: dict[int, Any], rebind: Callable[[], None]):
+               max_staleness: int, versions: dict[int, Any], rebind: Callable[[], None],
+               place: Callable[[Any], Any] = None):
     if max_staleness < 1:
       raise ValueError(f"Rollouter needs max_staleness >= 1, got {max_staleness}")
     self._play, self._next, self._end, self.k = play, start, end, max_staleness
     self._rebind = rebind
-    self._versions = dict(versions)
+    self._place = place or copy_params
+    self._versions = {v: self._place(p) for v, p in versions.items()}
     self._batches: dict[int, tuple[Any, float]] = {}
     self._cond = threading.Condition()
     self._lock = threading.Lock()  # held while a batch plays: the sampler and the pool
@@ -145,8 +155,8 @@ class Rollouter:
                 "async/rollout_wait_s": rollout_wait}
 
   def publish(self, iteration: int, params: Any) -> None:
-    """The weights after `iteration` (copied: the next update donates `params`)."""
-    copy = copy_params(params)
+    """The weights after `iteration` (placed, a copy: the next update donates `params`)."""
+    copy = self._place(params)
     with self._cond:
       self._versions[iteration] = copy
       self._cond.notify_all()
@@ -175,9 +185,9 @@ class Rollouter:
 def restored_versions(saved: dict[str, Any], done: int, max_staleness: int,
                       current: Any) -> dict[int, Any]:
   """The versions a run resumed after `done` iterations starts its thread with: the saved
-  ones by lag (`Rollouter.pending_versions`) and the checkpoint's own params, copied (the
-  first update donates the buffers they may share with the train state)."""
-  out = {max(done - 1 - j, -1): copy_params(saved[f"lag{j}"])
-         for j in range(1, max_staleness + 1)}
-  out[done - 1] = copy_params(current)
+  ones by lag (`Rollouter.pending_versions`) and the checkpoint's own params (`Rollouter`
+  places a copy of each: the first update donates the buffers they may share with the
+  train state)."""
+  out = {max(done - 1 - j, -1): saved[f"lag{j}"] for j in range(1, max_staleness + 1)}
+  out[done - 1] = current
   return out

@@ -374,11 +374,35 @@ class Eval:
 
 @dataclasses.dataclass(frozen=True)
 class Mesh:
-  """`config.mesh`: data x fsdp x tensor devices (-1 data: all remaining)."""
+  """`config.mesh`: data x fsdp x tensor devices (-1 data: all remaining), and where the
+  sampler runs: on the training devices (`rollout_devices=0`, shared placement) or on the
+  last `rollout_devices` devices of each process, a mesh of its own (`rollout_fsdp` x
+  `rollout_tensor`, data the rest), with the training mesh over the others (split
+  placement, docs/scaling.md "Rollout ahead of the update")."""
 
   data: int = -1
   fsdp: int = 1
   tensor: int = 1
+  rollout_devices: int = 0
+  rollout_fsdp: int = 1
+  rollout_tensor: int = 1
+
+  def __post_init__(self):
+    n, f, t = self.rollout_devices, self.rollout_fsdp, self.rollout_tensor
+    if n < 0 or f < 1 or t < 1:
+      raise ConfigError(f"config.mesh.rollout_devices={n}, rollout_fsdp={f}, rollout_tensor={t}"
+                        f": need rollout_devices >= 0 and rollout_fsdp, rollout_tensor >= 1")
+    if n and n % (f * t):
+      raise ConfigError(f"config.mesh.rollout_fsdp x rollout_tensor = {f * t} must divide "
+                        f"config.mesh.rollout_devices={n} (the sampler's mesh)")
+    if not n and (f, t) != (1, 1):
+      raise ConfigError("config.mesh.rollout_fsdp/rollout_tensor shape the sampler's own "
+                        "devices: set config.mesh.rollout_devices too")
+
+  @property
+  def split(self) -> bool:
+    """The sampler runs on devices of its own."""
+    return self.rollout_devices > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -629,7 +653,8 @@ def cpu_refusal(exp: Experiment, *, platform: str, num_devices: int,
 
   Refused on CPUs unless `allow_cpu`: a pretrained preset that needs weights (`model.path`,
   1.5B/7B) whose path exists (a path that does not exist fails on its own line when the
-  model loads), a mesh (`mesh.data * mesh.fsdp * mesh.tensor`, the positive sizes) asking
+  model loads), a mesh (`mesh.data * mesh.fsdp * mesh.tensor`, the positive sizes, plus
+  `mesh.rollout_devices`) asking
   for more devices than found, and a multi-process run (`--distributed`).
   """
   if platform != "cpu" or exp.allow_cpu:
@@ -638,10 +663,13 @@ def cpu_refusal(exp: Experiment, *, platform: str, num_devices: int,
   name, path = exp.model.name, exp.model.path
   if name in model_config.PRESETS_WITH_PATH and path and os.path.exists(path):
     reasons.append(f"model {name} is meant for accelerators")
-  sizes = dataclasses.asdict(exp.mesh)
-  asked = math.prod(v for v in sizes.values() if v > 0)
+  m = exp.mesh
+  sizes = {"data": m.data, "fsdp": m.fsdp, "tensor": m.tensor}
+  asked = math.prod(v for v in sizes.values() if v > 0) + m.rollout_devices
   if asked > num_devices:
     mesh = " x ".join(f"{k} {v}" for k, v in sizes.items() if v > 1)
+    if m.rollout_devices:
+      mesh += f"{' + ' if mesh else ''}{m.rollout_devices} for the sampler"
     reasons.append(f"config.mesh asks for {asked} devices ({mesh})")
   if distributed:
     reasons.append("--distributed starts a multi-host run")

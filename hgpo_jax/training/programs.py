@@ -67,12 +67,39 @@ from hgpo_jax.training import train_step
 
 
 
+def training_devices(m: experiment_lib.Mesh, devices) -> list:
+  """The devices the training mesh may use: all of `devices` (shared placement), or all
+  but each process's last `m.rollout_devices` (split placement: `sampler_devices`)."""
+  devices = list(devices)
+  if not m.split:
+    return devices
+  held = {id(d) for p in {d.process_index for d in devices}
+          for d in sampler_devices(m, [d for d in devices if d.process_index == p])}
+  return [d for d in devices if id(d) not in held]
+
+
+def sampler_devices(m: experiment_lib.Mesh, local_devices) -> list:
+  """One process's devices the sampler runs on with split placement: its last
+  `m.rollout_devices`. Raises ValueError when the process has no device left to train."""
+  local_devices = list(local_devices)
+  n = m.rollout_devices
+  if n >= len(local_devices):
+    raise ValueError(f"config.mesh.rollout_devices={n} leaves none of a process's "
+                     f"{len(local_devices)} devices to the learner")
+  return local_devices[-n:]
+
+
 def sampling_mesh(m: experiment_lib.Mesh, mesh: jax.sharding.Mesh, local_devices,
                   num_processes: int) -> jax.sharding.Mesh:
-  """The sampler's mesh: the training mesh with one process; with several, a mesh over one
-  process's own devices (generation is data parallel and each process samples its own
-  prompts): `m`'s (`config.mesh`) tensor size, fsdp as far as the local devices allow, data the
-  rest. Raises ValueError when the tensor size does not divide a process's devices."""
+  """The sampler's mesh. Split placement (`m.rollout_devices` > 0): the process's
+  `sampler_devices`, `rollout_fsdp` x `rollout_tensor`, data the rest. Shared: the
+  training mesh with one process; with several, a mesh over one process's own devices
+  (generation is data parallel and each process samples its own prompts): `m`'s
+  (`config.mesh`) tensor size, fsdp as far as the local devices allow, data the rest.
+  Raises ValueError when the tensor size does not divide a process's devices."""
+  if m.split:
+    return sharding_lib.make_mesh(-1, m.rollout_fsdp, m.rollout_tensor,
+                                  devices=sampler_devices(m, local_devices))
   if num_processes == 1:
     return mesh
   tensor = m.tensor
@@ -83,13 +110,26 @@ def sampling_mesh(m: experiment_lib.Mesh, mesh: jax.sharding.Mesh, local_devices
   return sharding_lib.make_mesh(-1, fsdp, tensor, devices=list(local_devices))
 
 
+def process_block(m: experiment_lib.Mesh, mesh: jax.sharding.Mesh, local_devices,
+                  num_processes: int) -> jax.sharding.Mesh:
+  """One process's block of the rollout mesh (`rollout_mesh`): its sampling mesh with
+  shared placement; with split placement the same rule over its training devices (the
+  whole policy gathered there, then moved to its sampler's devices: cross-process
+  reshards need one device set on both sides)."""
+  if not m.split:
+    return sampling_mesh(m, mesh, local_devices, num_processes)
+  shared = dataclasses.replace(m, rollout_devices=0, rollout_fsdp=1, rollout_tensor=1)
+  return sampling_mesh(shared, mesh, training_devices(m, local_devices), num_processes)
+
+
 def rollout_mesh(m: experiment_lib.Mesh, mesh: jax.sharding.Mesh, num_processes: int
                  ) -> jax.sharding.Mesh:
-  """Every process's sampling mesh (`sampling_mesh` over `jax.local_devices(process_index=p)`,
+  """Every process's block (`process_block` over `jax.local_devices(process_index=p)`,
   the list each process's own `jax.local_devices()` is) side by side along "data": the
   global mesh onto which the policy is resharded device to device for sampling
-  (`run.SamplerWeights`); a process's block of it is its sampling mesh."""
-  blocks = [sampling_mesh(m, mesh, jax.local_devices(process_index=p), num_processes).devices
+  (`run.SamplerWeights`); a process's block of it is its sampling mesh (shared placement)
+  or a mesh over its training devices (split placement)."""
+  blocks = [process_block(m, mesh, jax.local_devices(process_index=p), num_processes).devices
             for p in range(num_processes)]
   return jax.sharding.Mesh(np.concatenate(blocks, axis=0), sharding_lib.MESH_AXES,
                            axis_types=(jax.sharding.AxisType.Auto,) * len(sharding_lib.MESH_AXES))
@@ -298,6 +338,9 @@ def build(exp: experiment_lib.Experiment, mesh: jax.sharding.Mesh, *, micro_batc
   if num_processes is None:
     num_processes = len({d.process_index for d in devs})
   if local_devices is None:
+    if exp.mesh.split:  # the sampler's devices are not the training mesh's
+      raise ValueError("config.mesh.rollout_devices: the registry needs the process's own "
+                       "devices (local_devices), of which the sampler takes the last ones")
     if target_platform(mesh) == "tpu":
       local_devices = targets.one_host_devices(devs)
     else:

@@ -59,15 +59,22 @@ def streams(seed: int) -> Streams:
 
 
 def make_mesh(m: experiment_lib.Mesh) -> jax.sharding.Mesh:
-  """The mesh of `config.mesh`; an explicit mesh smaller than the machine uses its first
-  devices (single process only: every process of a multi-process run needs all its
-  devices)."""
-  devices = jax.devices()
+  """The training mesh of `config.mesh`; an explicit mesh smaller than the machine uses its
+  first devices (single process only: every process of a multi-process run needs all its
+  devices). With split placement the devices the sampler takes are not in it
+  (`programs.training_devices`)."""
+  try:
+    devices = programs.training_devices(m, jax.devices())
+    if m.split:
+      programs.sampler_devices(m, jax.local_devices())
+  except ValueError as e:
+    raise experiment_lib.ConfigError(str(e)) from None
   if m.data != -1 and jax.process_count() == 1:
     size = m.data * m.fsdp * m.tensor
     if size > len(devices):
+      held = f" besides the sampler's {m.rollout_devices}" if m.split else ""
       raise experiment_lib.ConfigError(f"config.mesh {m.data}x{m.fsdp}x{m.tensor} needs {size} "
-                                   f"devices; {len(devices)} available")
+                                   f"devices{held}; {len(devices)} available")
     devices = devices[:size]
   return sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
 
@@ -109,33 +116,73 @@ def make_pool(env: experiment_lib.Env, num_slots: int) -> pool_lib.EnvPool:
 class SamplerWeights:
   """The policy the sampler plays, from the training params, device to device.
 
-  One process: the training params themselves (the sampler runs on the training mesh).
-  Several: each process samples its own rows on a mesh of its own devices
-  (`programs.sampling_mesh`), so each needs the whole policy in that layout. The params
-  are resharded onto the rollout mesh (`programs.rollout_mesh`: every process's sampling
-  mesh side by side along "data", the training specs, which never split "data"), an
-  on-device transfer (all-gathers over the devices that split a parameter); each process
-  then takes its own devices' shards as arrays on its sampling mesh without a copy
-  (`jax.make_array_from_single_device_arrays`). Nothing passes through host memory (the
-  former `process_allgather` moved the whole policy through every host each iteration:
-  ~30 GB per host for Qwen2.5-7B in float32).
+  Shared placement, one process: the training params themselves (the sampler runs on the
+  training mesh). Split placement (`mesh.rollout_devices`), one process: the params moved
+  onto the sampler's own mesh with the training specs (`jax.device_put` between disjoint
+  device sets: a device-to-device copy, its seconds in `transfer_s`). Several processes:
+  each process samples its own rows on a mesh of its own devices (`programs.sampling_mesh`:
+  all of them, or its sampler devices with split placement), so each needs the whole
+  policy in that layout. The params are resharded onto the rollout mesh
+  (`programs.rollout_mesh`: every process's sampling mesh side by side along "data", the
+  training specs, which never split "data"), an on-device transfer (all-gathers over the
+  devices that split a parameter); each process then takes its own devices' shards as
+  arrays on its sampling mesh without a copy (`jax.make_array_from_single_device_arrays`).
+  Nothing passes through host memory (the former `process_allgather` moved the whole
+  policy through every host each iteration: ~30 GB per host for Qwen2.5-7B in float32).
   """
 
   def __init__(self, learner: train_step.Learner, sample_mesh: jax.sharding.Mesh,
-               rollout_mesh: jax.sharding.Mesh | None = None):
+               rollout_mesh: jax.sharding.Mesh | None = None,
+               block_mesh: jax.sharding.Mesh | None = None, split: bool = False):
     self.graphdef = learner.graphdef
     self.rollout = rollout_mesh is not None
+    self.split = split
+    self.transfer_s = 0.0
+    """Seconds of the last move to the sampler's devices (split placement; waited for)."""
+    specs = lambda mesh: jax.tree.map(lambda s: NamedSharding(mesh, s.spec),
+                                      learner.param_shardings)
+    self.local_shardings = specs(sample_mesh)
+    if self.rollout:  # this process's block of the rollout mesh (`programs.process_block`)
+      self.global_shardings, self.block_shardings = specs(rollout_mesh), specs(block_mesh)
+
+  def place(self, params) -> Any:
+    """`params` on the sampler's devices: the same arrays with shared placement on one
+    process, new ones otherwise."""
+    if not (self.rollout or self.split):
+      return params
+    start = time.perf_counter()
+    placed = params
     if self.rollout:
-      self.global_shardings = jax.tree.map(lambda s: NamedSharding(rollout_mesh, s.spec),
-                                           learner.param_shardings)
-      self.local_shardings = jax.tree.map(lambda s: NamedSharding(sample_mesh, s.spec),
-                                          learner.param_shardings)
+      placed = jax.device_put(placed, self.global_shardings)
+      placed = jax.tree.map(_own_shards, placed, self.block_shardings)
+    if self.split:  # within the process: from its training devices to its sampler's
+      placed = jax.device_put(placed, self.local_shardings)
+    if self.split:
+      jax.block_until_ready(placed)
+      self.transfer_s = time.perf_counter() - start
+    return placed
+
+  def copy(self, params) -> Any:
+    """A version of `params` on the sampler's devices that an update donating `params`
+    leaves intact (what `async_rollout.Rollouter` keeps)."""
+    return self.place(params) if self.split else async_rollout.copy_params(params)
+
+  def merge(self, placed) -> nnx.Module:
+    """The policy of params already on the sampler's devices (`place`, `copy`)."""
+    return nnx.merge(self.graphdef, placed)
 
   def __call__(self, params) -> nnx.Module:
-    if not self.rollout:
-      return nnx.merge(self.graphdef, params)
-    placed = jax.device_put(params, self.global_shardings)
-    return nnx.merge(self.graphdef, jax.tree.map(_own_shards, placed, self.local_shardings))
+    return self.merge(self.place(params))
+
+
+def _sampler_weights(m: experiment_lib.Mesh, learner: train_step.Learner,
+                     mesh: jax.sharding.Mesh, sample_mesh: jax.sharding.Mesh) -> SamplerWeights:
+  """The run's `SamplerWeights`: with several processes through the rollout mesh."""
+  n = jax.process_count()
+  if n == 1:
+    return SamplerWeights(learner, sample_mesh, split=m.split)
+  return SamplerWeights(learner, sample_mesh, programs.rollout_mesh(m, mesh, n),
+                        programs.process_block(m, mesh, jax.local_devices(), n), split=m.split)
 
 
 def _own_shards(x: jax.Array, local: NamedSharding) -> jax.Array:
@@ -397,9 +444,6 @@ def _train_state(exp: experiment_lib.Experiment, workdir: str, mesh, model,
   return dict(learner=learner, state=state, ref_params=ref_params, critic=critic,
               critic_state=critic_state, sampler=registry.sampler,
               sample_mesh=registry.sample_mesh, checkpointer=checkpointer,
-              sampler_weights=SamplerWeights(
-                  learner, registry.sample_mesh,
-                  None if jax.process_count() == 1 else
-                  programs.rollout_mesh(exp.mesh, mesh, jax.process_count())),
+              sampler_weights=_sampler_weights(exp.mesh, learner, mesh, registry.sample_mesh),
               resume_source=resumed.source, start_iteration=start, kl_controller=kl_controller,
               sampler_versions=sampler_versions)

@@ -212,6 +212,8 @@ def paper_config(args, allow_cpu: bool, precompile: bool):
   c.eval.every, c.eval.at_end = 0, False
   c.checkpoint.every = args.iterations  # the last iteration only (skipped without --checkpoint)
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, 1, 1  # every local chip data-parallel
+  c.train.max_staleness = args.max_staleness  # rollout ahead of the update
+  c.mesh.rollout_devices = args.rollout_devices  # split placement: the sampler's own chips
   if args.length_multiple:  # verl's remove-padding counterpart (module doc)
     c.train.group_by_length, c.train.length_multiple = True, args.length_multiple
   c.lock()
@@ -278,6 +280,11 @@ def _parser() -> argparse.ArgumentParser:
                   help="the update's micro-batches grouped by length, each padded to its "
                        "longest step rounded up to N tokens (train.group_by_length); 0 = every "
                        "row padded to the iteration's prompt + response buckets")
+  ap.add_argument("--max-staleness", type=int, default=0, metavar="K",
+                  help="train.max_staleness: batches played ahead of the update (0: in turn)")
+  ap.add_argument("--rollout-devices", type=int, default=0, metavar="N",
+                  help="mesh.rollout_devices: the sampler on each host's last N chips, the "
+                       "update on the others (0: both on every chip)")
   ap.add_argument("--checkpoint", action="store_true", help="keep the last iteration's checkpoint")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--tokenizer", default="",
@@ -333,22 +340,22 @@ def _train_counted(args, config, lengths, devices) -> int:
   _install_random_presets(args.tokenizer)
   drawn = _install_fixed_lengths(lengths, args.seed) if lengths.kind != "free" else []
   chips = len(devices)
-  counts: list[dict] = []
+  counts: dict[int, dict] = {}  # by iteration (a rollout thread plays ahead of the log)
   per_chip: list[float] = []
   rollout, log = train.rollout, train.log
 
   def counted_rollout(run, iteration):
     ro = rollout(run, iteration)
-    counts.append({"steps": len(ro.rows),
-                   "prompt": sum(len(r.prompt_ids) for r in ro.rows),
-                   "response": sum(len(r.response_ids) for r in ro.rows)})
+    counts[iteration] = {"steps": len(ro.rows),
+                         "prompt": sum(len(r.prompt_ids) for r in ro.rows),
+                         "response": sum(len(r.response_ids) for r in ro.rows)}
     return ro
 
   def reported_log(run, step, metrics, bar):
     out = log(run, step, metrics, bar)
-    line = iteration_line(step, metrics, counts[-1], chips, _peak_memory_gib(jax.local_devices()))
-    per_chip.append((counts[-1]["prompt"] + counts[-1]["response"]) / metrics["time/iteration_s"]
-                    / chips)
+    count = counts.pop(step - 1)  # step = the finished iteration + 1
+    line = iteration_line(step, metrics, count, chips, _peak_memory_gib(jax.local_devices()))
+    per_chip.append((count["prompt"] + count["response"]) / metrics["time/iteration_s"] / chips)
     print(line, flush=True)
     return out
 

@@ -2,7 +2,8 @@
 # The checks to run on a GPU host (kernels, decode, a paper-shaped iteration), as ONE command.
 #
 #   bash launch/gpu_checks/device_check.sh [--tiny] [--dry-run] [--trace-imports FILE] STEP...
-#   STEP: kernels | decode | iteration (several run in order; each fits one 10-minute call)
+#   STEP: kernels | decode | iteration | async (several run in order; each fits one
+#         10-minute call)
 #
 # Run from the repository root. Every log goes under $OUT (./device_out when OUT is unset):
 # env.log (versions, devices), <step>.log, summary.txt; a short summary ends the output.
@@ -18,6 +19,10 @@
 #              the default, or alfworld, whose wheels device_wheels.sh makes with
 #              ALFWORLD=1); stopped after ITERATION_TIMEOUT seconds (default 500) with its
 #              log kept.
+#   async      the same iteration with the rollout one batch ahead of the update
+#              (--max-staleness 1; ASYNC_ROLLOUT_DEVICES=N > 0: the sampler on each
+#              host's last N chips, split placement; 0, the default, shares the chips):
+#              its wall_s against the iteration step's (the synchronous baseline).
 # --tiny      the same steps with the tiny preset, small sizes, JAX_PLATFORMS=cpu and
 #             --allow-cpu: the rehearsal on a CPU host (PYTHON=.venv/bin/python there).
 # --dry-run   print the commands (one per line, `+ ` first) and run nothing.
@@ -27,7 +32,7 @@
 # $DEVICE_SITE (/tmp/site) and put on PYTHONPATH after the repository; --tiny skips them
 # (they are cp312 wheels for the device image; WHEELS=1 forces, WHEELS=0 skips).
 # Environment: PYTHON (python3), OUT, DEVICE_SITE, WHEELS, DECODE_TIMEOUT (480), DECODE_ROWS
-# (1,32,128), ITERATION_ENV (sokoban),
+# (1,32,128), ITERATION_ENV (sokoban), ASYNC_ROLLOUT_DEVICES (0),
 # ITERATION_TIMEOUT (500), KERNEL_TIMEOUT (240 per test file), BUDGET (560: seconds for the
 # whole script, set-up included; each step's timeout is cut to what is left, so a device
 # call with timeout_s 600 always gets the logs back).
@@ -50,14 +55,14 @@ while [[ $# -gt 0 ]]; do
       [[ $# -ge 2 ]] || { echo "device_check: --trace-imports needs a file" >&2; exit 2; }
       TRACE="$2"
       shift ;;
-    kernels | decode | iteration) STEPS+=("$1") ;;
+    kernels | decode | iteration | async) STEPS+=("$1") ;;
     -h | --help) usage ;;
-    *) echo "device_check: unknown argument '$1' (steps: kernels, decode, iteration)" >&2
+    *) echo "device_check: unknown argument '$1' (steps: kernels, decode, iteration, async)" >&2
        exit 2 ;;
   esac
   shift
 done
-[[ ${#STEPS[@]} -gt 0 ]] || { echo "device_check: name a step: kernels, decode or iteration" >&2
+[[ ${#STEPS[@]} -gt 0 ]] || { echo "device_check: name a step: kernels, decode, iteration or async" >&2
                               exit 2; }
 [[ -f launch/gpu_checks/device_check.sh ]] || { echo "device_check: run it from the repository root" >&2
                                      exit 2; }
@@ -74,6 +79,10 @@ case "$ITERATION_ENV" in
   *) echo "device_check: ITERATION_ENV must be sokoban or alfworld, not '$ITERATION_ENV'" >&2
      exit 2 ;;
 esac
+ASYNC_ROLLOUT_DEVICES="${ASYNC_ROLLOUT_DEVICES:-0}"
+[[ $ASYNC_ROLLOUT_DEVICES =~ ^[0-9]+$ ]] || {
+  echo "device_check: ASYNC_ROLLOUT_DEVICES must be a count of chips, not '$ASYNC_ROLLOUT_DEVICES'" >&2
+  exit 2; }
 BUDGET="${BUDGET:-560}"
 KERNEL_TIMEOUT="${KERNEL_TIMEOUT:-240}"
 if [[ $TINY == 1 ]]; then
@@ -126,6 +135,10 @@ iteration_cmd() {
     echo "$run --model qwen2.5-1.5b --env $ITERATION_ENV --envs 128 --turns 8 --iterations 3" \
          "--max-new-tokens 512$tok"
   fi
+}
+
+async_cmd() {
+  echo "$(iteration_cmd) --max-staleness 1 --rollout-devices $ASYNC_ROLLOUT_DEVICES"
 }
 
 # ------------------------------------------------------------------------------- helpers
@@ -234,6 +247,11 @@ step_decode() {
 step_iteration() {
   # (tqdm's progress bar shares a line with the iteration lines: -o cuts them out)
   run_step iteration "$ITERATION_TIMEOUT" "$(iteration_cmd)" -oE \
+    "^jax .*|iteration [0-9]+: wall_s=.*|^tokens/s per chip.*"
+}
+
+step_async() {
+  run_step async "$ITERATION_TIMEOUT" "$(async_cmd)" -oE \
     "^jax .*|iteration [0-9]+: wall_s=.*|^tokens/s per chip.*"
 }
 

@@ -44,7 +44,7 @@ def _image() -> set[str]:
 def _commands(*flags: str, env: dict | None = None) -> list[list[str]]:
   """The python commands `device_check.sh --dry-run` prints, as argv lists."""
   r = _bash("launch/gpu_checks/device_check.sh", "--dry-run", *flags, "kernels", "decode", "iteration",
-            env=env)
+            "async", env=env)
   assert r.returncode == 0, r.stderr
   lines = [line[2:] for line in r.stdout.splitlines() if line.startswith("+ ")]
   assert len(lines) == len(r.stdout.splitlines())  # nothing else is printed or run
@@ -121,6 +121,7 @@ def _check_iteration(argv, monkeypatch, tiny, env="sokoban"):
     assert (seen["model"], seen["envs"], seen["turns"], seen["iterations"]) == (
         "qwen2.5-1.5b", 128, 8, 3)
     assert (c.rollout.num_groups * c.rollout.group_size, c.env.max_steps) == (128, 8)
+  return seen["config"]
 
 
 @functools.cache
@@ -155,10 +156,16 @@ def test_every_command_of_the_dry_run_is_accepted(tiny, monkeypatch):
     argvs = argvs[1:]
   modules = [a[0] for a in argvs]
   assert modules == ["env_servers.protos.build", "pytest", "pytest", "pytest",
-                     "launch.benchmarks.rollout", "launch.benchmarks.paper_iteration"]
+                     "launch.benchmarks.rollout", "launch.benchmarks.paper_iteration",
+                     "launch.benchmarks.paper_iteration"]
   assert ("--allow-cpu" in argvs[4]) is tiny and ("--allow-cpu" in argvs[5]) is tiny
   _check_rollout(argvs[4][1:], monkeypatch, tiny)
   _check_iteration(argvs[5], monkeypatch, tiny)
+  # the async step: the iteration's command with the rollout one batch ahead
+  assert argvs[6][:len(argvs[5])] == argvs[5]
+  assert argvs[6][len(argvs[5]):] == ["--max-staleness", "1", "--rollout-devices", "0"]
+  c = _check_iteration(argvs[6], monkeypatch, tiny)
+  assert (c.train.max_staleness, c.mesh.rollout_devices) == (1, 0)
   for argv in argvs[1:4]:
     _check_pytest(argv)
 
@@ -168,7 +175,7 @@ def test_the_iteration_runs_on_alfworld_servers_when_asked(tiny, monkeypatch):
   """ITERATION_ENV=alfworld: the same iteration command on ALFWorld env servers (whose
   wheels device_wheels.sh carries), accepted up to the trainer's config check."""
   argvs = _commands(*(["--tiny"] if tiny else []), env={"ITERATION_ENV": "alfworld"})
-  (iteration,) = [a for a in argvs if a[0] == "launch.benchmarks.paper_iteration"]
+  iteration = [a for a in argvs if a[0] == "launch.benchmarks.paper_iteration"][0]
   assert iteration[iteration.index("--env") + 1] == "alfworld"
   _check_iteration(iteration, monkeypatch, tiny, env="alfworld")
 
@@ -181,6 +188,9 @@ def test_bad_arguments_end_in_one_line():
   r = _bash("launch/gpu_checks/device_check.sh", "iteration", env={"ITERATION_ENV": "webshop"})
   assert r.returncode == 2 and r.stderr.strip() == (
       "device_check: ITERATION_ENV must be sokoban or alfworld, not 'webshop'")
+  r = _bash("launch/gpu_checks/device_check.sh", "async", env={"ASYNC_ROLLOUT_DEVICES": "two"})
+  assert r.returncode == 2 and r.stderr.strip() == (
+      "device_check: ASYNC_ROLLOUT_DEVICES must be a count of chips, not 'two'")
   r = _bash("launch/gpu_checks/device_wheels.sh", "--bogus")
   assert r.returncode == 2 and r.stderr.startswith("device_wheels: unknown argument")
 

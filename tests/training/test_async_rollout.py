@@ -164,6 +164,85 @@ def test_resume_with_a_batch_played_ahead_equals_an_uninterrupted_run(ahead_run,
   assert [_deterministic(x) for x in ahead_run] == [_deterministic(x) for x in c]
 
 
+def test_an_env_server_killed_while_the_thread_plays_recovers(ahead_run, tmp_path,
+                                                             monkeypatch):
+  """An env server SIGKILLed during a Step call the rollout thread makes (iteration 1's
+  batch, played while iteration 0 updates) is restarted and its episodes replayed, as in a
+  synchronous run: the metrics are the uninterrupted run's."""
+  import os
+  import signal
+  import threading
+
+  from hgpo_jax.envs import pool as pool_lib
+  real_step, real_rollout, playing, killed = pool_lib.EnvPool.step, train.rollout, [], []
+
+  def rollout(run, iteration):
+    playing.append(iteration)
+    return real_rollout(run, iteration)
+
+  def step(self, actions):
+    if threading.current_thread().name == "rollouter" and playing[-1] == 1 and not killed:
+      killed.append(self.server_pids[0])  # the first Step of batch 1
+      os.kill(killed[0], signal.SIGKILL)
+    return real_step(self, actions)
+
+  monkeypatch.setattr(train, "rollout", rollout)
+  monkeypatch.setattr(pool_lib.EnvPool, "step", step)
+  workdir = str(tmp_path / "killed")
+  train.train_and_evaluate(experiment.from_config(_config(**{"train.max_staleness": 1})),
+                           workdir)
+  got = run_records.read_metrics(workdir)
+  assert killed and sum(x.get("env/restarts", 0) for x in got) >= 1
+  assert [_deterministic(x) for x in got] == [_deterministic(x) for x in ahead_run]
+
+
+def test_split_placement_equals_shared_placement(tmp_path):
+  """The sampler on 4 devices of its own (the last 4 of the 8 fake CPU devices, the same
+  data-parallel shape) and the learner on the first 4 give the metrics of both on the
+  first 4, bit for bit, with the batch played ahead and without."""
+  def metrics(name, **overrides):
+    c = _config(**{"mesh.data": 4, "train.num_iterations": 2, "eval.every": 0, **overrides})
+    train.train_and_evaluate(experiment.from_config(c), str(tmp_path / name))
+    return run_records.read_metrics(str(tmp_path / name))
+
+  for k in (1, 0):
+    shared = metrics(f"shared{k}", **{"train.max_staleness": k})
+    split = metrics(f"split{k}", **{"train.max_staleness": k, "mesh.rollout_devices": 4})
+    assert len(split) == 3 and [_deterministic(x) for x in split] == [
+        _deterministic(x) for x in shared]
+    assert all(x["time/weight_transfer_s"] > 0 for x in split[:2])
+    assert not any("time/weight_transfer_s" in x for x in shared)
+
+
+def test_split_placement_runs_the_sampler_on_its_own_devices():
+  import jax
+  from hgpo_jax.training import programs
+  from hgpo_jax.training import run as run_lib
+  exp = experiment.from_config(_config(**{"mesh.data": -1, "mesh.rollout_devices": 2,
+                                          "mesh.rollout_tensor": 2}))
+  mesh = run_lib.make_mesh(exp.mesh)
+  sampler = programs.sampling_mesh(exp.mesh, mesh, jax.local_devices(), 1)
+  assert list(mesh.devices.flat) == jax.devices()[:6] and mesh.shape["data"] == 6
+  assert list(sampler.devices.flat) == jax.devices()[6:]
+  assert (sampler.shape["data"], sampler.shape["tensor"]) == (1, 2)
+
+
+@pytest.mark.parametrize("mesh,match", [
+    ({"mesh.rollout_devices": -1}, r"^config\.mesh\.rollout_devices=-1, .* need rollout_devices >= 0"),
+    ({"mesh.rollout_devices": 3, "mesh.rollout_tensor": 2},
+     r"^config\.mesh\.rollout_fsdp x rollout_tensor = 2 must divide config\.mesh\.rollout_devices=3"),
+    ({"mesh.rollout_fsdp": 2}, r"^config\.mesh\.rollout_fsdp/rollout_tensor shape the sampler's own"),
+    ({"mesh.data": -1, "mesh.rollout_devices": 8}, r"^config\.mesh\.rollout_devices=8 leaves none of a process's 8 devices"),
+    ({"mesh.data": 6, "mesh.rollout_devices": 4},
+     r"^config\.mesh 6x1x1 needs 6 devices besides the sampler's 4; 4 available"),
+])
+def test_bad_placements_are_one_line(mesh, match):
+  from hgpo_jax.training import run as run_lib
+  with pytest.raises(experiment.ConfigError, match=match) as e:
+    run_lib.make_mesh(experiment.from_config(_config(**mesh)).mesh)
+  assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("arg,staleness,match", [
     ("algo=hgpo,k=2,smoke", -1, r"^config\.train\.max_staleness=-1 must be >= 0"),
     ("algo=ppo,smoke", 1,
