@@ -133,28 +133,36 @@ def rollout_source(run: run_lib.Run, start: int, end: int
   """Where the loop takes each iteration's batch (hgpo_jax/training/async_rollout.py):
   played when asked with the current weights (`train.max_staleness=0`), or played ahead
   in a thread with the weights of `max_staleness` versions before."""
-  k = run.experiment.train.max_staleness
+  exp = run.experiment
+  k = exp.train.max_staleness
   if k == 0:
     return async_rollout.Synchronous(lambda it: rollout(run, it), run.update_sampler)
-  if jax.process_count() > 1:
+  if jax.process_count() > 1 and exp.train.filter_groups:
     raise experiment_lib.ConfigError(
-        f"config.train.max_staleness={k} runs on one process; multi-process runs play "
-        f"their rollouts in step (set it to 0)")
+        f"config.train.max_staleness={k} with config.train.filter_groups runs on one "
+        f"process (dynamic sampling gathers every process's rows between its batches)")
 
   def play(iteration: int, placed) -> rollout_lib.Rollout:
     run.sampler.model = run.sampler_weights.merge(placed)
-    return rollout(run, iteration)
+    return rollout(run, iteration, gather=False)
+
+  def gather(ro: rollout_lib.Rollout) -> rollout_lib.Rollout:
+    # in the learner's thread: a collective over every process's devices, issued in the
+    # same order on every process (the thread's programs run on its own process's devices)
+    return processes.gather_rollout(ro, run.groups_per_process, exp.rollout.group_size)
 
   versions = run.sampler_versions or {start - 1: run.state.params}
   return async_rollout.Rollouter(play, start, end, k, versions, rebind=run.update_sampler,
-                                 place=run.sampler_weights.copy)
+                                 place=run.sampler_weights.copy, finish=gather)
 
 
 # ---------------------------------------------------------------------------------------
 # The steps of one iteration
 # ---------------------------------------------------------------------------------------
-def rollout(run: run_lib.Run, iteration: int) -> rollout_lib.Rollout:
-  """The iteration's groups, all processes' rows (identical on every process).
+def rollout(run: run_lib.Run, iteration: int, *, gather: bool = True) -> rollout_lib.Rollout:
+  """The iteration's groups, all processes' rows (identical on every process; with
+  `gather=False` and no dynamic sampling, this process's rows, for
+  `processes.gather_rollout`).
 
   Without `train.filter_groups`: one generation batch (`generation_batch`). With it
   (DAPO's dynamic sampling, verl-agent's `dynamic_multi_turn_loop`): generation batches
@@ -164,9 +172,9 @@ def rollout(run: run_lib.Run, iteration: int) -> rollout_lib.Rollout:
   (`rollout_lib.dynamic_selection`), and `filter/*` counts them.
   """
   exp = run.experiment
-  first = generation_batch(run, iteration, 0)
   if not exp.train.filter_groups:
-    return first
+    return generation_batch(run, iteration, 0, gather=gather)
+  first = generation_batch(run, iteration, 0)
   size, target = exp.rollout.group_size, exp.rollout.num_groups
   metric = exp.train.filter_groups_metric
   batches = [first]
@@ -185,9 +193,11 @@ EXTRA_BATCH_ITERATIONS = 1 << 20
 many real iterations)."""
 
 
-def generation_batch(run: run_lib.Run, iteration: int, index: int) -> rollout_lib.Rollout:
+def generation_batch(run: run_lib.Run, iteration: int, index: int, *, gather: bool = True
+                     ) -> rollout_lib.Rollout:
   """Generation batch `index` of `iteration`: this process's groups played at
-  `rollout.temperature`, then all processes' rows (`processes.gather_rollout`).
+  `rollout.temperature`, then all processes' rows (`processes.gather_rollout`; this
+  process's alone with `gather=False`).
 
   Batch 0 is the iteration's own tasks and sampler key; batch b > 0 (dynamic sampling)
   draws the tasks, env seeds and sampler key of the virtual iteration
@@ -206,6 +216,8 @@ def generation_batch(run: run_lib.Run, iteration: int, index: int) -> rollout_li
       on_step=lambda t, T, n: progress.phase(
           "rollout", f"{'' if index == 0 else f'batch {index + 1}, '}step {t + 1}/{T} "
           f"({n} slots active)"))
+  if not gather:
+    return ro
   return processes.gather_rollout(ro, run.groups_per_process, exp.rollout.group_size)
 
 

@@ -92,16 +92,20 @@ class Rollouter:
       `copy_params`: shared placement; split placement moves them to the sampler's mesh,
       `run.SamplerWeights.copy`). Applied to `versions` and to every published version;
       `play` receives placed params.
+    finish: applied to a batch in the learner's thread when it is taken (several
+      processes: the gather of every process's rows, a collective that the thread must
+      not issue beside the learner's); default none.
   """
 
   def __init__(self, play: Callable[[int, Any], Any], start: int, end: int,
                max_staleness: int, versions: dict[int, Any], rebind: Callable[[], None],
-               place: Callable[[Any], Any] = None):
+               place: Callable[[Any], Any] = None, finish: Callable[[Any], Any] = None):
     if max_staleness < 1:
       raise ValueError(f"Rollouter needs max_staleness >= 1, got {max_staleness}")
     self._play, self._next, self._end, self.k = play, start, end, max_staleness
     self._rebind = rebind
     self._place = place or copy_params
+    self._finish = finish or (lambda ro: ro)
     self._versions = {v: self._place(p) for v, p in versions.items()}
     self._batches: dict[int, tuple[Any, float]] = {}
     self._cond = threading.Condition()
@@ -150,6 +154,7 @@ class Rollouter:
         del self._versions[v]
       self._cond.notify_all()
     staleness = iteration - 1 - sampled_version(iteration, self.k)
+    ro = self._finish(ro)
     return ro, {"async/staleness": float(staleness),
                 "async/learner_wait_s": time.perf_counter() - t0,
                 "async/rollout_wait_s": rollout_wait}

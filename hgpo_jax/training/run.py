@@ -145,34 +145,41 @@ class SamplerWeights:
     if self.rollout:  # this process's block of the rollout mesh (`programs.process_block`)
       self.global_shardings, self.block_shardings = specs(rollout_mesh), specs(block_mesh)
 
-  def place(self, params) -> Any:
-    """`params` on the sampler's devices: the same arrays with shared placement on one
-    process, new ones otherwise."""
+  def stored(self, params, *, copy: bool = False) -> Any:
+    """`params` in the form the sampler takes them from (`merge`): the training arrays
+    (shared placement, one process: the same ones, or a copy with `copy`), or new
+    global arrays on the sampler's mesh (split placement, one process) or on the rollout
+    mesh (several processes), a device-to-device move issued here, in the learner's
+    thread (a reshard across processes is a collective). Never buffers of `params` with
+    `copy`: what the rollout thread keeps while the next update donates `params`, and
+    what a checkpoint saves (`async_rollout.Rollouter.pending_versions`)."""
     if not (self.rollout or self.split):
-      return params
+      return async_rollout.copy_params(params) if copy else params
     start = time.perf_counter()
-    placed = params
-    if self.rollout:
-      placed = jax.device_put(placed, self.global_shardings)
-      placed = jax.tree.map(_own_shards, placed, self.block_shardings)
-    if self.split:  # within the process: from its training devices to its sampler's
-      placed = jax.device_put(placed, self.local_shardings)
+    target = self.global_shardings if self.rollout else self.local_shardings
+    out = jax.device_put(params, target, may_alias=False if copy else None)
     if self.split:
-      jax.block_until_ready(placed)
+      jax.block_until_ready(out)
       self.transfer_s = time.perf_counter() - start
-    return placed
+    return out
 
   def copy(self, params) -> Any:
-    """A version of `params` on the sampler's devices that an update donating `params`
-    leaves intact (what `async_rollout.Rollouter` keeps)."""
-    return self.place(params) if self.split else async_rollout.copy_params(params)
+    """`stored(params, copy=True)`: a version for `async_rollout.Rollouter`."""
+    return self.stored(params, copy=True)
 
-  def merge(self, placed) -> nnx.Module:
-    """The policy of params already on the sampler's devices (`place`, `copy`)."""
-    return nnx.merge(self.graphdef, placed)
+  def merge(self, stored) -> nnx.Module:
+    """The policy the sampler plays from `stored` params: with several processes this
+    process's shards of the rollout mesh's arrays, on its sampling mesh without a copy
+    (split placement: moved from its training devices to its sampler's, within the
+    process)."""
+    if self.rollout:
+      stored = jax.tree.map(_own_shards, stored, self.block_shardings)
+      if self.split:
+        stored = jax.device_put(stored, self.local_shardings)
+    return nnx.merge(self.graphdef, stored)
 
   def __call__(self, params) -> nnx.Module:
-    return self.merge(self.place(params))
+    return self.merge(self.stored(params))
 
 
 def _sampler_weights(m: experiment_lib.Mesh, learner: train_step.Learner,

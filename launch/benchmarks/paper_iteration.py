@@ -344,8 +344,8 @@ def _train_counted(args, config, lengths, devices) -> int:
   per_chip: list[float] = []
   rollout, log = train.rollout, train.log
 
-  def counted_rollout(run, iteration):
-    ro = rollout(run, iteration)
+  def counted_rollout(run, iteration, **kw):
+    ro = rollout(run, iteration, **kw)  # one process: every row (a thread's too)
     counts[iteration] = {"steps": len(ro.rows),
                          "prompt": sum(len(r.prompt_ids) for r in ro.rows),
                          "response": sum(len(r.response_ids) for r in ro.rows)}

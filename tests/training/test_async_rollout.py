@@ -176,9 +176,9 @@ def test_an_env_server_killed_while_the_thread_plays_recovers(ahead_run, tmp_pat
   from hgpo_jax.envs import pool as pool_lib
   real_step, real_rollout, playing, killed = pool_lib.EnvPool.step, train.rollout, [], []
 
-  def rollout(run, iteration):
+  def rollout(run, iteration, **kw):
     playing.append(iteration)
-    return real_rollout(run, iteration)
+    return real_rollout(run, iteration, **kw)
 
   def step(self, actions):
     if threading.current_thread().name == "rollouter" and playing[-1] == 1 and not killed:
@@ -240,6 +240,20 @@ def test_bad_placements_are_one_line(mesh, match):
   from hgpo_jax.training import run as run_lib
   with pytest.raises(experiment.ConfigError, match=match) as e:
     run_lib.make_mesh(experiment.from_config(_config(**mesh)).mesh)
+  assert "\n" not in str(e.value)
+
+
+def test_dynamic_sampling_ahead_on_several_processes_is_one_line(monkeypatch):
+  import types
+
+  import jax
+  exp = experiment.from_config(_config(**{"train.max_staleness": 1,
+                                          "train.filter_groups": True}))
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  with pytest.raises(experiment.ConfigError, match=(
+      r"^config\.train\.max_staleness=1 with config\.train\.filter_groups runs on one "
+      r"process")) as e:
+    train.rollout_source(types.SimpleNamespace(experiment=exp), 0, 3)
   assert "\n" not in str(e.value)
 
 

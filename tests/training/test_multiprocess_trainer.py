@@ -1,7 +1,8 @@
-"""The real trainer in two JAX processes x 4 CPU devices == one process x 8 devices, two
-processes x 6 devices with each process's sampler on 2 of them (split placement) == the
-same, and two processes SIGKILLed during their second iteration resume to the
-uninterrupted run.
+"""The real trainer in two JAX processes x 4 CPU devices == one process x 8 devices; with
+the rollout one batch ahead (`train.max_staleness=1`) two processes x 4 devices, and two
+processes x 6 devices with each process's sampler on 2 of them (split placement), == one
+process x 8 devices; two processes SIGKILLed during their second iteration resume to
+the uninterrupted run.
 
 Each process starts its own Sokoban env server and plays one of the two groups
 (docs/scaling.md "Several processes"); all runs use the same 2x2x2 mesh and greedy
@@ -44,7 +45,7 @@ def _env():
 
 
 def _run(workdir: str, num_processes: int, local_devices: int, logdir, kill_when=None,
-         name: str = "", rollout_devices: int = 0) -> None:
+         name: str = "", rollout_devices: int = 0, max_staleness: int = 0) -> None:
   """Runs the worker in `num_processes` processes; kills every process group it started
   (workers and their env servers) on failure or timeout, or, with `kill_when`, as soon as
   `kill_when()` is true (the workers must still be running then)."""
@@ -57,7 +58,7 @@ def _run(workdir: str, num_processes: int, local_devices: int, logdir, kill_when
       logs.append(log)
       procs.append(subprocess.Popen(
           [sys.executable, WORKER, workdir, str(num_processes), str(i), str(port), str(local_devices),
-           str(rollout_devices)],
+           str(rollout_devices), str(max_staleness)],
           env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + TIMEOUT_S
     while any(p.poll() is None for p in procs):
@@ -117,7 +118,7 @@ def _assert_same_state(sa, sb, sa_before):
   norm = lambda x: float(np.sqrt(np.sum(np.square(np.asarray(x, np.float64)))))
   kinds = {"params": [], "moments": [], "exact": []}
   for k in sa:
-    if k.startswith("['params']"):
+    if k.startswith(("['params']", "['sampler_versions']")):  # (the weights of a batch ahead)
       kinds["params"].append(k)
     elif k.startswith("['opt_state']") and np.issubdtype(sa[k].dtype, np.floating):
       kinds["moments"].append(k)
@@ -149,12 +150,18 @@ def test_two_process_trainer_equals_one_process(tmp_path):
 
   _assert_same_run(one, two)
 
-  # Split placement: each process's sampler on 2 devices of its own, the 2x2x2 training
-  # mesh over the other 4 of each process (weights gathered on a process's training
-  # devices, then moved to its sampler's): the same run.
-  split = str(tmp_path / "split")
-  _run(split, 2, 6, tmp_path, name="_split", rollout_devices=2)
-  _assert_same_run(one, split)
+  # The rollout one batch ahead of the update (each process's thread plays its own groups,
+  # the learner gathers them), on shared devices and with split placement (each process's
+  # sampler on 2 devices of its own, the 2x2x2 training mesh over the other 4 of each
+  # process; weights gathered on a process's training devices, then moved to its
+  # sampler's): both the one-process run's.
+  one_ahead = str(tmp_path / "one_ahead")
+  _run(one_ahead, 1, 8, tmp_path, name="_ahead", max_staleness=1)
+  for name, devices, rollout_devices in (("two_ahead", 4, 0), ("split_ahead", 6, 2)):
+    _run(str(tmp_path / name), 2, devices, tmp_path, name=f"_{name}",
+         rollout_devices=rollout_devices, max_staleness=1)
+    _assert_same_run(one_ahead, str(tmp_path / name))
+  assert [x["async/staleness"] for x in run_records.read_metrics(one_ahead)] == [0.0, 1.0]
 
   # The same two-process run, SIGKILLed (both workers and their env servers) as soon as
   # step 1's checkpoint is committed (Orbax renames its temporary directory to "1" on
@@ -190,7 +197,8 @@ def _assert_same_run(one: str, two: str) -> None:
     assert sorted(x) == sorted(k for k in y if k != "time/weight_transfer_s")
     assert x["rollout/num_rows"] >= 4 and "groups/level0_mean_size" in x  # 4 trajectories
     for key in x:
-      if key.startswith(("time/", "perf/")) and key.endswith(("_s", "_flop_per_s", "_mfu")):
+      if key.startswith(("time/", "perf/", "async/")) and key.endswith(
+          ("_s", "_flop_per_s", "_mfu")):
         continue  # wall-clock times and rates
       if key.startswith(("train/", "rollout_corr/")):
         # Cross-process gloo all-reduces sum in another order than one process: rounding
