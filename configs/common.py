@@ -430,6 +430,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.every = 5  # iterations; 0 disables periodic evaluation
   c.eval.num_tasks = 128  # per split (the whole split if smaller)
   c.eval.temperature = 0.4  # sampling temperature of evaluation (paper: 0.4)
+  # evaluations of every held-out task, each with its own evaluation key; the metrics
+  # are their means and eval_tasks.jsonl keeps every outcome (`repeat`): at T=0.4 one
+  # evaluation per game is mostly the sampling draw (results/llm_search.md), several
+  # narrow a paired comparison game by game (python -m launch.experiments.paired_games)
+  c.eval.repeats = 1
   c.eval.at_end = True  # evaluate once more after the last iteration
 
   c.checkpoint = ml_collections.ConfigDict()

@@ -121,9 +121,10 @@ def _evaluate(config, workdir: str, checkpoint: tuple[str, int] | None = None) -
   finally:
     run.close()
   for split in exp.env.eval_splits:
+    repeats = f" x {exp.eval.repeats} evaluations" if exp.eval.repeats > 1 else ""
     print(f"eval {split:>13}: success {scalars[f'eval/{split}/success']:.3f} over "
-          f"{int(scalars[f'eval/{split}/num_tasks'])} tasks (T={exp.eval.temperature}, "
-          f"{exp.model.name}, {what})", flush=True)
+          f"{int(scalars[f'eval/{split}/num_tasks'])} tasks{repeats} "
+          f"(T={exp.eval.temperature}, {exp.model.name}, {what})", flush=True)
   print(f"metrics: {os.path.join(workdir, metrics_lib.JSONL_NAME)}", flush=True)
   return scalars
 

@@ -29,23 +29,47 @@ def collect(pool, sampler, tokenizer, tasks, group_size: int, exp: experiment_li
       on_step=on_step)
 
 
+REPEAT_STREAMS = 1 << 20
+"""Evaluation repeat r > 0 folds `REPEAT_STREAMS + r` into the evaluation stream before
+the iteration (`repeat_key`): no iteration of a run reaches it."""
+
+
+def repeat_key(eval_stream: jax.Array, iteration: int, repeat: int) -> jax.Array:
+  """The evaluation key of `iteration`'s evaluation `repeat` (`eval.repeats`): repeat 0's
+  is `fold_in(eval_stream, iteration)`, the key of a run without repeats."""
+  if repeat:
+    eval_stream = jax.random.fold_in(eval_stream, REPEAT_STREAMS + repeat)
+  return jax.random.fold_in(eval_stream, iteration)
+
+
 def evaluate_splits(run: run_lib.EvalRun, iteration: int, *,
                     dump_step: int | None = None) -> dict[str, float]:
   """`eval/<split>/<metric>` on every held-out split of the run, with the evaluation key of
   `iteration` (`fold_in(streams.eval, iteration)`); with `rollout.dump` the steps go to
-  `eval_dump_path(..., dump_step)` (default: `iteration`)."""
+  `eval_dump_path(..., dump_step)` (default: `iteration`). With `eval.repeats = R > 1`
+  every split is evaluated R times (`repeat_key`), the metrics are the means over the
+  repeats (plus `eval/<split>/repeats`), each repeat's per-task outcomes are written with
+  its `repeat` index and repeat r > 0 dumps to `eval_dump_path(..., repeat=r)`."""
   exp = run.experiment
   out = {}
   step = iteration if dump_step is None else dump_step
+  repeats = exp.eval.repeats
   for split, tasks in run.eval_tasks.items():
-    dump_path = eval_dump_path(run.workdir, split, step) if exp.rollout.dump else None
-    per_task: list[dict] = []
-    m = evaluate(run.pool, run.sampler, run.tokenizer, tasks, exp,
-                 jax.random.fold_in(run.streams.eval, iteration), dump_path=dump_path,
-                 per_task=per_task)
+    per_repeat = []
+    for r in range(repeats):
+      dump_path = eval_dump_path(run.workdir, split, step, repeat=r) if exp.rollout.dump else None
+      per_task: list[dict] = []
+      per_repeat.append(evaluate(run.pool, run.sampler, run.tokenizer, tasks, exp,
+                                 repeat_key(run.streams.eval, iteration, r),
+                                 dump_path=dump_path, per_task=per_task))
+      if repeats > 1:
+        per_task = [dict(t, repeat=r) for t in per_task]
+      if jax.process_index() == 0:
+        metrics_lib.write_task_results(run.workdir, step, split, per_task)
+    m = {k: float(np.mean([x[k] for x in per_repeat])) for k in per_repeat[0]}
+    if repeats > 1:
+      m["repeats"] = float(repeats)
     out.update({f"eval/{split}/{k}": v for k, v in m.items()})
-    if jax.process_index() == 0:
-      metrics_lib.write_task_results(run.workdir, step, split, per_task)
   return out
 
 
@@ -96,8 +120,10 @@ def evaluate(pool, sampler, tokenizer, task_sampler, exp: experiment_lib.Experim
   return m
 
 
-def eval_dump_path(workdir: str, split: str, iteration: int) -> str:
+def eval_dump_path(workdir: str, split: str, iteration: int, *, repeat: int = 0) -> str:
   """Where `rollout.dump` writes an evaluation's steps: one file per split, iteration
-  (the trainer's count of finished iterations; 0 for `launch.evaluate`) and process."""
-  suffix = f"_p{jax.process_index()}" if jax.process_count() > 1 else ""
+  (the trainer's count of finished iterations; 0 for `launch.evaluate`), repeat
+  (`eval.repeats`; none for the first) and process."""
+  suffix = f"_r{repeat}" if repeat else ""
+  suffix += f"_p{jax.process_index()}" if jax.process_count() > 1 else ""
   return os.path.join(workdir, "rollouts", f"eval_{split}_{iteration:06d}{suffix}.jsonl")

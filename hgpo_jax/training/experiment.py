@@ -370,6 +370,13 @@ class Eval:
   num_tasks: int = 128
   temperature: float = 0.4
   at_end: bool = True
+  repeats: int = 1
+  """Evaluations of every held-out task, each with its own evaluation key
+  (`evaluation.repeat_key`); the metrics are their means."""
+
+  def __post_init__(self):
+    if self.repeats < 1:
+      raise ConfigError(f"config.eval.repeats={self.repeats} must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)

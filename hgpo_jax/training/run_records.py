@@ -102,15 +102,16 @@ def find_grid_runs(root: str) -> list[tuple[str, int, str]]:
 
 def read_task_results(run_dir: str) -> dict[tuple[int, str], list[dict]]:
   """The run's per-task evaluation outcomes (`eval_tasks.jsonl`) by (step, split), each
-  list in eval-set order; a task evaluated twice at one step (a resumed run) counts its
-  last line. {} when the run has none."""
+  list in eval-set order (with `eval.repeats`: each task's repeats in turn); a task
+  evaluated twice at one step and repeat (a resumed run) counts its last line. {} when the
+  run has none."""
   path = os.path.join(run_dir, TASK_RESULTS)
   if not os.path.isfile(path):
     return {}
-  latest: dict[tuple[int, str, int], dict] = {}
+  latest: dict[tuple[int, str, int, int], dict] = {}
   for r in read_jsonl(path):
-    latest[(r["step"], r["split"], r["index"])] = r
+    latest[(r["step"], r["split"], r["index"], r.get("repeat", 0))] = r
   out: dict[tuple[int, str], list[dict]] = {}
-  for (step, split, _), r in sorted(latest.items()):
+  for (step, split, _, _), r in sorted(latest.items()):
     out.setdefault((step, split), []).append(r)
   return out

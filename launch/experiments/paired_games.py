@@ -4,11 +4,12 @@
       [--split valid_unseen]
 
 Each RUN is a run directory with per-task evaluation outcomes (`eval_tasks.jsonl`: a
-training run's, or `launch.evaluate`'s, e.g. of one checkpoint with several
-`--config.seed` evaluation streams); its last evaluation of `--split` counts. A game's
-score on a side is the mean of its outcomes over that side's runs (the sides' runs must
-evaluate the same games, paired by task id); the difference of the sides' means gets the
-paired bootstrap interval over games (`report.paired_bootstrap`: 95 %, 10,000 resamples).
+training run's, or `launch.evaluate`'s, e.g. of one checkpoint with
+`--config.eval.repeats=R` or several `--config.seed` evaluation streams); its last
+evaluation of `--split` counts, with all its repeats. A game's score on a side is the mean
+of its outcomes over that side's evaluations (the sides' runs must evaluate the same
+games, paired by task id); the difference of the sides' means gets the paired bootstrap
+interval over games (`report.paired_bootstrap`: 95 %, 10,000 resamples).
 At temperature 0.4 one evaluation per game leaves an interval of about +-10 points on 48
 games; averaging several evaluation keys per game narrows it.
 """
@@ -21,25 +22,32 @@ import sys
 import numpy as np
 
 
-def last_outcomes(run_dir: str, split: str) -> dict[str, bool]:
-  """{task id: won} of `run_dir`'s last evaluation of `split`; ValueError if it has none."""
+def last_outcomes(run_dir: str, split: str) -> list[dict[str, bool]]:
+  """{task id: won} of each repeat of `run_dir`'s last evaluation of `split` (one dict
+  without `eval.repeats`); ValueError if it has none."""
   from hgpo_jax.training import run_records
   results = run_records.read_task_results(run_dir)
   steps = [step for step, s in results if s == split]
   if not steps:
     raise ValueError(f"{run_dir} holds no per-task evaluation of split {split!r}")
-  return {r["task_id"]: bool(r["won"]) for r in results[(max(steps), split)]}
+  repeats: dict[int, dict[str, bool]] = {}
+  for r in results[(max(steps), split)]:
+    repeats.setdefault(r.get("repeat", 0), {})[r["task_id"]] = bool(r["won"])
+  return [repeats[k] for k in sorted(repeats)]
 
 
 def compare(a: list[str], b: list[str], split: str) -> dict:
   """Per-run wins, the sides' mean success, and the paired difference b - a over games."""
   from launch.experiments import report
-  sides = {name: [last_outcomes(d, split) for d in dirs] for name, dirs in (("a", a), ("b", b))}
-  games = sorted(sides["a"][0])
-  for name, runs in sides.items():
-    for d, outcomes in zip(a if name == "a" else b, runs):
-      if sorted(outcomes) != games:
-        raise ValueError(f"{d} evaluated other games than {a[0]}")
+  sides, games = {}, None
+  for name, dirs in (("a", a), ("b", b)):
+    sides[name] = []
+    for d in dirs:
+      for outcomes in last_outcomes(d, split):
+        games = sorted(outcomes) if games is None else games
+        if sorted(outcomes) != games:
+          raise ValueError(f"{d} evaluated other games than {a[0]}")
+        sides[name].append(outcomes)
   mean = {name: np.array([np.mean([r[g] for r in runs]) for g in games])
           for name, runs in sides.items()}
   diff = mean["b"] - mean["a"]
@@ -64,7 +72,7 @@ def main(argv=None) -> int:
     print(f"paired_games: {e}", file=sys.stderr)
     return 2
   for name in ("a", "b"):
-    print(f"{name}: wins per run {out['wins'][name]} of {out['games']} games, success "
+    print(f"{name}: wins per evaluation {out['wins'][name]} of {out['games']} games, success "
           f"{100 * out['success'][name]:.1f} %")
   lo, hi = out["interval"]
   print(f"b - a: {100 * out['diff']:+.1f} points, 95 % paired bootstrap over games "

@@ -73,7 +73,7 @@ class SeedResult:
   curve: tuple[tuple[int, float], ...]  # (step, rollout/success)
   # the final held-out evaluation game by game (eval-set order: won), from the run's
   # eval_tasks.jsonl; None for a run without one
-  eval_games: tuple[bool, ...] | None = None
+  eval_games: tuple[float, ...] | None = None
 
 
 def _mean_last(values: Sequence[float], k: int = LAST_K) -> float | None:
@@ -125,15 +125,19 @@ def collect(root: str, suite: suites_lib.Suite, env: suites_lib.Environment,
   return results, unfinished
 
 
-def final_games(run_dir: str, split: str) -> tuple[bool, ...] | None:
-  """Per game (eval-set order), whether the run's last evaluation on `split` won it: the
-  records of its last evaluated step in eval_tasks.jsonl (`metrics.write_task_results`);
-  None when the run has none."""
+def final_games(run_dir: str, split: str) -> tuple[float, ...] | None:
+  """Per game (eval-set order), the share of the run's last evaluation on `split` that won
+  it (1.0 or 0.0; with `eval.repeats` the mean over the repeats): the records of its last
+  evaluated step in eval_tasks.jsonl (`metrics.write_task_results`); None when the run has
+  none."""
   records = run_records.read_task_results(run_dir)
   steps = [step for step, s in records if s == split]
   if not steps:
     return None
-  return tuple(bool(r["won"]) for r in records[(max(steps), split)])
+  games: dict[int, list[bool]] = {}
+  for r in records[(max(steps), split)]:
+    games.setdefault(r["index"], []).append(bool(r["won"]))
+  return tuple(float(np.mean(games[i])) for i in sorted(games))
 
 
 # ---------------------------------------------------------------------------------------

@@ -66,6 +66,42 @@ def test_rollout_dump_writes_the_evaluated_steps(tmp_path):
   assert all(isinstance(r["action"], str) and r["response"] for r in rows)
 
 
+@pytest.mark.slow
+def test_repeats_evaluate_every_task_with_their_own_keys(tmp_path):
+  """`eval.repeats=3`: repeat 0 is the evaluation without repeats, task for task; the
+  metrics are the means over the repeats; every repeat's outcomes are recorded."""
+  def evaluated(name, repeats):
+    c = sokoban_config.get_config("algo=grpo,model=tiny,smoke")
+    with c.unlocked():
+      c.seed, c.mesh.data, c.eval.num_tasks, c.eval.repeats = 3, 1, 4, repeats
+      c.eval.temperature = 1.0  # the draws differ between keys
+    workdir = str(tmp_path / name)
+    return evaluate.evaluate_untrained(c, workdir), run_records.read_task_results(workdir)
+
+  one, one_tasks = evaluated("one", 1)
+  three, three_tasks = evaluated("three", 3)
+  (records,) = three_tasks.values()
+  assert [r["repeat"] for r in records] == [0, 1, 2] * 4
+  assert [r["index"] for r in records] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+  (base,) = one_tasks.values()
+  assert [{k: r[k] for k in base[0]} for r in records if r["repeat"] == 0] == base
+  assert "repeat" not in base[0] and "eval/test/repeats" not in one
+  lengths = [r["length"] for r in records]
+  assert three["eval/test/episode_length"] == pytest.approx(sum(lengths) / 12)
+  assert three["eval/test/success"] == pytest.approx(sum(r["won"] for r in records) / 12)
+  assert three["eval/test/num_tasks"] == 4.0 and three["eval/test/repeats"] == 3.0
+  # the repeats drew other episodes (T=1.0): not three copies of repeat 0
+  assert len({tuple(r["length"] for r in records if r["repeat"] == k) for k in range(3)}) > 1
+
+
+def test_bad_repeats_are_one_line():
+  from hgpo_jax.training import experiment
+  c = sokoban_config.get_config("algo=grpo,model=tiny,smoke")
+  c.eval.repeats = 0
+  with pytest.raises(experiment.ConfigError, match=r"^config\.eval\.repeats=0 must be >= 1$"):
+    experiment.from_config(c)
+
+
 def test_empty_eval_splits_are_refused(tmp_path):
   from hgpo_jax import train
   c = sokoban_config.get_config("algo=grpo,model=tiny,smoke")

@@ -34,6 +34,23 @@ def test_the_difference_is_of_per_game_means_with_the_paired_interval(tmp_path, 
   assert capsys.readouterr().out.splitlines()[-1].startswith("b - a: +37.5 points")
 
 
+def test_a_run_with_repeats_counts_each_repeat_as_one_evaluation(tmp_path):
+  """One run directory holding two repeats (`eval.repeats=2`) == two run directories."""
+  d = tmp_path / "rep"
+  d.mkdir()
+  with open(d / "eval_tasks.jsonl", "w") as f:
+    for r, wins in enumerate(([1, 0, 0, 0], [0, 0, 1, 0])):
+      for i, w in enumerate(wins):
+        f.write(json.dumps({"step": 20, "split": "valid_unseen", "index": i,
+                            "task_id": f"g{i}", "won": w, "return": float(w), "length": 3,
+                            "repeat": r}) + "\n")
+  b = [_run(tmp_path, "b1", [1, 1, 0, 0]), _run(tmp_path, "b2", [1, 1, 0, 1])]
+  two = paired_games.compare([_run(tmp_path, "a1", [1, 0, 0, 0]),
+                              _run(tmp_path, "a2", [0, 0, 1, 0])], b, "valid_unseen")
+  assert paired_games.compare([str(d)], b, "valid_unseen") == two
+  assert report.final_games(str(d), "valid_unseen") == (0.5, 0.0, 0.5, 0.0)
+
+
 def test_runs_of_other_games_or_without_the_split_are_one_line(tmp_path, capsys):
   a = _run(tmp_path, "a", [1, 0])
   other = _run(tmp_path, "o", [1, 0], games=["g0", "x"])
