@@ -273,12 +273,17 @@ def host_array(x) -> np.ndarray:
 def dump_rollout(run: run_lib.Run, iteration: int, ro: rollout_lib.Rollout,
                  targets: update_targets.UpdateTargets) -> None:
   """With `rollout.dump`: the iteration's rows with their returns and advantages, as
-  `workdir/rollouts/iter_NNNNNN.jsonl` (`python -m hgpo_jax.advantages` reads it)."""
+  `workdir/rollouts/iter_NNNNNN.jsonl` (`python -m hgpo_jax.advantages` reads it); with
+  `train.max_staleness` > 0 each row also names the policy version that sampled it
+  (`policy_version`: the weights after that iteration, -1 the initial ones)."""
   if targets.dump_fields is None or jax.process_index() != 0:
     return
+  k = run.experiment.train.max_staleness
+  version = {"policy_version": async_rollout.sampled_version(iteration, k)} if k else {}
   os.makedirs(os.path.join(run.workdir, "rollouts"), exist_ok=True)
   dump_lib.write_rows(os.path.join(run.workdir, "rollouts", f"iter_{iteration:06d}.jsonl"),
-                      [dict(r.dump_record(), **f) for r, f in zip(ro.rows, targets.dump_fields)])
+                      [dict(r.dump_record(), **f, **version)
+                       for r, f in zip(ro.rows, targets.dump_fields)])
 
 
 def update(run: run_lib.Run, targets: update_targets.UpdateTargets, iteration: int,

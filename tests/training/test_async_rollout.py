@@ -189,11 +189,16 @@ def test_an_env_server_killed_while_the_thread_plays_recovers(ahead_run, tmp_pat
   monkeypatch.setattr(train, "rollout", rollout)
   monkeypatch.setattr(pool_lib.EnvPool, "step", step)
   workdir = str(tmp_path / "killed")
-  train.train_and_evaluate(experiment.from_config(_config(**{"train.max_staleness": 1})),
-                           workdir)
+  train.train_and_evaluate(experiment.from_config(
+      _config(**{"train.max_staleness": 1, "rollout.dump": True})), workdir)
   got = run_records.read_metrics(workdir)
   assert killed and sum(x.get("env/restarts", 0) for x in got) >= 1
   assert [_deterministic(x) for x in got] == [_deterministic(x) for x in ahead_run]
+  # each dumped row names the weights that sampled it: initial, initial, after iteration 0
+  from hgpo_jax.advantages import dump
+  versions = [{r["policy_version"] for r in dump.read_rows(
+      os.path.join(workdir, "rollouts", f"iter_{it:06d}.jsonl"))} for it in range(3)]
+  assert versions == [{-1}, {-1}, {0}]
 
 
 def test_split_placement_equals_shared_placement(tmp_path):
