@@ -338,14 +338,7 @@ def build(exp: experiment_lib.Experiment, mesh: jax.sharding.Mesh, *, micro_batc
   if num_processes is None:
     num_processes = len({d.process_index for d in devs})
   if local_devices is None:
-    if exp.mesh.split:  # the sampler's devices are not the training mesh's
-      raise ValueError("config.mesh.rollout_devices: the registry needs the process's own "
-                       "devices (local_devices), of which the sampler takes the last ones")
-    if target_platform(mesh) == "tpu":
-      local_devices = targets.one_host_devices(devs)
-    else:
-      first = devs[0].process_index
-      local_devices = [d for d in devs if d.process_index == first]
+    local_devices = _first_process_devices(exp, mesh)
   if model_cfg is None:
     preset = model_config.get_preset(exp.model.name).replace(param_dtype=exp.model.dtype)
     model_cfg = experiment_lib.model_settings(exp.model, preset, mesh)
@@ -358,39 +351,79 @@ def build(exp: experiment_lib.Experiment, mesh: jax.sharding.Mesh, *, micro_batc
     model = nnx.eval_shape(lambda: decoder.Decoder(model_cfg, rngs=nnx.Rngs(0)))
   learner = train_step.Learner(model, mesh, update)
   state = learner.abstract_state()
-  params_b, opt_b = sharded_bytes(state.params), sharded_bytes(state.opt_state)
   seq = exp.rollout.max_prompt_tokens + exp.rollout.max_new_tokens
-  mini = update.mini_batch_rows
-  batch = abstract_train_batch(mini, seq, learner.row_sharding)
+  batch = abstract_train_batch(update.mini_batch_rows, seq, learner.row_sharding)
   capacity = exp.rollout.num_groups * exp.rollout.group_size * exp.env.max_steps
-  num_mini = -(-capacity // mini)
+  num_mini = -(-capacity // update.mini_batch_rows)
   updates = update.ppo_epochs * num_mini
-  # The trainer computes log pi_old in the update itself when an iteration is one optimizer
-  # step (UpdateConfig.on_policy); the frozen reference policy is kept for a KL term (loss
-  # or reward). With LoRA it is the base with the adapters off: no copy, its own pass.
-  on_policy = update.on_policy(capacity)
+  programs, reference_b, reference_host_b = _actor_programs(
+      exp, learner, state, batch, num_mini, updates, update.on_policy(capacity))
+
+  critic, critic_b = None, 0
+  if exp.estimator.needs_critic:
+    critic, critic_programs = _critic_programs(exp, model_cfg, mesh, critic_update, seq,
+                                               num_mini, updates)
+    critic_b = critic_programs["critic_update"].persistent
+    programs.update(critic_programs)
+  else:
+    programs["advantages"] = _estimator_program(exp.estimator, exp.algo.options, capacity)
+
+  sample_mesh = sampling_mesh(exp.mesh, mesh, local_devices, num_processes)
+  sampler, rows, sampler_programs = _sampler_programs(
+      exp, learner, state, sample_mesh, tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size),
+      rollout_rows or (experiment_lib.groups_per_process(exp.rollout, num_processes)
+                       * exp.rollout.group_size))
+  programs.update(sampler_programs)
+  return Registry(experiment=exp, mesh=mesh, sample_mesh=sample_mesh, model_cfg=model_cfg,
+                  learner=learner, critic=critic, sampler=sampler, programs=programs,
+                  params_bytes=sharded_bytes(state.params),
+                  opt_bytes=sharded_bytes(state.opt_state),
+                  reference_bytes=reference_b, reference_host_bytes=reference_host_b,
+                  critic_bytes=critic_b,
+                  num_processes=num_processes, rollout_rows=rows)
+
+
+def _first_process_devices(exp: experiment_lib.Experiment, mesh: jax.sharding.Mesh) -> list:
+  """`build`'s default `local_devices`: the mesh's devices of its first process (for TPU
+  topology devices the same chips as a one-host topology, `targets.one_host_devices`)."""
+  if exp.mesh.split:  # the sampler's devices are not the training mesh's
+    raise ValueError("config.mesh.rollout_devices: the registry needs the process's own "
+                     "devices (local_devices), of which the sampler takes the last ones")
+  devs = list(mesh.devices.flat)
+  if target_platform(mesh) == "tpu":
+    return targets.one_host_devices(devs)
+  return [d for d in devs if d.process_index == devs[0].process_index]
+
+
+def _actor_programs(exp: experiment_lib.Experiment, learner: train_step.Learner, state, batch,
+                    num_mini: int, updates: int, on_policy: bool
+                    ) -> tuple[dict[str, Program], int, int]:
+  """The actor's update and log-prob programs, and the frozen reference's bytes per device
+  on the devices and in their host memory.
+
+  The trainer computes log pi_old in the update itself when an iteration is one optimizer
+  step (`UpdateConfig.on_policy`); the frozen reference policy is kept for a KL term (loss
+  or reward). With LoRA it is the base with the adapters off: no copy, its own pass."""
+  params_b = sharded_bytes(state.params)
   use_reference = uses_reference(exp.train)
   reference = learner.abstract_reference(state.params)
   reference_b = sharded_bytes(reference) if use_reference and not learner.adapters else 0
   # An offloaded reference (train.reference_memory=host) lives in the devices' host memory:
   # no device bytes between passes; its pass copies it onto the devices (temporaries).
-  on_host = update.reference_memory == "host"
+  on_host = exp.train.update.reference_memory == "host"
   reference_host_b, reference_b = (reference_b, 0) if on_host else (0, reference_b)
   same_dtype = jax.tree.leaves(reference) and all(
       r.dtype == p.dtype for r, p in zip(jax.tree.leaves(reference), jax.tree.leaves(state.params)))
-  programs: dict[str, Program] = {
-      "update": Program("update", learner.update, (state, batch), {}, updates,
-                        sharded_bytes(state)),
-  }
+  update_args = (state, batch, True) if on_policy else (state, batch)  # a positional static flag
+  programs = {"update": Program("update", learner.update, update_args, {}, updates,
+                                sharded_bytes(state))}
+  one_pass = (same_dtype and not on_host) or not use_reference
   if learner.adapters and use_reference:  # the base's log-probs (adapters off), then old
     programs["logprobs"] = Program(
         "logprobs", learner.compute_reference_logprobs, (state.params, batch), {}, num_mini,
         params_b, note="reference log-probs of one mini-batch (the base, adapters off)")
-    if not on_policy:
-      programs["logprobs_old"] = Program(
-          "logprobs_old", learner.compute_logprobs, (state.params, batch), {}, num_mini,
-          params_b, note="old log-probs of one mini-batch")
-  elif (same_dtype and not on_host) or not use_reference:  # old (and reference): one program
+    one_pass = False
+  elif one_pass:  # old (and reference): one program
     programs["logprobs"] = Program(
         "logprobs", learner.compute_logprobs, (state.params, batch), {},
         num_mini * (int(not on_policy) + int(use_reference)), params_b,
@@ -401,74 +434,66 @@ def build(exp: experiment_lib.Experiment, mesh: jax.sharding.Mesh, *, micro_batc
     programs["logprobs"] = Program(
         "logprobs", learner.compute_reference_logprobs, (reference, batch), {}, num_mini,
         reference_b, note=f"reference log-probs of one mini-batch ({', '.join(what)})")
-    if not on_policy:
-      programs["logprobs_old"] = Program(
-          "logprobs_old", learner.compute_logprobs, (state.params, batch), {}, num_mini,
-          params_b, note="old log-probs of one mini-batch")
-  if on_policy:  # `update` is called with a positional static flag
-    programs["update"] = dataclasses.replace(programs["update"], args=(state, batch, True),
-                                             static={})
+  if not one_pass and not on_policy:
+    programs["logprobs_old"] = Program(
+        "logprobs_old", learner.compute_logprobs, (state.params, batch), {}, num_mini,
+        params_b, note="old log-probs of one mini-batch")
+  return programs, reference_b, reference_host_b
 
-  estimator, options = exp.estimator, exp.algo.options
-  critic = None
-  critic_b = 0
-  if estimator.needs_critic:
-    heads = experiment_lib.CRITIC_HEADS[estimator.name]
-    critic = critic_step.CriticLearner(critic_lib.abstract_critic(model_cfg, heads), mesh,
-                                       critic_update, exp.critic.value_loss)
-    cstate = critic.abstract_state()
-    critic_b = sharded_bytes(cstate)
-    vbatch = abstract_value_batch(critic.config.mini_batch_rows, seq, heads, critic.row_sharding)
-    programs["critic_values"] = Program("critic_values", critic.compute_values,
-                                        (cstate.params, vbatch), {}, num_mini,
-                                        sharded_bytes(cstate.params))
-    programs["critic_update"] = Program("critic_update", critic.update, (cstate, vbatch), {},
-                                        updates, critic_b)
-  else:
-    programs["advantages"] = _estimator_program(estimator, options, capacity)
 
-  # ---- rollout: the sampler on one process's devices --------------------------------
-  sample_mesh = sampling_mesh(exp.mesh, mesh, local_devices, num_processes)
+def _critic_programs(exp: experiment_lib.Experiment, model_cfg, mesh: jax.sharding.Mesh,
+                     critic_update, seq: int, num_mini: int, updates: int
+                     ) -> tuple[critic_step.CriticLearner, dict[str, Program]]:
+  """The value model's learner and its programs (critic estimators)."""
+  heads = experiment_lib.CRITIC_HEADS[exp.estimator.name]
+  critic = critic_step.CriticLearner(critic_lib.abstract_critic(model_cfg, heads), mesh,
+                                     critic_update, exp.critic.value_loss)
+  cstate = critic.abstract_state()
+  vbatch = abstract_value_batch(critic.config.mini_batch_rows, seq, heads, critic.row_sharding)
+  return critic, {
+      "critic_values": Program("critic_values", critic.compute_values, (cstate.params, vbatch),
+                               {}, num_mini, sharded_bytes(cstate.params)),
+      "critic_update": Program("critic_update", critic.update, (cstate, vbatch), {}, updates,
+                               sharded_bytes(cstate)),
+  }
+
+
+def _sampler_programs(exp: experiment_lib.Experiment, learner: train_step.Learner, state,
+                      sample_mesh: jax.sharding.Mesh, tokenizer, rows_per_process: int
+                      ) -> tuple[sampler_lib.Sampler, int, dict[str, Program]]:
+  """The sampler on one process's devices (`sample_mesh`), its rows per call (the bucket
+  of `rows_per_process`) and its generate programs."""
   local_shardings = jax.tree.map(lambda s: NamedSharding(sample_mesh, s.spec),
                                  learner.param_shardings)
   sample_params = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state.params,
       local_shardings)
   sampler = sampler_lib.Sampler.from_settings(
-      nnx.merge(learner.graphdef, sample_params),
-      tokenizer or _CompileOnlyTokenizer(model_cfg.vocab_size), exp.rollout, sample_mesh,
+      nnx.merge(learner.graphdef, sample_params), tokenizer, exp.rollout, sample_mesh,
       share_prefill=_share_prefill(exp.rollout))
-  per_process = (experiment_lib.groups_per_process(exp.rollout, num_processes)
-                 * exp.rollout.group_size)
-  rows = sampler_lib.bucket_for(rollout_rows or per_process, sampler.batch_buckets,
-                                "batch size")
-  prompt = exp.rollout.max_prompt_tokens
+  rows = sampler_lib.bucket_for(rows_per_process, sampler.batch_buckets, "batch size")
+  prompt, decode_steps = exp.rollout.max_prompt_tokens, exp.rollout.max_new_tokens
   sample_params_b = sharded_bytes(sample_params)
-  decode_steps = exp.rollout.max_new_tokens
-  args, static = _sampler_args(sampler, rows, prompt, rows, exp.sampling.train,
-                               _fixed_tries(exp.rollout))
-  turns = exp.env.max_steps
-  programs["generate"] = Program(
-      "generate", sampler.generate_program, (sampler.model,) + args, static, max(turns - 1, 1),
-      sample_params_b, unknown_trip_count=sampler.decode_loop_weights(rows, decode_steps),
-      steps_per_iteration=sampler.decode_steps_per_iteration(rows, decode_steps),
-      note=f"{rows} rows x prompt {prompt}, prefill + up to {decode_steps} decode steps"
-           + (f" in {static['flags'].slots} slots" if static["flags"].slots else ""))
-  unique = sampler.shared_prefill_rows(rows)
-  if unique is not None and unique < rows:
+
+  def generate(name: str, unique: int, calls: int, note: str) -> Program:
     args, static = _sampler_args(sampler, rows, prompt, unique, exp.sampling.train,
                                  _fixed_tries(exp.rollout))
-    programs["generate_shared"] = Program(
-        "generate_shared", sampler.generate_program, (sampler.model,) + args, static, 1,
+    slots = f" in {static['flags'].slots} slots" if static["flags"].slots else ""
+    return Program(
+        name, sampler.generate_program, (sampler.model,) + args, static, calls,
         sample_params_b, unknown_trip_count=sampler.decode_loop_weights(rows, decode_steps),
         steps_per_iteration=sampler.decode_steps_per_iteration(rows, decode_steps),
-        note=f"first turn: {unique} prompts prefilled, copied to {rows} rows")
-  return Registry(experiment=exp, mesh=mesh, sample_mesh=sample_mesh, model_cfg=model_cfg,
-                  learner=learner, critic=critic, sampler=sampler, programs=programs,
-                  params_bytes=params_b, opt_bytes=opt_b,
-                  reference_bytes=reference_b, reference_host_bytes=reference_host_b,
-                  critic_bytes=critic_b,
-                  num_processes=num_processes, rollout_rows=rows)
+        note=note.format(slots=slots))
+
+  programs = {"generate": generate(
+      "generate", rows, max(exp.env.max_steps - 1, 1),
+      f"{rows} rows x prompt {prompt}, prefill + up to {decode_steps} decode steps{{slots}}")}
+  unique = sampler.shared_prefill_rows(rows)
+  if unique is not None and unique < rows:
+    programs["generate_shared"] = generate(
+        "generate_shared", unique, 1, f"first turn: {unique} prompts prefilled, copied to "
+        f"{rows} rows")
+  return sampler, rows, programs
 
 
 def _estimator_program(estimator, options, capacity: int) -> Program:
