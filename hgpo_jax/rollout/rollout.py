@@ -167,116 +167,147 @@ def collect(pool, sampler, tokenizer, tasks: Sequence[Task], group_size: int, *,
     sampling: the sampler's parameters (training or evaluation temperature).
     on_step: called as on_step(t, max_steps, active_slots) before each step's generation.
   """
-  history_length, max_prompt_tokens = params.history_length, params.max_prompt_tokens
-  constrained, fallback_chars = params.constrained, params.fallback_chars
-  response_format, format_instructions = params.response_format, params.format_instructions
-  free_query_tokens, subgoal_tokens = params.free_query_tokens, params.subgoal_tokens
-  history_drop_chars = params.history_drop_chars
-  is_hiper = response_format == "hiper"
   times = progress.PhaseTimes()  # generation and env seconds, summed over the turns
   decoded = row_steps = 0
   num = len(tasks) * group_size
   task_ids = [t.task_id for t in tasks for _ in range(group_size)]
   seeds = [t.seed for t in tasks for _ in range(group_size)]
   with times.phase("env"):
-    current = pool.reset(task_ids, seeds, tasks[0].split)
-  if len(current) < num:
-    raise RuntimeError(f"env pool returned {len(current)} results for {num} slots")
-  current = list(current[:num])
-  memories = [prompts.EpisodeMemory(task_description(env_name, r)) for r in current]
-  subgoals = [hiper.NO_SUBGOAL] * num  # HiPER: current subgoal of each slot
-  subgoal_ids = [()] * num  # HiPER: its token ids as written (what a KEEP turn copies)
-  task_types = [r.info.get("task_type", "") for r in current]
-  active = [not r.done for r in current]
+    first = pool.reset(task_ids, seeds, tasks[0].split)
+  if len(first) < num:
+    raise RuntimeError(f"env pool returned {len(first)} results for {num} slots")
+  ep = _Episodes(env_name, list(first[:num]))
   rows: list[StepRow] = []
-  returns = np.zeros(num)
-  won = np.zeros(num, dtype=bool)
-  lengths = np.zeros(num, dtype=np.int64)
 
   for t in range(max_steps):
-    slots = [i for i in range(num) if active[i]]
+    slots = [i for i in range(num) if ep.active[i]]
     if not slots:
       break
     if on_step is not None:
       on_step(t, max_steps, len(slots))
-    if is_hiper:
-      shown = {i: hiper.observation_text(env_name, current[i]) for i in slots}
-      texts = [hiper.render_prompt(env_name, memories[i], shown[i], current[i].admissible_actions,
-                                   history_length, subgoals[i], format_instructions,
-                                   history_drop_chars)
-               for i in slots]
-    else:
-      shown = {i: prompts.observation_text(env_name, current[i]) for i in slots}
-      texts = [prompts.render_prompt(env_name, memories[i], shown[i], current[i].admissible_actions,
-                                     history_length, history_drop_chars, format_instructions)
-               for i in slots]
-    prompt_ids = [encode_prompt(tokenizer, x, max_prompt_tokens) for x in texts]
-    allowed, extra = None, {}
-    if constrained:
-      allowed = [projection.free_query_actions(current[i].admissible_actions, free_query_tokens)
-                 for i in slots]
-      if is_hiper:
-        allowed = [hiper.constrained_responses(a, subgoals[i], t == 0, subgoal_tokens,
-                                               subgoal_ids[i])
-                   for a, i in zip(allowed, slots)]
-        extra = {"constraint": hiper.RESPONSE_CONSTRAINT}
-    constraint = extra.get("constraint", constrained_lib.ActionConstraint())
+    shown, prompt_ids, allowed, extra = _turn_prompts(ep, slots, t, tokenizer, params)
     with times.phase("generation"):
       out = sampler.generate(prompt_ids, sampling, jax.random.fold_in(rng, t), allowed=allowed,
                              **extra)
     decoded += out.decoded_tokens
     row_steps += out.decode_row_steps
-
+    step_rows = _turn_rows(ep, slots, t, out, prompt_ids, allowed,
+                           extra.get("constraint", constrained_lib.ActionConstraint()),
+                           tokenizer, params, group_size, task_ids)
     actions: list[str | None] = [None] * num
-    step_rows = {}
-    for j, i in enumerate(slots):
-      hiper_fields = {}
-      if is_hiper:
-        parsed = hiper.parse_response(out.texts[j], fallback_chars)
-        action, valid = parsed.action, parsed.valid
-        pieces = hiper.token_texts(tokenizer, out.tokens[j])
-        tags = hiper.token_tags(pieces)
-        hiper_fields = dict(switch=parsed.switch, subgoal=parsed.subgoal, token_tags=tags)
-        subgoals[i] = parsed.subgoal if parsed.subgoal is not None else hiper.NO_SUBGOAL
-        subgoal_ids[i] = hiper.subgoal_content_ids(pieces, out.tokens[j]) if parsed.subgoal else ()
-      elif env_name == "search":
-        action, valid = projection.project_search_action(out.texts[j])
-      else:
-        action, valid = projection.project_action(out.texts[j], fallback_chars,
-                                                  require_think=not constrained)
-      actions[i] = action
-      step_rows[i] = StepRow(
-          group=i // group_size, traj=i, step=t, task_id=task_ids[i], task_type=task_types[i],
-          anchor_obs=current[i].anchor_obs, prompt_ids=prompt_ids[j],
-          response_ids=list(out.tokens[j]), response=out.texts[j], action=action, valid=valid,
-          response_logprobs=[float(x) for x in out.logprobs[j]],
-          response_choices=_choices(allowed[j], constraint, tokenizer, out.tokens[j])
-          if allowed else None, **hiper_fields)
+    for i, row in step_rows.items():
+      actions[i] = row.action
     with times.phase("env"):
       results = pool.step(actions)
     for i, row in step_rows.items():
-      res = results[i]
-      if res is None:
+      if results[i] is None:
         raise RuntimeError(f"env pool returned no result for active slot {i}")
-      # `done` in a row means terminated; a server-side truncation (its own step limit)
-      # also ends the episode here but is not a terminal state for bootstrapping.
-      truncated = res.info.get("truncated", "false") == "true"
-      row.reward, row.won = float(res.reward), bool(res.won)
-      row.done = bool(res.done) and not truncated
+      ep.record(i, row, shown[i], results[i])
       rows.append(row)
-      memories[i].add(prompts.memory_observation(env_name, shown[i], res), row.action)
-      current[i] = res
-      returns[i] += row.reward
-      won[i] |= row.won
-      lengths[i] += 1
-      if res.done:
-        active[i] = False
 
   rows.sort(key=lambda r: (r.group, r.traj, r.step))
-  return Rollout(rows=rows, won=won, returns=returns.astype(np.float32), lengths=lengths,
-                 task_types=task_types,
+  return Rollout(rows=rows, won=ep.won, returns=ep.returns.astype(np.float32),
+                 lengths=ep.lengths, task_types=ep.task_types,
                  timings={f"{k}_s": times.seconds.get(k, 0.0) for k in ("generation", "env")},
                  decode_work=(decoded, row_steps))
+
+
+class _Episodes:
+  """The state of `collect`'s slots between turns: each slot's last env result, memory,
+  HiPER subgoal, whether it still plays, and its return, outcome and length so far."""
+
+  def __init__(self, env_name: str, first: list):
+    num = len(first)
+    self.env_name = env_name
+    self.current = first
+    self.memories = [prompts.EpisodeMemory(task_description(env_name, r)) for r in first]
+    self.subgoals = [hiper.NO_SUBGOAL] * num  # HiPER: current subgoal of each slot
+    self.subgoal_ids = [()] * num  # HiPER: its token ids as written (what a KEEP turn copies)
+    self.task_types = [r.info.get("task_type", "") for r in first]
+    self.active = [not r.done for r in first]
+    self.returns = np.zeros(num)
+    self.won = np.zeros(num, dtype=bool)
+    self.lengths = np.zeros(num, dtype=np.int64)
+
+  def record(self, i: int, row: StepRow, shown: str, res) -> None:
+    """Slot `i`'s env result `res` of `row`'s action: the row's reward and flags, then the
+    slot's memory, state and totals."""
+    # `done` in a row means terminated; a server-side truncation (its own step limit)
+    # also ends the episode here but is not a terminal state for bootstrapping.
+    truncated = res.info.get("truncated", "false") == "true"
+    row.reward, row.won = float(res.reward), bool(res.won)
+    row.done = bool(res.done) and not truncated
+    self.memories[i].add(prompts.memory_observation(self.env_name, shown, res), row.action)
+    self.current[i] = res
+    self.returns[i] += row.reward
+    self.won[i] |= row.won
+    self.lengths[i] += 1
+    if res.done:
+      self.active[i] = False
+
+
+def _turn_prompts(ep: _Episodes, slots: list[int], t: int, tokenizer, params: RolloutParams):
+  """Turn `t`'s observation text and prompt ids of each active slot, and with constrained
+  decoding the responses each may write (`allowed`) and the sampler's extra arguments."""
+  env_name, current = ep.env_name, ep.current
+  render = hiper if params.response_format == "hiper" else prompts
+  shown = {i: render.observation_text(env_name, current[i]) for i in slots}
+  if render is hiper:
+    texts = [hiper.render_prompt(env_name, ep.memories[i], shown[i],
+                                 current[i].admissible_actions, params.history_length,
+                                 ep.subgoals[i], params.format_instructions,
+                                 params.history_drop_chars)
+             for i in slots]
+  else:
+    texts = [prompts.render_prompt(env_name, ep.memories[i], shown[i],
+                                   current[i].admissible_actions, params.history_length,
+                                   params.history_drop_chars, params.format_instructions)
+             for i in slots]
+  prompt_ids = [encode_prompt(tokenizer, x, params.max_prompt_tokens) for x in texts]
+  allowed, extra = None, {}
+  if params.constrained:
+    allowed = [projection.free_query_actions(current[i].admissible_actions,
+                                             params.free_query_tokens)
+               for i in slots]
+    if render is hiper:
+      allowed = [hiper.constrained_responses(a, ep.subgoals[i], t == 0, params.subgoal_tokens,
+                                             ep.subgoal_ids[i])
+                 for a, i in zip(allowed, slots)]
+      extra = {"constraint": hiper.RESPONSE_CONSTRAINT}
+  return shown, prompt_ids, allowed, extra
+
+
+def _turn_rows(ep: _Episodes, slots: list[int], t: int, out, prompt_ids, allowed, constraint,
+               tokenizer, params: RolloutParams, group_size: int,
+               task_ids: list[str]) -> dict[int, StepRow]:
+  """Turn `t`'s row of each active slot from the sampler's output `out`: the response
+  parsed into the env action (HiPER: its switch, subgoal and token tags, which update the
+  slot's subgoal), before the env's result."""
+  rows = {}
+  for j, i in enumerate(slots):
+    hiper_fields = {}
+    if params.response_format == "hiper":
+      parsed = hiper.parse_response(out.texts[j], params.fallback_chars)
+      action, valid = parsed.action, parsed.valid
+      pieces = hiper.token_texts(tokenizer, out.tokens[j])
+      hiper_fields = dict(switch=parsed.switch, subgoal=parsed.subgoal,
+                          token_tags=hiper.token_tags(pieces))
+      ep.subgoals[i] = parsed.subgoal if parsed.subgoal is not None else hiper.NO_SUBGOAL
+      ep.subgoal_ids[i] = (hiper.subgoal_content_ids(pieces, out.tokens[j])
+                           if parsed.subgoal else ())
+    elif ep.env_name == "search":
+      action, valid = projection.project_search_action(out.texts[j])
+    else:
+      action, valid = projection.project_action(out.texts[j], params.fallback_chars,
+                                                require_think=not params.constrained)
+    rows[i] = StepRow(
+        group=i // group_size, traj=i, step=t, task_id=task_ids[i],
+        task_type=ep.task_types[i], anchor_obs=ep.current[i].anchor_obs,
+        prompt_ids=prompt_ids[j], response_ids=list(out.tokens[j]), response=out.texts[j],
+        action=action, valid=valid, response_logprobs=[float(x) for x in out.logprobs[j]],
+        response_choices=_choices(allowed[j], constraint, tokenizer, out.tokens[j])
+        if allowed else None, **hiper_fields)
+  return rows
 
 
 def episode_metrics(rows: Sequence[StepRow], won, returns, lengths,
