@@ -395,7 +395,9 @@ def base_config() -> ml_collections.ConfigDict:
   # rollout ahead of the update (hgpo_jax/training/async_rollout.py, docs/algorithms.md
   # §9.9): 0 = rollout and update take turns; k > 0 = a thread plays iteration t's batch
   # with the weights after iteration t - 1 - k while the learner updates (1: verl's
-  # one-step-off-policy); critic-free estimators, one process
+  # one-step-off-policy); critic-free estimators; train.rollout_is=token is the lag's
+  # importance correction (results/async_mini.md measures both on the tiny ALFWorld-mini
+  # job); mesh.rollout_devices puts the sampler on devices of its own
   c.train.max_staleness = 0
 
   # Value model of critic-based estimators (algo=ppo -> gae, algo=hiper -> hae): a
