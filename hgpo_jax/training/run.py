@@ -123,10 +123,12 @@ class SamplerWeights:
   each process samples its own rows on a mesh of its own devices (`programs.sampling_mesh`:
   all of them, or its sampler devices with split placement), so each needs the whole
   policy in that layout. The params are resharded onto the rollout mesh
-  (`programs.rollout_mesh`: every process's sampling mesh side by side along "data", the
-  training specs, which never split "data"), an on-device transfer (all-gathers over the
-  devices that split a parameter); each process then takes its own devices' shards as
-  arrays on its sampling mesh without a copy (`jax.make_array_from_single_device_arrays`).
+  (`programs.rollout_mesh`: every process's block side by side along "data", the training
+  specs, which never split "data"; a block is the process's sampling mesh, or with split
+  placement a mesh over its training devices), an on-device transfer (all-gathers over
+  the devices that split a parameter); each process then takes its own devices' shards as
+  arrays on its block without a copy (`jax.make_array_from_single_device_arrays`), and
+  with split placement moves them to its sampler's devices.
   Nothing passes through host memory (the former `process_allgather` moved the whole
   policy through every host each iteration: ~30 GB per host for Qwen2.5-7B in float32).
   """
