@@ -144,8 +144,10 @@ class SamplerWeights:
     specs = lambda mesh: jax.tree.map(lambda s: NamedSharding(mesh, s.spec),
                                       learner.param_shardings)
     self.local_shardings = specs(sample_mesh)
-    if self.rollout:  # this process's block of the rollout mesh (`programs.process_block`)
-      self.global_shardings, self.block_shardings = specs(rollout_mesh), specs(block_mesh)
+    if self.rollout:  # this process's block of the rollout mesh (`programs.process_block`:
+      # its sampling mesh unless the placement is split)
+      self.global_shardings = specs(rollout_mesh)
+      self.block_shardings = specs(block_mesh or sample_mesh)
 
   def stored(self, params, *, copy: bool = False) -> Any:
     """`params` in the form the sampler takes them from (`merge`): the training arrays
