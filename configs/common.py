@@ -437,6 +437,10 @@ def base_config() -> ml_collections.ConfigDict:
   # evaluation per game is mostly the sampling draw (results/llm_search.md), several
   # narrow a paired comparison game by game (python -m launch.experiments.paired_games)
   c.eval.repeats = 1
+  # True: a task's repeats play as one group of trajectories in the same rollout calls
+  # (their identical prompts prefilled once: about half of them at T=0.4 over 8 repeats);
+  # other draws than separate passes; eval.repeats must divide the rollout's env slots
+  c.eval.group_repeats = False
   c.eval.at_end = True  # evaluate once more after the last iteration
 
   c.checkpoint = ml_collections.ConfigDict()

@@ -47,25 +47,35 @@ def evaluate_splits(run: run_lib.EvalRun, iteration: int, *,
   """`eval/<split>/<metric>` on every held-out split of the run, with the evaluation key of
   `iteration` (`fold_in(streams.eval, iteration)`); with `rollout.dump` the steps go to
   `eval_dump_path(..., dump_step)` (default: `iteration`). With `eval.repeats = R > 1`
-  every split is evaluated R times (`repeat_key`), the metrics are the means over the
-  repeats (plus `eval/<split>/repeats`), each repeat's per-task outcomes are written with
-  its `repeat` index and repeat r > 0 dumps to `eval_dump_path(..., repeat=r)`."""
+  every split is evaluated R times, the metrics are the means over the repeats (plus
+  `eval/<split>/repeats`), each repeat's per-task outcomes are written with its `repeat`
+  index and repeat r > 0 dumps to `eval_dump_path(..., repeat=r)`. The R evaluations are R
+  passes over the tasks, each with its own key (`repeat_key`), or with `eval.group_repeats`
+  one pass in which each task's R evaluations are a group of R trajectories
+  (`evaluate_grouped`)."""
   exp = run.experiment
   out = {}
   step = iteration if dump_step is None else dump_step
   repeats = exp.eval.repeats
   for split, tasks in run.eval_tasks.items():
-    per_repeat = []
-    for r in range(repeats):
-      dump_path = eval_dump_path(run.workdir, split, step, repeat=r) if exp.rollout.dump else None
-      per_task: list[dict] = []
-      per_repeat.append(evaluate(run.pool, run.sampler, run.tokenizer, tasks, exp,
-                                 repeat_key(run.streams.eval, iteration, r),
-                                 dump_path=dump_path, per_task=per_task))
-      if repeats > 1:
-        per_task = [dict(t, repeat=r) for t in per_task]
-      if jax.process_index() == 0:
-        metrics_lib.write_task_results(run.workdir, step, split, per_task)
+    dump_paths = ([eval_dump_path(run.workdir, split, step, repeat=r) for r in range(repeats)]
+                  if exp.rollout.dump else None)
+    per_task = [[] for _ in range(repeats)]
+    if exp.eval.group_repeats and repeats > 1:
+      per_repeat = evaluate_grouped(run.pool, run.sampler, run.tokenizer, tasks, exp,
+                                    repeat_key(run.streams.eval, iteration, 0), repeats,
+                                    dump_paths=dump_paths, per_task=per_task)
+    else:
+      per_repeat = [evaluate(run.pool, run.sampler, run.tokenizer, tasks, exp,
+                             repeat_key(run.streams.eval, iteration, r),
+                             dump_path=dump_paths[r] if dump_paths else None,
+                             per_task=per_task[r])
+                    for r in range(repeats)]
+    if jax.process_index() == 0:
+      for r, results in enumerate(per_task):
+        if repeats > 1:
+          results = [dict(t, repeat=r) for t in results]
+        metrics_lib.write_task_results(run.workdir, step, split, results)
     m = {k: float(np.mean([x[k] for x in per_repeat])) for k in per_repeat[0]}
     if repeats > 1:
       m["repeats"] = float(repeats)
@@ -83,28 +93,70 @@ def evaluate(pool, sampler, tokenizer, task_sampler, exp: experiment_lib.Experim
   per_task: if given, one dict per task is appended, in eval-set order (all processes'):
   `index`, `task_id`, `won`, `return`, `length`.
   """
-  eval_tasks = task_sampler.evaluation_tasks(exp.eval.num_tasks)
-  # (global task index, won, return, length, type, invalid flags of its rows) per task
-  results = []
-  dumped = []
+  return evaluate_grouped(pool, sampler, tokenizer, task_sampler, exp, rng, 1,
+                          dump_paths=None if dump_path is None else [dump_path],
+                          per_task=None if per_task is None else [per_task])[0]
+
+
+def evaluate_grouped(pool, sampler, tokenizer, task_sampler, exp: experiment_lib.Experiment,
+                     rng, repeats: int, *, dump_paths: list[str] | None = None,
+                     per_task: list[list[dict]] | None = None) -> list[dict[str, float]]:
+  """`repeats` evaluations of a fixed task set at `eval.temperature` in one pass: each
+  rollout call plays `pool.num_slots // repeats` tasks as groups of `repeats` trajectories
+  (same task, same env seed), trajectory r of a group being the task's evaluation r. The
+  sampler prefills the identical prompts of a group's trajectories once (while their
+  histories agree: at T=0.4 about half of a game's prompts over 8 evaluations), so R
+  evaluations cost less than R passes; the draws differ from R passes' (`repeat_key`).
+  With `repeats` = 1 this is `evaluate`, call for call.
+
+  Returns one metrics dict per evaluation; `dump_paths` and `per_task`, when given, hold
+  one path and one list per evaluation (as `evaluate`'s `dump_path` and `per_task`).
+  Raises ConfigError when `repeats` does not divide the pool's slots.
+  """
   slots = pool.num_slots
-  for start in range(0, len(eval_tasks), slots):
-    chunk = eval_tasks[start:start + slots]
-    padded = chunk + [chunk[-1]] * (slots - len(chunk))  # extra slots play, are not counted
+  if slots % repeats:
+    raise experiment_lib.ConfigError(
+        f"config.eval.group_repeats: eval.repeats={repeats} must divide the rollout's "
+        f"{slots} env slots (rollout.num_groups x group_size per process)")
+  per_call = slots // repeats
+  eval_tasks = task_sampler.evaluation_tasks(exp.eval.num_tasks)
+  # (global task index, won, return, length, type, invalid flags of its rows, task id) per
+  # task and evaluation
+  results = [[] for _ in range(repeats)]
+  dumped = [[] for _ in range(repeats)]
+  for start in range(0, len(eval_tasks), per_call):
+    chunk = eval_tasks[start:start + per_call]
+    padded = chunk + [chunk[-1]] * (per_call - len(chunk))  # extra slots play, are not counted
     ro = collect(
-        pool, sampler, tokenizer, padded, 1, exp, sampling=exp.sampling.eval,
+        pool, sampler, tokenizer, padded, repeats, exp, sampling=exp.sampling.eval,
         rng=jax.random.fold_in(rng, start), on_step=lambda t, T, n: progress.phase(
             "evaluation", f"{task_sampler.split} tasks {start + 1}-{start + len(chunk)}: step {t + 1}/{T}"))
-    results += [(task.group_index, ro.won[j], ro.returns[j], ro.lengths[j], ro.task_types[j],
-                 [not r.valid for r in ro.rows if r.traj == j], task.task_id)
-                for j, task in enumerate(chunk)]
-    if dump_path is not None:
-      dumped += [dict(r.dump_record(), group=chunk[r.traj].group_index,
-                      traj=chunk[r.traj].group_index, split=task_sampler.split)
-                 for r in ro.rows if r.traj < len(chunk)]
-  if dump_path is not None:
-    os.makedirs(os.path.dirname(dump_path) or ".", exist_ok=True)
-    dump_lib.write_rows(dump_path, dumped)
+    for g, task in enumerate(chunk):
+      for r in range(repeats):
+        j = g * repeats + r
+        results[r].append((task.group_index, ro.won[j], ro.returns[j], ro.lengths[j],
+                           ro.task_types[j], [not x.valid for x in ro.rows if x.traj == j],
+                           task.task_id))
+    if dump_paths is not None:
+      for x in ro.rows:
+        if x.traj < len(chunk) * repeats:
+          index = chunk[x.traj // repeats].group_index
+          dumped[x.traj % repeats].append(dict(x.dump_record(), group=index, traj=index,
+                                               split=task_sampler.split))
+  if dump_paths is not None:
+    for path, rows in zip(dump_paths, dumped):
+      os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+      dump_lib.write_rows(path, rows)
+  out = []
+  for r in range(repeats):
+    out.append(_metrics(results[r], None if per_task is None else per_task[r]))
+  return out
+
+
+def _metrics(results: list[tuple], per_task: list[dict] | None) -> dict[str, float]:
+  """The metrics of one evaluation from this process's per-task `results`
+  (`evaluate_grouped`), gathered over the processes; its per-task outcomes appended to
+  `per_task`."""
   # All processes' tasks (dealt round-robin) back in task order: the metrics of one process.
   results = sorted((r for part in processes.allgather_objects(results) for r in part), key=lambda r: r[0])
   index, won, returns, lengths, types, invalid, task_ids = (

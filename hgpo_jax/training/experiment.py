@@ -373,6 +373,10 @@ class Eval:
   repeats: int = 1
   """Evaluations of every held-out task, each with its own evaluation key
   (`evaluation.repeat_key`); the metrics are their means."""
+  group_repeats: bool = False
+  """Play a task's `repeats` evaluations as one group of trajectories in the same rollout
+  calls (`evaluation.evaluate_grouped`: identical prompts prefilled once; other draws than
+  `repeats` passes). `repeats` must divide the rollout's env slots."""
 
   def __post_init__(self):
     if self.repeats < 1:
@@ -596,6 +600,11 @@ def _check_across_sections(exp: Experiment) -> None:
     if exp.rollout.group_size < 2:
       raise ConfigError(f"config.train.filter_groups needs rollout.group_size >= 2 (a group of "
                         f"one is always uniform), got {exp.rollout.group_size}")
+  slots = exp.rollout.num_groups * exp.rollout.group_size
+  if exp.eval.group_repeats and exp.eval.repeats > 1 and slots % exp.eval.repeats:
+    raise ConfigError(f"config.eval.group_repeats plays a task's eval.repeats="
+                      f"{exp.eval.repeats} evaluations as one group in the rollout's {slots} "
+                      f"env slots (rollout.num_groups x group_size): repeats must divide them")
   loss = u.loss
   corrected = loss.rollout_is != "none" or loss.rollout_rs != "none"
   if t.constrained_logprobs:

@@ -383,17 +383,20 @@ LLM = Suite(
 # tokens (the task and the admissible actions in every prompt), 2 groups x 8 trajectories
 # with one optimizer step per iteration at lr 1e-4, 20 iterations (93 min for one run
 # beside other work on the 2-core machine), and 8 evaluations of each held-out game
-# (`eval.repeats`: one evaluation per game at T=0.4 is mostly the sampling draw). The
-# prompted base is evaluated with the same 8 keys, so every cell pairs with it game by game.
+# (`eval.repeats`: one evaluation per game at T=0.4 is mostly the sampling draw), played
+# as one group of 8 per game (`eval.group_repeats`: the 8 trajectories' identical prompts
+# are prefilled once). The prompted base is evaluated with the same keys, so every cell
+# pairs with it game by game. Its quick version (`make run-llm`) is the prompted base and
+# GiGPO on the first seed: point G's setting, evaluated in groups.
 _LLM_LONG = {
     **_LLM, "model.lora.top_layers": 8, "train.constrained_logprobs": True,
     "rollout.format_instructions": False, "rollout.max_prompt_tokens": 320,
     "train.mini_batch_rows": 192, "train.lr": 1e-4, "train.num_iterations": 20,
-    "eval.repeats": 8,
+    "eval.repeats": 8, "eval.group_repeats": True,
 }
 LLM_LONG = Suite(
     name="llm_long",
-    version="llm_long_v1",
+    version="llm_long_v2",
     description=("SmolLM2-135M-Instruct with LoRA rank 16 on the top 8 layers, 20 "
                  "iterations, 8 evaluations per held-out game, constrained decoding, 2 CPU "
                  "cores"),
@@ -407,6 +410,8 @@ LLM_LONG = Suite(
     methods=LLM.methods,
     seeds=_LLM_SEEDS,
     reference="smollm2_prompted",
+    quick_envs=("alfworld_mini",),
+    quick_methods=("smollm2_prompted", "gigpo"),
 )
 SUITES = {MINI.name: MINI, LLM.name: LLM, LLM_LONG.name: LLM_LONG}
 QUICK_ENVS, QUICK_METHODS = MINI.quick_envs, MINI.quick_methods  # the main job's cells

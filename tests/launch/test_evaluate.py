@@ -94,6 +94,59 @@ def test_repeats_evaluate_every_task_with_their_own_keys(tmp_path):
   assert len({tuple(r["length"] for r in records if r["repeat"] == k) for k in range(3)}) > 1
 
 
+@pytest.mark.slow
+def test_grouped_repeats_play_each_task_as_one_group(tmp_path):
+  """`eval.group_repeats`: greedy, each of a task's evaluations in its group is the
+  ungrouped greedy evaluation's episode (the group's identical prompts give identical
+  actions); at T=1.0 the group's members draw their own episodes; the outcomes, metrics
+  and dumps are kept per evaluation as with separate passes."""
+  from hgpo_jax.advantages import dump
+  from hgpo_jax.training import evaluation
+
+  def evaluated(name, repeats, grouped, temperature):
+    c = sokoban_config.get_config("algo=grpo,model=tiny,smoke")
+    with c.unlocked():
+      c.seed, c.mesh.data, c.eval.num_tasks, c.eval.repeats = 3, 1, 3, repeats
+      c.eval.group_repeats, c.eval.temperature, c.rollout.dump = grouped, temperature, True
+    workdir = str(tmp_path / name)
+    out = evaluate.evaluate_untrained(c, workdir)
+    (records,) = run_records.read_task_results(workdir).values()
+    return out, records, workdir
+
+  _, single, _ = evaluated("single", 1, False, 0.0)
+  greedy, grouped, workdir = evaluated("grouped", 4, True, 0.0)
+  assert [r["repeat"] for r in grouped] == [0, 1, 2, 3] * 3
+  for r in grouped:
+    assert {k: r[k] for k in single[0]} == single[r["index"]]
+  assert greedy["eval/test/repeats"] == 4.0 and greedy["eval/test/num_tasks"] == 3.0
+  assert greedy["eval/test/episode_length"] == pytest.approx(
+      sum(r["length"] for r in single) / 3)
+  for k in range(4):
+    rows = dump.read_rows(evaluation.eval_dump_path(workdir, "test", evaluate.EVAL_STEP, repeat=k))
+    assert sorted({r["traj"] for r in rows}) == [0, 1, 2]
+    assert [sum(r["traj"] == t for r in rows) for t in range(3)] == [s["length"] for s in single]
+
+  drawn, records, workdir = evaluated("drawn", 4, True, 1.0)
+  lengths = [r["length"] for r in records]
+  assert drawn["eval/test/episode_length"] == pytest.approx(sum(lengths) / 12)
+  assert drawn["eval/test/success"] == pytest.approx(sum(r["won"] for r in records) / 12)
+  # the members of a group drew other episodes: not four copies of one
+  actions = [tuple(r["action"] for r in dump.read_rows(evaluation.eval_dump_path(
+      workdir, "test", evaluate.EVAL_STEP, repeat=k))) for k in range(4)]
+  assert len(set(actions)) > 1
+
+
+def test_grouped_repeats_must_divide_the_slots():
+  from hgpo_jax.training import experiment
+  c = sokoban_config.get_config("algo=grpo,model=tiny,smoke")
+  c.eval.repeats, c.eval.group_repeats = 3, True
+  with pytest.raises(experiment.ConfigError,
+                     match=r"^config\.eval\.group_repeats .*eval\.repeats=3 .* 4 env slots .*divide them$"):
+    experiment.from_config(c)
+  c.eval.group_repeats = False  # separate passes take any count
+  experiment.from_config(c)
+
+
 def test_bad_repeats_are_one_line():
   from hgpo_jax.training import experiment
   c = sokoban_config.get_config("algo=grpo,model=tiny,smoke")

@@ -585,6 +585,28 @@ def test_llm_suite_cells_train_smollm2_with_lora_on_the_64_game_split():
     suites.quick_suite(dataclasses.replace(suite, quick_methods=()))
 
 
+def test_llm_long_suite_is_point_g_evaluated_in_groups_of_eight():
+  """The `llm_long` suite: point G's setting (top-8 adapters, constrained log-probs, 2 x 8,
+  lr 1e-4, 20 iterations) with 8 evaluations of every held-out game played as one group;
+  every cell passes the trainer's validation; its quick version (`make run-llm`) is the
+  prompted base and GiGPO on the first seed."""
+  from hgpo_jax.training import experiment
+  suite = suites.get_suite("llm_long")
+  env = suite.env("alfworld_mini")
+  for method in suite.methods:
+    c = suites.build_config(env, method, 123)
+    assert c.model.lora.rank == 16 and c.model.lora.top_layers == 8
+    assert c.train.constrained_logprobs and not c.rollout.format_instructions
+    assert c.rollout.max_prompt_tokens == 320
+    assert (c.rollout.num_groups, c.rollout.group_size) == (2, 8)
+    assert (c.train.lr, c.train.mini_batch_rows, c.train.num_iterations) == (1e-4, 192, 20)
+    assert (c.eval.repeats, c.eval.group_repeats, c.eval.num_tasks) == (8, True, 48)
+    experiment.from_config(c)
+  quick = suites.quick_suite(suite)
+  assert [m.name for m in quick.methods] == ["smollm2_prompted", "gigpo"]
+  assert quick.seeds == (123,)
+
+
 def test_sokoban_cells_train_on_two_levels_and_hold_out_the_test_split():
   """Sokoban (suite mini_v5): 12x12 with 4 boxes, the train split's first 2 levels,
   horizon 10, 48 held-out test levels; every cell builds and GRPO passes validation."""
