@@ -54,12 +54,13 @@ venv: .venv/.stamp
 run: venv
 	$(PY) -m launch.experiments.sweep quick
 
-# The pretrained-LLM job: the quick version of the `llm` suite (launch/experiments/suites.py):
-# SmolLM2-135M-Instruct prompted, then trained with LoRA (HGPO K=2), on the same 48 held-out
-# ALFWorld-mini games; prints the table with the paired interval over games, writes
-# workdirs/quick_llm.*.
+# The pretrained-LLM job: the quick version of the `llm_long` suite
+# (launch/experiments/suites.py): SmolLM2-135M-Instruct prompted, then trained with LoRA
+# (GiGPO, 20 iterations), each evaluated 8 times on the same 48 held-out ALFWorld-mini
+# games; prints the table with the paired interval over games, writes
+# workdirs/quick_llm_long.*.
 run-llm: venv
-	$(PY) -m launch.experiments.sweep quick --suite llm
+	$(PY) -m launch.experiments.sweep quick --suite llm_long
 
 # The full CPU table (results/mini.md, .csv, _curves.png) from the run records under
 # results/runs (committed: each finished run's metrics.jsonl and log.txt); resumable, see

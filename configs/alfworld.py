@@ -38,11 +38,13 @@ trajectory length), consistency penalty -0.3, bootstrap_truncated, mini-batch 25
   (7B) (arXiv 2602.16165; JonP07/HiPER-agent README). Not comparable to our games.
   Smoke: python -m launch.main --config=configs/alfworld.py:algo=hiper,model=tiny,smoke --workdir=/tmp/x
 
-The pretrained-LLM job (`make run-llm`), 2-core CPU: the quick version of the `llm`
-suite (launch/experiments/suites.py: SmolLM2-135M-Instruct with LoRA rank 16 on
-ALFWorld-mini's 64-game train split, prompted vs HGPO K=2 on the same 48 held-out games):
-  make run-llm   # = python -m launch.experiments.sweep quick --suite llm
-Its table and measured time: results/llm.md. The `local` variant is the SmolLM2 system
+The pretrained-LLM job (`make run-llm`), 2-core CPU: the quick version of the `llm_long`
+suite (launch/experiments/suites.py: SmolLM2-135M-Instruct with LoRA rank 16 on the top 8
+layers, ALFWorld-mini's 64-game train split, prompted vs GiGPO after 20 iterations, each
+evaluated 8 times on the same 48 held-out games):
+  make run-llm   # = python -m launch.experiments.sweep quick --suite llm_long
+Its table and measured time: results/llm_long.md; the shorter `llm` suite's (7 iterations,
+which do not beat the prompted base): results/llm.md. The `local` variant is the SmolLM2 system
 check of the benchmarks (launch.benchmarks.smollm2_iteration, launch.benchmarks.lora):
 2 steps per episode, so no episode succeeds and it measures the system, not learning.
 """

@@ -570,7 +570,7 @@ def apply_local(c: ml_collections.ConfigDict) -> None:
   bounds the scale; with so
   short a horizon no episode succeeds, so the advantages are all zero and the job
   measures the system, not learning. The pretrained-model learning job is `make run-llm`
-  (the `llm` suite of launch/experiments/suites.py).
+  (the `llm_long` suite of launch/experiments/suites.py).
   """
   c.env.eval_splits = tuple(c.env.eval_splits[-1:])  # the held-out split: unseen rooms
   c.update_from_flattened_dict(_LOCAL)

@@ -13,6 +13,7 @@ the token rules or the decode attention: docs/architecture.md ("Sampler").
 from __future__ import annotations
 
 import bisect
+import copy
 import dataclasses
 import warnings
 from collections.abc import Sequence
@@ -165,6 +166,19 @@ class Sampler:
     """The jitted program (`engine.generate`); counts its traces."""
     self.num_compilations += 1  # runs at trace time only
     return engine_lib.generate(self.engine, model, inputs, flags)
+
+  def sharing_identical_prompts(self) -> "Sampler":
+    """This sampler with `share_prefill=True`: every call's identical prompts prefilled
+    once, in the batch bucket of the distinct ones (where `share_prefill=G` shares only
+    what fits in ceil(rows / G) rows: a group's first turn). A view with the same model,
+    programs and tables (new prefill shapes compile on first use); itself when it shares
+    every prompt already or shares none (`share_prefill=False`). Samples equal the
+    unshared ones' (`test_shared_prefill_equals_one_prefill_per_row`)."""
+    if isinstance(self.share_prefill, bool):
+      return self
+    view = copy.copy(self)
+    view.share_prefill = True
+    return view
 
   def shared_prefill_rows(self, batch: int) -> int | None:
     """Rows of the shared prefill of a call of `batch` (bucketed) rows with

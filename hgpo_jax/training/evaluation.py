@@ -105,9 +105,11 @@ def evaluate_grouped(pool, sampler, tokenizer, task_sampler, exp: experiment_lib
   rollout call plays `pool.num_slots // repeats` tasks as groups of `repeats` trajectories
   (same task, same env seed), trajectory r of a group being the task's evaluation r. The
   sampler prefills the identical prompts of a group's trajectories once (while their
-  histories agree: at T=0.4 about half of a game's prompts over 8 evaluations), so R
-  evaluations cost less than R passes; the draws differ from R passes' (`repeat_key`).
-  With `repeats` = 1 this is `evaluate`, call for call.
+  histories agree: at T=0.4 about half of a game's prompts over 8 evaluations; a
+  trainer's sampler, which shares a group's first turn only, plays through its
+  `sharing_identical_prompts` view), so R evaluations cost less than R passes; the draws
+  differ from R passes' (`repeat_key`). With `repeats` = 1 this is `evaluate`, call for
+  call.
 
   Returns one metrics dict per evaluation; `dump_paths` and `per_task`, when given, hold
   one path and one list per evaluation (as `evaluate`'s `dump_path` and `per_task`).
@@ -119,6 +121,8 @@ def evaluate_grouped(pool, sampler, tokenizer, task_sampler, exp: experiment_lib
         f"config.eval.group_repeats: eval.repeats={repeats} must divide the rollout's "
         f"{slots} env slots (rollout.num_groups x group_size per process)")
   per_call = slots // repeats
+  if repeats > 1:
+    sampler = sampler.sharing_identical_prompts()
   eval_tasks = task_sampler.evaluation_tasks(exp.eval.num_tasks)
   # (global task index, won, return, length, type, invalid flags of its rows, task id) per
   # task and evaluation

@@ -9,8 +9,8 @@ only (`model.lora.top_layers`, PEFT's `layers_to_transform`; the update's backwa
 them); 0, the default, adapts every layer.
 
 Both sides are the real trainer, `python -m launch.main` with
-`--config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local` (the SmolLM2 job,
-`make run-llm`: an ALFWorld server subprocess, 2 groups x 4 trajectories x 2 steps, one
+`--config=configs/alfworld.py:algo=hgpo,k=2,model=smollm2-135m,local` (the SmolLM2 job
+of the `local` variant: an ALFWorld server subprocess, 2 groups x 4 trajectories x 2 steps, one
 optimizer step on 16 rows of up to 640 + 32 tokens) for `--iterations` iterations in a
 fresh workdir:
 

@@ -1,4 +1,4 @@
-"""Benchmark: one iteration of the SmolLM2 job (`make run-llm`) now vs a named earlier revision.
+"""Benchmark: one iteration of the SmolLM2 job (the `local` variant) now vs a named earlier revision.
 
   python -m launch.benchmarks.smollm2_iteration --baseline-rev REV [--iterations 3] [--reps 1]
       [--sides baseline,current,bf16,packed,ungrouped,coarse]

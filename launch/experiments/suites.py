@@ -372,7 +372,7 @@ LLM = Suite(
     ),
     seeds=_LLM_SEEDS,
     reference="smollm2_prompted",
-    # `make run-llm`: the prompted base and HGPO K=2 on the same held-out games
+    # the quick version: the prompted base and HGPO K=2 on the same held-out games
     quick_envs=("alfworld_mini",),
     quick_methods=("smollm2_prompted", "hgpo_k2"),
 )

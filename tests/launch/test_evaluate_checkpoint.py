@@ -213,3 +213,32 @@ def test_lora_checkpoint_goes_over_the_loaded_base(tmp_path):
   eval_dir = str(tmp_path / "eval")
   assert evaluate.evaluate_checkpoint(_config(**lora), eval_dir, run) == final
   assert _responses(eval_dir, 2) == _responses(run, 2)
+
+
+@pytest.mark.slow
+def test_grouped_repeats_share_every_identical_prompt_on_a_trainers_sampler(
+    trained, tmp_path, monkeypatch):
+  """`eval.group_repeats` on a sampler that shares a group's first turn only (the
+  trainer's `share_prefill=G`) plays through its `sharing_identical_prompts` view: every
+  generate call shares all identical prompts, and the outcomes are those of the
+  evaluation sampler's (`share_prefill=True`)."""
+  from hgpo_jax.sampling import sampler as sampler_lib
+  run, _ = trained
+  grouped = dict(**{"eval.repeats": 2, "eval.group_repeats": True})
+  plain = str(tmp_path / "plain")
+  evaluate.evaluate_checkpoint(_config(**grouped), plain, run)
+  real_settings, real_generate = sampler_lib.Sampler.from_settings, sampler_lib.Sampler.generate
+  shares = []
+  monkeypatch.setattr(sampler_lib.Sampler, "from_settings", classmethod(
+      lambda cls, *a, **kw: real_settings(*a, **{**kw, "share_prefill": 2})))
+  monkeypatch.setattr(sampler_lib.Sampler, "generate",
+                      lambda self, *a, **kw: shares.append(self.share_prefill) or
+                      real_generate(self, *a, **kw))
+  trainer_like = str(tmp_path / "trainer_like")
+  evaluate.evaluate_checkpoint(_config(**grouped), trainer_like, run)
+  assert shares and set(shares) == {True}
+  assert run_records.read_task_results(trainer_like) == run_records.read_task_results(plain)
+  for r in range(2):
+    paths = [evaluation.eval_dump_path(d, "test", 2, repeat=r) for d in (plain, trainer_like)]
+    assert [x["response"] for x in dump.read_rows(paths[0])] == [
+        x["response"] for x in dump.read_rows(paths[1])]

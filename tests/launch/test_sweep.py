@@ -563,7 +563,7 @@ def test_trained_against_prompted_paired_game_by_game(runs, tmp_path):
 def test_llm_suite_cells_train_smollm2_with_lora_on_the_64_game_split():
   """The `llm` suite: SmolLM2-135M with rank-16 adapters, mini_v4's 64 train games, the
   mini suite's 48 held-out games, whole prompts (400 tokens), no reference model; every cell builds and passes the trainer's validation; its quick
-  version (`make run-llm`) is the prompted base and HGPO K=2 on the first seed."""
+  version is the prompted base and HGPO K=2 on the first seed."""
   from hgpo_jax.training import experiment
   suite = suites.get_suite("llm")
   env = suite.env("alfworld_mini")

@@ -324,6 +324,33 @@ def test_shared_prefill_equals_one_prefill_per_row(model, tok, prompts):
   assert len({tuple(out[True].tokens[i]) for i in (0, 2, 3)}) > 1
 
 
+def test_a_group_sized_share_viewed_as_sharing_every_identical_prompt(model, tok, prompts):
+  """`sharing_identical_prompts`: a sampler with `share_prefill=G` (which shares only what
+  fits in ceil(rows / G) rows) viewed with `share_prefill=True` prefills a call's distinct
+  prompts once each, in their batch bucket, on the same model and programs, and samples
+  what the group-sized sampler samples; samplers that share all or nothing are their own
+  view."""
+  rows = [prompts[0], prompts[1], prompts[0], prompts[2], prompts[1], prompts[0]]
+  params = SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True)
+  grouped = sampler.Sampler(model, tok, prompt_buckets=(32,), batch_buckets=(1, 2, 4, 8),
+                            share_prefill=4)
+  view = grouped.sharing_identical_prompts()
+  assert view is not grouped and view.share_prefill is True and grouped.share_prefill == 4
+  assert view.model is grouped.model and view.generate_program is grouped.generate_program
+  rng = jax.random.key(3)
+  # 3 distinct prompts of 6 rows (bucket 8): 8 / 4 = 2 prefill rows for the group-sized
+  # share, too few, so it prefills all 8; the view prefills the 3 in the bucket of 4
+  assert grouped.pack(rows, params, rng)[0].prefill_tokens.shape[0] == 8
+  assert view.pack(rows, params, rng)[0].prefill_tokens.shape[0] == 4
+  a, b = grouped.generate(rows, params, rng), view.generate(rows, params, rng)
+  assert a.tokens == b.tokens
+  for x, y in zip(a.logprobs, b.logprobs):
+    np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)
+  for share in (True, False):
+    s = sampler.Sampler(model, tok, prompt_buckets=(32,), share_prefill=share)
+    assert s.sharing_identical_prompts() is s
+
+
 def test_sharded_equals_unsharded(tok, prompts):
   cfg = config.get_preset("tiny")
   plain = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
