@@ -22,7 +22,8 @@ CPU_ISA = "AVX2"
 #               matmuls with contractions over 256, in an RMS norm and in a softmax-attention
 #               block.
 #   host_math:  the ISA cap alone: the numerics of the committed results tables' runs
-#               (the default of the trainer revisions they record).
+#               (the default of the trainer revisions they record); bf16 products run on
+#               the CPU's bf16 units only under it (under `default` at float32 speed).
 #   no_ynnpack: the ISA cap and no YNNPACK fusions (dots in Eigen, reductions in XLA's own
 #               code): a diagnosis setting; Eigen splits long contractions by thread count.
 # What each pins, measured on two machines, and the cost: docs/reproducibility.md.
@@ -32,6 +33,12 @@ CPU_NUMERICS = {
     "no_ynnpack": (f"--xla_cpu_max_isa={CPU_ISA}", "--xla_cpu_experimental_ynn_fusion_type="),
 }
 CPU_NUMERICS_ENV = "HGPO_JAX_CPU_NUMERICS"
+
+
+def cpu_numerics_name(mode: str | None = None) -> str:
+  """The setting `pin_cpu_numerics(mode)` applies: `mode`, else $HGPO_JAX_CPU_NUMERICS, else
+  "default"."""
+  return mode or os.environ.get(CPU_NUMERICS_ENV) or "default"
 
 
 def pin_cpu_numerics(mode: str | None = None) -> str:
@@ -46,7 +53,7 @@ def pin_cpu_numerics(mode: str | None = None) -> str:
   JAX creates its CPU backend (the first computation or device query); returns the
   resulting XLA_FLAGS.
   """
-  mode = mode or os.environ.get(CPU_NUMERICS_ENV) or "default"
+  mode = cpu_numerics_name(mode)
   if mode not in CPU_NUMERICS:
     raise ValueError(f"CPU numerics setting {mode!r} (${CPU_NUMERICS_ENV}) is not one of "
                      f"{sorted(CPU_NUMERICS)}.")
@@ -58,12 +65,12 @@ def pin_cpu_numerics(mode: str | None = None) -> str:
   return flags
 
 
-def pin_cpu_isa() -> str:
-  """The entry points' call, before JAX initialises its backends: pin_cpu_numerics with the
-  default or $HGPO_JAX_CPU_NUMERICS, and `select_platforms` (no libtpu start-up on a host
-  without TPUs)."""
+def pin_cpu_isa(mode: str | None = None) -> str:
+  """The entry points' call, before JAX initialises its backends: pin_cpu_numerics with
+  `mode` (their `--cpu_numerics`), else $HGPO_JAX_CPU_NUMERICS, else the default, and
+  `select_platforms` (no libtpu start-up on a host without TPUs)."""
   select_platforms()
-  return pin_cpu_numerics()
+  return pin_cpu_numerics(mode)
 
 
 # PCI vendor id of Google's TPU chips (what JAX's own Cloud TPU check reads as well).

@@ -27,6 +27,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from hgpo_jax import runtime
+
 # The flags of both entry points (launch/evaluate.py reads them too). `--config.a.b=VALUE`
 # overrides are not absl flags: `parse_flags` takes them out and `configs.common.load`
 # applies them, as for every entry point.
@@ -42,6 +44,11 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Total number of pr
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _LOCAL_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "If > 0, fake this many CPU devices (testing sharding on one machine).")
+_CPU_NUMERICS = flags.DEFINE_enum(
+    "cpu_numerics", None, list(runtime.CPU_NUMERICS),
+    "XLA:CPU numerics setting (hgpo_jax/runtime.py, docs/reproducibility.md); default "
+    "$HGPO_JAX_CPU_NUMERICS, else 'default'. host_math runs bfloat16 products on a CPU's "
+    "bf16 units (model.compute_dtype=bfloat16); default gives the same bits on other CPUs.")
 _VERBOSE = flags.DEFINE_bool("verbose", False,
                              "Print the traceback of bad-input errors (else one line).")
 
@@ -167,8 +174,11 @@ def start(argv, prog: str = "launch.main"):
   if _LOCAL_DEVICES.value > 0:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={_LOCAL_DEVICES.value}")
-  from hgpo_jax import runtime
-  runtime.pin_cpu_isa()  # before JAX creates its CPU backend
+  numerics = runtime.cpu_numerics_name(_CPU_NUMERICS.value)
+  try:
+    runtime.pin_cpu_isa(numerics)  # before JAX creates its CPU backend
+  except ValueError as e:  # $HGPO_JAX_CPU_NUMERICS names no setting
+    raise BadInput(str(e)) from None
   import jax  # after XLA_FLAGS on purpose
   if _DISTRIBUTED.value == "auto":
     jax.distributed.initialize()
@@ -188,7 +198,8 @@ def start(argv, prog: str = "launch.main"):
         config.model.compute_dtype, config.model.dtype, platform_lib.target_platform(jax.devices()))
   print(f"{prog}: platform {platform} ({jax.devices()[0].device_kind}), "
         f"{jax.local_device_count()} local / {jax.device_count()} global devices, process "
-        f"{jax.process_index()}/{jax.process_count()}, jax {jax.__version__}{compute}", flush=True)
+        f"{jax.process_index()}/{jax.process_count()}, jax {jax.__version__}{compute}"
+        f"{', XLA:CPU numerics ' + numerics if platform == 'cpu' else ''}", flush=True)
   exp = experiment.from_config(config)  # the typed settings the library reads
   refusal = experiment.cpu_refusal(exp, platform=platform, num_devices=jax.device_count(),
                                    distributed=_DISTRIBUTED.value != "off")

@@ -155,6 +155,9 @@ class Suite:
   # these columns and methods, the first seed.
   quick_envs: tuple[str, ...] = ()
   quick_methods: tuple[str, ...] = ()
+  # The XLA:CPU numerics setting of every run (`--cpu_numerics`, hgpo_jax/runtime.py);
+  # "" leaves the entry points' default.
+  cpu_numerics: str = ""
 
   def env(self, name: str) -> Environment:
     for e in self.environments:
@@ -494,8 +497,10 @@ def command(root: str, suite: Suite, env: Environment, method: Method, seed: int
             python: str = "python") -> list[str]:
   module = "launch.evaluate" if method.kind == PROMPTED else "launch.main"
   spec, *overrides_ = config_flags(env, method, seed)
+  numerics = [f"--cpu_numerics={suite.cpu_numerics}"] if suite.cpu_numerics else []
   return [python, "-m", module, spec,
-          f"--workdir={run_dir(root, suite, env.name, method.name, seed)}", *overrides_]
+          f"--workdir={run_dir(root, suite, env.name, method.name, seed)}", *numerics,
+          *overrides_]
 
 
 def config_flags(env: Environment, method: Method, seed: int) -> list[str]:

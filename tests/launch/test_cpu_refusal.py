@@ -74,7 +74,7 @@ def test_launch_main_refuses_a_pod_config_on_cpu_in_one_line(tmp_path, case):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
   first = re.match(r"launch.main: platform cpu \(cpu\), (\d+) local / (\d+) global devices, "
-                   r"process 0/1, jax \S+, compute float32\n", proc.stdout)
+                   r"process 0/1, jax \S+, compute float32, XLA:CPU numerics default\n", proc.stdout)
   assert first and first[1] == first[2], proc.stdout
   err = proc.stderr
   assert err.count("\n") == 1 and "Traceback" not in err, err
@@ -83,3 +83,19 @@ def test_launch_main_refuses_a_pod_config_on_cpu_in_one_line(tmp_path, case):
   assert f"but JAX found only CPUs ({n} device{'s' if n > 1 else ''})" in err, err
   assert "--config.allow_cpu=true" in err, err
   assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")  # nothing ran
+
+
+def test_cpu_numerics_setting_is_printed_and_an_unknown_one_refused_in_one_line(tmp_path):
+  """`--cpu_numerics` names the run's XLA:CPU setting on the platform line; an unknown
+  $HGPO_JAX_CPU_NUMERICS ends the run before any work in one line."""
+  cmd = [sys.executable, "-m", "launch.main", "--config=configs/sokoban.py:smoke",
+         f"--workdir={tmp_path / 'run'}", "--config.mesh.fsdp=64"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(cmd + ["--cpu_numerics=host_math"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2 and ", XLA:CPU numerics host_math\n" in proc.stdout, proc.stdout
+  proc = subprocess.run(cmd, cwd=ROOT, env=dict(env, HGPO_JAX_CPU_NUMERICS="fast"),
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+  assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+  assert proc.stderr.startswith("launch.main: error: CPU numerics setting 'fast'"), proc.stderr

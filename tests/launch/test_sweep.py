@@ -500,6 +500,10 @@ def test_commands_and_grouping():
   grouped = suites.command("R", SUITE, ENV, SUITE.method("a"), 2)
   assert "--config.rollout.num_groups=2" in grouped and "--config.rollout.group_size=8" in grouped
   assert suites.command("R", SUITE, ENV, SUITE.method("p"), 1)[2] == "launch.evaluate"
+  assert not any(a.startswith("--cpu_numerics") for a in cmd)
+  host = dataclasses.replace(SUITE, cpu_numerics="host_math")
+  for method in ("c", "p"):  # trained and prompted cells alike, after the workdir
+    assert suites.command("R", host, ENV, host.method(method), 2)[5] == "--cpu_numerics=host_math"
 
 
 def test_mini_suite_configs_build():
