@@ -292,6 +292,9 @@ def base_config() -> ml_collections.ConfigDict:
   #   generate_shared program); false: every row prefilled (same tokens, less memory)
   c.rollout.decode_chunk_steps = 0  # lockstep decode steps per device-loop iteration (the
   #   all-finished test once per chunk; same tokens); 0 = by platform (16 on GPU, 1 elsewhere)
+  c.rollout.decode_layers = "auto"  # how a decode step reads the layers: auto (per-layer
+  #   weight arrays on GPU/TPU, a scan over stacked layers on CPU) | per_layer (per-layer
+  #   arrays everywhere, on CPU also the cache; decode weights made once per weight version)
   c.rollout.max_trie_nodes = 0  # constrained decoding: trie nodes per row, fixed (program
   #   shapes from the config); 0 = sized per call
   c.rollout.precompile = False  # compile every sampler program (all buckets) before iteration 1

@@ -32,6 +32,7 @@ from hgpo_jax.models import lora
 from hgpo_jax.models import platform
 from hgpo_jax.models import rope
 from hgpo_jax.models import decode_kernels  # noqa: F401  (registers the pallas_* decode kernels)
+from hgpo_jax.models import kv_cache
 from hgpo_jax.models.config import ModelConfig
 from hgpo_jax.models.kv_cache import KVCache, cache_shape, init_cache, write_rows  # noqa: F401
 from hgpo_jax.models.primitives import project, rms_norm
@@ -478,6 +479,22 @@ class Decoder(nnx.Module):
                           start_b, decode_impl)
         return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
       stacked_impl = decode_impl in attention.STACKED_DECODE_IMPLEMENTATIONS
+      if kv_cache.is_layered(cache):
+        # One array per layer of the cache (`kv_cache.layered`) over per-layer weights: each
+        # layer reads its own arrays in place and writes its new slot into them.
+        if per_layer is None or index.ndim != 0:
+          raise ValueError("Decoder.decode_hidden: a per-layer cache (kv_cache.layered) needs "
+                           "per-layer decode weights (for_decoding) and one cache index.")
+        zero = jnp.zeros((), jnp.int32)
+        start = (zero, zero, index, zero)
+        new_k, new_v = [], []
+        for i, p in enumerate(per_layer):
+          x_btd, (k, v) = block(cfg, impl, p, x_btd, cos_btk, sin_btk, seg_bt,
+                                (cache.k[i], cache.v[i]), index, start_b, decode_impl)
+          new_k.append(jax.lax.dynamic_update_slice(cache.k[i], k.astype(cache.k[i].dtype), start))
+          new_v.append(jax.lax.dynamic_update_slice(cache.v[i], v.astype(cache.v[i].dtype), start))
+        return (rms_norm(x_btd, self.final_norm[...], cfg.rms_eps),
+                KVCache(k=tuple(new_k), v=tuple(new_v)))
       if per_layer is not None:
         # Each layer's weights are arrays of their own (`for_decoding` on accelerators): a
         # Python loop over them, the unrolled scan below without slicing stacked weights.
@@ -551,7 +568,7 @@ class Decoder(nnx.Module):
     return jax.lax.with_sharding_constraint(
         self.logits(hidden_btd), jax.sharding.NamedSharding(mesh, out_spec))
 
-  def for_decoding(self) -> "Decoder":
+  def for_decoding(self, per_layer: bool | None = None) -> "Decoder":
     """This decoder with the weights its products read cast to the compute dtype, for a
     decode loop: cast once per call before the loop, where each step would convert them
     again (XLA:GPU converts each layer's slice inside the loop, in every step; XLA:TPU
@@ -567,9 +584,11 @@ class Decoder(nnx.Module):
     step's unrolled layer loop reads in place. The layers' weights are one `DecodeWeights`
     built here, in place of the `DecoderLayers`. Itself when there is nothing to do (and
     for a view it made). With LoRA adapters: those of `merged` (the adapters merged into
-    the weights once per call)."""
+    the weights once per call). `per_layer=True` gives every layer's weights arrays of
+    their own on any platform (`Sampler(decode_layers="per_layer")`), fused as above only
+    on GPU and TPU targets; None: by the platform, as above."""
     if self.cfg.lora.rank:
-      return self.merged().for_decoding()
+      return self.merged().for_decoding(per_layer)
     if isinstance(self.layers, DecodeWeights):
       return self
     dt = jnp.dtype(self.cfg.compute_dtype)
@@ -578,7 +597,10 @@ class Decoder(nnx.Module):
            if narrows(getattr(self, n)[...])]
     weights = self.layers.stacked()
     layer = [n for n, w in weights.items() if n in _CAST_FOR_DECODING and narrows(w)]
-    per_layer = per_layer_decode_weights(self.cfg, attention.context_target())
+    fuse = per_layer is None or platform.target_platform(attention.context_target()) in (
+        "gpu", "tpu")
+    if per_layer is None:
+      per_layer = per_layer_decode_weights(self.cfg, attention.context_target())
     if not top and not layer and not per_layer:
       return self
     graphdef, state = nnx.split(self)
@@ -586,7 +608,7 @@ class Decoder(nnx.Module):
       state[n] = state[n].replace(state[n][...].astype(dt))
     view = nnx.merge(graphdef, state)
     weights = {n: w.astype(dt) if n in layer else w for n, w in weights.items()}
-    if per_layer:
+    if per_layer and fuse:
       if self._f_unsplit():
         weights["gate_up"] = jnp.stack([weights.pop("gate"), weights.pop("up")], axis=1)
       if self._heads_unsplit():

@@ -71,3 +71,19 @@ def write_rows(cache_lbksd, new_lbktd, rows_b, slots_b, valid_b=None):
     return jax.lax.dynamic_update_slice(cache, jnp.where(keep_b[i], new, old), start)
 
   return jax.lax.fori_loop(0, new_lbktd.shape[1], one, cache_lbksd)
+
+
+def layered(cache: KVCache) -> KVCache:
+  """`cache` with each layer's keys and values an array of its own, [B, Hkv, S, Dh] (a
+  tuple of L per field): the cache a lockstep decode loop carries on CPUs with per-layer
+  decode weights (`Sampler(decode_layers="per_layer")`; `Decoder.decode_hidden` reads and
+  writes it). XLA:CPU copies a layer's slice of a stacked [L, ...] cache out before the
+  attention products read it, in every layer of every decode step; an array of its own is
+  read in place."""
+  return KVCache(k=tuple(cache.k[i] for i in range(cache.k.shape[0])),
+                 v=tuple(cache.v[i] for i in range(cache.v.shape[0])))
+
+
+def is_layered(cache: KVCache) -> bool:
+  """Whether `cache` is in the per-layer form of `layered`."""
+  return isinstance(cache.k, tuple)

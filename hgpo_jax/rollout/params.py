@@ -63,6 +63,12 @@ class RolloutParams:
   finished?" once per chunk (`Sampler(decode_chunk=...)`, `engine.resolve_decode_chunk`):
   on GPUs a loop of unknown trip count waits for the host every iteration. Same tokens for
   every value. 0: by the platform (16 on GPUs, 1 elsewhere)."""
+  decode_layers: str = "auto"
+  """How a decode step reads the model's layers (`Sampler(decode_layers=...)`,
+  `engine.DECODE_LAYERS`): "auto" (per-layer weight arrays on GPUs and TPUs, a scan over the
+  stacked layers on CPUs) or "per_layer" (per-layer arrays everywhere; on CPUs also the
+  lockstep loop's cache, and the decode weights made once per weight version). Samples equal
+  up to float round-off."""
   max_trie_nodes: int = 0
   """Nodes of a constrained row's token trie (its allowed responses' tokens, shared
   prefixes once), fixed in every call so the constrained sampler programs take their
@@ -113,6 +119,9 @@ class RolloutParams:
                  "prefill_chunk_rows", "decode_slots", "decode_chunk_steps"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+    if self.decode_layers not in engine_lib.DECODE_LAYERS:
+      raise ValueError(f"decode_layers={self.decode_layers!r}; use one of "
+                       f"{engine_lib.DECODE_LAYERS}")
     if self.kv_cache_dtype not in engine_lib.CACHE_DTYPES:
       raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}; use one of "
                        f"{engine_lib.CACHE_DTYPES}")

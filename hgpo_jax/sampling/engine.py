@@ -9,7 +9,8 @@
      and exits once every row finished; finished rows keep flowing but record nothing.
      `slotted_decode` (flags.slots = S < B): S cache rows, rows admitted into free slots
      as others finish (`slots.admit_rows`), each slot at its own cache offset.
-Both return a `DecodeResult`. The cache's dtype, sharding and the prefill's chunking are
+Both return a `DecodeResult`. With `Engine.per_layer` every layer's weights are arrays of
+their own, and on CPUs the lockstep loop's cache too (`DECODE_LAYERS`). The cache's dtype, sharding and the prefill's chunking are
 the `Engine`'s (built once per `Sampler`). The model is a `decoder.Decoder`, or any module
 with its `for_decoding`, `prefill` and `decode`; `generate` decodes with
 `model.for_decoding()` (the output layer cast to the compute dtype once per call).
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 
 from hgpo_jax.models import attention
 from hgpo_jax.models import decoder
+from hgpo_jax.models import kv_cache
 from hgpo_jax.models import platform
 from hgpo_jax.models import sharding
 from hgpo_jax.sampling import inputs as inputs_lib
@@ -48,6 +50,29 @@ def resolve_cache_dtype(name: str, mesh_or_devices, compute_dtype) -> jnp.dtype:
     accelerated = platform.target_platform(mesh_or_devices) in ("tpu", "gpu")
     return jnp.dtype(jnp.bfloat16 if accelerated else compute_dtype)
   return jnp.dtype(compute_dtype if name == "" else name)
+
+
+DECODE_LAYERS = ("auto", "per_layer")
+"""Values of `Sampler(decode_layers=...)` / `config.rollout.decode_layers`: how a decode step
+reads the layers. "auto": per-layer weight arrays on GPUs and TPUs
+(`decoder.per_layer_decode_weights`), a `lax.scan` over the stacked layers on CPUs.
+"per_layer": per-layer weight arrays on every platform; on CPUs also the lockstep loop's
+cache (`kv_cache.layered`) and, in the sampler, the decode weights made once per weight
+version instead of once per call (`Sampler.decoding_model`). On XLA:CPU a scanned step
+copies each layer's weight and cache slices out of the stacked arrays before its products
+read them; unrolled over arrays of their own it reads them in place. The samples are those
+of "auto" up to float round-off (a bfloat16 program fuses differently, so its bits differ)."""
+
+
+def resolve_decode_layers(name: str, mesh_or_devices) -> tuple[bool, bool]:
+  """(per-layer decode weights forced, per-layer cache) of `decode_layers` on the target
+  devices: "auto" (False, False); "per_layer" (True, whether they are CPUs). Raises
+  ValueError for another name."""
+  if name not in DECODE_LAYERS:
+    raise ValueError(f"decode_layers={name!r}: use one of {DECODE_LAYERS}.")
+  if name == "auto":
+    return False, False
+  return True, platform.target_platform(mesh_or_devices) == "cpu"
 
 
 GPU_DECODE_CHUNK = 16
@@ -108,6 +133,9 @@ class Engine:
       1 tests "every row finished?" after each step (the CPU default); K > 1 runs K steps
       as an inner loop of known trip count and tests once per K (`resolve_decode_chunk`).
     cache_multiple: the cache's slots are a multiple of this (`cache_length`).
+    per_layer: decode from per-layer weights on every platform (`decoding`).
+    layered_cache: the lockstep loop carries its cache as per-layer arrays
+      (`kv_cache.layered`; CPU targets with `per_layer`).
   """
   cfg: object
   mesh: object
@@ -120,6 +148,13 @@ class Engine:
   admit_rows: int
   decode_chunk: int = 1
   cache_multiple: int = 1
+  per_layer: bool = False
+  layered_cache: bool = False
+
+  def decoding(self, model):
+    """`model.for_decoding()`, with every layer's weights arrays of their own when
+    `per_layer` (`Sampler(decode_layers="per_layer")`)."""
+    return model.for_decoding(True) if self.per_layer else model.for_decoding()
 
   def cache_length(self, plen: int, max_new_tokens: int) -> int:
     """Slots of a call's cache: P - 1 prompt slots + M new ones, rounded up to
@@ -183,7 +218,7 @@ class DecodeState:
 def generate(engine: Engine, model, inputs: inputs_lib.DecodeInputs,
              flags: inputs_lib.DecodeFlags) -> DecodeResult:
   """Prefill + decode of one call (module docstring)."""
-  model = model.for_decoding()
+  model = engine.decoding(model)
   batch, plen = inputs.tokens.shape
   cache_len = engine.cache_length(plen, flags.max_new_tokens)
   rules = engine.rules(inputs, flags)
@@ -306,6 +341,8 @@ def lockstep_decode(engine: Engine, model, rules: token_rules.TokenRules,
   def cond(state: DecodeState):
     return (state.step < max_new_tokens) & ~jnp.all(state.done)
 
+  if engine.layered_cache:
+    cache = kv_cache.layered(cache)
   zeros_b = jnp.zeros((batch,), jnp.int32)
   state = DecodeState(
       step=jnp.int32(0), cache=cache, prev=inputs.tokens[:, -1],

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from hgpo_jax.models import attention
 from hgpo_jax.models import sharding
@@ -73,6 +74,7 @@ class Sampler:
     trie_nodes: fixed nodes of every constrained call's tries (0: sized per call).
     decode_chunk: lockstep decode steps per device-loop iteration (0: by the devices'
       platform, `engine.resolve_decode_chunk`); same tokens for every value.
+    decode_layers: one of `engine.DECODE_LAYERS` (how a decode step reads the layers).
 
   Attributes:
     generate_program: the jitted device program, `(model, inputs: inputs.DecodeInputs,
@@ -82,7 +84,8 @@ class Sampler:
   def __init__(self, model, tokenizer, *, prompt_buckets=(128, 256, 512, 1024, 2048, 4096),
                batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), mesh=None, share_prefill=True,
                max_candidates=logits_lib.DEFAULT_MAX_CANDIDATES, cache_dtype="auto",
-               trie_nodes=0, prefill_rows=0, decode_slots=0, decode_chunk=0):
+               trie_nodes=0, prefill_rows=0, decode_slots=0, decode_chunk=0,
+               decode_layers="auto"):
     if isinstance(trie_nodes, bool) or not isinstance(trie_nodes, int) or trie_nodes < 0:
       raise ValueError(f"Sampler: trie_nodes={trie_nodes!r} must be an int >= 0 "
                        "(rollout.max_trie_nodes; 0 = sized per call).")
@@ -140,12 +143,20 @@ class Sampler:
     self._compiled: dict[tuple, jax.stages.Compiled] = {}
     self.unlisted_calls = 0  # calls that found no precompiled program (with some compiled)
     target = jax.local_devices() if mesh is None else mesh
+    per_layer, layered_cache = engine_lib.resolve_decode_layers(decode_layers, target)
+    self.decode_layers = decode_layers
+    # the decode weights of the current model (`decoding_model`), made once per version on
+    # CPUs with per-layer decode weights: (the model's parameter arrays, the view)
+    self._decoding: tuple[tuple, object] | None = None
+    self._cache_decoding = layered_cache
     self.engine = engine_lib.Engine(
         cfg=self.cfg, mesh=mesh, cache_dtype=self.cache_dtype, pad_id=self.pad_id,
         eos_ids=self.eos_ids, max_candidates=max_candidates, prefill_rows=prefill_rows,
         batch_parallel=data_size, admit_rows=self.admit_rows,
         decode_chunk=engine_lib.resolve_decode_chunk(decode_chunk, target),
-        cache_multiple=engine_lib.cache_multiple(self.cfg, target))
+        cache_multiple=engine_lib.cache_multiple(self.cfg, target),
+        per_layer=per_layer, layered_cache=layered_cache)
+    self._decoding_program = jax.jit(attention.traced_on(mesh, self.engine.decoding))
     # (traced with the mesh in context: the splash attention kernel shard_maps over it)
     self.generate_program = jax.jit(attention.traced_on(mesh, self._generate_device),
                                     static_argnames=("flags",))
@@ -159,7 +170,7 @@ class Sampler:
                mesh=mesh, share_prefill=share_prefill, max_candidates=rollout.max_candidates,
                cache_dtype=rollout.kv_cache_dtype, trie_nodes=rollout.max_trie_nodes,
                prefill_rows=rollout.prefill_chunk_rows, decode_slots=rollout.decode_slots,
-               decode_chunk=rollout.decode_chunk_steps)
+               decode_chunk=rollout.decode_chunk_steps, decode_layers=rollout.decode_layers)
 
   def _generate_device(self, model, inputs: inputs_lib.DecodeInputs,
                        flags: inputs_lib.DecodeFlags):
@@ -218,6 +229,21 @@ class Sampler:
     has more rows than that, else 0 (every row has its own cache row)."""
     return self.decode_slots if 0 < self.decode_slots < batch else 0
 
+  def decoding_model(self):
+    """The model the generate program is given: with per-layer decode weights on CPUs
+    (`decode_layers="per_layer"`) its decode weights (`Decoder.for_decoding`: adapters
+    merged, projections cast, one array per layer), made by a program of their own once per
+    version of the model's parameters (a new parameter array is a new version) and kept
+    until the next, where each call would make them again (on 2 CPU cores ~0.5 s per call
+    for SmolLM2-135M); else the model itself (the program makes them per call)."""
+    if not self._cache_decoding:
+      return self.model
+    leaves = tuple(jax.tree.leaves(nnx.state(self.model)))
+    if self._decoding is None or len(leaves) != len(self._decoding[0]) or any(
+        a is not b for a, b in zip(leaves, self._decoding[0])):
+      self._decoding = (leaves, self._decoding_program(self.model))
+    return self._decoding[1]
+
   def precompile(self, calls) -> int:
     """Compiles the generate programs of `calls` ahead of time for the current model.
 
@@ -235,7 +261,8 @@ class Sampler:
     for args, static in calls:
       key = _call_key(args, static)
       if key not in self._compiled:
-        self._compiled[key] = self.generate_program.lower(self.model, *args, **static).compile()
+        self._compiled[key] = self.generate_program.lower(self.decoding_model(), *args,
+                                                          **static).compile()
     return len(self._compiled)
 
   def _placed(self, host: inputs_lib.DecodeInputs) -> inputs_lib.DecodeInputs:
@@ -275,8 +302,9 @@ class Sampler:
                       f"(flags {flags}) is not among the {len(self._compiled)} precompiled "
                       "programs: compiling it now (programs.rollout_calls misses a case).",
                       stacklevel=2)
-    out = (compiled(self.model, *args) if compiled is not None
-           else self.generate_program(self.model, *args, **static))
+    model = self.decoding_model()
+    out = (compiled(model, *args) if compiled is not None
+           else self.generate_program(model, *args, **static))
     out = jax.device_get(out)
     num_rows = len(prompts)
     result = self._finish(out.tokens[:num_rows], out.logprobs[:num_rows],
