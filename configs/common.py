@@ -295,6 +295,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.decode_layers = "auto"  # how a decode step reads the layers: auto (per-layer
   #   weight arrays on GPU/TPU, a scan over stacked layers on CPU) | per_layer (per-layer
   #   arrays everywhere, on CPU also the cache; decode weights made once per weight version)
+  c.rollout.jump_forward = 0  # constrained decoding: up to K tokens the trie forces fed in
+  #   one decode step (lockstep only; samples equal up to round-off); 0 = one per step
   c.rollout.max_trie_nodes = 0  # constrained decoding: trie nodes per row, fixed (program
   #   shapes from the config); 0 = sized per call
   c.rollout.precompile = False  # compile every sampler program (all buckets) before iteration 1

@@ -34,7 +34,8 @@ from hgpo_jax.models import rope
 from hgpo_jax.models import decode_kernels  # noqa: F401  (registers the pallas_* decode kernels)
 from hgpo_jax.models import kv_cache
 from hgpo_jax.models.config import ModelConfig
-from hgpo_jax.models.kv_cache import KVCache, cache_shape, init_cache, write_rows  # noqa: F401
+from hgpo_jax.models.kv_cache import (KVCache, cache_shape, init_cache, scatter_rows,  # noqa: F401
+                                      write_rows)
 from hgpo_jax.models.primitives import project, rms_norm
 
 
@@ -300,6 +301,15 @@ def decode_layer_unroll(cfg: ModelConfig, target) -> int:
   return (cfg.num_layers if platform.target_platform(target) in ("gpu", "tpu") else 1)
 
 
+def write_row_slots(cache_lbksd, new_lbktd, slots_b):
+  """`cache_lbksd` with row b's new keys or values at slots [slots_b[b], slots_b[b] + T)
+  of the same row: one scatter on CPU targets (`kv_cache.scatter_rows`), else a loop of row
+  writes (`kv_cache.write_rows`; a write that would pass the cache's end is skipped)."""
+  if platform.target_platform(attention.context_target()) == "cpu":
+    return scatter_rows(cache_lbksd, new_lbktd, slots_b)
+  return write_rows(cache_lbksd, new_lbktd, jnp.arange(slots_b.shape[0]), slots_b)
+
+
 def per_layer_decode_weights(cfg: ModelConfig, target) -> bool:
   """Whether `Decoder.for_decoding` gives each layer's weights their own arrays, stacks
   each layer's gate and up projections into one gate_up [2, F, D] and concatenates its q,
@@ -482,17 +492,21 @@ class Decoder(nnx.Module):
       if kv_cache.is_layered(cache):
         # One array per layer of the cache (`kv_cache.layered`) over per-layer weights: each
         # layer reads its own arrays in place and writes its new slot into them.
-        if per_layer is None or index.ndim != 0:
+        if per_layer is None:
           raise ValueError("Decoder.decode_hidden: a per-layer cache (kv_cache.layered) needs "
-                           "per-layer decode weights (for_decoding) and one cache index.")
+                           "per-layer decode weights (for_decoding).")
         zero = jnp.zeros((), jnp.int32)
-        start = (zero, zero, index, zero)
+        if index.ndim == 0:
+          put = lambda full, new: jax.lax.dynamic_update_slice(  # noqa: E731
+              full, new.astype(full.dtype), (zero, zero, index, zero))
+        else:  # row b's T new slots [index[b], index[b] + T) (jump-forward decoding)
+          put = lambda full, new: write_row_slots(full[None], new[None], index)[0]  # noqa: E731
         new_k, new_v = [], []
         for i, p in enumerate(per_layer):
           x_btd, (k, v) = block(cfg, impl, p, x_btd, cos_btk, sin_btk, seg_bt,
                                 (cache.k[i], cache.v[i]), index, start_b, decode_impl)
-          new_k.append(jax.lax.dynamic_update_slice(cache.k[i], k.astype(cache.k[i].dtype), start))
-          new_v.append(jax.lax.dynamic_update_slice(cache.v[i], v.astype(cache.v[i].dtype), start))
+          new_k.append(put(cache.k[i], k))
+          new_v.append(put(cache.v[i], v))
         return (rms_norm(x_btd, self.final_norm[...], cfg.rms_eps),
                 KVCache(k=tuple(new_k), v=tuple(new_v)))
       if per_layer is not None:
@@ -528,8 +542,7 @@ class Decoder(nnx.Module):
         k = jax.lax.dynamic_update_slice(cache.k, k_lbkth.astype(cache.k.dtype), start)
         v = jax.lax.dynamic_update_slice(cache.v, v_lbkth.astype(cache.v.dtype), start)
       else:  # row b's T new slots [index[b], index[b] + T)
-        rows = jnp.arange(index.shape[0])
-        k, v = (write_rows(full, new, rows, index) for full, new in
+        k, v = (write_row_slots(full, new, index) for full, new in
                 ((cache.k, k_lbkth), (cache.v, v_lbkth)))
       new_cache = KVCache(k=k, v=v)
     return rms_norm(x_btd, self.final_norm[...], cfg.rms_eps), new_cache

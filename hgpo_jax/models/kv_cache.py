@@ -73,6 +73,20 @@ def write_rows(cache_lbksd, new_lbktd, rows_b, slots_b, valid_b=None):
   return jax.lax.fori_loop(0, new_lbktd.shape[1], one, cache_lbksd)
 
 
+def scatter_rows(cache_lbksd, new_lbktd, slots_b):
+  """`cache_lbksd` [L, B, Hkv, S, Dh] with row b's new_lbktd[:, b] [L, Hkv, T, Dh] at
+  slots [slots_b[b], slots_b[b] + T) of the same row, as one scatter; slots past the
+  cache's end are dropped. On XLA:CPU `write_rows`' loop of row writes copies the whole
+  cache in every iteration (0.21 s per write of a SmolLM2-135M cache of 16 rows x 416
+  slots against 0.035 s for the scatter, 2-core Xeon); XLA:TPU turned the scatter into
+  copies instead (`write_rows`), so the decoder picks by the target's platform."""
+  t = new_lbktd.shape[3]
+  rows_b = jnp.arange(cache_lbksd.shape[1])
+  slots_bt = slots_b[:, None] + jnp.arange(t)[None, :]
+  values_btlkd = new_lbktd.astype(cache_lbksd.dtype).transpose(1, 3, 0, 2, 4)
+  return cache_lbksd.at[:, rows_b[:, None], :, slots_bt, :].set(values_btlkd, mode="drop")
+
+
 def layered(cache: KVCache) -> KVCache:
   """`cache` with each layer's keys and values an array of its own, [B, Hkv, S, Dh] (a
   tuple of L per field): the cache a lockstep decode loop carries on CPUs with per-layer

@@ -69,6 +69,11 @@ class RolloutParams:
   stacked layers on CPUs) or "per_layer" (per-layer arrays everywhere; on CPUs also the
   lockstep loop's cache, and the decode weights made once per weight version). Samples equal
   up to float round-off."""
+  jump_forward: int = 0
+  """K > 0: a constrained call feeds the tokens a row's trie forces (up to K) in one decode
+  step and scores them from that step's logits (`Sampler(jump_forward=...)`,
+  `hgpo_jax.sampling.jump_forward`); lockstep decoding only (decode_slots = 0). 0: one
+  token per step. Samples equal up to float round-off."""
   max_trie_nodes: int = 0
   """Nodes of a constrained row's token trie (its allowed responses' tokens, shared
   prefixes once), fixed in every call so the constrained sampler programs take their
@@ -116,9 +121,12 @@ class RolloutParams:
         or self.max_candidates < 1):
       raise ValueError(f"max_candidates must be an int >= 1, got {self.max_candidates!r}")
     for name in ("history_length", "fallback_chars", "history_drop_chars", "max_trie_nodes",
-                 "prefill_chunk_rows", "decode_slots", "decode_chunk_steps"):
+                 "prefill_chunk_rows", "decode_slots", "decode_chunk_steps", "jump_forward"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+    if self.jump_forward and self.decode_slots:
+      raise ValueError("jump_forward > 0 is implemented for lockstep decoding only; set "
+                       "decode_slots=0 or jump_forward=0")
     if self.decode_layers not in engine_lib.DECODE_LAYERS:
       raise ValueError(f"decode_layers={self.decode_layers!r}; use one of "
                        f"{engine_lib.DECODE_LAYERS}")

@@ -9,6 +9,8 @@
      and exits once every row finished; finished rows keep flowing but record nothing.
      `slotted_decode` (flags.slots = S < B): S cache rows, rows admitted into free slots
      as others finish (`slots.admit_rows`), each slot at its own cache offset.
+     `jump_forward.jump_forward_decode` (constrained calls with `Engine.jump_forward` K >
+     0): each row at its own offset, the tokens its trie forces fed K at a time.
 Both return a `DecodeResult`. With `Engine.per_layer` every layer's weights are arrays of
 their own, and on CPUs the lockstep loop's cache too (`DECODE_LAYERS`). The cache's dtype, sharding and the prefill's chunking are
 the `Engine`'s (built once per `Sampler`). The model is a `decoder.Decoder`, or any module
@@ -31,8 +33,10 @@ from hgpo_jax.models import kv_cache
 from hgpo_jax.models import platform
 from hgpo_jax.models import sharding
 from hgpo_jax.sampling import inputs as inputs_lib
+from hgpo_jax.sampling import jump_forward
 from hgpo_jax.sampling import slots as slots_lib
 from hgpo_jax.sampling import token_rules
+from hgpo_jax.sampling import types
 
 
 CACHE_DTYPES = ("auto", "", "float32", "bfloat16")
@@ -136,6 +140,8 @@ class Engine:
     per_layer: decode from per-layer weights on every platform (`decoding`).
     layered_cache: the lockstep loop carries its cache as per-layer arrays
       (`kv_cache.layered`; CPU targets with `per_layer`).
+    jump_forward: K > 0 decodes constrained calls with `jump_forward.jump_forward_decode`
+      (a row's forced tokens, up to K, fed in one step); 0 one token per step.
   """
   cfg: object
   mesh: object
@@ -150,6 +156,7 @@ class Engine:
   cache_multiple: int = 1
   per_layer: bool = False
   layered_cache: bool = False
+  jump_forward: int = 0
 
   def decoding(self, model):
     """`model.for_decoding()`, with every layer's weights arrays of their own when
@@ -231,6 +238,9 @@ def generate(engine: Engine, model, inputs: inputs_lib.DecodeInputs,
                              engine.empty_cache(prefill_up.shape[0], plen - 1))
     return slotted_decode(engine, model, rules, inputs, phase_b, shared_cache,
                           slots=flags.slots)
+  jump = engine.jump_forward > 0 and flags.constraint_mode != types.NO_CONSTRAINT
+  if jump:  # a step's K + 1 positions may pass P + M - 1 (padding; never read)
+    cache_len = engine.cache_length(plen, flags.max_new_tokens + engine.jump_forward)
   cache = engine.empty_cache(prefill_up.shape[0], cache_len)
   if plen > 1:
     # Prefill the first P-1 slots; the last prompt token is the first decode input, so
@@ -243,6 +253,8 @@ def generate(engine: Engine, model, inputs: inputs_lib.DecodeInputs,
       cache = jax.tree.map(lambda c: jnp.take(c, inputs.source, axis=1), cache)
     if engine.mesh is not None:
       cache = engine.constrain(cache, batch, cache_len)
+  if jump:
+    return jump_forward.jump_forward_decode(engine, model, rules, inputs, phase_b, cache)
   return lockstep_decode(engine, model, rules, inputs, phase_b, cache)
 
 

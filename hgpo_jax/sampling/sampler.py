@@ -75,6 +75,9 @@ class Sampler:
     decode_chunk: lockstep decode steps per device-loop iteration (0: by the devices'
       platform, `engine.resolve_decode_chunk`); same tokens for every value.
     decode_layers: one of `engine.DECODE_LAYERS` (how a decode step reads the layers).
+    jump_forward: K > 0 feeds the tokens a constrained row's trie forces, up to K, in one
+      decode step (`jump_forward.jump_forward_decode`; lockstep decoding only); 0 one token
+      per step. Samples equal up to float round-off.
 
   Attributes:
     generate_program: the jitted device program, `(model, inputs: inputs.DecodeInputs,
@@ -85,7 +88,7 @@ class Sampler:
                batch_buckets=(1, 2, 4, 8, 16, 32, 64, 128), mesh=None, share_prefill=True,
                max_candidates=logits_lib.DEFAULT_MAX_CANDIDATES, cache_dtype="auto",
                trie_nodes=0, prefill_rows=0, decode_slots=0, decode_chunk=0,
-               decode_layers="auto"):
+               decode_layers="auto", jump_forward=0):
     if isinstance(trie_nodes, bool) or not isinstance(trie_nodes, int) or trie_nodes < 0:
       raise ValueError(f"Sampler: trie_nodes={trie_nodes!r} must be an int >= 0 "
                        "(rollout.max_trie_nodes; 0 = sized per call).")
@@ -142,6 +145,12 @@ class Sampler:
     # programs compiled ahead of time (`precompile`), by `_call_key` of their arguments
     self._compiled: dict[tuple, jax.stages.Compiled] = {}
     self.unlisted_calls = 0  # calls that found no precompiled program (with some compiled)
+    if isinstance(jump_forward, bool) or not isinstance(jump_forward, int) or jump_forward < 0:
+      raise ValueError(f"Sampler: jump_forward={jump_forward!r} must be an int >= 0 "
+                       "(rollout.jump_forward; 0 = one token per step).")
+    if jump_forward and decode_slots:
+      raise ValueError("Sampler: jump_forward > 0 is implemented for lockstep decoding only; "
+                       "set decode_slots=0 (rollout.decode_slots) or jump_forward=0.")
     target = jax.local_devices() if mesh is None else mesh
     per_layer, layered_cache = engine_lib.resolve_decode_layers(decode_layers, target)
     self.decode_layers = decode_layers
@@ -155,7 +164,7 @@ class Sampler:
         batch_parallel=data_size, admit_rows=self.admit_rows,
         decode_chunk=engine_lib.resolve_decode_chunk(decode_chunk, target),
         cache_multiple=engine_lib.cache_multiple(self.cfg, target),
-        per_layer=per_layer, layered_cache=layered_cache)
+        per_layer=per_layer, layered_cache=layered_cache, jump_forward=jump_forward)
     self._decoding_program = jax.jit(attention.traced_on(mesh, self.engine.decoding))
     # (traced with the mesh in context: the splash attention kernel shard_maps over it)
     self.generate_program = jax.jit(attention.traced_on(mesh, self._generate_device),
@@ -170,7 +179,8 @@ class Sampler:
                mesh=mesh, share_prefill=share_prefill, max_candidates=rollout.max_candidates,
                cache_dtype=rollout.kv_cache_dtype, trie_nodes=rollout.max_trie_nodes,
                prefill_rows=rollout.prefill_chunk_rows, decode_slots=rollout.decode_slots,
-               decode_chunk=rollout.decode_chunk_steps, decode_layers=rollout.decode_layers)
+               decode_chunk=rollout.decode_chunk_steps, decode_layers=rollout.decode_layers,
+               jump_forward=rollout.jump_forward)
 
   def _generate_device(self, model, inputs: inputs_lib.DecodeInputs,
                        flags: inputs_lib.DecodeFlags):

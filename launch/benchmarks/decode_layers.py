@@ -47,19 +47,36 @@ ACTIONS = tuple(f"go to {o} {i}" for o in (
 ROWS, PROMPT = 16, 320
 
 
+def adapted_smollm2(compute: str):
+  """(SmolLM2-135M-Instruct with LoRA rank 16 on the top 8 layers, its tokenizer), built as
+  the trainer builds it (the frozen base stored in `compute`, float32 adapters), every
+  parameter perturbed (the adapters' B too, so that merging them does work)."""
+  import jax
+  from flax import nnx
+
+  from hgpo_jax.models import loading
+  from hgpo_jax.models import lora as lora_lib
+  from launch.benchmarks.lora import TARGETS
+  model, tok, _ = loading.load_model("smollm2-135m")
+  model.cfg = model.cfg.replace(dtype=compute, param_dtype=compute)
+  model = loading.with_lora(model, lora_lib.from_settings(16, 32.0, TARGETS, False, 8))
+  leaves, treedef = jax.tree.flatten(nnx.state(model, nnx.Param))
+  key = jax.random.key(1)
+  nnx.update(model, jax.tree.unflatten(treedef, [
+      x + 0.01 * jax.random.normal(jax.random.fold_in(key, i), x.shape, x.dtype)
+      for i, x in enumerate(leaves)]))
+  return model, tok
+
+
 def main(argv=None) -> int:
   args = _parse(sys.argv[1:] if argv is None else argv)
   runtime.pin_cpu_isa(args.cpu_numerics)
   import jax
   import numpy as np
-  from flax import nnx
 
-  from hgpo_jax.models import loading
-  from hgpo_jax.models import lora as lora_lib
   from hgpo_jax.sampling import SamplingParams
   from hgpo_jax.sampling import sampler as sampler_lib
   from launch.benchmarks import harness
-  from launch.benchmarks.lora import TARGETS
 
   try:
     distinct = [int(x) for x in args.distinct.split(",")]
@@ -71,15 +88,7 @@ def main(argv=None) -> int:
     print(f"decode_layers: --distinct values must be in [1, {ROWS}], --reps >= 1",
           file=sys.stderr)
     return 2
-  model, tok, _ = loading.load_model("smollm2-135m")
-  # as the trainer builds it: the frozen base stored in the compute dtype, float32 adapters
-  model.cfg = model.cfg.replace(dtype=args.compute, param_dtype=args.compute)
-  model = loading.with_lora(model, lora_lib.from_settings(16, 32.0, TARGETS, False, 8))
-  leaves, treedef = jax.tree.flatten(nnx.state(model, nnx.Param))
-  key = jax.random.key(1)
-  nnx.update(model, jax.tree.unflatten(treedef, [
-      x + 0.01 * jax.random.normal(jax.random.fold_in(key, i), x.shape, x.dtype)
-      for i, x in enumerate(leaves)]))
+  model, tok = adapted_smollm2(args.compute)
   samplers = {name: sampler_lib.Sampler(model, tok, prompt_buckets=(PROMPT,),
                                         batch_buckets=(1, 2, 4, 8, ROWS), decode_layers=name)
               for name in ("auto", "per_layer")}

@@ -392,17 +392,21 @@ LLM = Suite(
 # pairs with it game by game. Products run in bf16 over float32 adapters (the frozen base
 # stored in bf16) under the XLA:CPU setting `host_math`, which takes the CPU's bf16 units
 # (results/performance_records.md R27: 0.57-0.73 of the float32 iteration; results/
-# llm_search.md, point H: G's setting in bf16). Its quick version (`make run-llm`) is the
-# prompted base and GiGPO on the first seed.
+# llm_search.md, point H: G's setting in bf16). The sampler feeds the tokens a row's
+# action trie forces, up to 3, in one decode step (`rollout.jump_forward=3`: 15 -> 4 decode
+# steps per call, 1.75x per grouped-evaluation call and 1.34x per training call, `python -m
+# launch.benchmarks.jump_forward`). Its quick version (`make run-llm`) is the prompted base
+# and GiGPO on the first seed.
 _LLM_LONG = {
     **_LLM, "model.lora.top_layers": 8, "train.constrained_logprobs": True,
     "rollout.format_instructions": False, "rollout.max_prompt_tokens": 320,
     "train.mini_batch_rows": 192, "train.lr": 1e-4, "train.num_iterations": 20,
     "eval.repeats": 8, "eval.group_repeats": True, "model.compute_dtype": "bfloat16",
+    "rollout.jump_forward": 3,
 }
 LLM_LONG = Suite(
     name="llm_long",
-    version="llm_long_v3",
+    version="llm_long_v4",
     cpu_numerics="host_math",
     description=("SmolLM2-135M-Instruct with LoRA rank 16 on the top 8 layers, 20 "
                  "iterations, 8 evaluations per held-out game, constrained decoding, 2 CPU "
