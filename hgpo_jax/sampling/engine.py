@@ -362,7 +362,14 @@ def lockstep_decode(engine: Engine, model, rules: token_rules.TokenRules,
       logprobs=jnp.zeros((batch, max_new_tokens), jnp.float32), done=~inputs.row_valid,
       reasons=zeros_b, lengths=zeros_b,
       rules=token_rules.RowRules.start(phase_b))
-  chunk = min(engine.decode_chunk, max_new_tokens)
+  return run_loop(engine, body, cond, state, max_new_tokens)
+
+
+def run_loop(engine: Engine, body, cond, state, max_steps: int) -> DecodeResult:
+  """The `DecodeResult` of a decode loop (`body` while `cond`, at most `max_steps` steps)
+  from `state`: one step per device-loop iteration, or `engine.decode_chunk` steps
+  (`_chunk_step`); `state` has the fields of a `DecodeResult` but `steps`, and `step`."""
+  chunk = min(engine.decode_chunk, max_steps)
   if chunk <= 1:
     state = jax.lax.while_loop(cond, body, state)
     steps = state.step

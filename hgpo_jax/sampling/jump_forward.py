@@ -108,9 +108,9 @@ class JumpState:
 
 
 def jump_forward_decode(engine, model, rules: token_rules.TokenRules,
-                        inputs: inputs_lib.DecodeInputs, phase_b, cache) -> "DecodeResult":
+                        inputs: inputs_lib.DecodeInputs, phase_b, cache):
   """Every row in its own cache row, each at its own slot, forced runs written in one
-  step (module docstring). `engine` is the sampler's `engine.Engine` (K =
+  step (module docstring); returns the call's `engine.DecodeResult`. `engine` is the sampler's `engine.Engine` (K =
   `engine.jump_forward` > 0); `cache` holds the prefilled prompts and room for K slots past
   P + M - 1 (`Engine.cache_length`)."""
   from hgpo_jax.sampling import engine as engine_lib  # the engine imports this module
@@ -187,15 +187,4 @@ def jump_forward_decode(engine, model, rules: token_rules.TokenRules,
       logprobs=jnp.zeros((batch, max_new), jnp.float32), lengths=root_b, done=done_b,
       scored=~valid_b, reasons=root_reason_b,
       rules=start.replace(node=root_node_b))
-  chunk = min(engine.decode_chunk, max_new + 1)
-  if chunk <= 1:
-    state = jax.lax.while_loop(cond, body, state)
-    steps = state.step
-  else:
-    state, steps = jax.lax.while_loop(
-        lambda carry: cond(carry[0]),
-        lambda carry: jax.lax.fori_loop(0, chunk, engine_lib._chunk_step(body, cond), carry),
-        (state, 0))
-  return engine_lib.DecodeResult(tokens=state.tokens, logprobs=state.logprobs,
-                                 lengths=state.lengths, reasons=state.reasons,
-                                 steps=jnp.asarray(steps, jnp.int32))
+  return engine_lib.run_loop(engine, body, cond, state, max_new + 1)

@@ -68,15 +68,64 @@ def adapted_smollm2(compute: str):
   return model, tok
 
 
+def three_calls(rng, distinct: int, params):
+  """`calls(sampler, seed0=0)`: 3 generate calls (keys seed0, +1, +2) of ROWS rows with
+  `distinct` distinct random prompts (from `rng`), each row constrained to ACTIONS."""
+  import jax
+  heads = [rng.integers(100, 40000, PROMPT - 5 - i % 7).tolist() for i in range(distinct)]
+  prompts = [heads[i % distinct] for i in range(ROWS)]
+  allowed = [list(ACTIONS)] * ROWS
+
+  def calls(smp, seed0=0):
+    return [smp.generate(prompts, params, jax.random.key(seed0 + c), allowed=allowed)
+            for c in range(3)]
+  return calls
+
+
+def side_by_side(samplers: dict, base: str, distinct, reps: int) -> dict[int, dict]:
+  """{d: {side: median seconds per call}} of the `samplers` over calls with d distinct
+  prompts (`three_calls`, temperature 1, at most 32 new tokens), each side's samples first
+  compared with side `base`'s (printed with the decode steps per call)."""
+  import numpy as np
+
+  from hgpo_jax.sampling import SamplingParams
+  from launch.benchmarks import harness
+  params = SamplingParams(temperature=1.0, max_new_tokens=32, stop_strings=("</action>",))
+  rng = np.random.default_rng(0)
+  medians = {}
+  for d in distinct:
+    calls = three_calls(rng, d, params)
+    outs = {name: calls(s) for name, s in samplers.items()}  # warm-up (compiles)
+    print(f"{d} distinct prompts:")
+    for name, out in outs.items():
+      same, diff = agreement(outs[base], out)
+      steps = np.mean([o.decode_row_steps / ROWS for o in out])
+      print(f"  {name}: {steps:.1f} decode steps per call, same action as {base} on "
+            f"{same}/{3 * ROWS} rows, mean |response log-prob difference| {diff:.2e} on "
+            "equal responses")
+    medians[d] = harness.alternating_medians(
+        {n: (lambda s=s: calls(s, 100)) for n, s in samplers.items()}, reps)
+    for name, sec in medians[d].items():
+      print(f"  {name:9s} {sec / 3:.3f} s per call")
+  return medians
+
+
+def agreement(base, other) -> tuple[int, float]:
+  """(rows with the same response, mean |response log-prob difference| over those) of two
+  sides' outputs of the same calls."""
+  import numpy as np
+  same = sum(a == b for x, y in zip(base, other) for a, b in zip(x.texts, y.texts))
+  diffs = [abs(float(np.sum(a)) - float(np.sum(b))) for x, y in zip(base, other)
+           for a, b, ta, tb in zip(x.logprobs, y.logprobs, x.tokens, y.tokens) if ta == tb]
+  return same, float(np.mean(diffs))
+
+
 def main(argv=None) -> int:
   args = _parse(sys.argv[1:] if argv is None else argv)
   runtime.pin_cpu_isa(args.cpu_numerics)
   import jax
-  import numpy as np
 
-  from hgpo_jax.sampling import SamplingParams
   from hgpo_jax.sampling import sampler as sampler_lib
-  from launch.benchmarks import harness
 
   try:
     distinct = [int(x) for x in args.distinct.split(",")]
@@ -92,36 +141,11 @@ def main(argv=None) -> int:
   samplers = {name: sampler_lib.Sampler(model, tok, prompt_buckets=(PROMPT,),
                                         batch_buckets=(1, 2, 4, 8, ROWS), decode_layers=name)
               for name in ("auto", "per_layer")}
-  params = SamplingParams(temperature=1.0, max_new_tokens=32, stop_strings=("</action>",))
-  rng = np.random.default_rng(0)
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, XLA:CPU numerics "
         f"{args.cpu_numerics}, compute {args.compute}; SmolLM2-135M + LoRA r16 top 8, "
         f"{ROWS} rows x prompt {PROMPT}, {len(ACTIONS)} actions")
-  ratios = []
-  for d in distinct:
-    heads = [rng.integers(100, 40000, PROMPT - 5 - i % 7).tolist() for i in range(d)]
-    prompts = [heads[i % d] for i in range(ROWS)]
-    allowed = [list(ACTIONS)] * ROWS
-
-    def calls(s, seed0=0):
-      return [s.generate(prompts, params, jax.random.key(seed0 + c), allowed=allowed)
-              for c in range(3)]
-
-    outs = {name: calls(s) for name, s in samplers.items()}  # warm-up (compiles)
-    same = sum(a == b for x, y in zip(outs["auto"], outs["per_layer"])
-               for a, b in zip(x.texts, y.texts))
-    diffs = [abs(float(np.sum(a)) - float(np.sum(b)))
-             for x, y in zip(outs["auto"], outs["per_layer"])
-             for a, b, ta, tb in zip(x.logprobs, y.logprobs, x.tokens, y.tokens) if ta == tb]
-    steps = np.mean([o.decode_row_steps / ROWS for o in outs["auto"]])
-    print(f"{d} distinct prompts: same action on {same}/{3 * ROWS} rows, mean |response "
-          f"log-prob difference| {np.mean(diffs):.2e} on equal responses, {steps:.1f} decode "
-          "steps per call")
-    med = harness.alternating_medians({n: (lambda s=s: calls(s, 100)) for n, s in
-                                       samplers.items()}, args.reps)
-    for name, sec in med.items():
-      print(f"  {name:9s} {sec / 3:.3f} s per call")
-    ratios.append(f"{d} distinct {med['auto'] / med['per_layer']:.2f}x")
+  med = side_by_side(samplers, "auto", distinct, args.reps)
+  ratios = [f"{d} distinct {m['auto'] / m['per_layer']:.2f}x" for d, m in med.items()]
   print("auto/per_layer call time: " + ", ".join(ratios))
   return 0
 

@@ -50,12 +50,10 @@ def main(argv=None) -> int:
   args = _parse(sys.argv[1:] if argv is None else argv)
   runtime.pin_cpu_isa(args.cpu_numerics)
   import jax
-  import numpy as np
 
-  from hgpo_jax.sampling import SamplingParams
   from hgpo_jax.sampling import sampler as sampler_lib
-  from launch.benchmarks import harness
-  from launch.benchmarks.decode_layers import ACTIONS, PROMPT, ROWS, adapted_smollm2
+  from launch.benchmarks.decode_layers import (ACTIONS, PROMPT, ROWS, adapted_smollm2,
+                                               side_by_side)
 
   ks, distinct = _ints(args.k, "--k"), _ints(args.distinct, "--distinct")
   if (any(k < 1 for k in ks) or any(not 1 <= d <= ROWS for d in distinct) or args.reps < 1):
@@ -70,38 +68,12 @@ def main(argv=None) -> int:
   except ValueError as e:
     print(f"jump_forward: {e}", file=sys.stderr)
     return 2
-  params = SamplingParams(temperature=1.0, max_new_tokens=32, stop_strings=("</action>",))
-  rng = np.random.default_rng(0)
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, XLA:CPU numerics "
         f"{args.cpu_numerics}, compute {args.compute}, decode_layers {args.decode_layers}; "
         f"SmolLM2-135M + LoRA r16 top 8, {ROWS} rows x prompt {PROMPT}, {len(ACTIONS)} actions")
-  ratios = []
-  for d in distinct:
-    heads = [rng.integers(100, 40000, PROMPT - 5 - i % 7).tolist() for i in range(d)]
-    prompts = [heads[i % d] for i in range(ROWS)]
-    allowed = [list(ACTIONS)] * ROWS
-
-    def calls(s, seed0=0):
-      return [s.generate(prompts, params, jax.random.key(seed0 + c), allowed=allowed)
-              for c in range(3)]
-
-    outs = {name: calls(s) for name, s in samplers.items()}  # warm-up (compiles)
-    base = outs["K=0"]
-    print(f"{d} distinct prompts:")
-    for name, out in outs.items():
-      same = sum(a == b for x, y in zip(base, out) for a, b in zip(x.texts, y.texts))
-      diffs = [abs(float(np.sum(a)) - float(np.sum(b)))
-               for x, y in zip(base, out)
-               for a, b, ta, tb in zip(x.logprobs, y.logprobs, x.tokens, y.tokens) if ta == tb]
-      steps = np.mean([o.decode_row_steps / ROWS for o in out])
-      print(f"  {name}: {steps:.1f} decode steps per call, same action as K=0 on "
-            f"{same}/{3 * ROWS} rows, mean |response log-prob difference| "
-            f"{np.mean(diffs):.2e} on equal responses")
-    med = harness.alternating_medians({n: (lambda s=s: calls(s, 100)) for n, s in
-                                       samplers.items()}, args.reps)
-    for name, sec in med.items():
-      print(f"  {name:5s} {sec / 3:.3f} s per call")
-    ratios += [f"{d} distinct K={k} {med['K=0'] / med[f'K={k}']:.2f}x" for k in ks]
+  med = side_by_side(samplers, "K=0", distinct, args.reps)
+  ratios = [f"{d} distinct K={k} {m['K=0'] / m[f'K={k}']:.2f}x" for d, m in med.items()
+            for k in ks]
   print("one-token/jump-forward call time: " + ", ".join(ratios))
   return 0
 

@@ -7,7 +7,7 @@ every row's tokens, stop reason and length are equal and its log-probs (forced t
 included) agree to round-off, while the loop runs fewer steps. Cases: whole-trie
 constraints (shared prefixes, one allowed action, free spans, rows left free), LoRA,
 greedy, top-k/top-p, a response cut by max_new_tokens inside a forced run, per-layer
-decode weights and cache, and K = 1 and 3. The forced tables are checked on a hand trie.
+decode weights and cache, K = 1 and 3, and rows split over a mesh. The forced tables are checked on a hand trie.
 """
 
 import jax
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hgpo_jax.models import config, decoder, loading, lora
+import fake_devices
+from hgpo_jax.models import config, decoder, loading, lora, sharding
 from hgpo_jax.rollout import params as rollout_params
 from hgpo_jax.sampling import SamplingParams, constrained, inputs, jump_forward, sampler, types
 
@@ -120,6 +121,23 @@ def test_jump_forward_with_free_spans(samplers, prompts):
   for seed in (0, 4):
     _equal(jump.generate(prompts, params, jax.random.key(seed), allowed=allowed),
            one.generate(prompts, params, jax.random.key(seed), allowed=allowed))
+
+
+def test_jump_forward_sharded_equals_unsharded(tok, prompts):
+  """Rows split over a data=4 x tensor=2 mesh (8 fake devices), the cache written per row
+  on each device: the unsharded one-token samples."""
+  cfg = config.get_preset("tiny")
+  plain = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
+  sharded = decoder.Decoder(cfg, rngs=nnx.Rngs(1))
+  mesh = sharding.make_mesh(data=4, fsdp=1, tensor=2, devices=fake_devices.take(8))
+  sharding.shard_model(sharded, mesh)
+  allowed = [ACTIONS] * len(prompts)
+  params = SamplingParams(temperature=1.0, max_new_tokens=32)
+  want = sampler.Sampler(plain, tok, **KW).generate(prompts, params, jax.random.key(4),
+                                                    allowed=allowed)
+  got = sampler.Sampler(sharded, tok, mesh=mesh, jump_forward=3, **KW).generate(
+      prompts, params, jax.random.key(4), allowed=allowed)
+  _equal(got, want)
 
 
 def test_unconstrained_calls_keep_the_one_token_program(samplers, prompts):
