@@ -32,12 +32,15 @@ from hgpo_jax.models import decoder
 from hgpo_jax.models import kv_cache
 from hgpo_jax.models import platform
 from hgpo_jax.models import sharding
+from hgpo_jax.sampling import decode_loop
 from hgpo_jax.sampling import inputs as inputs_lib
 from hgpo_jax.sampling import jump_forward
 from hgpo_jax.sampling import slots as slots_lib
 from hgpo_jax.sampling import token_rules
 from hgpo_jax.sampling import types
 
+
+DecodeResult = decode_loop.DecodeResult  # what `generate` returns
 
 CACHE_DTYPES = ("auto", "", "float32", "bfloat16")
 """Values of `Sampler(cache_dtype=...)` / `config.rollout.kv_cache_dtype`."""
@@ -188,24 +191,6 @@ class Engine:
   def rules(self, inputs, flags) -> token_rules.TokenRules:
     return token_rules.TokenRules(inputs, flags, vocab=self.cfg.vocab_size,
                                   eos_ids=self.eos_ids, max_candidates=self.max_candidates)
-
-
-@flax.struct.dataclass
-class DecodeResult:
-  """What the generate program returns (B rows, M = max_new_tokens).
-
-  Attributes:
-    tokens: i32[B, M] sampled tokens (pad after a row's end).
-    logprobs: f32[B, M] their raw log-probs (0 after a row's end).
-    lengths: i32[B] tokens each row sampled.
-    reasons: i32[B] stop reasons (`types.STOP_REASONS` indices).
-    steps: i32[] decode steps the loop ran.
-  """
-  tokens: jax.Array
-  logprobs: jax.Array
-  lengths: jax.Array
-  reasons: jax.Array
-  steps: jax.Array
 
 
 @flax.struct.dataclass
@@ -362,40 +347,7 @@ def lockstep_decode(engine: Engine, model, rules: token_rules.TokenRules,
       logprobs=jnp.zeros((batch, max_new_tokens), jnp.float32), done=~inputs.row_valid,
       reasons=zeros_b, lengths=zeros_b,
       rules=token_rules.RowRules.start(phase_b))
-  return run_loop(engine, body, cond, state, max_new_tokens)
-
-
-def run_loop(engine: Engine, body, cond, state, max_steps: int) -> DecodeResult:
-  """The `DecodeResult` of a decode loop (`body` while `cond`, at most `max_steps` steps)
-  from `state`: one step per device-loop iteration, or `engine.decode_chunk` steps
-  (`_chunk_step`); `state` has the fields of a `DecodeResult` but `steps`, and `step`."""
-  chunk = min(engine.decode_chunk, max_steps)
-  if chunk <= 1:
-    state = jax.lax.while_loop(cond, body, state)
-    steps = state.step
-  else:
-    state, steps = jax.lax.while_loop(
-        lambda carry: cond(carry[0]),
-        lambda carry: jax.lax.fori_loop(0, chunk, _chunk_step(body, cond), carry), (state, 0))
-  return DecodeResult(tokens=state.tokens, logprobs=state.logprobs, lengths=state.lengths,
-                      reasons=state.reasons, steps=jnp.asarray(steps, jnp.int32))
-
-
-def _chunk_step(body, cond):
-  """One step of a decode chunk over (state, steps run): `body`'s state where the one-step
-  loop would still run (`cond`), else the state unchanged, with `steps` counting the steps
-  that ran. Both sides are computed (a `lax.cond` would cost XLA:GPU the host round trip
-  the chunk exists to avoid); only the cache is taken from `body` either way: a skipped
-  step writes its keys/values at the frozen next slot, which nothing reads afterwards (the
-  loop exits at the chunk's end), and a select over the whole cache would copy it."""
-  def step(_, carry):
-    state, steps = carry
-    run = cond(state)
-    new = body(state)
-    kept = jax.tree.map(lambda n, o: jnp.where(run, n, o), new.replace(cache=None),
-                        state.replace(cache=None))
-    return kept.replace(cache=new.cache), steps + run.astype(jnp.int32)
-  return step
+  return decode_loop.run_loop(engine.decode_chunk, body, cond, state, max_new_tokens)
 
 
 @flax.struct.dataclass

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from hgpo_jax.models import decoder
 from hgpo_jax.models import kv_cache
+from hgpo_jax.sampling import decode_loop
 from hgpo_jax.sampling import inputs as inputs_lib
 from hgpo_jax.sampling import logits as logits_lib
 from hgpo_jax.sampling import token_rules
@@ -110,11 +111,9 @@ class JumpState:
 def jump_forward_decode(engine, model, rules: token_rules.TokenRules,
                         inputs: inputs_lib.DecodeInputs, phase_b, cache):
   """Every row in its own cache row, each at its own slot, forced runs written in one
-  step (module docstring); returns the call's `engine.DecodeResult`. `engine` is the sampler's `engine.Engine` (K =
-  `engine.jump_forward` > 0); `cache` holds the prefilled prompts and room for K slots past
-  P + M - 1 (`Engine.cache_length`)."""
-  from hgpo_jax.sampling import engine as engine_lib  # the engine imports this module
-
+  step (module docstring); returns the call's `decode_loop.DecodeResult`. `engine` is the
+  sampler's `engine.Engine` (K = `engine.jump_forward` > 0); `cache` holds the prefilled
+  prompts and room for K slots past P + M - 1 (`Engine.cache_length`)."""
   batch, plen = inputs.tokens.shape
   max_new = rules.flags.max_new_tokens
   k_max = engine.jump_forward
@@ -187,4 +186,4 @@ def jump_forward_decode(engine, model, rules: token_rules.TokenRules,
       logprobs=jnp.zeros((batch, max_new), jnp.float32), lengths=root_b, done=done_b,
       scored=~valid_b, reasons=root_reason_b,
       rules=start.replace(node=root_node_b))
-  return engine_lib.run_loop(engine, body, cond, state, max_new + 1)
+  return decode_loop.run_loop(engine.decode_chunk, body, cond, state, max_new + 1)

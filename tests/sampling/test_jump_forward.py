@@ -7,7 +7,8 @@ every row's tokens, stop reason and length are equal and its log-probs (forced t
 included) agree to round-off, while the loop runs fewer steps. Cases: whole-trie
 constraints (shared prefixes, one allowed action, free spans, rows left free), LoRA,
 greedy, top-k/top-p, a response cut by max_new_tokens inside a forced run, per-layer
-decode weights and cache, K = 1 and 3, and rows split over a mesh. The forced tables are checked on a hand trie.
+decode weights and cache, K = 1 and 3, and rows split over a mesh. The forced tables are
+checked on a hand trie.
 """
 
 import jax
