@@ -379,7 +379,7 @@ def update_layout(batch, exp: experiment_lib.Experiment, pad_id: int) -> list[tu
     return packing.plain_batch(batch, mini_batch_rows=mini)
   common = dict(mini_batch_rows=mini, micro_batch_rows=u.micro_batch_rows,
                 score_multiple=exp.rollout.max_new_tokens, pad_id=pad_id,
-                loss_unit_rows=u.loss_unit_rows)
+                loss_unit_rows=u.loss_unit_rows, skip_zero_advantage=u.skip_zero_advantage)
   if u.pack_rows:
     return packing.pack_batch(batch, **common)
   return packing.group_batch(batch, length_multiple=u.length_multiple, **common)

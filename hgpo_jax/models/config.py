@@ -59,6 +59,8 @@ def check_rope_scaling(scaling: tuple) -> None:
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 COMPUTE_DTYPES = ("auto", "", *DTYPES)
+ADAPTED_LAYER_LOOPS = ("scan", "unrolled")
+"""Values of `ModelConfig.adapted_layers` (`config.model.adapted_layers`)."""
 """Values of `config.model.compute_dtype` (`resolve_compute_dtype`)."""
 
 
@@ -195,6 +197,13 @@ class ModelConfig:
       `rope_parameters` without rope_theta: () is the plain RoPE ("default"); else
       ("rope_type", "linear" | "llama3" | "yarn") and that type's fields (`_ROPE_FIELDS`).
       A tuple so that the config stays hashable (a static argument of jit).
+    adapted_layers: how a forward without a cache (training, log-probs) loops over the
+      layers that carry LoRA adapters: "scan" (one `lax.scan`, like the frozen layers) or
+      "unrolled" (a Python loop: under `jax.grad` each layer's residuals stay buffers of
+      their own instead of being written into stacked scan outputs; on the 2-core
+      reference CPU a SmolLM2 update with adapters on the top 8 layers runs ~1.2x faster
+      (docs/performance.md), for one compiled block per adapted layer). The values agree
+      with the scan's to float round-off. Decode steps and unadapted models are unaffected.
   """
   vocab_size: int
   hidden_dim: int
@@ -218,6 +227,7 @@ class ModelConfig:
   lora: LoraConfig = LoraConfig()
   qk_norm: bool = False
   rope_scaling: tuple[tuple[str, float | int | str | bool], ...] = ()
+  adapted_layers: str = "scan"
 
   def __post_init__(self):
     check_rope_scaling(self.rope_scaling)
@@ -234,6 +244,9 @@ class ModelConfig:
     if self.lora.top_layers > self.num_layers:
       raise ValueError(f"model.lora.top_layers={self.lora.top_layers} exceeds the model's "
                        f"{self.num_layers} layers.")
+    if self.adapted_layers not in ADAPTED_LAYER_LOOPS:
+      raise ValueError(f"model.adapted_layers={self.adapted_layers!r}: use one of "
+                       f"{ADAPTED_LAYER_LOOPS}.")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig: head_dim={self.head_dim} must be even for RoPE.")
 

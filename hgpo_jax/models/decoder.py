@@ -223,6 +223,18 @@ def _block(cfg: ModelConfig, impl: str, p: dict, x_btd, cos_btk, sin_btk, segmen
   return x_btd, (k_bthk.transpose(0, 2, 1, 3), v_bthk.transpose(0, 2, 1, 3))
 
 
+def _unrolled(step, x, stacked: dict):
+  """`jax.lax.scan(step, x, stacked)` as a Python loop over the stack's layers: the same
+  carry and stacked outputs. Under `jax.grad` a scan saves each layer's residuals by
+  writing them into stacked arrays (on XLA:CPU a copy per residual per layer); the loop
+  keeps them as buffers of their own, at the cost of one compiled block per layer."""
+  ys = []
+  for i in range(next(iter(stacked.values())).shape[0]):
+    x, y = step(x, {n: w[i] for n, w in stacked.items()})
+    ys.append(y)
+  return x, jax.tree.map(lambda *a: jnp.stack(a), *ys)
+
+
 class SequenceParallel:
   """Where a full-sequence block's activations live on a tensor-parallel mesh (Megatron-LM's
   sequence parallelism, Korthikanti et al., arXiv:2205.05198, section 4.2.2): the residual
@@ -454,6 +466,9 @@ class Decoder(nnx.Module):
       def step(x, p):
         x, (k, v) = block(cfg, impl, p, x, cos_btk, sin_btk, seg_bt, seq=seq)
         return x, (k, v) if kv_dtype is None else (k.astype(kv_dtype), v.astype(kv_dtype))
+      # The adapted layers (`ModelConfig.adapted_layers`): one scan, or a Python loop whose
+      # backward keeps each layer's residuals as buffers of their own.
+      adapted_loop = _unrolled if cfg.adapted_layers == "unrolled" else jax.lax.scan
       if first:
         # Adapters on the top layers only (`LoraConfig.top_layers`): the frozen layers below
         # run as a scan of their own, and no gradient flows back into them.
@@ -461,11 +476,12 @@ class Decoder(nnx.Module):
         below = {n: w[:first] for n, w in layer_params.items() if n not in adapters}
         above = {n: w if n in adapters else w[first:] for n, w in layer_params.items()}
         x_btd, (k_below, v_below) = jax.lax.scan(step, x_btd, below)
-        x_btd, (k_above, v_above) = jax.lax.scan(step, jax.lax.stop_gradient(x_btd), above)
+        x_btd, (k_above, v_above) = adapted_loop(step, jax.lax.stop_gradient(x_btd), above)
         k_lbkth = jnp.concatenate([k_below, k_above])
         v_lbkth = jnp.concatenate([v_below, v_above])
       else:
-        x_btd, (k_lbkth, v_lbkth) = jax.lax.scan(step, x_btd, layer_params)
+        loop = adapted_loop if cfg.lora.rank else jax.lax.scan
+        x_btd, (k_lbkth, v_lbkth) = loop(step, x_btd, layer_params)
       x_btd, k_lbkth, v_lbkth = x_btd[:, :t], k_lbkth[:, :, :, :t], v_lbkth[:, :, :, :t]
       new_cache = None
       if fresh:

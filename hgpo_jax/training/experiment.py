@@ -116,6 +116,7 @@ class Model:
   decode_attention_impl: str = "auto"
   enable_thinking: bool = False
   lora: Lora = Lora()
+  adapted_layers: str = "scan"
 
   def __post_init__(self):
     try:
@@ -126,6 +127,12 @@ class Model:
     if self.dtype not in model_config.DTYPES:
       raise ConfigError(f"config.model.dtype={self.dtype!r}: use one of "
                         f"{tuple(model_config.DTYPES)}")
+    if self.adapted_layers not in model_config.ADAPTED_LAYER_LOOPS:
+      raise ConfigError(f"config.model.adapted_layers={self.adapted_layers!r}: use one of "
+                        f"{model_config.ADAPTED_LAYER_LOOPS}")
+    if self.adapted_layers != "scan" and not self.lora.rank:
+      raise ConfigError(f"config.model.adapted_layers={self.adapted_layers!r} loops over "
+                        "LoRA adapters: set model.lora.rank > 0 (or leave it 'scan')")
     if self.compute_dtype not in model_config.COMPUTE_DTYPES:
       raise ConfigError(f"config.model.compute_dtype={self.compute_dtype!r}: use one of "
                         f"{model_config.COMPUTE_DTYPES} (auto: bfloat16 on TPU/GPU, model.dtype "
@@ -728,6 +735,7 @@ def model_settings(model: Model, cfg: model_config.ModelConfig,
                        param_dtype=dtype if lora.rank else cfg.param_dtype,
                        remat=bool(model.remat),
                        attn_query_chunk=model.attn_query_chunk, attention_impl=impl,
-                       decode_attention_impl=model.decode_attention_impl)
+                       decode_attention_impl=model.decode_attention_impl,
+                       adapted_layers=model.adapted_layers)
   except ValueError as e:  # a setting the model cannot take (model.lora.top_layers)
     raise ConfigError(f"config.{e.args[0]}") from None

@@ -26,6 +26,17 @@ its response, real tokens only; `segment_ids` 1, 2, ... per row and 0 on padding
 Padding rows (all 0) bring the row count to a multiple of the micro-batch; they score
 nothing.
 
+Rows that move nothing (`skip_zero_advantage`, `train.skip_zero_advantage`): a step whose
+scored tokens all have advantage exactly 0 adds exact zeros to the gradient of a loss
+whose every term is multiplied by the advantage (PPO-clip and GSPO without the KL and
+entropy terms: `UpdateConfig` refuses the option otherwise). Its token weights stay
+counted in the others' (the weights come from the whole mini-batch), so dropping it
+leaves the loss, its gradient and the optimizer step as they are, up to float summation
+order; a group whose trajectories all score alike (GRPO, GiGPO and HGPO give it zero
+advantages) then costs no update time. The `entropy` and `approx_kl` metrics, weighted
+sums, then cover the updated tokens only (the update divides them by their share of
+the weight, `updated_weight`).
+
 Length-grouped micro-batches (`group_mini_batch`, `train.group_by_length`) use the same
 layout and the same weights with one segment per row: the mini-batch's steps are sorted
 by length and cut into micro-batches of `micro_batch_rows` steps, and each micro-batch
@@ -69,13 +80,17 @@ def token_mean_weights(response_mask: np.ndarray, micro_batch_rows: int) -> np.n
   return w.astype(np.float32)
 
 
-def _kept_spans(batch: train_batch_lib.TrainBatch) -> list[tuple[int, int, int]]:
+def _kept_spans(batch: train_batch_lib.TrainBatch,
+                skip_zero_advantage: bool = False) -> list[tuple[int, int, int]]:
   """(row, first real column, end) of every row that scores a token (the builder's
-  padding copies and empty responses add nothing to the loss and are dropped); a batch
-  with no scored token keeps its first row."""
+  padding copies and empty responses add nothing to the loss and are dropped); with
+  `skip_zero_advantage` also the rows whose scored tokens all have advantage 0 are dropped
+  (module docstring); a batch with no row kept keeps its first row."""
   input_mask = np.asarray(batch.input_mask, bool)
   response_mask = np.asarray(batch.response_mask, bool)
-  keep = [i for i in range(batch.num_rows) if response_mask[i].any()] or [0]
+  moving = (np.asarray(batch.advantages) != 0) & response_mask
+  keep = [i for i in range(batch.num_rows) if response_mask[i].any()
+          and (not skip_zero_advantage or moving[i].any())] or [0]
   spans = []
   for i in keep:
     cols = np.flatnonzero(input_mask[i])
@@ -150,7 +165,8 @@ def _bins(lengths: Sequence[int], capacity: int) -> list[list[int]]:
 
 def pack_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int,
                     row_multiple: Optional[int] = None, score_multiple: int = 32,
-                    pad_id: int = 0, loss_unit_rows: int = 0) -> PackedBatch:
+                    pad_id: int = 0, loss_unit_rows: int = 0,
+                    skip_zero_advantage: bool = False) -> PackedBatch:
   """Packs one host mini-batch (a `build_train_batch` result, `M` rows) into rows of the
   same length.
 
@@ -166,6 +182,8 @@ def pack_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int,
     pad_id: token at padding positions.
     loss_unit_rows: rows per loss unit (`train_step.UpdateConfig.loss_unit_rows`): the
       weights average token means over units of this many unpacked rows; 0: micro_batch_rows.
+    skip_zero_advantage: also drop the rows whose scored tokens all have advantage 0
+      (module docstring).
 
   Rows without a scored token (the builder's padding copies, empty responses) add nothing
   to the loss and are dropped; a mini-batch with no scored token keeps its first row.
@@ -173,7 +191,7 @@ def pack_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int,
   row_multiple = row_multiple or micro_batch_rows
   weights = token_mean_weights(np.asarray(batch.response_mask, bool),
                               loss_unit_rows or micro_batch_rows)
-  spans = _kept_spans(batch)
+  spans = _kept_spans(batch, skip_zero_advantage)
   bins = _bins([stop - start for _, start, stop in spans], batch.seq_len)
   n_rows = -(-len(bins) // row_multiple) * row_multiple
   return _layout(batch, weights, spans, bins, num_rows=n_rows, seq_len=batch.seq_len,
@@ -182,7 +200,8 @@ def pack_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int,
 
 def group_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int,
                      length_multiple: int, score_multiple: int = 32,
-                     pad_id: int = 0, loss_unit_rows: int = 0) -> tuple[PackedBatch, ...]:
+                     pad_id: int = 0, loss_unit_rows: int = 0,
+                     skip_zero_advantage: bool = False) -> tuple[PackedBatch, ...]:
   """One host mini-batch as length-grouped micro-batches (module docstring).
 
   The steps that score a token, longest first (ties in row order), are cut into
@@ -190,7 +209,9 @@ def group_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int
   micro-batch's rows are as long as its longest step rounded up to `length_multiple`
   (at most the batch's own row length), and the last one is completed with padding rows.
   The loss weights are those of the unpacked mini-batch (loss units of `loss_unit_rows`
-  rows, 0: micro_batch_rows), so the update optimises the same loss.
+  rows, 0: micro_batch_rows), so the update optimises the same loss. With
+  `skip_zero_advantage` the steps whose scored tokens all have advantage 0 are left out
+  (module docstring).
 
   Returns:
     the micro-batches, longest rows first; each a PackedBatch of `micro_batch_rows` rows.
@@ -199,7 +220,7 @@ def group_mini_batch(batch: train_batch_lib.TrainBatch, *, micro_batch_rows: int
     raise ValueError(f"length_multiple={length_multiple} must be >= 1.")
   weights = token_mean_weights(np.asarray(batch.response_mask, bool),
                               loss_unit_rows or micro_batch_rows)
-  spans = _kept_spans(batch)
+  spans = _kept_spans(batch, skip_zero_advantage)
   length = [stop - start for _, start, stop in spans]
   order = sorted(range(len(spans)), key=lambda j: (-length[j], j))
   micro = []
@@ -225,21 +246,24 @@ def plain_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int) -> l
 
 def group_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro_batch_rows: int,
                 length_multiple: int, score_multiple: int = 32,
-                pad_id: int = 0, loss_unit_rows: int = 0) -> list[tuple]:
+                pad_id: int = 0, loss_unit_rows: int = 0,
+                skip_zero_advantage: bool = False) -> list[tuple]:
   """`group_mini_batch` of every mini-batch of a host TrainBatch, in order."""
   return _each_mini_batch(batch, mini_batch_rows, group_mini_batch, micro_batch_rows=micro_batch_rows,
                           length_multiple=length_multiple, score_multiple=score_multiple,
-                          pad_id=pad_id, loss_unit_rows=loss_unit_rows)
+                          pad_id=pad_id, loss_unit_rows=loss_unit_rows,
+                          skip_zero_advantage=skip_zero_advantage)
 
 
 def pack_batch(batch: train_batch_lib.TrainBatch, *, mini_batch_rows: int, micro_batch_rows: int,
                row_multiple: Optional[int] = None, score_multiple: int = 32,
-               pad_id: int = 0, loss_unit_rows: int = 0) -> list[tuple]:
+               pad_id: int = 0, loss_unit_rows: int = 0,
+               skip_zero_advantage: bool = False) -> list[tuple]:
   """`pack_mini_batch` of every mini-batch of a host TrainBatch, in order, one part each."""
   pack = lambda chunk, **options: (pack_mini_batch(chunk, **options),)
   return _each_mini_batch(batch, mini_batch_rows, pack, micro_batch_rows=micro_batch_rows,
                           row_multiple=row_multiple, score_multiple=score_multiple, pad_id=pad_id,
-                          loss_unit_rows=loss_unit_rows)
+                          loss_unit_rows=loss_unit_rows, skip_zero_advantage=skip_zero_advantage)
 
 
 def num_rows(batches: Sequence[tuple]) -> int:

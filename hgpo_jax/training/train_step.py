@@ -150,6 +150,14 @@ class UpdateConfig:
   length_multiple: int = 128
   """With `group_by_length`: micro-batch row lengths are rounded up to a multiple of this
   (fewer distinct lengths, fewer compiled programs; more padding)."""
+  skip_zero_advantage: bool = False
+  """With `pack_rows` or `group_by_length`: the update leaves out the steps whose scored
+  tokens all have advantage exactly 0, which add exact zeros to the gradient
+  (`training.packing`): the same optimizer step up to float summation order, less update
+  time when whole groups score alike. Needs a loss whose every term carries the
+  advantage (no KL loss, `entropy_coeff` 0). The `entropy` and `approx_kl` metrics then
+  average over the updated tokens (`updated_weight`: their share of the loss's token
+  weight); the loss, its other metrics and the gradient are the whole mini-batch's."""
   reference_dtype: str = ""
   """dtype of the frozen reference policy's parameters (the KL anchor): "" keeps the
   parameters' dtype; "bfloat16" halves its bytes per device (its log-probs are computed
@@ -170,6 +178,15 @@ class UpdateConfig:
   micro-batch needs `token-mean` (`train_batch.unit_weights`)."""
 
   def __post_init__(self):
+    if self.skip_zero_advantage:
+      if not (self.pack_rows or self.group_by_length):
+        raise ValueError("skip_zero_advantage lays out the update's rows: it needs pack_rows "
+                         "or group_by_length")
+      if self.loss.kl_in_loss or self.loss.entropy_coeff:
+        raise ValueError(f"skip_zero_advantage is exact only for a loss whose every term "
+                         f"carries the advantage: set use_kl_loss=false (or kl_coef=0) and "
+                         f"entropy_coeff=0 (got kl_coef={self.loss.kl_coef}, use_kl_loss="
+                         f"{self.loss.use_kl_loss}, entropy_coeff={self.loss.entropy_coeff})")
     for name in ("pack_rows", "group_by_length"):
       if getattr(self, name) and self.loss.loss_agg != "token-mean":
         raise ValueError(f"{name} needs loss_agg='token-mean' (the packed loss is its weighted "
@@ -648,8 +665,12 @@ class Learner:
     logp, entropy = scored_logprobs(self._model(params), x)
     old = jax.lax.stop_gradient(logp) if on_policy else x.old_logprobs
     if self.weighted_loss:
-      return losses.weighted_actor_loss(logp, entropy, old, x.ref_logprobs, x.advantages,
-                                        x.loss_weights, self.config.loss, x.rollout_logprobs)
+      loss, metrics = losses.weighted_actor_loss(logp, entropy, old, x.ref_logprobs,
+                                                 x.advantages, x.loss_weights,
+                                                 self.config.loss, x.rollout_logprobs)
+      if self.config.skip_zero_advantage:  # the updated tokens' share of the weight
+        metrics["updated_weight"] = jnp.sum(jnp.where(x.score_mask, x.loss_weights, 0.0))
+      return loss, metrics
     # seq-mean-token-sum-norm without a norm_length divides by the row length, as unpacked
     config = dataclasses.replace(self.config.loss,
                                  norm_length=self.config.loss.norm_length or x.seq_len)
@@ -713,6 +734,10 @@ class Learner:
           else learning_rate_schedule(self.config)(state.step))
     metrics = dict(metrics, grad_norm=grad_norm, skipped_step=1.0 - finite.astype(jnp.float32),
                    learning_rate=lr)
+    if "updated_weight" in metrics:  # skip_zero_advantage: token means over the updated tokens
+      w = metrics["updated_weight"]
+      for name in ("entropy", "approx_kl"):
+        metrics[name] = jnp.where(w > 0, metrics[name] / jnp.where(w > 0, w, 1.0), 0.0)
     new_state = state.replace(params=params, opt_state=opt_state,
                               step=state.step + finite.astype(jnp.int32))
     return new_state, metrics

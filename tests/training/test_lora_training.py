@@ -303,3 +303,37 @@ def test_length_grouped_update_and_its_flop_count_with_adapters():
     np.testing.assert_allclose(v, _flat(jax.device_get(one.params))[k], atol=1e-6, err_msg=k)
   flops = trainer_metrics.LearnerFlops(learner).per_call(tuple(parts))
   assert flops["update"] > flops["logprobs"] > 0
+
+
+@pytest.mark.parametrize("top_layers", [0, 1])
+def test_unrolled_adapted_layers_equal_the_scan(top_layers):
+  """model.adapted_layers="unrolled" (a Python loop over the adapted layers) trains the
+  adapters as the scan does: the same parameters after two iterations of two epochs, the
+  same metrics, to float32 round-off."""
+  hosts = [_host_batch(seed=s) for s in (1, 2)]
+  mesh, config = _mesh(), _config(lr=1e-3)
+  params, metrics = {}, {}
+  for loop in ("scan", "unrolled"):
+    _, adapted = _models(top_layers=top_layers)
+    adapted.cfg = adapted.cfg.replace(adapted_layers=loop)
+    learner, state = _learner(adapted, mesh, config)
+    p0 = _flat(jax.device_get(state.params))
+    state, history = _iterate(learner, state, hosts)
+    params[loop], metrics[loop] = _flat(jax.device_get(state.params)), history[-1]
+  travelled = max(np.max(np.abs(params["scan"][k] - p0[k])) for k in p0)
+  assert travelled > 1e-4
+  for k in p0:
+    np.testing.assert_allclose(params["unrolled"][k], params["scan"][k], atol=1e-6, err_msg=k)
+  for k in ("loss", "kl", "grad_norm", "entropy"):
+    np.testing.assert_allclose(metrics["unrolled"][k], metrics["scan"][k], rtol=1e-5, err_msg=k)
+
+
+def test_adapted_layers_refusals():
+  from hgpo_jax.training import experiment
+  with pytest.raises(experiment.ConfigError, match="adapted_layers='unrolled' loops over LoRA") as e:
+    experiment.Model(adapted_layers="unrolled")
+  assert "\n" not in str(e.value)
+  with pytest.raises(experiment.ConfigError, match="use one of"):
+    experiment.Model(adapted_layers="python", lora=experiment.Lora(rank=4))
+  with pytest.raises(ValueError, match="use one of"):
+    TINY.replace(lora=LORA, adapted_layers="python")

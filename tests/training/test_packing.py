@@ -264,3 +264,74 @@ def test_packing_refuses_rows_with_holes():
   holes[0, col] = False
   with pytest.raises(ValueError, match="not contiguous"):
     packing.pack_mini_batch(b.replace(input_mask=holes), micro_batch_rows=4)
+
+
+def _zeroed_host_batch():
+  """`_host_batch` with the advantages of rows 0, 1, 5 and 9 set to 0 (a group that scored
+  alike), and one token of row 2 set to 0 (a row that still moves)."""
+  host = _host_batch()
+  adv = np.array(host.advantages)
+  adv[[0, 1, 5, 9]] = 0.0
+  adv[2, np.flatnonzero(np.asarray(host.response_mask)[2])[0]] = 0.0
+  return host.replace(advantages=adv)
+
+
+@pytest.mark.parametrize("layout", ["packed", "grouped"])
+@pytest.mark.parametrize("on_policy", [False, True])
+def test_skipping_zero_advantage_rows_keeps_the_update(layout, on_policy):
+  """train.skip_zero_advantage leaves out the rows whose advantages are all 0 and takes the
+  same optimizer step: parameters, loss and every metric but entropy and approx_kl (then
+  means over the updated tokens, checked against the reference) as without it."""
+  host = _zeroed_host_batch()
+  out = {}
+  for skip in (False, True):
+    cfg = train_step.UpdateConfig(lr=0.1, eps=1.0, mini_batch_rows=16, micro_batch_rows=4,
+                                  loss=losses.LossConfig(use_kl_loss=False, entropy_coeff=0.0),
+                                  skip_zero_advantage=skip, pack_rows=layout == "packed",
+                                  group_by_length=layout == "grouped")
+    model = _model()
+    learner = train_step.Learner(model, _mesh(), cfg)
+    state = learner.init_state(nnx.state(model, nnx.Param))
+    options = dict(mini_batch_rows=16, micro_batch_rows=4, skip_zero_advantage=skip)
+    batches = (packing.pack_batch(host, **options) if layout == "packed" else
+               packing.group_batch(host, length_multiple=4, **options))
+    steps = sum(len({int(np.asarray(p.segment_ids)[r, c]) for c in np.asarray(p.score_index)[r][np.asarray(p.score_mask)[r]]})
+                for parts in batches for p in parts for r in range(p.num_rows))
+    filled = train_step.fill_logprobs(learner, state.params, None, batches, old=not on_policy)
+    if not on_policy:  # ratios away from 1: clipped and dual-clipped tokens
+      shift = lambda p: p.replace(old_logprobs=p.old_logprobs - 1.5 * p.score_mask)  # noqa: E731
+      filled = [tuple(map(shift, parts)) for parts in filled]
+    state, metrics = train_step.train_iteration(learner, state, filled, on_policy=on_policy)
+    out[skip] = (jax.device_get(state.params), metrics, steps)
+  (p0, m0, n0), (p1, m1, n1) = out[False], out[True]
+  assert n0 == 11 and n1 == 7  # 12 rows, one empty response; 4 rows of zero advantage left out
+  assert set(m1) == set(m0) | {"updated_weight"} and 0 < m1["updated_weight"] < 1
+  for k in m0:
+    if k not in ("entropy", "approx_kl", "scored_tokens"):
+      np.testing.assert_allclose(m1[k], m0[k], rtol=2e-5, atol=1e-6, err_msg=k)
+  # old - new log-prob: 0 on policy, the planted -1.5 off it, on every token and so on
+  # the updated ones
+  np.testing.assert_allclose(m1["approx_kl"], 0.0 if on_policy else -1.5, atol=1e-5)
+  assert m0["pg_loss"] != 0 and (on_policy or m0["pg_clipfrac"] > 0)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), p1, p0)
+  # the entropy's weighted sum covers the updated rows only; over their weight, their mean
+  rm = np.asarray(host.response_mask)
+  moving = (np.asarray(host.advantages) != 0) & rm
+  kept = rm & moving.any(axis=1, keepdims=True)
+  w = packing.token_mean_weights(rm, 4)
+  assert m1["updated_weight"] == pytest.approx(float(w[kept].sum()), rel=1e-6)
+  assert (m0["scored_tokens"], m1["scored_tokens"]) == (rm.sum(), kept.sum())  # the update's
+  _, entropy = logprob_reference.token_logprobs(_model(), host.tokens, host.positions, host.input_mask)
+  mean = float((w * np.asarray(entropy))[kept].sum() / w[kept].sum())
+  assert m1["entropy"] == pytest.approx(mean, rel=1e-4)  # the forward of the initial params
+
+
+def test_skipping_zero_advantage_refusals():
+  with pytest.raises(ValueError, match="needs pack_rows or group_by_length"):
+    train_step.UpdateConfig(skip_zero_advantage=True, loss=losses.LossConfig(use_kl_loss=False, entropy_coeff=0.0))
+  for loss in (losses.LossConfig(entropy_coeff=0.0), losses.LossConfig(use_kl_loss=False)):
+    with pytest.raises(ValueError, match="exact only for a loss whose every term") as e:
+      train_step.UpdateConfig(skip_zero_advantage=True, group_by_length=True, loss=loss)
+    assert "\n" not in str(e.value)
+  train_step.UpdateConfig(skip_zero_advantage=True, group_by_length=True,
+                          loss=losses.LossConfig(kl_coef=0.0, entropy_coeff=0.0))
