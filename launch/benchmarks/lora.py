@@ -119,10 +119,16 @@ UPDATE_SIDES = {"full+remat": (0, True), "full": (0, False), "lora+remat": (1, T
                 "lora": (1, False)}  # name -> (adapters?, remat)
 
 
-def update_sides(rank: int, rows: int, prompt: int, response: int, top_layers: int = 0) -> dict:
-  """{side: (call, compiled FLOPs)} for UPDATE_SIDES: each call runs one update of the
+def update_sides(rank: int, rows: int, prompt: int, response: int, top_layers: int = 0, *,
+                 sides: dict | None = None, compute: str = "float32",
+                 micro_rows: int | None = None, scored_tail: int | None = None) -> dict:
+  """{side: (call, compiled FLOPs)} for `sides` ({name: (adapters?, remat) or (adapters?,
+  remat, model.adapted_layers)}, default UPDATE_SIDES): each call runs one update of the
   side's learner on one random mini-batch (the same token ids on every side) and returns
-  its new state, which the next call updates (the update donates its state)."""
+  its new state, which the next call updates (the update donates its state). `compute`:
+  the products' dtype (with adapters the frozen base is stored in it, as the trainer
+  stores it); `micro_rows`: rows per micro-batch (default all); `scored_tail`: score the
+  last this many columns only, as the trainer does (default every column)."""
   import numpy as np
   from flax import nnx
 
@@ -140,15 +146,17 @@ def update_sides(rank: int, rows: int, prompt: int, response: int, top_layers: i
       [rng.integers(3, cfg.vocab_size, response).tolist() for _ in range(rows)],
       rng.normal(size=rows).astype(np.float32), prompt_buckets=[prompt],
       response_buckets=[response], row_multiple=rows)
-  sides = {}
-  for name, (adapted, remat) in UPDATE_SIDES.items():
+  out = {}
+  for name, (adapted, remat, *loop) in (sides or UPDATE_SIDES).items():
     model = loading.load_model("smollm2-135m")[0]  # as the trainer builds it (training.run)
-    model.cfg = model.cfg.replace(remat=remat, attn_query_chunk=256)
+    model.cfg = model.cfg.replace(remat=remat, attn_query_chunk=256, dtype=compute)
     if adapted:
+      model.cfg = model.cfg.replace(param_dtype=compute, adapted_layers=(loop or ["scan"])[0])
       model = loading.with_lora(model, lora_lib.from_settings(rank, 2.0 * rank, TARGETS, False,
                                                               top_layers))
     learner = train_step.Learner(model, mesh, train_step.UpdateConfig(
-        lr=1e-6, mini_batch_rows=rows, micro_batch_rows=rows))
+        lr=1e-6, mini_batch_rows=rows, micro_batch_rows=micro_rows or rows,
+        scored_tail=scored_tail))
     box = {"state": learner.init_state(nnx.state(model, nnx.Param))}
     del model
     filled = train_step.fill_rows(learner, box["state"].params, None, host)
@@ -158,8 +166,8 @@ def update_sides(rank: int, rows: int, prompt: int, response: int, top_layers: i
     def call(learner=learner, box=box, batch=batch):
       box["state"], _ = learner.update(box["state"], batch)
       return box["state"]
-    sides[name] = (call, flops)
-  return sides
+    out[name] = (call, flops)
+  return out
 
 
 def run_update(rank: int, rows: int, prompt: int, response: int, reps: int,

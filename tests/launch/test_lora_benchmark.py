@@ -51,3 +51,13 @@ def test_top_layers_beyond_the_model_are_refused(capsys):
   with pytest.raises(SystemExit):
     lora_bench.main(["--flops", "--top-layers", "31"])
   assert "SmolLM2-135M has 30 layers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rows", "12"], "a multiple of 8"), (["--reps", "0"], "must be >= 1"),
+    (["--top-layers", "31"], "SmolLM2-135M has 30 layers")])
+def test_adapted_layers_benchmark_refuses_bad_sizes(capsys, args, message):
+  from launch.benchmarks import adapted_layers
+  with pytest.raises(SystemExit):
+    adapted_layers.main(args)
+  assert message in capsys.readouterr().err

@@ -591,7 +591,8 @@ def test_llm_suite_cells_train_smollm2_with_lora_on_the_64_game_split():
 
 def test_llm_long_suite_is_point_g_evaluated_in_groups_of_eight():
   """The `llm_long` suite: point G's setting (top-8 adapters, constrained log-probs, 2 x 8,
-  lr 1e-4, 20 iterations) in bf16 under `host_math`, jump-forward decoding (K = 3), with 8
+  lr 1e-4, 20 iterations) in bf16 under `host_math`, jump-forward decoding (K = 3), the
+  adapted layers unrolled and zero-advantage steps left out of the update, with 8
   evaluations of every held-out game played as one group;
   every cell passes the trainer's validation; its quick version (`make run-llm`) is the
   prompted base and GiGPO on the first seed."""
@@ -608,6 +609,7 @@ def test_llm_long_suite_is_point_g_evaluated_in_groups_of_eight():
     assert (c.eval.repeats, c.eval.group_repeats, c.eval.num_tasks) == (8, True, 48)
     assert c.model.compute_dtype == "bfloat16"
     assert c.rollout.jump_forward == 3
+    assert c.model.adapted_layers == "unrolled" and c.train.skip_zero_advantage
     assert "--cpu_numerics=host_math" in suites.command("R", suite, env, method, 123)
     experiment.from_config(c)
   quick = suites.quick_suite(suite)
