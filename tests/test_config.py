@@ -122,6 +122,8 @@ def test_from_config_builds_the_dataclasses_with_the_configs_values():
   # config.rollout and RolloutParams have the same keys and values.
   assert dataclasses.asdict(exp.rollout) == r.to_dict()
   assert (exp.sampling.train.temperature, exp.sampling.eval.temperature) == (1.0, 0.4)
+  # The training rollout's log-probs feed the rollout correction; an evaluation reads none.
+  assert (exp.sampling.train.need_logprobs, exp.sampling.eval.need_logprobs) == (True, False)
   for s in (exp.sampling.train, exp.sampling.eval):
     assert (s.top_p, s.top_k, s.max_new_tokens, s.stop_strings) == (
         r.top_p, r.top_k, r.max_new_tokens, ("</action>",))

@@ -144,8 +144,11 @@ class RolloutParams:
                        "(the constrained programs' trie shapes otherwise follow the data)")
     self.sampling()  # validates temperature, top_p and top_k
 
-  def sampling(self, temperature: float | None = None) -> types.SamplingParams:
-    """The sampler's parameters at the rollout temperature, or at `temperature` (evaluation)."""
+  def sampling(self, temperature: float | None = None, *,
+               need_logprobs: bool = True) -> types.SamplingParams:
+    """The sampler's parameters at the rollout temperature, or at `temperature` (evaluation,
+    which reads no log-probs: `need_logprobs=False`, `types.SamplingParams`)."""
     return types.SamplingParams(
         temperature=self.temperature if temperature is None else temperature, top_p=self.top_p,
-        top_k=self.top_k, max_new_tokens=self.max_new_tokens, stop_strings=STOP_STRINGS)
+        top_k=self.top_k, max_new_tokens=self.max_new_tokens, stop_strings=STOP_STRINGS,
+        need_logprobs=need_logprobs)

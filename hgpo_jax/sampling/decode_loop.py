@@ -15,7 +15,8 @@ class DecodeResult:
 
   Attributes:
     tokens: i32[B, M] sampled tokens (pad after a row's end).
-    logprobs: f32[B, M] their raw log-probs (0 after a row's end).
+    logprobs: f32[B, M] their raw log-probs (0 after a row's end; NaN where a call without
+      `need_logprobs` computed none, `jump_forward`).
     lengths: i32[B] tokens each row sampled.
     reasons: i32[B] stop reasons (`types.STOP_REASONS` indices).
     steps: i32[] decode steps the loop ran.

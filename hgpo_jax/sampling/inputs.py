@@ -70,6 +70,8 @@ class DecodeInputs:
     temperature, top_k, top_p: f32, i32, f32 scalars (traced: one program for all values).
     stop_table: i32[A, V] the stop strings' token automaton (`constrained.TokenAutomaton`).
     use_stop: bool scalar: the call has stop strings.
+    need_logprobs: bool scalar: every recorded token must have its log-prob
+      (`types.SamplingParams.need_logprobs`).
     tries: the per-row constraint tries.
     free_masks: bool[C, V] tokens a free span of each class may write.
   """
@@ -85,6 +87,7 @@ class DecodeInputs:
   top_p: jax.Array
   stop_table: jax.Array
   use_stop: jax.Array
+  need_logprobs: jax.Array
   tries: TrieArrays
   free_masks: jax.Array
 
@@ -101,7 +104,7 @@ class DecodeInputs:
         prefill_lengths=sds((unique,), jnp.int32), source=sds((rows,), jnp.int32),
         rng=key, temperature=sds((), jnp.float32), top_k=sds((), jnp.int32),
         top_p=sds((), jnp.float32), stop_table=sds((stop_rows, vocab), jnp.int32),
-        use_stop=sds((), jnp.bool_),
+        use_stop=sds((), jnp.bool_), need_logprobs=sds((), jnp.bool_),
         tries=jax.tree.map(lambda t: sds(t.shape, t.dtype), tries),
         free_masks=sds((free_classes, vocab), jnp.bool_))
     if mesh is None:

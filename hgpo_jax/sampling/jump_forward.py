@@ -22,6 +22,11 @@ Row b's token j keeps its `fold_in(fold_in(rng, j), b)` key and the same masks a
 filters (`token_rules.TokenRules.step` with a per-row step), so its samples are the
 one-token loop's up to float round-off of the multi-token forward (rows in FREE phase and
 unconstrained calls are decoded by `lockstep_decode`).
+
+A call whose caller reads no log-probs (`SamplingParams.need_logprobs` false: an
+evaluation) ends once every row holds its tokens: the step that would only score the
+final forced runs (`</action>` of every response) is left out, one of the ~4 steps of an
+ALFWorld call, and the log-probs no step computed are NaN.
 """
 
 from __future__ import annotations
@@ -169,7 +174,10 @@ def jump_forward_decode(engine, model, rules: token_rules.TokenRules,
         reasons=jnp.where(ends_b, reason_b, state.reasons), rules=new_rules)
 
   def cond(state: JumpState):
-    return (state.step <= max_new) & ~jnp.all(state.scored)
+    # Without `need_logprobs` a row is through once it holds its tokens (`done`): the step
+    # that would only score its final forced run is not taken.
+    through_b = jnp.where(inputs.need_logprobs, state.scored, state.done)
+    return (state.step <= max_new) & ~jnp.all(through_b)
 
   if engine.layered_cache:
     cache = kv_cache.layered(cache)
@@ -183,7 +191,9 @@ def jump_forward_decode(engine, model, rules: token_rules.TokenRules,
       step=jnp.int32(0), cache=cache, pending=pending, count=1 + root_b,
       tokens=record(jnp.full((batch, max_new), engine.pad_id, jnp.int32), root_bk,
                     jnp.zeros((batch,), jnp.int32), root_b),
-      logprobs=jnp.zeros((batch, max_new), jnp.float32), lengths=root_b, done=done_b,
+      logprobs=jnp.where(inputs.need_logprobs, jnp.zeros((batch, max_new), jnp.float32),
+                         jnp.nan),
+      lengths=root_b, done=done_b,
       scored=~valid_b, reasons=root_reason_b,
       rules=start.replace(node=root_node_b))
   return decode_loop.run_loop(engine.decode_chunk, body, cond, state, max_new + 1)

@@ -378,7 +378,8 @@ class Sampler:
         prefill_tokens=prefill_up, prefill_lengths=prefill_lengths_u, source=source_b,
         rng=rng, temperature=np.float32(max(params.temperature, 1e-6)),
         top_k=np.int32(params.top_k), top_p=np.float32(params.top_p), stop_table=stop_table,
-        use_stop=np.bool_(bool(params.stop_strings)), tries=inputs_lib.TrieArrays.of(tries),
+        use_stop=np.bool_(bool(params.stop_strings)),
+        need_logprobs=np.bool_(params.need_logprobs), tries=inputs_lib.TrieArrays.of(tries),
         free_masks=free_masks)
     return inputs, inputs_lib.DecodeFlags.of(params, constrained=allowed is not None,
                                              shared_prefill=shared, slots=self.slots_for(batch))

@@ -36,6 +36,11 @@ class SamplingParams:
       the returned response ends right after it.
     ignore_eos: keep generating past EOS tokens (benchmarks that need a fixed number of
       tokens; static).
+    need_logprobs: the caller reads `SampleOutput.logprobs`. False (an evaluation, which
+      reads only the responses) lets a jump-forward call end once every row holds its
+      tokens, without the decode step that only scores a response's final forced run
+      (`hgpo_jax.sampling.jump_forward`); the tokens, texts and stop reasons are the same,
+      and the log-probs of that run are NaN. Traced: one program for both values.
   """
   temperature: float = 1.0
   top_k: int = 0
@@ -43,6 +48,7 @@ class SamplingParams:
   max_new_tokens: int = 512
   stop_strings: tuple[str, ...] = ()
   ignore_eos: bool = False
+  need_logprobs: bool = True
 
   @property
   def greedy(self) -> bool:

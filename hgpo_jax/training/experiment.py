@@ -224,7 +224,9 @@ class Algo:
 @dataclasses.dataclass(frozen=True)
 class Sampling:
   """The sampler's parameters: training rollouts (`rollout.temperature`, top-p, top-k) and
-  evaluation (`eval.temperature`). Derived from `rollout` and `eval`; not a config key."""
+  evaluation (`eval.temperature`; it reads the responses only, so its calls skip the work
+  that only scores them: `SamplingParams.need_logprobs`). Derived from `rollout` and
+  `eval`; not a config key."""
 
   train: sampling_types.SamplingParams
   eval: sampling_types.SamplingParams
@@ -555,7 +557,8 @@ def from_dict(d: Mapping[str, Any]) -> Experiment:
   evaluation = sections["eval"]
   sampling = Sampling(train=_build("rollout", rollout.sampling, {}),
                       eval=_build("eval.temperature", rollout.sampling,
-                                  {"temperature": evaluation.temperature}))
+                                  {"temperature": evaluation.temperature,
+                                   "need_logprobs": False}))
   return Experiment(
       model=_build("model", Model, model), env=_build("env", Env, get("env")),
       algo=Algo.from_dict(get("algo"), response_format=rollout.response_format),

@@ -76,26 +76,33 @@ def three_calls(rng, distinct: int, params):
   prompts = [heads[i % distinct] for i in range(ROWS)]
   allowed = [list(ACTIONS)] * ROWS
 
-  def calls(smp, seed0=0):
-    return [smp.generate(prompts, params, jax.random.key(seed0 + c), allowed=allowed)
-            for c in range(3)]
+  def calls(smp, seed0=0, call_params=None):
+    return [smp.generate(prompts, call_params or params, jax.random.key(seed0 + c),
+                         allowed=allowed) for c in range(3)]
   return calls
 
 
-def side_by_side(samplers: dict, base: str, distinct, reps: int) -> dict[int, dict]:
+def side_by_side(samplers: dict, base: str, distinct, reps: int,
+                 unscored: frozenset = frozenset()) -> dict[int, dict]:
   """{d: {side: median seconds per call}} of the `samplers` over calls with d distinct
   prompts (`three_calls`, temperature 1, at most 32 new tokens), each side's samples first
-  compared with side `base`'s (printed with the decode steps per call)."""
+  compared with side `base`'s (printed with the decode steps per call). The sides named in
+  `unscored` call with `need_logprobs=False`, as an evaluation does."""
+  import dataclasses
+
   import numpy as np
 
   from hgpo_jax.sampling import SamplingParams
   from launch.benchmarks import harness
   params = SamplingParams(temperature=1.0, max_new_tokens=32, stop_strings=("</action>",))
+  side_params = {name: dataclasses.replace(params, need_logprobs=name not in unscored)
+                 for name in samplers}
   rng = np.random.default_rng(0)
   medians = {}
   for d in distinct:
     calls = three_calls(rng, d, params)
-    outs = {name: calls(s) for name, s in samplers.items()}  # warm-up (compiles)
+    outs = {name: calls(s, call_params=side_params[name])  # warm-up (compiles)
+            for name, s in samplers.items()}
     print(f"{d} distinct prompts:")
     for name, out in outs.items():
       same, diff = agreement(outs[base], out)
@@ -104,18 +111,21 @@ def side_by_side(samplers: dict, base: str, distinct, reps: int) -> dict[int, di
             f"{same}/{3 * ROWS} rows, mean |response log-prob difference| {diff:.2e} on "
             "equal responses")
     medians[d] = harness.alternating_medians(
-        {n: (lambda s=s: calls(s, 100)) for n, s in samplers.items()}, reps)
+        {n: (lambda s=s, n=n: calls(s, 100, side_params[n])) for n, s in samplers.items()},
+        reps)
     for name, sec in medians[d].items():
       print(f"  {name:9s} {sec / 3:.3f} s per call")
   return medians
 
 
 def agreement(base, other) -> tuple[int, float]:
-  """(rows with the same response, mean |response log-prob difference| over those) of two
-  sides' outputs of the same calls."""
+  """(rows with the same response, mean |response log-prob difference| over those, on the
+  tokens both sides scored) of two sides' outputs of the same calls."""
   import numpy as np
   same = sum(a == b for x, y in zip(base, other) for a, b in zip(x.texts, y.texts))
-  diffs = [abs(float(np.sum(a)) - float(np.sum(b))) for x, y in zip(base, other)
+  both = lambda a, b: np.isfinite(a) & np.isfinite(b)  # noqa: E731
+  diffs = [abs(float(np.sum(a[both(a, b)])) - float(np.sum(b[both(a, b)])))
+           for x, y in zip(base, other)
            for a, b, ta, tb in zip(x.logprobs, y.logprobs, x.tokens, y.tokens) if ta == tb]
   return same, float(np.mean(diffs))
 

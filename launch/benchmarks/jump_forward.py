@@ -2,7 +2,7 @@
 against the one-token loop (`jump_forward=0`), side by side.
 
   python -m launch.benchmarks.jump_forward [--cpu_numerics host_math] [--compute bfloat16]
-      [--k 3,7] [--distinct 2,16] [--reps 5] [--decode_layers auto]
+      [--k 3,7] [--distinct 2,16] [--reps 5] [--decode_layers auto] [--unscored]
 
 Every side is one `Sampler` over SmolLM2-135M-Instruct with LoRA rank 16 on the top 8
 layers (`launch.benchmarks.decode_layers.adapted_smollm2`: the base stored in `--compute`
@@ -16,7 +16,10 @@ samples are compared first (the same action on most rows: float round-off can fl
 draw; their mean |response log-prob difference| on equal responses) with their decode steps
 per call. A side's call time is the median over `--reps` repetitions of 3 calls with other
 keys (after a warm-up call that compiles), the sides interleaved repetition by repetition.
-The last line is the one-token/jump-forward time ratio per K and `--distinct` value.
+With `--unscored` each K has a second side that calls with `need_logprobs=False`, as an
+evaluation does (the step that only scores the final `</action>` runs is left out; same
+program and tokens). The last line is the one-token/jump-forward time ratio per K and
+`--distinct` value (and the scored/unscored ratio per K).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def _parse(argv):
   parser.add_argument("--distinct", default="2,16", help="distinct prompts per 16-row call")
   parser.add_argument("--reps", type=int, default=5, help="timed repetitions (median)")
   parser.add_argument("--decode_layers", default="auto", help="rollout.decode_layers of all sides")
+  parser.add_argument("--unscored", action="store_true",
+                      help="add a side per K whose calls skip the step that only scores "
+                           "(need_logprobs=False, as an evaluation calls)")
   return parser.parse_args(argv)
 
 
@@ -65,15 +71,21 @@ def main(argv=None) -> int:
     samplers = {f"K={k}": sampler_lib.Sampler(
         model, tok, prompt_buckets=(PROMPT,), batch_buckets=(1, 2, 4, 8, ROWS),
         decode_layers=args.decode_layers, jump_forward=k) for k in [0] + ks}
+    if args.unscored:
+      samplers.update({f"K={k} unscored": samplers[f"K={k}"] for k in ks})
   except ValueError as e:
     print(f"jump_forward: {e}", file=sys.stderr)
     return 2
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, XLA:CPU numerics "
         f"{args.cpu_numerics}, compute {args.compute}, decode_layers {args.decode_layers}; "
         f"SmolLM2-135M + LoRA r16 top 8, {ROWS} rows x prompt {PROMPT}, {len(ACTIONS)} actions")
-  med = side_by_side(samplers, "K=0", distinct, args.reps)
+  med = side_by_side(samplers, "K=0", distinct, args.reps,
+                     unscored=frozenset(n for n in samplers if n.endswith("unscored")))
   ratios = [f"{d} distinct K={k} {m['K=0'] / m[f'K={k}']:.2f}x" for d, m in med.items()
             for k in ks]
+  if args.unscored:
+    ratios += [f"{d} distinct K={k} scored/unscored {m[f'K={k}'] / m[f'K={k} unscored']:.2f}x"
+               for d, m in med.items() for k in ks]
   print("one-token/jump-forward call time: " + ", ".join(ratios))
   return 0
 

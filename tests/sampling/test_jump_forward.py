@@ -11,6 +11,8 @@ decode weights and cache, K = 1 and 3, and rows split over a mesh. The forced ta
 checked on a hand trie.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -112,6 +114,36 @@ def test_jump_forward_with_lora_per_layer_and_other_k(model, tok, prompts, k):
     for seed in (0, 2):
       _equal(jump.generate(prompts, params, jax.random.key(seed), allowed=allowed),
              one.generate(prompts, params, jax.random.key(seed), allowed=allowed))
+
+
+@pytest.mark.parametrize("case", ["actions", "one_action"])
+def test_a_call_without_log_probs_ends_before_the_step_that_only_scores(samplers, prompts,
+                                                                         case):
+  """`need_logprobs=False` (an evaluation): the same program and draws, so the tokens,
+  texts, stop reasons and every log-prob it computed equal the scoring call's bit for bit;
+  the rows that got their tokens in the last step keep their final forced run (the tokens
+  after their last draw) unscored, NaN (rows that ended earlier are scored by the steps the
+  others still need), and the call runs one step fewer: the slowest rows' scoring step."""
+  _, jump = samplers
+  allowed = [ACTIONS] * len(prompts)
+  if case == "one_action":  # every token forced: the root run and runs of K after draws
+    allowed = [["take apple 1 from countertop 1"]] * len(prompts)
+  params = SamplingParams(temperature=1.0, max_new_tokens=32)
+  unscored = dataclasses.replace(params, need_logprobs=False)
+  for seed in (0, 3, 7):
+    want = jump.generate(prompts, params, jax.random.key(seed), allowed=allowed)
+    got = jump.generate(prompts, unscored, jax.random.key(seed), allowed=allowed)
+    assert (got.tokens, got.texts, got.stop_reason) == (want.tokens, want.texts,
+                                                        want.stop_reason)
+    assert got.decode_row_steps == want.decode_row_steps - 8  # one step of the 8-row bucket
+    tails = []
+    for a, b in zip(got.logprobs, want.logprobs):
+      nan = np.isnan(a)
+      tails.append(int(nan.sum()))
+      assert tails[-1] <= 4 and nan[len(a) - tails[-1]:].all()  # a suffix of <= K tokens
+      np.testing.assert_array_equal(a[~nan], b[~nan])
+      assert np.all(np.isfinite(b))
+    assert max(tails) >= 1
 
 
 def test_jump_forward_with_free_spans(samplers, prompts):
