@@ -376,6 +376,13 @@ def game_diffs(method: Sequence[SeedResult], baseline: Sequence[SeedResult]) -> 
   return out
 
 
+def paired_seed_count(method: Sequence[SeedResult], baseline: Sequence[SeedResult]) -> int:
+  """How many seeds `game_diffs(method, baseline)` pairs."""
+  base = {r.seed: r.eval_games for r in baseline if r.eval_games is not None}
+  return sum(1 for r in method if r.eval_games is not None and r.seed in base
+             and len(base[r.seed]) == len(r.eval_games))
+
+
 def games_lines(cells: Sequence[Cell], env: suites_lib.Environment) -> list[str]:
   """Each trained method's held-out success against the column's prompted method, paired
   game by game (`game_diffs`): the mean difference with its 95 % paired bootstrap interval
@@ -392,8 +399,7 @@ def games_lines(cells: Sequence[Cell], env: suites_lib.Environment) -> list[str]
     diffs = game_diffs(cell.results, prompted.results)
     if not diffs:
       continue
-    seeds = sum(1 for r in cell.results if r.eval_games is not None
-                and any(p.seed == r.seed and p.eval_games is not None for p in prompted.results))
+    seeds = paired_seed_count(cell.results, prompted.results)
     lo, hi = paired_bootstrap(diffs)
     verdict = ("trained better" if lo > 0 else "prompted better" if hi < 0
                else "not decided (the interval contains 0)")
@@ -405,6 +411,37 @@ def games_lines(cells: Sequence[Cell], env: suites_lib.Environment) -> list[str]
   return [f"Held-out success against {prompted.method.label}, paired game by game (the same "
           "games and evaluation keys per seed; trained - prompted, paired bootstrap over "
           "(seed, game) pairs):", ""] + [f"- {line}" for line in out]
+
+
+def between_lines(cells: Sequence[Cell], env: suites_lib.Environment) -> list[str]:
+  """The trained methods against each other, paired game by game (`game_diffs`) over the
+  seeds both finished: for each pair in the suite's method order, later - earlier with its
+  95 % paired bootstrap interval over (seed, game) pairs and whether the interval decides
+  it. Only for a column with a prompted method (the language-model suites, whose held-out
+  evaluations share their keys across methods of a seed) and two trained methods with
+  per-game records."""
+  mine = [c for c in cells if c.env.name == env.name and not c.pending and c.results]
+  if not any(c.method.kind == suites_lib.PROMPTED for c in mine):
+    return []
+  trained = [c for c in mine if c.method.kind == suites_lib.TRAINED]
+  out = []
+  for i, a in enumerate(trained):
+    for b in trained[i + 1:]:
+      diffs = game_diffs(b.results, a.results)
+      if not diffs:
+        continue
+      seeds = paired_seed_count(b.results, a.results)
+      lo, hi = paired_bootstrap(diffs)
+      verdict = (f"{b.method.label} better" if lo > 0 else f"{a.method.label} better"
+                 if hi < 0 else "not separated (the interval contains 0)")
+      out.append(f"{b.method.label} - {a.method.label}: {100 * float(np.mean(diffs)):+.1f} "
+                 f"points, 95 % interval [{100 * lo:+.1f}, {100 * hi:+.1f}] over {len(diffs)} "
+                 f"(seed, game) pairs ({seeds} seed{'s' if seeds != 1 else ''}): {verdict}.")
+  if not out:
+    return []
+  return ["Held-out success of the trained methods against each other, paired game by game "
+          "(the seeds both finished; paired bootstrap over (seed, game) pairs):", ""] + [
+              f"- {line}" for line in out]
 
 
 def curve_lines(cells: Sequence[Cell], env: suites_lib.Environment) -> list[str]:
@@ -471,7 +508,8 @@ def markdown(cells: Sequence[Cell], suite: suites_lib.Suite, footer: Sequence[st
                                      c["best"], c["iters"], c["length"], c["invalid"],
                                      c["detect"], c["note"].replace("|", "/")]) + " |")
     out += ["", power_line(cells, env, suite.reference), ""]
-    for lines in (games_lines(cells, env), curve_lines(cells, env) if per_iteration else []):
+    for lines in (games_lines(cells, env), between_lines(cells, env),
+                  curve_lines(cells, env) if per_iteration else []):
       if lines:
         out += lines + [""]
   if reading:

@@ -564,6 +564,41 @@ def test_trained_against_prompted_paired_game_by_game(runs, tmp_path):
   assert "Train success per iteration" not in report.markdown(cells, SUITE, ["footer"])
 
 
+def test_trained_methods_against_each_other_paired_game_by_game(runs):
+  """Two trained methods pair game by game over the seeds both finished with records of
+  the same games (later - earlier in the suite's order); a pair with no shared seed, or a
+  column without a prompted method, gives no line. Hand-computed differences."""
+  rd = lambda m, seed: suites.run_dir(runs, SUITE, ENV.name, m, seed)  # noqa: E731
+  _write_games(rd("p", 1), 0, [False] * 4)
+  # seed 1: B - A = 0, +1, 0, -1; seed 2: +1, +1, 0, 0; seed 3: A has no records.
+  _write_games(rd("a", 1), 6, [True, False, True, True])
+  _write_games(rd("b", 1), 6, [True, True, True, False])
+  _write_games(rd("a", 2), 6, [False, False, True, True])
+  _write_games(rd("b", 2), 6, [True, True, True, True])
+  _write_games(rd("b", 3), 6, [True, True, True, True])
+  _write_games(rd("e", 1), 6, [True, True])  # other games: pairs with neither
+  cells = report.build_cells(runs, SUITE, pending)
+  diffs = [0.0, 1.0, 0.0, -1.0, 1.0, 1.0, 0.0, 0.0]
+  assert report.game_diffs(cells[1].results, cells[0].results) == diffs
+  lo, hi = report.paired_bootstrap(diffs)
+  assert lo < 0 < hi
+  assert report.between_lines(cells, ENV) == [
+      "Held-out success of the trained methods against each other, paired game by game "
+      "(the seeds both finished; paired bootstrap over (seed, game) pairs):", "",
+      f"- Method B - Method A: +25.0 points, 95 % interval [{100 * lo:+.1f}, {100 * hi:+.1f}] "
+      "over 8 (seed, game) pairs (2 seeds): not separated (the interval contains 0)."]
+  # A loses every game of seeds 1 and 3: B - A = 1, 1, 1, 0 | 1, 1, 0, 0 | 1, 1, 1, 1
+  _write_games(rd("a", 1), 6, [False] * 4)
+  _write_games(rd("a", 3), 6, [False] * 4)
+  cells = report.build_cells(runs, SUITE, pending)
+  (line,) = report.between_lines(cells, ENV)[2:]
+  assert line.startswith("- Method B - Method A: +75.0 points") and line.endswith(
+      "over 12 (seed, game) pairs (3 seeds): Method B better.")
+  assert line in report.markdown(cells, SUITE, ["footer"])
+  no_prompted = dataclasses.replace(SUITE, methods=SUITE.methods[:-1])
+  assert report.between_lines(report.build_cells(runs, no_prompted, pending), ENV) == []
+
+
 def test_llm_suite_cells_train_smollm2_with_lora_on_the_64_game_split():
   """The `llm` suite: SmolLM2-135M with rank-16 adapters, mini_v4's 64 train games, the
   mini suite's 48 held-out games, whole prompts (400 tokens), no reference model; every cell builds and passes the trainer's validation; its quick
