@@ -383,6 +383,15 @@ def paired_seed_count(method: Sequence[SeedResult], baseline: Sequence[SeedResul
              and len(base[r.seed]) == len(r.eval_games))
 
 
+def paired_text(diffs: Sequence[float], seeds: int) -> tuple[str, float, float]:
+  """The mean of paired (seed, game) differences with its 95 % bootstrap interval, as the
+  tables print it, and the interval's ends."""
+  lo, hi = paired_bootstrap(diffs)
+  return (f"{100 * float(np.mean(diffs)):+.1f} points, 95 % interval [{100 * lo:+.1f}, "
+          f"{100 * hi:+.1f}] over {len(diffs)} (seed, game) pairs "
+          f"({seeds} seed{'s' if seeds != 1 else ''})"), lo, hi
+
+
 def games_lines(cells: Sequence[Cell], env: suites_lib.Environment) -> list[str]:
   """Each trained method's held-out success against the column's prompted method, paired
   game by game (`game_diffs`): the mean difference with its 95 % paired bootstrap interval
@@ -399,13 +408,10 @@ def games_lines(cells: Sequence[Cell], env: suites_lib.Environment) -> list[str]
     diffs = game_diffs(cell.results, prompted.results)
     if not diffs:
       continue
-    seeds = paired_seed_count(cell.results, prompted.results)
-    lo, hi = paired_bootstrap(diffs)
+    text, lo, hi = paired_text(diffs, paired_seed_count(cell.results, prompted.results))
     verdict = ("trained better" if lo > 0 else "prompted better" if hi < 0
                else "not decided (the interval contains 0)")
-    out.append(f"{cell.method.label}: {100 * float(np.mean(diffs)):+.1f} points, 95 % interval "
-               f"[{100 * lo:+.1f}, {100 * hi:+.1f}] over {len(diffs)} (seed, game) pairs "
-               f"({seeds} seed{'s' if seeds != 1 else ''}): {verdict}.")
+    out.append(f"{cell.method.label}: {text}: {verdict}.")
   if not out:
     return []
   return [f"Held-out success against {prompted.method.label}, paired game by game (the same "
@@ -430,13 +436,10 @@ def between_lines(cells: Sequence[Cell], env: suites_lib.Environment) -> list[st
       diffs = game_diffs(b.results, a.results)
       if not diffs:
         continue
-      seeds = paired_seed_count(b.results, a.results)
-      lo, hi = paired_bootstrap(diffs)
+      text, lo, hi = paired_text(diffs, paired_seed_count(b.results, a.results))
       verdict = (f"{b.method.label} better" if lo > 0 else f"{a.method.label} better"
                  if hi < 0 else "not separated (the interval contains 0)")
-      out.append(f"{b.method.label} - {a.method.label}: {100 * float(np.mean(diffs)):+.1f} "
-                 f"points, 95 % interval [{100 * lo:+.1f}, {100 * hi:+.1f}] over {len(diffs)} "
-                 f"(seed, game) pairs ({seeds} seed{'s' if seeds != 1 else ''}): {verdict}.")
+      out.append(f"{b.method.label} - {a.method.label}: {text}: {verdict}.")
   if not out:
     return []
   return ["Held-out success of the trained methods against each other, paired game by game "
